@@ -1,0 +1,194 @@
+"""Device operations that numba does not spell directly, each with a plain-Python twin.
+
+On a GPU (or when only compiling PTX) these are libdevice calls and small
+``@intrinsic`` functions that emit exactly the instruction we want. In the
+simulator, where intrinsics and libdevice do not run, the same names are
+Python functions with the same results, bit for bit. Kernels import from here
+and read the same in both modes.
+
+- ``fmul_rn`` / ``fadd_rn``: float32 multiply/add that the compiler never fuses
+  into an FMA. bitsandbytes rounds ``code2[q] * absmax2`` before adding the
+  offset; an ``fma.rn.f32`` rounds once and differs by an ulp now and then.
+- ``float_bits``: the bits of a float32 as uint32, for rounding by hand.
+- ``to_bf16_bits`` / ``to_f16_bits``: float32 -> 16-bit pattern, round to nearest even.
+- ``pack_bf16x2`` / ``pack_f16x2``: two float32 -> one uint32 holding two 16-bit
+  values, ``lo`` in the low half (the lower address), with one ``cvt.rn.*x2`` instruction.
+- ``load_u32x4`` / ``store_u32x4``: one 128-bit global access (``ld.global.v4.u32``).
+  ``i`` counts uint32 elements and must be a multiple of 4 on an array whose data
+  starts 16-byte aligned: a misaligned vector access is a sticky error that kills
+  the CUDA context. The simulator twin checks both and raises instead.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from . import runtime
+
+__all__ = ["fmul_rn", "fadd_rn", "float_bits", "to_bf16_bits", "to_f16_bits",
+           "pack_bf16x2", "pack_f16x2", "load_u32x4", "store_u32x4"]
+
+
+# ---------------------------------------------------------------- plain-Python twins
+def _py_fmul_rn(a, b):
+    return np.float32(np.float32(a) * np.float32(b))
+
+
+def _py_fadd_rn(a, b):
+    return np.float32(np.float32(a) + np.float32(b))
+
+
+def _py_float_bits(x):
+    return np.float32(x).view(np.uint32)
+
+
+def bf16_bits_py(x):
+    """float32 -> bf16 bits with round-to-nearest-even; NaN stays a quiet NaN."""
+    u = int(np.float32(x).view(np.uint32))
+    if (u & 0x7FFFFFFF) > 0x7F800000:
+        return np.uint16((u >> 16) | 0x0040)
+    return np.uint16(((u + 0x7FFF + ((u >> 16) & 1)) >> 16) & 0xFFFF)
+
+
+def f16_bits_py(x):
+    return np.float16(np.float32(x)).view(np.uint16)
+
+
+def _py_pack_bf16x2(lo, hi):
+    return np.uint32(int(bf16_bits_py(lo)) | (int(bf16_bits_py(hi)) << 16))
+
+
+def _py_pack_f16x2(lo, hi):
+    return np.uint32(int(f16_bits_py(lo)) | (int(f16_bits_py(hi)) << 16))
+
+
+def _check_vector_access(arr, i):
+    i = int(i)
+    base = arr.__cuda_array_interface__["data"][0] if hasattr(arr, "__cuda_array_interface__") \
+        else arr.__array_interface__["data"][0]
+    if arr.dtype.itemsize != 4:
+        raise TypeError(f"128-bit access needs a uint32 array, got {arr.dtype}")
+    if i % 4 or (base + 4 * i) % 16:
+        raise RuntimeError(
+            f"misaligned 128-bit access at element {i} (address {base + 4 * i:#x}): on a GPU this "
+            "is a sticky error that kills the CUDA context")
+    if i + 4 > arr.shape[0]:
+        raise IndexError(f"128-bit access at element {i} runs past the end ({arr.shape[0]} elements)")
+
+
+def _py_load_u32x4(arr, i):
+    _check_vector_access(arr, i)
+    i = int(i)
+    return (np.uint32(arr[i]), np.uint32(arr[i + 1]), np.uint32(arr[i + 2]), np.uint32(arr[i + 3]))
+
+
+def _py_store_u32x4(arr, i, a, b, c, d):
+    _check_vector_access(arr, i)
+    i = int(i)
+    arr[i], arr[i + 1], arr[i + 2], arr[i + 3] = a, b, c, d
+
+
+# ---------------------------------------------------------------- device versions
+def _build_device_ops():
+    from llvmlite import ir
+    from numba import types
+    from numba.cuda import cgutils, libdevice
+    from numba.cuda.extending import intrinsic
+
+    v4 = ir.VectorType(ir.IntType(32), 4)
+    i16, i32, f32 = ir.IntType(16), ir.IntType(32), ir.FloatType()
+
+    def vec_ptr(context, builder, aryty, ary_val, idx):
+        ary = context.make_array(aryty)(context, builder, ary_val)
+        ptr = cgutils.get_item_pointer(context, builder, aryty, ary, [idx], wraparound=False)
+        # Address space 1 (global) so that NVVM emits ld.global/st.global, not generic ld/st.
+        gptr = builder.addrspacecast(ptr, ir.PointerType(ptr.type.pointee, 1))
+        return builder.bitcast(gptr, ir.PointerType(v4, 1))
+
+    @intrinsic
+    def load_u32x4(typingctx, arr, i):
+        if not (isinstance(arr, types.Array) and arr.dtype == types.uint32 and arr.ndim == 1):
+            return None
+        sig = types.UniTuple(types.uint32, 4)(arr, i)
+
+        def codegen(context, builder, sig, args):
+            vec = builder.load(vec_ptr(context, builder, sig.args[0], args[0], args[1]), align=16)
+            vals = [builder.extract_element(vec, ir.Constant(i32, k)) for k in range(4)]
+            return context.make_tuple(builder, sig.return_type, vals)
+
+        return sig, codegen
+
+    @intrinsic
+    def store_u32x4(typingctx, arr, i, a, b, c, d):
+        if not (isinstance(arr, types.Array) and arr.dtype == types.uint32 and arr.ndim == 1):
+            return None
+        sig = types.void(arr, i, types.uint32, types.uint32, types.uint32, types.uint32)
+
+        def codegen(context, builder, sig, args):
+            vec = ir.Constant(v4, None)
+            for k, v in enumerate(args[2:]):
+                vec = builder.insert_element(vec, v, ir.Constant(i32, k))
+            builder.store(vec, vec_ptr(context, builder, sig.args[0], args[0], args[1]), align=16)
+            return context.get_dummy_value()
+
+        return sig, codegen
+
+    def cvt_pair(ptx):
+        @intrinsic
+        def pack(typingctx, lo, hi):
+            sig = types.uint32(types.float32, types.float32)
+
+            def codegen(context, builder, sig, args):
+                lo_v = context.cast(builder, args[0], sig.args[0], types.float32)
+                hi_v = context.cast(builder, args[1], sig.args[1], types.float32)
+                asm = ir.InlineAsm(ir.FunctionType(i32, [f32, f32]), ptx, "=r,f,f")
+                # cvt.rn.*x2 d, a, b puts a in the upper half: pass hi first.
+                return builder.call(asm, [hi_v, lo_v])
+
+            return sig, codegen
+
+        return pack
+
+    def cvt_one(ptx):
+        @intrinsic
+        def conv(typingctx, x):
+            sig = types.uint16(types.float32)
+
+            def codegen(context, builder, sig, args):
+                x_v = context.cast(builder, args[0], sig.args[0], types.float32)
+                asm = ir.InlineAsm(ir.FunctionType(i16, [f32]), ptx, "=h,f")
+                return builder.call(asm, [x_v])
+
+            return sig, codegen
+
+        return conv
+
+    @intrinsic
+    def float_bits(typingctx, x):
+        sig = types.uint32(types.float32)
+
+        def codegen(context, builder, sig, args):
+            x_v = context.cast(builder, args[0], sig.args[0], types.float32)
+            return builder.bitcast(x_v, i32)
+
+        return sig, codegen
+
+    return dict(
+        fmul_rn=libdevice.fmul_rn,
+        fadd_rn=libdevice.fadd_rn,
+        float_bits=float_bits,
+        to_bf16_bits=cvt_one("cvt.rn.bf16.f32 $0, $1;"),
+        to_f16_bits=cvt_one("cvt.rn.f16.f32 $0, $1;"),
+        pack_bf16x2=cvt_pair("cvt.rn.bf16x2.f32 $0, $1, $2;"),
+        pack_f16x2=cvt_pair("cvt.rn.f16x2.f32 $0, $1, $2;"),
+        load_u32x4=load_u32x4,
+        store_u32x4=store_u32x4,
+    )
+
+
+if runtime.SIMULATOR:
+    fmul_rn, fadd_rn, float_bits = _py_fmul_rn, _py_fadd_rn, _py_float_bits
+    to_bf16_bits, to_f16_bits = bf16_bits_py, f16_bits_py
+    pack_bf16x2, pack_f16x2 = _py_pack_bf16x2, _py_pack_f16x2
+    load_u32x4, store_u32x4 = _py_load_u32x4, _py_store_u32x4
+else:
+    globals().update(_build_device_ops())

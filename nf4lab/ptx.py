@@ -1,0 +1,168 @@
+"""Show and check the PTX of a kernel, with or without a GPU.
+
+``cuda.compile_ptx`` needs the real numba.cuda (NVVM from the cu12/cu13 pip
+extras), but in simulator mode ``numba.cuda`` *is* the simulator. So in that
+mode the kernel's Python function (with the helpers and constants it uses) is
+pickled by value with cloudpickle and compiled in a subprocess that runs with
+``NF4LAB_MODE=compile``. The PTX is the same one a GPU session would get.
+"""
+from __future__ import annotations
+
+import os
+import pickle
+import re
+import subprocess
+import sys
+
+from . import runtime
+
+DEFAULT_CC = (9, 0)  # the H100; PTX for sm_90
+
+
+def _kernel_fn(k):
+    for attr in ("py_func", "fn"):
+        f = getattr(k, attr, None)
+        if f is not None:
+            return f
+    return k
+
+
+def _rejit(fn, kwargs):
+    from numba import cuda
+
+    kwargs = dict(kwargs)
+    if kwargs.get("device"):
+        # Plain device functions need a GPU to compile; inlined ones do not.
+        kwargs["inline"] = "always"
+    return cuda.jit(**kwargs)(fn)
+
+
+def _resolve_op(name):
+    from . import ops
+
+    return getattr(ops, name)
+
+
+def _dumps(fn) -> bytes:
+    import cloudpickle
+
+    from . import ops
+
+    op_names = {id(getattr(ops, n)): n for n in ops.__all__}
+
+    class Pickler(cloudpickle.CloudPickler):
+        def reducer_override(self, obj):
+            if id(obj) in op_names:
+                return _resolve_op, (op_names[id(obj)],)
+            if type(obj).__name__ == "FakeCUDAKernel":
+                kwargs = getattr(obj, "_nf4lab_jit_kwargs", None) or {"device": obj._device}
+                return _rejit, (obj.fn, kwargs)
+            return super().reducer_override(obj)
+
+    import io
+
+    buf = io.BytesIO()
+    Pickler(buf, protocol=pickle.HIGHEST_PROTOCOL).dump(fn)
+    return buf.getvalue()
+
+
+_CHILD = r"""
+import os, pickle, sys
+os.environ["NF4LAB_MODE"] = "compile"
+import nf4lab
+from numba import cuda
+fn, sig, cc, kwargs = pickle.loads(sys.stdin.buffer.read())
+ptx, _ = cuda.compile_ptx(fn, sig, cc=cc, **kwargs)
+sys.stdout.write(ptx)
+"""
+
+
+def compile_ptx(kernel, sig, cc=DEFAULT_CC, **kwargs) -> str:
+    """PTX of ``kernel`` (a @cuda.jit kernel or plain function) for signature ``sig``."""
+    fn = _kernel_fn(kernel)
+    jit_kwargs = dict(getattr(kernel, "_nf4lab_jit_kwargs", {}) or {})
+    for key in ("lineinfo", "fastmath", "debug", "opt"):
+        if key in jit_kwargs and key not in kwargs:
+            kwargs[key] = jit_kwargs[key]
+    if not runtime.SIMULATOR:
+        from numba import cuda
+
+        ptx, _ = cuda.compile_ptx(fn, sig, cc=cc, **kwargs)
+        return ptx
+    payload = _dumps((fn, sig, cc, kwargs))
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = dict(os.environ, NF4LAB_MODE="compile", NUMBA_ENABLE_CUDASIM="0",
+               PYTHONPATH=os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")])))
+    proc = subprocess.run([sys.executable, "-c", _CHILD], input=payload, capture_output=True, env=env,
+                          timeout=600)
+    if proc.returncode != 0:
+        err = proc.stderr.decode(errors="replace").strip().splitlines()
+        raise RuntimeError("PTX compilation failed:\n" + "\n".join(err[-25:]))
+    return proc.stdout.decode()
+
+
+def instructions(ptx: str) -> list[str]:
+    """The instruction lines of a PTX listing (no directives, labels or comments)."""
+    out = []
+    for line in ptx.splitlines():
+        s = line.strip()
+        if not s or s.startswith(("//", ".", "{", "}", "$")) or s.endswith(":"):
+            continue
+        out.append(s)
+    return out
+
+
+def grep(ptx: str, pattern: str) -> list[str]:
+    rx = re.compile(pattern)
+    return [s for s in instructions(ptx) if rx.search(s)]
+
+
+def count(ptx: str, pattern: str) -> int:
+    return len(grep(ptx, pattern))
+
+
+def summary(ptx: str) -> dict:
+    """Counts of the instruction kinds the series talks about."""
+    pats = {
+        "ld.global (any)": r"^ld\.global",
+        "ld.global.v4": r"^ld\.global(\.nc)?\.v4",
+        "ld.global.u8": r"^ld\.global(\.nc)?\.u8",
+        "st.global (any)": r"^st\.global",
+        "st.global.u16": r"^st\.global\.(u16|b16)",
+        "st.global.u32": r"^st\.global\.(u32|b32)",
+        "st.global.v4": r"^st\.global\.v4",
+        "ld.shared": r"^ld\.shared",
+        "ld.const": r"^ld\.const",
+        "ld.local": r"^ld\.local",
+        "fma": r"^fma\.",
+        "mul.rn.f32": r"^mul\.rn\.f32",
+        "cvt.rn.bf16x2": r"^cvt\.rn\.bf16x2",
+        "cvt.rn.f16x2": r"^cvt\.rn\.f16x2",
+        "float64": r"\.f64",
+        "64-bit division": r"^(div|rem)\.(s|u)64",
+    }
+    return {k: count(ptx, p) for k, p in pats.items()}
+
+
+def show(ptx: str, patterns=None, limit: int = 12) -> None:
+    """Print the instruction counts and, for each pattern, the first matching lines."""
+    s = summary(ptx)
+    print("  ".join(f"{k}: {v}" for k, v in s.items() if v))
+    for p in patterns or []:
+        lines = grep(ptx, p)
+        print(f"\n{p!r}: {len(lines)} line(s)")
+        for line in lines[:limit]:
+            print("   ", line)
+
+
+def check(ptx: str, *, present=(), absent=()) -> None:
+    """Assert that each pattern in ``present`` occurs and none in ``absent`` does."""
+    missing = [p for p in present if not grep(ptx, p)]
+    found = {p: grep(ptx, p)[:3] for p in absent if grep(ptx, p)}
+    msgs = []
+    if missing:
+        msgs.append("expected in the PTX but missing: " + ", ".join(map(repr, missing)))
+    for p, lines in found.items():
+        msgs.append(f"must not be in the PTX: {p!r}, found e.g. " + " | ".join(lines))
+    if msgs:
+        raise AssertionError("\n".join(msgs))

@@ -1,0 +1,251 @@
+"""Decide once, at import, whether kernels run on a GPU or in numba's CUDA simulator.
+
+The decision has to happen before ``numba.cuda`` is imported: numba reads
+``NUMBA_ENABLE_CUDASIM`` when the package is first imported and never again.
+We probe the driver through ctypes (cuInit + cuDeviceGetCount) so that the probe
+itself imports nothing from numba.
+
+``NF4LAB_MODE`` overrides the probe:
+  gpu      -- use the GPU (fail loudly later if there is none)
+  sim      -- force the simulator, even on a GPU machine
+  compile  -- real numba.cuda without a GPU: compile_ptx works, launches do not.
+              Used by the PTX subprocess of simulator-mode sessions.
+"""
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import functools
+import os
+import sys
+import warnings
+
+MODES = ("gpu", "sim", "compile")
+
+
+def _probe_driver() -> tuple[bool, str]:
+    """Return (usable, reason). Never raises."""
+    names = ["libcuda.so.1", "libcuda.so", ctypes.util.find_library("cuda")]
+    lib = None
+    for name in filter(None, names):
+        try:
+            lib = ctypes.CDLL(name)
+            break
+        except OSError:
+            continue
+    if lib is None:
+        return False, "no CUDA driver (libcuda) found"
+    try:
+        rc = lib.cuInit(0)
+        if rc != 0:
+            return False, f"cuInit failed with CUDA error {rc}"
+        count = ctypes.c_int(0)
+        rc = lib.cuDeviceGetCount(ctypes.byref(count))
+        if rc != 0 or count.value == 0:
+            return False, "the CUDA driver sees no device"
+    except Exception as exc:  # pragma: no cover - exotic driver failures
+        return False, f"CUDA driver probe failed: {exc}"
+    return True, f"{count.value} CUDA device(s)"
+
+
+def _decide() -> tuple[str, str]:
+    forced = os.environ.get("NF4LAB_MODE", "").strip().lower()
+    if forced:
+        if forced not in MODES:
+            raise ValueError(f"NF4LAB_MODE must be one of {MODES}, got {forced!r}")
+        return forced, "forced by NF4LAB_MODE"
+    if "numba.cuda" in sys.modules:
+        # Too late to choose: follow whatever numba already is.
+        from numba import config
+
+        if config.ENABLE_CUDASIM:
+            return "sim", "numba.cuda was imported with the simulator already on"
+    if os.environ.get("NUMBA_ENABLE_CUDASIM", "0") not in ("", "0"):
+        return "sim", "NUMBA_ENABLE_CUDASIM is set"
+    ok, reason = _probe_driver()
+    return ("gpu" if ok else "sim"), reason
+
+
+MODE, REASON = _decide()
+SIMULATOR = MODE == "sim"
+ON_GPU = MODE == "gpu"
+
+if SIMULATOR:
+    if "numba.cuda" in sys.modules and not sys.modules["numba"].config.ENABLE_CUDASIM:
+        warnings.warn(
+            "nf4lab: no GPU, but numba.cuda was imported before nf4lab, so the simulator "
+            "could not be switched on. Restart the kernel and import nf4lab first.",
+            stacklevel=2,
+        )
+    os.environ["NUMBA_ENABLE_CUDASIM"] = "1"
+    if "numba" in sys.modules:  # numba read the variable already; tell its config too
+        sys.modules["numba"].config.ENABLE_CUDASIM = 1
+    print(
+        f"nf4lab: no usable CUDA GPU ({REASON}); kernels run in numba's CUDA simulator "
+        "(pure Python: slow, so cases are small). PTX is still compiled by NVVM.",
+        file=sys.stderr,
+    )
+elif MODE == "compile":
+    os.environ["NUMBA_ENABLE_CUDASIM"] = "0"
+    if "numba" in sys.modules:
+        sys.modules["numba"].config.ENABLE_CUDASIM = 0
+
+# The shape notebooks use by default: big enough to saturate an H100, or small
+# enough for the simulator (about 0.3 s per 4096 threads) while still spanning two
+# absmax2 groups (2 x 16384 weights) and ending in a partial block.
+GPU_SHAPE = (16384, 16384)
+SIM_SHAPE = (130, 129)
+
+
+def default_shape() -> tuple[int, int]:
+    return GPU_SHAPE if ON_GPU else SIM_SHAPE
+
+
+def _patch_simulator_jit() -> None:
+    """Let notebook code written for the GPU also decorate in the simulator.
+
+    The simulator's ``cuda.jit`` rejects options such as ``lineinfo`` or
+    ``forceinline``; we drop them there and remember every option on the fake
+    kernel so that ``nf4lab.ptx`` can compile the same function for real.
+    """
+    from numba import cuda
+
+    if getattr(cuda.jit, "_nf4lab_patched", False):
+        return
+    sim_jit = cuda.jit
+    accepted = {"device", "debug", "argtypes", "inline", "restype", "fastmath", "opt", "cache"}
+
+    def jit(func_or_sig=None, **kwargs):
+        sim_kwargs = {k: v for k, v in kwargs.items() if k in accepted}
+
+        def tag(obj):
+            obj._nf4lab_jit_kwargs = dict(kwargs)
+            return obj
+
+        if callable(func_or_sig) and not isinstance(func_or_sig, (str, list, tuple)):
+            return tag(sim_jit(func_or_sig, **sim_kwargs))
+        inner = sim_jit(func_or_sig, **sim_kwargs)
+        return lambda fn: tag(inner(fn))
+
+    jit._nf4lab_patched = True
+    cuda.jit = jit
+
+
+if SIMULATOR:
+    _patch_simulator_jit()
+
+
+def _version(dist: str) -> str | None:
+    from importlib import metadata
+
+    try:
+        return metadata.version(dist)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def versions() -> dict:
+    import platform
+
+    return {
+        "python": platform.python_version(),
+        "numpy": _version("numpy"),
+        "numba": _version("numba"),
+        "numba_cuda": _version("numba-cuda"),
+        "bitsandbytes": _version("bitsandbytes"),
+        "torch": _version("torch"),
+    }
+
+
+# Datasheet peak memory bandwidth in GB/s, matched on the start of the device name.
+# A ceiling to draw, never a measurement.
+SPEC_PEAK_GBPS = {
+    "NVIDIA H100 80GB HBM3": 3352,
+    "NVIDIA H100 PCIe": 2039,
+    "NVIDIA H100 NVL": 3938,
+    "NVIDIA H200": 4800,
+    "NVIDIA A100-SXM4-80GB": 2039,
+    "NVIDIA A100-SXM4-40GB": 1555,
+    "NVIDIA A100 80GB PCIe": 1935,
+    "NVIDIA A100-PCIE-40GB": 1555,
+    "NVIDIA L4": 300,
+    "NVIDIA A10G": 600,
+    "NVIDIA GeForce RTX 4090": 1008,
+    "NVIDIA GeForce RTX 3090": 936,
+    "Tesla T4": 320,
+}
+
+
+def spec_peak_gbps(name: str) -> float | None:
+    for prefix, gbps in SPEC_PEAK_GBPS.items():
+        if name.startswith(prefix):
+            return float(gbps)
+    return None
+
+
+@functools.lru_cache(maxsize=None)
+def device_info() -> dict:
+    """Facts about where kernels run, for notebooks and results files."""
+    info = {"mode": MODE, "reason": REASON, **versions()}
+    if not ON_GPU:
+        info.update(gpu="simulator" if SIMULATOR else "none", sms=None, l2_bytes=None)
+        return info
+    from numba import cuda
+
+    dev = cuda.get_current_device()
+    ctx = cuda.current_context()
+    free, total = ctx.get_memory_info()
+    attrs = {}
+    for name in ("MULTIPROCESSOR_COUNT", "L2_CACHE_SIZE", "CLOCK_RATE", "MEMORY_CLOCK_RATE",
+                 "GLOBAL_MEMORY_BUS_WIDTH", "MAX_THREADS_PER_MULTI_PROCESSOR",
+                 "MAX_SHARED_MEMORY_PER_MULTIPROCESSOR"):
+        try:
+            attrs[name] = getattr(dev, name)
+        except Exception:
+            attrs[name] = None
+    name = dev.name.decode() if isinstance(dev.name, bytes) else str(dev.name)
+    try:
+        from numba.cuda.cudadrv.driver import driver
+
+        drv = driver.get_version()
+        driver_version = f"{drv[0]}.{drv[1]}"
+    except Exception:
+        driver_version = None
+    info.update(
+        gpu=name,
+        cc=list(dev.compute_capability),
+        sms=attrs["MULTIPROCESSOR_COUNT"],
+        l2_bytes=attrs["L2_CACHE_SIZE"],
+        memory_bytes=int(total),
+        sm_clock_mhz=attrs["CLOCK_RATE"] // 1000 if attrs["CLOCK_RATE"] else None,
+        mem_clock_mhz=attrs["MEMORY_CLOCK_RATE"] // 1000 if attrs["MEMORY_CLOCK_RATE"] else None,
+        bus_width_bits=attrs["GLOBAL_MEMORY_BUS_WIDTH"],
+        max_threads_per_sm=attrs["MAX_THREADS_PER_MULTI_PROCESSOR"],
+        smem_per_sm=attrs["MAX_SHARED_MEMORY_PER_MULTIPROCESSOR"],
+        cuda_driver=driver_version,
+        driver=_nvidia_smi_driver(),
+        spec_peak_gbps=spec_peak_gbps(name),
+    )
+    return info
+
+
+def _nvidia_smi_driver() -> str | None:
+    import subprocess
+
+    try:
+        out = subprocess.run(
+            ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+            capture_output=True, text=True, timeout=20,
+        )
+        return out.stdout.strip().splitlines()[0] if out.returncode == 0 and out.stdout.strip() else None
+    except Exception:
+        return None
+
+
+def describe() -> str:
+    i = device_info()
+    if not ON_GPU:
+        return f"mode={i['mode']} ({i['reason']}); numba {i['numba']}, numba-cuda {i['numba_cuda']}"
+    return (f"{i['gpu']} (cc {i['cc'][0]}.{i['cc'][1]}, {i['sms']} SMs, L2 {i['l2_bytes'] / 2**20:.0f} MiB, "
+            f"{i['memory_bytes'] / 2**30:.0f} GiB), driver {i['driver']}; numba {i['numba']}, "
+            f"numba-cuda {i['numba_cuda']}, bitsandbytes {i['bitsandbytes']}, torch {i['torch']}")
