@@ -1,0 +1,146 @@
+"""Build the notebooks from their sources in notebooks/src/.
+
+Each ``notebooks/src/NN_topic.py`` is a percent-format script (``# %%`` starts a
+code cell, ``# %% [markdown]`` a markdown cell whose lines are ``# ``-commented;
+``# %% tags=["kernel"]`` tags a cell). It becomes two notebooks:
+
+- ``notebooks/NN_topic.ipynb`` for students: every region between
+  ``### BEGIN SOLUTION`` and ``### STUDENT`` is dropped, and the region from
+  ``### STUDENT`` to ``### END SOLUTION`` is kept (the stub the student edits);
+- ``notebooks/solutions/NN_topic_SOLUTION.ipynb``: the solution region kept, the
+  student region dropped.
+
+Outputs of an existing notebook are kept when its cell source did not change, so
+re-building after a GPU run does not throw the recorded results away.
+
+    python tools/build_notebooks.py          # build all
+    python tools/build_notebooks.py --check  # fail if a notebook is out of date
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+from pathlib import Path
+
+import nbformat
+
+ROOT = Path(__file__).resolve().parent.parent
+SRC = ROOT / "notebooks" / "src"
+OUT = ROOT / "notebooks"
+SOL = OUT / "solutions"
+
+CELL = re.compile(r"^# %%(?P<md> \[markdown\])?(?: tags=(?P<tags>\[.*\]))?\s*$")
+
+
+def parse(text: str) -> list[dict]:
+    cells, cur = [], None
+    for line in text.splitlines():
+        m = CELL.match(line)
+        if m:
+            if cur is not None:
+                cells.append(cur)
+            cur = {"type": "markdown" if m.group("md") else "code",
+                   "tags": json.loads(m.group("tags")) if m.group("tags") else [], "lines": []}
+            continue
+        if cur is None:
+            continue  # module docstring / header before the first cell
+        cur["lines"].append(line)
+    if cur is not None:
+        cells.append(cur)
+    for c in cells:
+        while c["lines"] and not c["lines"][-1].strip():
+            c["lines"].pop()
+        while c["lines"] and not c["lines"][0].strip():
+            c["lines"].pop(0)
+        if c["type"] == "markdown":
+            c["lines"] = [l[2:] if l.startswith("# ") else l.lstrip("#") for l in c["lines"]]
+    return cells
+
+
+def variant(lines: list[str], solution: bool) -> list[str]:
+    out, state = [], None  # None | "sol" | "stu"
+    for line in lines:
+        s = line.strip()
+        if s == "### BEGIN SOLUTION":
+            state = "sol"
+            continue
+        if s == "### STUDENT":
+            state = "stu"
+            continue
+        if s == "### END SOLUTION":
+            state = None
+            continue
+        if state is None or (state == "sol") == solution:
+            out.append(line)
+    return out
+
+
+def build_one(src: Path, solution: bool) -> nbformat.NotebookNode:
+    nb = nbformat.v4.new_notebook()
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    nb.metadata["language_info"] = {"name": "python"}
+    for c in parse(src.read_text()):
+        text = "\n".join(variant(c["lines"], solution))
+        if c["type"] == "markdown":
+            cell = nbformat.v4.new_markdown_cell(text)
+        else:
+            cell = nbformat.v4.new_code_cell(text)
+        if c["tags"]:
+            cell.metadata["tags"] = c["tags"]
+        nb.cells.append(cell)
+    return nb
+
+
+def target(src: Path, solution: bool) -> Path:
+    return SOL / f"{src.stem}_SOLUTION.ipynb" if solution else OUT / f"{src.stem}.ipynb"
+
+
+def keep_outputs(new: nbformat.NotebookNode, path: Path) -> None:
+    if not path.exists():
+        return
+    old = nbformat.read(path, as_version=4)
+    by_source = {}
+    for c in old.cells:
+        if c.cell_type == "code":
+            by_source.setdefault(c.source, c)
+    for c in new.cells:
+        if c.cell_type == "code" and c.source in by_source:
+            o = by_source[c.source]
+            c.outputs, c.execution_count = o.outputs, o.execution_count
+    for key in ("nf4lab",):
+        if key in old.metadata:
+            new.metadata[key] = old.metadata[key]
+
+
+def code_of(nb) -> list[tuple[str, str]]:
+    return [(c.cell_type, c.source) for c in nb.cells]
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--check", action="store_true", help="fail if any notebook differs from its source")
+    ap.add_argument("names", nargs="*", help="source stems to build (default: all)")
+    args = ap.parse_args(argv)
+    SOL.mkdir(parents=True, exist_ok=True)
+    stale = []
+    for src in sorted(SRC.glob("[0-9][0-9]_*.py")):
+        if args.names and src.stem not in args.names:
+            continue
+        for solution in (False, True):
+            nb, path = build_one(src, solution), target(src, solution)
+            if args.check:
+                if not path.exists() or code_of(nbformat.read(path, as_version=4)) != code_of(nb):
+                    stale.append(str(path.relative_to(ROOT)))
+                continue
+            keep_outputs(nb, path)
+            nbformat.write(nb, path)
+    if stale:
+        print("out of date (run python tools/build_notebooks.py):\n  " + "\n  ".join(stale))
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
