@@ -1,0 +1,303 @@
+"""Timing that holds up: GPU time without launch overhead, ceilings and bitsandbytes in the same run.
+
+Method (``METHOD``): each measured function is launched once to compile (JIT excluded),
+then ``LAUNCHES`` launches are captured in one CUDA graph (torch.cuda.graph, numba
+launching on ``cuda.external_stream`` of the capture stream). The graph is replayed
+``REPLAYS`` times between CUDA events; ms = replay time / LAUNCHES; we report the median
+replay and the 10th-90th percentile spread. Graph replay costs about 1 us per launch
+instead of the 24-70 us a numba launch costs from Python, so this is GPU time.
+Host-side cost is measured separately (``wall_time_ms``): back-to-back calls from
+Python, synchronised at the end, as a user calls them.
+
+L2: results carry ``fits_l2`` (bytes moved <= L2 size). Such sizes are partly served
+from L2 on repeats and read higher than DRAM allows; plots mark them.
+"""
+from __future__ import annotations
+
+import statistics
+import time
+
+import numpy as np
+
+from . import bytemodel, results, runtime
+
+LAUNCHES = 20
+REPLAYS = 15
+METHOD = (f"GPU time: median of {REPLAYS} CUDA-graph replays of {LAUNCHES} captured launches each "
+          "(torch.cuda.graph + numba external_stream), after a warm-up launch; spread = p10-p90")
+
+BNB_GPU = "bitsandbytes dequantize_4bit (out=)"
+BNB_E2E = "bitsandbytes dequantize_4bit (end to end)"
+COPY = "device copy (read + write)"
+FILL = "write-only fill"
+
+
+class NoGPUError(RuntimeError):
+    pass
+
+
+def _require_gpu():
+    if not runtime.ON_GPU:
+        raise NoGPUError("no CUDA GPU here (nf4lab runs in the simulator): timings would be meaningless, "
+                         "so none are taken. Recorded GPU results are under data/results/.")
+
+
+def gpu_time_ms(fn, *, launches: int = LAUNCHES, replays: int = REPLAYS) -> dict:
+    """GPU time of ``fn(stream)`` (stream: a numba stream to launch on)."""
+    _require_gpu()
+    import torch
+    from numba import cuda
+
+    s = torch.cuda.Stream()
+    ns = cuda.external_stream(s.cuda_stream)
+    torch.cuda.synchronize()
+    with torch.cuda.stream(s):
+        fn(ns)  # compile and warm up outside the graph
+    torch.cuda.synchronize()
+    method = "graph"
+    try:
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g, stream=s):
+            for _ in range(launches):
+                fn(ns)
+        run = g.replay
+    except Exception:  # a baseline that cannot be captured: time plain launches with events
+        torch.cuda.synchronize()
+        method = "events"
+
+        def run():
+            for _ in range(launches):
+                fn(ns)
+    times = []
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    with torch.cuda.stream(s):
+        run()  # one untimed replay: first replay uploads the graph
+        for _ in range(replays):
+            start.record(s)
+            run()
+            end.record(s)
+            end.synchronize()
+            times.append(start.elapsed_time(end) / launches)
+    torch.cuda.synchronize()
+    q = np.percentile(times, [10, 90])
+    return {"ms": float(statistics.median(times)), "spread_ms": [float(q[0]), float(q[1])], "method": method}
+
+
+def wall_time_ms(fn, *, calls: int = 200) -> float:
+    """Host time per call of ``fn()``, back to back, synchronised at the end (launch overhead included)."""
+    _require_gpu()
+    import torch
+
+    fn()
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    torch.cuda.synchronize()
+    return (time.perf_counter() - t0) * 1e3 / calls
+
+
+def _record(kind, name, shape, dtype, timing, nbytes, **extra) -> dict:
+    l2 = runtime.device_info().get("l2_bytes") if runtime.ON_GPU else None
+    rec = {"kind": kind, "name": name, "shape": list(shape), "dtype": dtype, "ms": timing["ms"],
+           "spread_ms": timing.get("spread_ms"), "gbps": bytemodel.gbps(nbytes, timing["ms"]),
+           "bytes": int(nbytes), "pct_copy": None, "pct_fill": None, "speedup_vs_bnb": None,
+           "bit_exact": None, "fits_l2": bool(l2 and nbytes <= l2), "timing": timing.get("method")}
+    rec.update(extra)
+    return rec
+
+
+def ceilings(nbytes: int, shape=None, dtype=None) -> list[dict]:
+    """Copy (half read, half written) and write-only fill moving ``nbytes``, timed like kernels."""
+    _require_gpu()
+    import torch
+
+    half = max(16, nbytes // 2 // 16 * 16)
+    src = torch.empty(half, dtype=torch.uint8, device="cuda").fill_(7)
+    dst = torch.empty_like(src)
+    full = torch.empty(max(16, nbytes // 16 * 16), dtype=torch.uint8, device="cuda")
+    copy = gpu_time_ms(lambda s: dst.copy_(src))
+    fill = gpu_time_ms(lambda s: full.fill_(3))
+    recs = [_record("ceiling", COPY, shape or [], dtype, copy, 2 * half),
+            _record("ceiling", FILL, shape or [], dtype, fill, full.numel())]
+    peak = runtime.device_info().get("spec_peak_gbps")
+    if peak:
+        recs.append({"kind": "ceiling", "name": "spec peak (datasheet)", "shape": list(shape or []),
+                     "dtype": dtype, "ms": None, "gbps": peak, "bytes": None, "pct_copy": None,
+                     "pct_fill": None, "speedup_vs_bnb": None, "bit_exact": None, "fits_l2": False,
+                     "timing": "datasheet"})
+    del src, dst, full
+    torch.cuda.empty_cache()
+    return recs
+
+
+def bnb_baselines(case) -> list[dict]:
+    """bitsandbytes on the same data: GPU time with a preallocated out=, and end to end as users call it."""
+    _require_gpu()
+    import torch
+    import bitsandbytes.functional as F
+
+    packed, qs = case.quant_state("cuda")
+    out = torch.empty(case.shape, dtype=qs.dtype, device="cuda")
+    F.dequantize_4bit(packed, qs, out=out)
+    torch.cuda.synchronize()
+    from .verification import compare
+
+    exact = compare(out, case.expected, case.dtype, n=case.n, blocksize=case.blocksize).ok
+    nbytes = bytemodel.bytes_moved(case.n, case.dtype, case.blocksize)
+    gpu = gpu_time_ms(lambda s: F.dequantize_4bit(packed, qs, out=out))
+    e2e_ms = wall_time_ms(lambda: F.dequantize_4bit(packed, qs))
+    return [_record("baseline", BNB_GPU, case.shape, case.dtype, gpu, nbytes, bit_exact=exact),
+            _record("baseline", BNB_E2E, case.shape, case.dtype, {"ms": e2e_ms, "method": "wall clock"},
+                    nbytes, bit_exact=exact, host_ms=e2e_ms)]
+
+
+def measure_kernel(name, launch, case, *, buffers=None, host=True) -> dict:
+    """Verify ``launch`` bit for bit on ``case`` (raises on mismatch), then time it."""
+    from .buffers import make_buffers, run_and_verify
+
+    b = buffers if buffers is not None else make_buffers(case)
+    run_and_verify(launch, case, name=name, buffers=b)
+    if not runtime.ON_GPU:
+        return None
+
+    def fn(stream):
+        b.stream = stream
+        launch(b)
+
+    timing = gpu_time_ms(fn)
+    b.stream = 0
+    rec = _record("kernel", name, case.shape, case.dtype, timing,
+                  bytemodel.bytes_moved(case.n, case.dtype, case.blocksize), bit_exact=True)
+    if host:
+        rec["host_ms"] = wall_time_ms(lambda: launch(b))
+    # The timed runs wrote over the verified output: check that it is still right.
+    run_and_verify(launch, case, name=name, buffers=b)
+    return rec
+
+
+class Run:
+    """Records of one run plus its meta; ``finalize`` relates them, ``save`` writes them."""
+
+    def __init__(self, method: str = METHOD, meta: dict | None = None, records=None):
+        self.meta = meta if meta is not None else (results.meta(method) if runtime.ON_GPU else {})
+        self.records = list(records or [])
+        self.recorded = False  # True when loaded from disk rather than measured now
+
+    def add(self, recs):
+        if isinstance(recs, dict):
+            recs = [recs]
+        self.records.extend(r for r in recs if r is not None)
+        return self
+
+    def finalize(self) -> "Run":
+        for r in self.records:
+            same = [q for q in self.records if q["shape"] == r["shape"] and q["dtype"] == r["dtype"]]
+            copy = next((q for q in same if q["name"] == COPY), None)
+            fill = next((q for q in same if q["name"] == FILL), None)
+            bnb = next((q for q in same if q["name"] == BNB_GPU), None)
+            if r.get("gbps") and copy:
+                r["pct_copy"] = 100 * r["gbps"] / copy["gbps"]
+            if r.get("gbps") and fill:
+                r["pct_fill"] = 100 * r["gbps"] / fill["gbps"]
+            if r.get("ms") and bnb:
+                r["speedup_vs_bnb"] = bnb["ms"] / r["ms"]
+        return self
+
+    def save(self, name: str):
+        self.finalize()
+        return results.save({"meta": self.meta, "records": self.records}, name)
+
+    @classmethod
+    def load(cls, name: str, gpu: str | None = None) -> "Run | None":
+        data = results.load(name, gpu)
+        if data is None:
+            return None
+        run = cls(meta=data["meta"], records=data["records"])
+        run.recorded = True
+        run.path = data.get("path")
+        return run
+
+    def kernels(self):
+        return [r for r in self.records if r["kind"] == "kernel"]
+
+    def get(self, name, shape=None, dtype=None):
+        for r in self.records:
+            if r["name"] == name and (shape is None or r["shape"] == list(shape)) and \
+                    (dtype is None or r["dtype"] == dtype):
+                return r
+        return None
+
+    def table(self) -> str:
+        def f(x, fmt):
+            return "-" if x is None else format(x, fmt)
+
+        rows = [f"{'version':<44} {'shape':>13} {'dtype':>5} {'ms':>8} {'GB/s':>7} {'%copy':>6} "
+                f"{'%fill':>6} {'x bnb':>6} {'exact':>5}"]
+        for r in self.records:
+            shape = "x".join(map(str, r["shape"])) if r["shape"] else ""
+            exact = {True: "yes", False: "NO", None: ""}[r.get("bit_exact")]
+            rows.append(f"{r['name'][:44]:<44} {shape:>13} {r['dtype'] or '':>5} {f(r['ms'], '.4f'):>8} "
+                        f"{f(r['gbps'], '.0f'):>7} {f(r['pct_copy'], '.0f'):>6} {f(r['pct_fill'], '.0f'):>6} "
+                        f"{f(r['speedup_vs_bnb'], '.2f'):>6} {exact:>5}")
+        if self.meta:
+            rows.append(f"measured on {results.label(self.meta)}")
+        return "\n".join(rows)
+
+    def __repr__(self):
+        return self.table()
+
+
+def run_versions(versions: dict, case, *, baselines=True, progress=True) -> Run:
+    """Measure several launch functions on one case, with ceilings and bitsandbytes, in one run."""
+    _require_gpu()
+    from tqdm.auto import tqdm
+
+    from .buffers import make_buffers
+
+    run = Run()
+    nbytes = bytemodel.bytes_moved(case.n, case.dtype, case.blocksize)
+    run.add(ceilings(nbytes, case.shape, case.dtype))
+    if baselines:
+        run.add(bnb_baselines(case))
+    b = make_buffers(case)
+    for name, launch in tqdm(list(versions.items()), desc=f"{'x'.join(map(str, case.shape))} {case.dtype}",
+                             disable=not progress):
+        run.add(measure_kernel(name, launch, case, buffers=b))
+    return run.finalize()
+
+
+def step(notebook: str, versions: dict, case=None) -> Run | None:
+    """The benchmark cell of a step notebook.
+
+    On a GPU: verify each version bit for bit on the full-size case, time it with the
+    ceilings and bitsandbytes in the same run, save data/results/<gpu>/<notebook>.json
+    and return the run. ``versions`` maps names to ``launch`` functions, or to
+    ``(launch, case)`` pairs when versions need different cases (e.g. output dtypes).
+
+    In the simulator: no timing (it would be meaningless); return the run recorded on
+    a GPU for this notebook, if any, and say where it comes from.
+    """
+    if not runtime.ON_GPU:
+        run = Run.load(notebook)
+        if run is None:
+            print(f"No GPU here, and no recorded GPU results for {notebook} under data/results/.")
+            return None
+        print(f"No GPU here: showing the results recorded in {run.path}\n  ({results.label(run.meta)})")
+        return run
+    from .cases import make_case
+
+    default = case if case is not None else make_case()
+    groups: dict = {}
+    for name, v in versions.items():
+        launch, c = v if isinstance(v, tuple) else (v, default)
+        groups.setdefault(id(c), (c, {}))[1][name] = launch
+    run = Run()
+    for c, vs in groups.values():
+        part = run_versions(vs, c)
+        run.add(part.records)
+    run.finalize()
+    path = run.save(notebook)
+    print(run.table())
+    print(f"saved {path.relative_to(results.ROOT)}")
+    return run

@@ -1,0 +1,131 @@
+"""Plots of measured GB/s: bars per version with the ceilings drawn, and size sweeps.
+
+Every plot is made from records (measured now or loaded from data/results/) and says
+where they were measured in its caption.
+"""
+from __future__ import annotations
+
+import re
+
+from . import bench, results
+
+CEILING_STYLE = {bench.COPY: ("tab:red", "--"), bench.FILL: ("tab:purple", ":"),
+                 "spec peak (datasheet)": ("black", "-.")}
+
+
+def _caption(fig, meta):
+    if meta:
+        fig.text(0.01, 0.005, "measured on " + results.label(meta) + "\n" + meta.get("method", "")[:150],
+                 fontsize=7, color="0.35", va="bottom")
+
+
+def bars(run, *, title=None, highlight=(), shape=None, dtype=None, ax=None):
+    """GB/s of every kernel and baseline in ``run`` for one shape/dtype, ceilings as lines."""
+    import matplotlib.pyplot as plt
+
+    recs = [r for r in run.records if r["kind"] in ("kernel", "baseline")
+            and (shape is None or r["shape"] == list(shape)) and (dtype is None or r["dtype"] == dtype)]
+    if not recs:
+        raise ValueError("no kernel or baseline records to plot")
+    shape = shape or recs[0]["shape"]
+    dtype = dtype or recs[0]["dtype"]
+    recs = [r for r in recs if r["shape"] == list(shape) and r["dtype"] == dtype]
+    ceil = [r for r in run.records if r["kind"] == "ceiling" and r["shape"] == list(shape)
+            and r["dtype"] == dtype]
+    fig = None
+    if ax is None:
+        fig, ax = plt.subplots(figsize=(9, 0.45 * len(recs) + 2.2))
+    names = [r["name"] for r in recs]
+    colors = ["tab:gray" if r["kind"] == "baseline" else
+              ("tab:orange" if r["name"] in highlight else "tab:blue") for r in recs]
+    y = range(len(recs))
+    ax.barh(list(y), [r["gbps"] for r in recs], color=colors)
+    for i, r in enumerate(recs):
+        txt = f"{r['gbps']:.0f} GB/s  ({r['ms'] * 1e3:.0f} us"
+        txt += f", {r['speedup_vs_bnb']:.2f}x bnb)" if r.get("speedup_vs_bnb") and r["kind"] == "kernel" else ")"
+        ax.text(r["gbps"], i, " " + txt, va="center", fontsize=8)
+    ax.set_yticks(list(y), names, fontsize=8)
+    ax.invert_yaxis()
+    for c in ceil:
+        color, ls = CEILING_STYLE.get(c["name"], ("k", "-"))
+        ax.axvline(c["gbps"], color=color, ls=ls, lw=1.2, label=f"{c['name']}: {c['gbps']:.0f} GB/s")
+    top = max([r["gbps"] for r in recs] + [c["gbps"] for c in ceil])
+    ax.set_xlim(0, top * 1.35)
+    ax.set_xlabel("effective bandwidth, GB/s (bytes of the NF4 byte model / GPU time)")
+    l2 = " (fits in L2)" if recs[0].get("fits_l2") else ""
+    ax.set_title(title or f"NF4 dequantization, {'x'.join(map(str, shape))} -> {dtype}{l2}")
+    if ceil:
+        ax.legend(loc="lower right", fontsize=8)
+    if fig is not None:
+        fig.tight_layout(rect=(0, 0.06, 1, 1))
+        _caption(fig, run.meta)
+    return ax
+
+
+def _step_number(name: str) -> int:
+    m = re.match(r"(\d\d)_", name)
+    return int(m.group(1)) if m else 99
+
+
+def progress(notebook: str, gpu: str | None = None, *, shape=None, dtype="bf16"):
+    """Bars of every step's kernels up to ``notebook``, from the recorded results files.
+
+    The ceilings and bitsandbytes come from ``notebook``'s own run (same process, same data).
+    """
+    import matplotlib.pyplot as plt
+
+    here = bench.Run.load(notebook, gpu)
+    if here is None:
+        print(f"no results recorded for {notebook}: nothing to plot")
+        return None
+    gpu = gpu or results.gpu_slug(here.meta["gpu"])
+    shape = shape or next((r["shape"] for r in here.kernels() if r["dtype"] == dtype), None)
+    n_here = _step_number(notebook)
+    merged = bench.Run(meta=here.meta)
+    earlier = sorted(p.stem for p in (results.RESULTS_DIR / gpu).glob("[0-9][0-9]_*.json")
+                     if _step_number(p.stem) < n_here)
+    for name in earlier:
+        prev = bench.Run.load(name, gpu)
+        merged.add([r for r in prev.kernels() if r["shape"] == shape and r["dtype"] == dtype])
+    merged.add([r for r in here.records if r["shape"] == shape and r["dtype"] == dtype])
+    merged.finalize()
+    highlight = {r["name"] for r in here.kernels()}
+    fig, ax = plt.subplots(figsize=(9, 0.45 * len(merged.records) + 2.2))
+    bars(merged, highlight=highlight, shape=shape, dtype=dtype, ax=ax,
+         title=f"Step by step: {'x'.join(map(str, shape))} -> {dtype} (this step in orange)")
+    fig.tight_layout(rect=(0, 0.06, 1, 1))
+    _caption(fig, here.meta)
+    return merged
+
+
+def sweep(run, *, dtype="bf16", names=None, ax=None):
+    """GB/s against bytes moved for each version: the L2 regime on the left, DRAM on the right."""
+    import matplotlib.pyplot as plt
+
+    fig = None
+    if ax is None:
+        fig, ax = plt.subplots(figsize=(9, 5))
+    recs = [r for r in run.records if r["dtype"] == dtype and r.get("bytes")]
+    by_name: dict = {}
+    for r in recs:
+        by_name.setdefault(r["name"], []).append(r)
+    for name, rs in by_name.items():
+        if names and name not in names:
+            continue
+        rs.sort(key=lambda r: r["bytes"])
+        style = "--" if name in (bench.COPY, bench.FILL) else ("-." if name.startswith("bitsandbytes") else "-")
+        ax.plot([r["bytes"] / 1e6 for r in rs], [r["gbps"] for r in rs], style, marker="o", ms=3, label=name)
+    l2 = run.meta.get("l2_bytes")
+    if l2:
+        ax.axvline(l2 / 1e6, color="0.5", lw=1)
+        ax.text(l2 / 1e6, ax.get_ylim()[1] * 0.02, " L2 size", color="0.4", fontsize=8)
+    ax.set_xscale("log")
+    ax.set_xlabel("bytes moved per call, MB (log scale)")
+    ax.set_ylabel("effective bandwidth, GB/s")
+    ax.set_title(f"NF4 dequantization across sizes ({dtype} output)")
+    ax.legend(fontsize=7, ncol=2)
+    ax.grid(alpha=0.3)
+    if fig is not None:
+        fig.tight_layout(rect=(0, 0.06, 1, 1))
+        _caption(fig, run.meta)
+    return ax

@@ -1,0 +1,109 @@
+"""Results files: data/results/<gpu>/<name>.json, one run per file.
+
+    {"meta": {"gpu", "driver", "clocks", "date", "numba", "numba_cuda", "bitsandbytes",
+              "torch", "method", ...},
+     "records": [{"kind": "kernel" | "ceiling" | "baseline", "name", "shape": [rows, cols],
+                  "dtype", "ms", "gbps", "pct_copy", "pct_fill", "speedup_vs_bnb",
+                  "bit_exact", ...}]}
+
+Notebooks and plots read these files; nothing is typed in by hand.
+"""
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import os
+import re
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS_DIR = ROOT / "data" / "results"
+
+
+def gpu_slug(name: str) -> str:
+    return re.sub(r"[^A-Za-z0-9]+", "_", name).strip("_") or "unknown"
+
+
+def meta(method: str) -> dict:
+    from . import runtime
+
+    info = runtime.device_info()
+    return {
+        "gpu": info.get("gpu"),
+        "driver": info.get("driver"),
+        "cuda_driver": info.get("cuda_driver"),
+        "clocks": {"sm_mhz": info.get("sm_clock_mhz"), "mem_mhz": info.get("mem_clock_mhz")},
+        "sms": info.get("sms"),
+        "l2_bytes": info.get("l2_bytes"),
+        "spec_peak_gbps": info.get("spec_peak_gbps"),
+        "date": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        "numba": info.get("numba"),
+        "numba_cuda": info.get("numba_cuda"),
+        "bitsandbytes": info.get("bitsandbytes"),
+        "torch": info.get("torch"),
+        "numpy": info.get("numpy"),
+        "method": method,
+    }
+
+
+def save(data: dict, name: str, gpu: str | None = None) -> Path:
+    """Write one run atomically; also copy it under $OUT (the device tool's folder) if set."""
+    gpu = gpu or data["meta"]["gpu"]
+    path = RESULTS_DIR / gpu_slug(gpu) / f"{name}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    text = json.dumps(data, indent=1, default=_jsonable) + "\n"
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{name}.", suffix=".tmp")
+    with os.fdopen(fd, "w") as f:
+        f.write(text)
+    os.replace(tmp, path)
+    return path
+
+
+def _jsonable(x):
+    import numpy as np
+
+    if isinstance(x, (np.integer,)):
+        return int(x)
+    if isinstance(x, (np.floating,)):
+        return float(x)
+    if isinstance(x, (np.bool_,)):
+        return bool(x)
+    if isinstance(x, tuple):
+        return list(x)
+    raise TypeError(f"not JSON serialisable: {type(x)}")
+
+
+def gpus() -> list[str]:
+    """GPU folders that hold results, most files first."""
+    if not RESULTS_DIR.exists():
+        return []
+    dirs = [d for d in RESULTS_DIR.iterdir() if d.is_dir() and any(d.glob("*.json"))]
+    return [d.name for d in sorted(dirs, key=lambda d: -len(list(d.glob("*.json"))))]
+
+
+def default_gpu() -> str | None:
+    """The GPU whose recorded results a GPU-less session shows (NF4LAB_RESULTS_GPU overrides)."""
+    env = os.environ.get("NF4LAB_RESULTS_GPU")
+    if env:
+        return gpu_slug(env)
+    found = gpus()
+    return found[0] if found else None
+
+
+def load(name: str, gpu: str | None = None) -> dict | None:
+    gpu = gpu_slug(gpu) if gpu else default_gpu()
+    if gpu is None:
+        return None
+    path = RESULTS_DIR / gpu / f"{name}.json"
+    if not path.exists():
+        return None
+    data = json.loads(path.read_text())
+    data["path"] = str(path.relative_to(ROOT))
+    return data
+
+
+def label(meta: dict) -> str:
+    """One line saying where and when numbers were measured."""
+    return (f"{meta.get('gpu')}, {meta.get('date')}, driver {meta.get('driver')}; numba-cuda "
+            f"{meta.get('numba_cuda')}, bitsandbytes {meta.get('bitsandbytes')}, torch {meta.get('torch')}")
