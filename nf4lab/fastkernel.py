@@ -1,0 +1,344 @@
+"""The CUDA kernels behind :func:`nf4lab.dequantize`, and the lean way to launch them.
+
+Two kernels per (output dtype, nested statistics), compiled once each:
+
+- ``vector``: each thread takes whole u32 words of packed codes (8 weights) and writes
+  them with 128-bit stores (one for bf16/fp16, two for fp32). Lane t of a warp handles
+  word base + t, so each warp's stores stay contiguous; a thread does ``WORDS_PER_THREAD``
+  words at stride ``THREADS``. The last ``n % 8`` weights (the tail) are done by the one
+  thread whose word index equals ``n // 8``, with narrow stores. Needs the packed data
+  4-byte aligned and the output 16-byte aligned: a misaligned vector access is a sticky
+  error that kills the CUDA context, so :func:`choose_path` checks before every launch.
+- ``scalar``: one thread per packed byte, byte loads and 16/32-bit stores. Any alignment.
+
+Both compute exactly what bitsandbytes' CUDA kernels compute::
+
+    scale = fadd_rn(fmul_rn(code2[absmax_q[b]], absmax2[b >> gshift]), offset)   # nested
+    scale = absmax[b]                                                          # not nested
+    out   = round_to_nearest_even(fmul_rn(LUT[q], scale))
+
+(separately rounded: numba would otherwise contract a*b+c into one FMA). The LUT is
+``LUTS_CUDA[quant_type]``: for fp4 it differs from bitsandbytes' Python table at code 8.
+bitsandbytes' kernels.cu computes fp4 as ``fp4_dequantization_lut[val & 7] * sign`` with
+``sign = 1 - 2 * (val >> 3)`` (older releases: a comparison tree ``0.0f * absmax * sign``),
+then ``* absmax``: code 8 gives ``0.0 * -1 = -0.0``, and -0.0 * absmax stays -0.0. Multiplying
+by +-1 is exact, so a table holding the signed values (``-0.0`` at 8) gives the same bits for
+every code. The magnitudes there (0.005208333333f, 0.66666667f, ...) round to the same
+float32 values as the Python table's ``x / 12`` (checked in the tests).
+
+Arguments (same order for both kernels, so one launcher serves both)::
+
+    packed  u8[:]   packed_u32 u32[:] (same memory)   stats  (u8 absmax_q | f32 absmax)[:]
+    absmax2 f32[:]  code2 f32[:]  offset f32[1]  lut f32[16]
+    out     (u16 | u32)[:] output bits   out_u32 u32[:] (same memory)
+    n u64  bshift u64 (log2 blocksize)  gshift u64 (log2 of state2.blocksize)
+
+Kernels never read an array's shape (every bound comes from ``n``), which is what lets
+the lean launcher pass raw pointers with a placeholder shape.
+"""
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+
+from . import ops, runtime  # runtime first: it may switch numba to the simulator
+from .reference import FP4_LUT, NF4_LUT
+
+# A module global, not a local of _build: the simulator swaps the name ``cuda`` in a
+# kernel's globals for its fake module, and would miss a closure variable.
+from numba import cuda  # noqa: E402
+
+THREADS = 256
+# Words (8 weights each) per thread, at stride THREADS. A compile-time constant: the loop
+# below is unrolled. The lead tunes it on the H100; change it here and nowhere else.
+WORDS_PER_THREAD = 4
+
+FP4_LUT_CUDA = FP4_LUT.copy()
+FP4_LUT_CUDA[8] = np.float32(-0.0)
+LUTS_CUDA = {"nf4": NF4_LUT, "fp4": FP4_LUT_CUDA}
+
+DTYPES = ("bf16", "fp16", "fp32")
+PATHS = ("vector", "scalar")
+
+
+# ---------------------------------------------------------------- kernels
+def _build(dtype: str, nested: bool, path: str):
+    wide = dtype == "fp32"
+    pack = ops.pack_bf16x2 if dtype == "bf16" else ops.pack_f16x2
+    to16 = ops.to_bf16_bits if dtype == "bf16" else ops.to_f16_bits
+    fmul_rn, fadd_rn, float_bits = ops.fmul_rn, ops.fadd_rn, ops.float_bits
+    store_u32x4 = ops.store_u32x4
+    wpt = WORDS_PER_THREAD
+    threads = THREADS
+
+    # Variants are chosen here, in Python, so that each kernel only types the code it runs.
+    if nested:
+        @cuda.jit(device=True, inline="always")
+        def scale_of(stats, absmax2, code2, offset, blk, gshift):
+            return fadd_rn(fmul_rn(code2[stats[blk]], absmax2[blk >> gshift]), offset)
+    else:
+        @cuda.jit(device=True, inline="always")
+        def scale_of(stats, absmax2, code2, offset, blk, gshift):
+            return stats[blk]
+
+    if wide:
+        @cuda.jit(device=True, inline="always")
+        def store_one(out, i, v):
+            out[i] = float_bits(v)
+    else:
+        @cuda.jit(device=True, inline="always")
+        def store_one(out, i, v):
+            out[i] = to16(v)
+
+    @cuda.jit(device=True, inline="always")
+    def lut_load(lut, lut_s):
+        # Shared-memory LUT: 16 lanes fill it, everyone waits (fastest placement measured).
+        tid = cuda.threadIdx.x
+        if tid < 16:
+            lut_s[tid] = lut[tid]
+        cuda.syncthreads()
+
+    if path == "vector":
+        def kernel(packed, packed_u32, stats, absmax2, code2, offset, lut, out, out_u32, n, bshift, gshift):
+            lut_s = cuda.shared.array(16, np.float32)
+            lut_load(lut, lut_s)
+            off = offset[0]
+            nwords = n >> np.uint64(3)
+            wshift = bshift - np.uint64(3)
+            base = np.uint64(cuda.blockIdx.x) * np.uint64(threads * wpt) + np.uint64(cuda.threadIdx.x)
+            for k in range(wpt):
+                w = base + np.uint64(k * threads)
+                if w < nwords:
+                    word = packed_u32[w]
+                    s = scale_of(stats, absmax2, code2, off, w >> wshift, gshift)
+                    b0 = word & np.uint32(0xFF)
+                    b1 = (word >> np.uint32(8)) & np.uint32(0xFF)
+                    b2 = (word >> np.uint32(16)) & np.uint32(0xFF)
+                    b3 = word >> np.uint32(24)
+                    # High nibble first: weight 2j is byte j >> 4, weight 2j+1 is byte j & 15.
+                    v0 = fmul_rn(lut_s[b0 >> np.uint32(4)], s)
+                    v1 = fmul_rn(lut_s[b0 & np.uint32(15)], s)
+                    v2 = fmul_rn(lut_s[b1 >> np.uint32(4)], s)
+                    v3 = fmul_rn(lut_s[b1 & np.uint32(15)], s)
+                    v4 = fmul_rn(lut_s[b2 >> np.uint32(4)], s)
+                    v5 = fmul_rn(lut_s[b2 & np.uint32(15)], s)
+                    v6 = fmul_rn(lut_s[b3 >> np.uint32(4)], s)
+                    v7 = fmul_rn(lut_s[b3 & np.uint32(15)], s)
+                    if wide:
+                        o = w << np.uint64(3)
+                        store_u32x4(out_u32, o, float_bits(v0), float_bits(v1), float_bits(v2), float_bits(v3))
+                        store_u32x4(out_u32, o + np.uint64(4), float_bits(v4), float_bits(v5),
+                                    float_bits(v6), float_bits(v7))
+                    else:
+                        store_u32x4(out_u32, w << np.uint64(2), pack(v0, v1), pack(v2, v3),
+                                    pack(v4, v5), pack(v6, v7))
+                elif w == nwords:
+                    # The tail: fewer than 8 weights, too few for a vector store.
+                    i = nwords << np.uint64(3)
+                    while i < n:
+                        byte = packed[i >> np.uint64(1)]
+                        q = (byte & np.uint8(15)) if (i & np.uint64(1)) else (byte >> np.uint8(4))
+                        s = scale_of(stats, absmax2, code2, off, i >> bshift, gshift)
+                        store_one(out, i, fmul_rn(lut_s[q], s))
+                        i += np.uint64(1)
+    else:
+        def kernel(packed, packed_u32, stats, absmax2, code2, offset, lut, out, out_u32, n, bshift, gshift):
+            lut_s = cuda.shared.array(16, np.float32)
+            lut_load(lut, lut_s)
+            off = offset[0]
+            j = np.uint64(cuda.blockIdx.x) * np.uint64(threads) + np.uint64(cuda.threadIdx.x)
+            i = j << np.uint64(1)
+            if i < n:
+                byte = packed[j]
+                s = scale_of(stats, absmax2, code2, off, i >> bshift, gshift)
+                store_one(out, i, fmul_rn(lut_s[byte >> np.uint8(4)], s))
+                if i + np.uint64(1) < n:
+                    # Both weights of a byte share a block: blocksizes are even.
+                    store_one(out, i + np.uint64(1), fmul_rn(lut_s[byte & np.uint8(15)], s))
+
+    kernel.__name__ = f"nf4lab_dequant_{path}_{dtype}_{'nested' if nested else 'plain'}"
+    if runtime.SIMULATOR:
+        return cuda.jit(kernel), None
+    sig = signature(dtype, nested)
+    return cuda.jit(sig)(kernel), sig
+
+
+def signature(dtype: str, nested: bool):
+    from numba import types
+
+    u8, u16, u32, f32, u64 = types.uint8, types.uint16, types.uint32, types.float32, types.uint64
+    arr = lambda t: types.Array(t, 1, "C")  # noqa: E731
+    stats = arr(u8) if nested else arr(f32)
+    out = arr(u32) if dtype == "fp32" else arr(u16)
+    return (arr(u8), arr(u32), stats, arr(f32), arr(f32), arr(f32), arr(f32), out, arr(u32), u64, u64, u64)
+
+
+_KERNELS: dict = {}
+_KERNELS_LOCK = threading.Lock()
+
+
+def get_kernel(dtype: str, nested: bool, path: str):
+    """The compiled kernel (and its signature) for one variant, compiled on first use only."""
+    key = (dtype, bool(nested), path)
+    k = _KERNELS.get(key)
+    if k is None:
+        with _KERNELS_LOCK:
+            k = _KERNELS.get(key)
+            if k is None:
+                k = _KERNELS[key] = _build(dtype, bool(nested), path)
+    return k
+
+
+# ---------------------------------------------------------------- path and grid
+def choose_path(packed_addr: int, out_addr: int) -> str:
+    """``vector`` only where every 128-bit store and 32-bit load is aligned, else ``scalar``."""
+    return "vector" if packed_addr % 4 == 0 and out_addr % 16 == 0 else "scalar"
+
+
+def grid_size(n: int, path: str) -> int:
+    if path == "vector":
+        # One more word than whole words, for the tail thread.
+        return max(1, -(-((n >> 3) + 1) // (THREADS * WORDS_PER_THREAD)))
+    return max(1, -(-((n + 1) >> 1) // THREADS))
+
+
+def log2_exact(x: int, name: str) -> int:
+    x = int(x)
+    if x <= 0 or x & (x - 1):
+        raise ValueError(f"{name} must be a power of two, got {x}")
+    return x.bit_length() - 1
+
+
+# ---------------------------------------------------------------- launch on device arrays
+def address(arr) -> int:
+    """Data address of a torch tensor, numba device array or simulator array."""
+    if hasattr(arr, "data_ptr"):
+        return int(arr.data_ptr())
+    cai = getattr(arr, "__cuda_array_interface__", None)
+    if cai is not None:
+        return int(cai["data"][0])
+    host = arr
+    while not isinstance(host, np.ndarray):  # simulator arrays wrap a numpy array
+        host = host.__dict__.get("_ary", None) if hasattr(host, "__dict__") else None
+        if host is None:
+            raise TypeError(f"cannot find the data address of {type(arr).__name__}")
+    return int(host.__array_interface__["data"][0])
+
+
+def _u32_view(arr, nbytes_used: int):
+    """A uint32 view of the first whole words of a byte/16-bit array (vector path only)."""
+    words = nbytes_used // 4
+    flat = arr.view(np.uint8)[: words * 4]
+    return flat.view(np.uint32)
+
+
+def launch_arrays(packed, stats, absmax2, code2, offset, lut, out, *, n: int, blocksize: int,
+                  nested: bool, dtype: str, nested_blocksize: int = 256, stream=0, path: str | None = None) -> str:
+    """Run the dequantization on numba device arrays (or simulator arrays) through numba's dispatcher.
+
+    ``packed`` uint8, ``stats`` uint8 absmax_q (nested) or float32 absmax, ``offset`` a
+    1-element float32 array, ``lut`` 16 float32 (see ``LUTS_CUDA``), ``out`` uint16 bits
+    (bf16/fp16) or uint32 bits (fp32) with at least n elements. Returns the path taken.
+    This is the tested reference launch; :func:`nf4lab.dequantize` uses :class:`LeanLauncher`
+    on torch tensors where it can.
+    """
+    if dtype not in DTYPES:
+        raise ValueError(f"dtype must be one of {DTYPES}, got {dtype!r}")
+    if n <= 0:
+        return "none"
+    bshift = log2_exact(blocksize, "blocksize")
+    gshift = log2_exact(nested_blocksize, "state2.blocksize") if nested else 0
+    if path is None:
+        path = choose_path(address(packed), address(out))
+    if path not in PATHS:
+        raise ValueError(f"path must be one of {PATHS}, got {path!r}")
+    kernel, _ = get_kernel(dtype, nested, path)
+    if path == "vector":
+        packed_u32 = _u32_view(packed, ((n >> 3) * 4))
+        out_u32 = _u32_view(out, n * (4 if dtype == "fp32" else 2) // 16 * 16)
+    else:
+        packed_u32 = _u32_view(packed, 0)
+        out_u32 = _u32_view(out, 0)
+    kernel[grid_size(n, path), THREADS, stream](
+        packed, packed_u32, stats, absmax2, code2, offset, lut, out, out_u32,
+        np.uint64(n), np.uint64(bshift), np.uint64(gshift))
+    return path
+
+
+# ---------------------------------------------------------------- lean launch (GPU only)
+# Kernel parameter layout numba uses for a 1-D array: meminfo, parent, nitems, itemsize,
+# data, shape[0], strides[0] (7 values of 8 bytes); scalars take one 8-byte slot each.
+_ARRAY_SLOTS = 7
+_NARRAYS = 9
+_NSLOTS = _ARRAY_SLOTS * _NARRAYS + 3
+_ITEMSIZE = {"packed": 1, "packed_u32": 4, "stats_nested": 1, "stats_plain": 4, "f32": 4, "out16": 2, "out32": 4}
+_PLACEHOLDER = 1 << 40  # the shape the kernels never read
+
+
+class LeanLauncher:
+    """Launch one compiled kernel with ``cuLaunchKernel`` from raw pointers.
+
+    numba's dispatcher costs 24-70 us a launch (type checks, argument wrapping,
+    torch -> device array conversion). Here the parameter block is built once: a
+    numpy array of 8-byte slots plus an array of pointers to them. A call writes
+    the 12 changing values into their slots and launches. A lock keeps two threads
+    from interleaving their writes (cuLaunchKernel copies the parameters before it
+    returns, so the block may be rewritten right after).
+    """
+
+    def __init__(self, dtype: str, nested: bool, path: str):
+        from cuda.bindings import driver as cu
+
+        kernel, sig = get_kernel(dtype, nested, path)
+        compiled = kernel.overloads[sig] if sig in kernel.overloads else kernel.overloads[tuple(sig)]
+        self._cu = cu
+        self._func = int(compiled._codelibrary.get_cufunc().handle)
+        self.path = path
+        self._slots = np.zeros(_NSLOTS, dtype=np.int64)
+        base = self._slots.ctypes.data
+        self._params = np.arange(_NSLOTS, dtype=np.uint64) * np.uint64(8) + np.uint64(base)
+        self._params_addr = int(self._params.ctypes.data)
+        sizes = [1, 4, 1 if nested else 4, 4, 4, 4, 4, 4 if dtype == "fp32" else 2, 4]
+        for a, itemsize in enumerate(sizes):
+            s = a * _ARRAY_SLOTS
+            self._slots[s + 2] = _PLACEHOLDER       # nitems
+            self._slots[s + 3] = itemsize
+            self._slots[s + 5] = _PLACEHOLDER       # shape[0]
+            self._slots[s + 6] = itemsize           # strides[0]
+        self._lock = threading.Lock()
+        # The data slot of each array, in argument order.
+        self._data = [a * _ARRAY_SLOTS + 4 for a in range(_NARRAYS)]
+
+    def __call__(self, stream: int, grid: int, packed: int, stats: int, absmax2: int, code2: int,
+                 offset: int, lut: int, out: int, n: int, bshift: int, gshift: int) -> None:
+        d = self._data
+        with self._lock:
+            s = self._slots
+            s[d[0]] = packed
+            s[d[1]] = packed
+            s[d[2]] = stats
+            s[d[3]] = absmax2
+            s[d[4]] = code2
+            s[d[5]] = offset
+            s[d[6]] = lut
+            s[d[7]] = out
+            s[d[8]] = out
+            s[_NSLOTS - 3] = n
+            s[_NSLOTS - 2] = bshift
+            s[_NSLOTS - 1] = gshift
+            err, = self._cu.cuLaunchKernel(self._func, grid, 1, 1, THREADS, 1, 1, 0, stream,
+                                           self._params_addr, 0)
+        if int(err) != 0:
+            raise RuntimeError(f"cuLaunchKernel failed: {err}")
+
+
+_LEAN: dict = {}
+
+
+def lean_launcher(dtype: str, nested: bool, path: str) -> LeanLauncher:
+    key = (dtype, bool(nested), path)
+    ln = _LEAN.get(key)
+    if ln is None:
+        ln = _LEAN[key] = LeanLauncher(dtype, nested, path)
+    return ln
