@@ -1,87 +1,363 @@
 """Grade an exercise: run a student's launch function on prepared cases, bit for bit.
 
-``check(launch, ...)`` never raises because of the student's kernel: a wrong result,
-an exception or a crash in the kernel is reported as a failed check with the
-teaching message, and the returned :class:`CheckResult` is falsy. Bad arguments to
-``check`` itself raise ValueError as usual.
+    result = nf4lab.check(launch, name="ex 3.2: coalesced stores", min_pct_copy=80)
+
+``check`` runs ``launch(b)`` (``b`` a :class:`nf4lab.buffers.Buffers`) on every
+shape of ``shapes`` (by default the edge sizes of :func:`default_shapes`: one
+weight, odd counts, a partial block, exactly one block, and a tensor that spans
+two absmax2 groups and ends in a partial block), smallest first, and compares
+the output with bitsandbytes bit for bit. It stops at the first wrong shape and
+prints a one-line verdict followed by the teaching message of
+:mod:`nf4lab.verification` (what differs, and a hint where the pattern points at
+a known mistake).
+
+``check`` never raises because of the student's kernel: a wrong result, an
+exception raised while the kernel compiles (numba typing errors) or runs, or a
+CUDA error is reported in the result, which is falsy when the exercise is not
+solved. Bad arguments to ``check`` itself raise ValueError.
+
+Speed: with ``min_pct_copy`` given, on a GPU the kernel is also timed on the
+full-size case (16384x16384) with :mod:`nf4lab.bench`, together with the copy
+ceiling measured in the same run, and must reach that share of it. In the
+simulator only correctness is checked, and the result says so.
 """
 from __future__ import annotations
 
 import dataclasses
+import math
+import os
+import re
+import threading
+import time
+import traceback
 
 from . import runtime
 
+# Kept for code that imported it: the shapes check used before default_shapes().
 DEFAULT_SHAPES = ((3, 5), (1, 65), (7, 33), (31, 67), (130, 129))
+
+# Edge sizes every check runs (simulator and GPU), smallest first. (130, 129) is
+# 16,770 weights: two absmax2 groups at blocksize 64 (16,384 weights each), ending
+# in a partial block of 2 weights; about 3 s in the simulator for a per-byte kernel.
+SIM_SHAPES = ((1, 1), (3, 5), (1, 63), (1, 64), (1, 65), (7, 33), (130, 129))
+
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+
+
+def default_shapes(blocksize: int = 64, on_gpu: bool | None = None) -> tuple:
+    """The shapes ``check`` uses unless told otherwise.
+
+    Simulator: :data:`SIM_SHAPES` (kept small: the simulator runs about 0.3-1 s per
+    4096 threads). GPU: the same plus a tensor spanning three absmax2 groups at this
+    blocksize with an odd tail, and a rectangular one of a few million weights.
+    """
+    on_gpu = runtime.ON_GPU if on_gpu is None else on_gpu
+    if not on_gpu:
+        return SIM_SHAPES
+    group = 256 * blocksize  # weights per absmax2 group
+    return SIM_SHAPES + ((1, 2 * group + 3), (1023, 4097))
 
 
 @dataclasses.dataclass
 class CheckResult:
+    """What :func:`check` found. Falsy unless the exercise is solved."""
+
     name: str
     passed: bool
     messages: list
     pct_copy: float | None = None
+    verdict: str = ""
+    failed_shape: tuple | None = None
+    report: object = None          # nf4lab.verification.Report of the failing shape, if any
+    error: str | None = None       # the kernel's exception, summarised
+    simulator: bool = False
+    seconds: float = 0.0
+    _printed: bool = dataclasses.field(default=False, repr=False, compare=False)
 
     def __bool__(self):
         return self.passed
 
     def __str__(self):
-        head = f"{'PASSED' if self.passed else 'NOT PASSED'}: {self.name}"
-        return "\n".join([head] + ["  " + m for m in self.messages])
+        return "\n".join([self.verdict or f"{'PASSED' if self.passed else 'NOT PASSED'}: {self.name}"]
+                         + ["  " + line for m in self.messages for line in str(m).splitlines()])
 
     def _repr_pretty_(self, p, cycle):
-        p.text(str(self))
+        # check() printed the whole message already: echo only the verdict.
+        p.text(self.verdict if self._printed else str(self))
 
 
-def check(launch, *, name="exercise", dtype="bf16", blocksize=64, quant_type="nf4", shapes=DEFAULT_SHAPES,
-          dist="codes", min_pct_copy=None, verbose=True) -> CheckResult:
-    """Run ``launch(b)`` on every shape in ``shapes`` and verify each output bit for bit.
+def _validate(launch, name, dtype, blocksize, quant_type, shapes, dist, min_pct_copy):
+    from .cases import DISTS
+    from .reference import BLOCKSIZES, DTYPES, QUANT_TYPES
 
-    On a GPU, with ``min_pct_copy`` given, also time the kernel on the default
-    (16384x16384) case and require that share of the copy ceiling measured in the same
-    run. In the simulator only correctness is checked, and the result says so.
-    """
-    from .buffers import run_and_verify
-    from .cases import make_case
-    from .verification import VerificationError
-
-    msgs = []
-    passed = True
-    for shape in shapes:
-        case = make_case(shape, dtype=dtype, dist=dist, seed=1, blocksize=blocksize, quant_type=quant_type)
+    if not callable(launch):
+        raise ValueError(f"launch must be a function launch(b) that launches your kernel, got {launch!r}")
+    if not isinstance(name, str) or not name:
+        raise ValueError(f"name must be a non-empty string, got {name!r}")
+    if dtype not in DTYPES:
+        raise ValueError(f"dtype must be one of {DTYPES}, got {dtype!r}")
+    if blocksize not in BLOCKSIZES:
+        raise ValueError(f"blocksize must be one of {BLOCKSIZES}, got {blocksize!r}")
+    if quant_type not in QUANT_TYPES:
+        raise ValueError(f"quant_type must be one of {QUANT_TYPES}, got {quant_type!r}")
+    if dist not in DISTS:
+        raise ValueError(f"dist must be one of {tuple(DISTS)}, got {dist!r}")
+    if isinstance(shapes, (str, bytes)) or not hasattr(shapes, "__iter__"):
+        raise ValueError(f"shapes must be a list of shapes like [(3, 5), (130, 129)], got {shapes!r}")
+    out = []
+    for s in shapes:
+        t = (s,) if isinstance(s, int) else s
         try:
-            run_and_verify(launch, case, name=f"{name} on {'x'.join(map(str, shape))}")
-        except VerificationError as exc:
-            msgs.append(str(exc.report))
-            passed = False
-            break
-        except NotImplementedError as exc:
-            msgs.append(f"not solved yet ({exc or 'NotImplementedError'})")
-            passed = False
-            break
-        except Exception as exc:  # the student's kernel failed: report, do not crash the notebook
-            msgs.append(f"the kernel raised {type(exc).__name__}: {exc}")
-            passed = False
-            break
-    else:
-        msgs.append(f"bit-exact on {len(shapes)} shapes ({', '.join('x'.join(map(str, s)) for s in shapes)}), "
-                    f"{dtype}, blocksize {blocksize}, {quant_type}")
-    pct = None
-    if passed and min_pct_copy is not None:
-        if runtime.ON_GPU:
-            from . import bench
+            t = tuple(t)
+        except TypeError:
+            raise ValueError(f"each shape must be an int or a tuple of 1-2 positive ints, got {s!r}") from None
+        if not (1 <= len(t) <= 2) or not all(isinstance(d, int) and not isinstance(d, bool) and d >= 1
+                                             for d in t):
+            raise ValueError(f"each shape must be an int or a tuple of 1-2 positive ints, got {s!r}")
+        out.append(t)
+    if not out:
+        raise ValueError("shapes is empty: give at least one shape")
+    if min_pct_copy is not None:
+        if isinstance(min_pct_copy, bool) or not isinstance(min_pct_copy, (int, float)) \
+                or not math.isfinite(min_pct_copy) or not 0 < min_pct_copy <= 150:
+            raise ValueError(f"min_pct_copy is a percentage of the copy ceiling in (0, 150], got {min_pct_copy!r}")
+    return sorted(out, key=math.prod)
 
-            case = make_case(dtype=dtype, blocksize=blocksize, quant_type=quant_type)
-            run = bench.Run().add(bench.ceilings(bench.bytemodel.bytes_moved(case.n, dtype, blocksize),
-                                                 case.shape, dtype))
-            run.add(bench.measure_kernel(name, launch, case, host=False)).finalize()
-            pct = run.get(name)["pct_copy"]
-            ok = pct >= min_pct_copy
-            msgs.append(f"speed: {pct:.0f}% of the copy ceiling (needed {min_pct_copy}%)")
-            passed = passed and ok
+
+# ----------------------------------------------------------------- exceptions
+def _student_frame(tb):
+    """The innermost traceback frame that is not numba, nf4lab or the standard library."""
+    skip = (os.sep + "numba", os.sep + "nf4lab" + os.sep, "threading.py", os.sep + "site-packages" + os.sep,
+            os.sep + "llvmlite")
+    found = None
+    for fs in traceback.extract_tb(tb):
+        if not any(s in fs.filename for s in skip):
+            found = fs
+    return found
+
+
+def _hints_for(text: str) -> list[str]:
+    hints = []
+    low = text.lower()
+    if "float64" in low:
+        hints.append("a float64 appeared: Python float literals are float64 in numba; wrap constants and "
+                     "LUT entries in float32(...)")
+    if "int64" in low and "uint64" in low:
+        hints.append("signed and unsigned integers are mixed (numba then promotes both to float64): make "
+                     "indices uint64 on both sides, e.g. uint64(cuda.grid(1))")
+    if "misaligned" in low:
+        hints.append("a 128-bit access needs an index that is a multiple of 4 uint32 elements (16 bytes); on "
+                     "a GPU this error kills the CUDA context: restart the Jupyter kernel after fixing it")
+    if "illegal address" in low or "illegal_address" in low:
+        hints.append("the kernel read or wrote outside an array: check the bounds test and the index "
+                     "arithmetic; the CUDA context is dead, restart the Jupyter kernel")
+    if "out of bounds" in low and "tid=" in low:
+        hints.append("a thread indexed past the end of an array: is there a bounds check (if i < n) before "
+                     "the access, and is the last partial vector handled with narrower accesses?")
+    if "unsupported array index type" in low or ("getitem" in low and "float" in low):
+        hints.append("array indices must be integers: use >> and & (or //) on integers, not /")
+    return hints
+
+
+def describe_exception(exc: BaseException) -> list[str]:
+    """A few lines that say what went wrong in the student's code (numba errors trimmed)."""
+    text = _ANSI.sub("", str(exc))
+    kind = type(exc).__name__
+    lines = [l.rstrip() for l in text.splitlines()]
+    if type(exc).__module__.startswith("numba"):
+        # Typing/lowering errors: keep the first statement of the problem and the source location.
+        body = [l for l in lines if l.strip() and not l.startswith("Failed in ")
+                and not l.strip().startswith(("There are", "- Of which", "- Resolution failure",
+                                              "During: resolving", "This error may have been"))]
+        head = body[:3]
+        loc = []
+        for i, l in enumerate(lines):
+            if l.startswith("File ") and ", line " in l:
+                loc = [l.strip()] + [x for x in lines[i + 1:i + 5] if x.strip() and "<source elided>" not in x]
+        out = [f"{kind} while numba compiled the kernel:"] + ["  " + l.strip() for l in head]
+        if loc:
+            out += ["  at " + loc[0]] + ["    " + l for l in loc[1:]]
+    else:
+        msg = [l for l in lines if l.strip()][:3] or [""]
+        out = [f"{kind}: {msg[0]}"] + ["  " + l for l in msg[1:]]
+        fs = _student_frame(exc.__traceback__)
+        if fs is not None:
+            out.append(f"  at {os.path.basename(fs.filename)}, line {fs.lineno}, in {fs.name}: "
+                       f"{(fs.line or '').strip()}")
+    return out + [f"hint: {h}" for h in _hints_for(text + " " + kind)]
+
+
+class _ThreadErrors:
+    """Collect exceptions that die inside simulator threads (numba's simulator sometimes
+    cannot re-raise them, e.g. numpy's ufunc errors, and only prints them)."""
+
+    def __enter__(self):
+        self.errors = []
+        self._old = threading.excepthook
+
+        def hook(args):
+            e = args.exc_value
+            # The simulator failed while re-wrapping the kernel's exception: report the original.
+            if e is not None and e.__context__ is not None and "simulator" in "".join(
+                    traceback.format_tb(e.__traceback__)):
+                e = e.__context__
+            self.errors.append(e)
+
+        threading.excepthook = hook
+        return self
+
+    def __exit__(self, *exc):
+        threading.excepthook = self._old
+        return False
+
+
+def _is_sticky(exc) -> bool:
+    text = str(exc).upper()
+    return any(k in text for k in ("CUDA_ERROR_MISALIGNED_ADDRESS", "CUDA_ERROR_ILLEGAL_ADDRESS",
+                                   "CUDA_ERROR_LAUNCH_FAILED", "CUDA_ERROR_ILLEGAL_INSTRUCTION",
+                                   "CUDA_ERROR_HARDWARE_STACK_ERROR", "CUDA_ERROR_UNKNOWN"))
+
+
+def _run_one(launch, case, label):
+    """Launch on fresh poisoned buffers. Returns (report, error_lines, sticky)."""
+    from numba import cuda
+
+    from .buffers import make_buffers
+    from .verification import verify
+
+    b = make_buffers(case)
+    b.reset_output()
+    with _ThreadErrors() as te:
+        try:
+            launch(b)
+            cuda.synchronize()
+        except NotImplementedError as exc:
+            return None, [f"not solved yet: {exc or 'NotImplementedError'} (write the missing code, then run "
+                          "this cell again)"], False
+        except Exception as exc:  # the student's kernel failed: report it, never crash the notebook
+            return None, describe_exception(exc), _is_sticky(exc)
+    if te.errors:
+        return None, describe_exception(te.errors[0]), False
+    try:
+        out = b.result()
+    except Exception as exc:  # an asynchronous CUDA error surfaces at the copy back
+        return None, describe_exception(exc), _is_sticky(exc)
+    return verify(out, case, name=label, raise_on_error=False), None, False
+
+
+# ----------------------------------------------------------------- the checker
+def check(launch, *, name="exercise", dtype="bf16", blocksize=64, quant_type="nf4", shapes=None,
+          dist="codes", min_pct_copy=None, verbose=True, seed=1) -> CheckResult:
+    """Grade ``launch(b)``: bit-exact on every shape, and on a GPU fast enough.
+
+    Parameters
+    ----------
+    launch: ``launch(b)`` launching the student's kernel on ``b.stream`` (see nf4lab.buffers).
+    name: what the verdict calls the exercise.
+    dtype, blocksize, quant_type: the case parameters (output bf16/fp16/fp32, 64..4096, nf4/fp4).
+    shapes: shapes to verify, smallest first; default :func:`default_shapes` (edge sizes).
+    dist: weight distribution of the cases (default "codes": every code in every block).
+    min_pct_copy: on a GPU, the speed the exercise asks for, in % of the device-copy
+        bandwidth measured in the same run, on the 16384x16384 case. Ignored (and said so)
+        in the simulator.
+    verbose: print the verdict and messages (default True).
+    seed: seed of the cases.
+
+    Returns a :class:`CheckResult`, falsy unless the exercise passed. Raises ValueError
+    for bad arguments, never for a wrong or crashing kernel.
+    """
+    from .cases import make_case
+
+    if shapes is None:
+        shapes = default_shapes(blocksize)
+    shapes = _validate(launch, name, dtype, blocksize, quant_type, shapes, dist, min_pct_copy)
+    t0 = time.perf_counter()
+    sim = not runtime.ON_GPU
+    # Cases first: a failure here (bitsandbytes missing, ...) is not the student's.
+    cases = [make_case(s, dtype=dtype, dist=dist, seed=seed, blocksize=blocksize, quant_type=quant_type)
+             for s in shapes]
+    params = f"{dtype}, blocksize {blocksize}, {quant_type}"
+    msgs, passed = [], True
+    res = CheckResult(name, False, msgs, simulator=sim)
+    for case in cases:
+        dims = "x".join(map(str, case.shape))
+        report, err, sticky = _run_one(launch, case, f"{name} on {dims}")
+        if err is not None:
+            passed = False
+            res.failed_shape, res.error = case.shape, "\n".join(err)
+            res.verdict = f"NOT PASSED: {name}: the kernel failed on {dims} ({case.n:,} weights, {params})"
+            msgs.extend(err)
+            if sticky:
+                msgs.append("the CUDA context is now unusable: fix the kernel, then restart the Jupyter "
+                            "kernel (Kernel > Restart) and run the notebook's cells again")
+            break
+        if not report.ok:
+            passed = False
+            res.failed_shape, res.report = case.shape, report
+            what = (f"{report.n_diff:,} of {report.n:,} elements differ" if report.n_diff
+                    else f"{report.guard_written} element(s) written past the end")
+            res.verdict = f"NOT PASSED: {name}: not bit-exact on {dims} ({what}; {params})"
+            msgs.append(str(report))
+            if case is not cases[-1]:
+                msgs.append(f"(stopped at the first wrong shape; {len(cases) - cases.index(case) - 1} larger "
+                            "shape(s) not run)")
+            break
+    if passed:
+        shown = ", ".join("x".join(map(str, c.shape)) for c in cases)
+        msgs.append(f"bit-exact with bitsandbytes on {len(cases)} shapes ({shown}), {params}")
+    pct = None
+    speed = ""
+    if passed and min_pct_copy is not None:
+        if sim:
+            speed = f"; correctness only (simulator): the speed threshold of {min_pct_copy:g}% of copy is " \
+                    "checked on a GPU"
+            msgs.append(f"correctness only (simulator): the speed threshold of {min_pct_copy:g}% of copy "
+                        "is checked on a GPU")
         else:
-            msgs.append(f"speed not checked: no GPU (simulator); on a GPU this exercise asks for "
-                        f"{min_pct_copy}% of the copy ceiling")
-    result = CheckResult(name, passed, msgs, pct)
+            try:
+                pct, line = _speed(launch, name, dtype, blocksize, quant_type)
+            except Exception as exc:
+                passed = False
+                err = describe_exception(exc)
+                res.error = "\n".join(err)
+                msgs.append("the speed measurement on the 16384x16384 case failed:")
+                msgs.extend(err)
+                speed = "; speed measurement failed"
+            else:
+                ok = pct >= min_pct_copy
+                msgs.append(f"{line}: {pct:.0f}% of the copy ceiling, needed {min_pct_copy:g}%"
+                            + ("" if ok else ": correct but not fast enough yet"))
+                speed = f"; {pct:.0f}% of copy (needed {min_pct_copy:g}%)"
+                if not ok:
+                    passed = False
+                    res.verdict = f"NOT PASSED: {name}: bit-exact but {pct:.0f}% of copy, needs {min_pct_copy:g}%"
+    elif passed and sim:
+        speed = "; simulator: correctness only"
+    if passed:
+        res.verdict = f"PASSED: {name}: bit-exact on {len(cases)} shapes{speed}"
+    res.passed = passed
+    res.pct_copy = pct
+    res.seconds = time.perf_counter() - t0
+    if sim and res.seconds > 20:
+        msgs.append(f"(the simulator took {res.seconds:.0f} s: a launch with many more threads than weights "
+                    "or bytes is slow there)")
     if verbose:
-        print(result)
-    return result
+        print(res)
+        res._printed = True
+    return res
+
+
+def _speed(launch, name, dtype, blocksize, quant_type):
+    """% of the copy ceiling on the default (16384x16384) case, copy measured in the same run."""
+    from . import bench, bytemodel
+    from .cases import make_case
+
+    case = make_case(dtype=dtype, blocksize=blocksize, quant_type=quant_type)
+    run = bench.Run().add(bench.ceilings(bytemodel.bytes_moved(case.n, dtype, blocksize), case.shape, dtype))
+    rec = bench.measure_kernel(name, launch, case, host=False)
+    run.add(rec).finalize()
+    r = run.get(name)
+    copy = run.get(bench.COPY)
+    line = (f"speed on {'x'.join(map(str, case.shape))}: {r['ms'] * 1e3:.0f} us, {r['gbps']:.0f} GB/s "
+            f"(copy {copy['gbps']:.0f} GB/s)")
+    return r["pct_copy"], line

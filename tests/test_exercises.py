@@ -1,0 +1,160 @@
+"""nf4lab.check grades: a right kernel passes, planted bugs fail with the hint that names them,
+a crashing kernel is reported (not raised), bad arguments raise ValueError.
+
+Tiny per-byte kernels, written here, run in the simulator (or on a GPU if there is one).
+"""
+import numpy as np
+import pytest
+
+import nf4lab  # noqa: F401  (before numba.cuda: may switch on the simulator)
+from nf4lab import exercises, ops
+from numba import cuda, float32, uint16, uint32, uint64
+
+SMALL = ((3, 5), (1, 65), (7, 33))
+
+
+def _make(bug=None):
+    """A per-byte NF4 kernel (one thread per packed byte), optionally with a planted bug."""
+
+    @cuda.jit
+    def kernel(packed, absmax_q, absmax2, code2, offset, lut, out, nbytes, n):
+        i = uint64(cuda.grid(1))
+        if i >= nbytes:
+            return
+        byte = packed[i]
+        j = uint64(2) * i
+        blk = j >> uint64(6)
+        scale = ops.fadd_rn(ops.fmul_rn(code2[absmax_q[blk]], absmax2[blk >> uint64(8)]), offset)
+        hi = lut[byte >> 4] * scale
+        lo = lut[byte & 15] * scale
+        if bug == "nibbles":
+            hi, lo = lo, hi
+        if bug == "truncate":
+            out[j] = uint16(ops.float_bits(hi) >> uint32(16))
+            if j + uint64(1) < n:
+                out[j + uint64(1)] = uint16(ops.float_bits(lo) >> uint32(16))
+            return
+        out[j] = ops.to_bf16_bits(hi)
+        if bug == "unguarded" or j + uint64(1) < n:
+            out[j + uint64(1)] = ops.to_bf16_bits(lo)
+
+    def launch(b):
+        nbytes = b.nbytes
+        if bug == "tail":
+            nbytes = b.n // 2  # off by one: the odd last weight's byte is never handled
+        kernel[(b.nbytes + 127) // 128, 128, b.stream](b.packed, b.absmax_q, b.absmax2, b.code2, b.offset,
+                                                       b.lut, b.out, nbytes, b.n)
+
+    return launch
+
+
+def test_correct_kernel_passes_on_default_edge_shapes():
+    res = nf4lab.check(_make(), name="per byte", verbose=False)
+    assert res and res.passed
+    assert res.verdict.startswith("PASSED: per byte: bit-exact on")
+    assert len(exercises.default_shapes()) >= 5
+    # the defaults include one weight, a partial block and two absmax2 groups
+    shapes = exercises.default_shapes()
+    assert (1, 1) in shapes and any(np.prod(s) > 2 * 256 * 64 // 2 for s in shapes)
+
+
+def test_nibble_order_bug_fails_with_the_nibble_hint():
+    res = nf4lab.check(_make("nibbles"), name="swapped", shapes=SMALL, verbose=False)
+    assert not res
+    assert res.verdict.startswith("NOT PASSED: swapped: not bit-exact on 3x5")
+    assert "HIGH nibble" in str(res)
+    assert res.failed_shape == (3, 5)
+
+
+def test_off_by_one_tail_fails_with_the_tail_hint():
+    res = nf4lab.check(_make("tail"), name="tail", shapes=SMALL, verbose=False)
+    assert not res
+    assert "never written" in str(res) and "tail" in str(res)
+
+
+def test_truncating_conversion_fails_with_the_rounding_hint():
+    res = nf4lab.check(_make("truncate"), name="trunc", shapes=SMALL, verbose=False)
+    assert not res
+    assert "truncates" in str(res) and "round to nearest even" in str(res)
+
+
+def test_write_past_the_end_is_caught_by_the_guard():
+    res = nf4lab.check(_make("unguarded"), name="guard", shapes=((3, 5),), verbose=False)
+    assert not res
+    assert "past the end" in str(res)
+
+
+def test_exception_in_the_kernel_is_reported_not_raised():
+    @cuda.jit
+    def crash(out, n):
+        i = cuda.grid(1)
+        out[i + 1000] = uint16(1)  # no bounds check, far out of range
+
+    def launch(b):
+        crash[1, 32, b.stream](b.out, b.n)
+
+    res = nf4lab.check(launch, name="crash", shapes=((1, 1),), verbose=False)
+    assert not res
+    assert res.error and "NOT PASSED: crash: the kernel failed on 1x1" in res.verdict
+    if nf4lab.SIMULATOR:
+        assert "IndexError" in res.error and "line" in res.error
+
+
+def test_not_implemented_stub_fails_cleanly(capsys):
+    def launch(b):
+        raise NotImplementedError("write the kernel")
+
+    res = nf4lab.check(launch, name="stub", shapes=((3, 5),))
+    assert not res
+    out = capsys.readouterr().out
+    assert "NOT PASSED: stub" in out and "not solved yet" in out
+
+
+def test_simulator_says_speed_is_not_checked():
+    if not nf4lab.SIMULATOR:
+        pytest.skip("simulator behaviour")
+    res = nf4lab.check(_make(), name="fast?", shapes=((3, 5),), min_pct_copy=80, verbose=False)
+    assert res
+    assert "correctness only (simulator): the speed threshold of 80% of copy is checked on a GPU" in str(res)
+    assert res.pct_copy is None
+
+
+def test_numba_typing_error_is_summarised():
+    from numba.core.errors import TypingError
+
+    msg = ("Failed in cuda mode pipeline (step: nopython frontend)\n"
+           "\x1b[1mNo implementation of function Function(<built-in function add>) found for signature:\n"
+           " \n >>> add(uint16, float64)\n \nThere are 10 candidate implementations:\n"
+           "  - Of which 8 did not match due to:\n  Overload of function 'add'\n\n"
+           "During: typing of intrinsic-call at /tmp/x.py (7)\n\n"
+           'File "../../tmp/x.py", line 7:\ndef k(out, n):\n    <source elided>\n    x = out[i] + 1.5\n    ^\n')
+    lines = exercises.describe_exception(TypingError(msg))
+    text = "\n".join(lines)
+    assert lines[0].startswith("TypingError while numba compiled the kernel")
+    assert "No implementation of function" in text and ">>> add(uint16, float64)" in text
+    assert 'line 7' in text and "x = out[i] + 1.5" in text
+    assert "float32(" in text  # the float64 hint
+    assert "There are 10" not in text and "\x1b" not in text
+
+
+@pytest.mark.parametrize("kwargs", [
+    dict(dtype="bf17"), dict(blocksize=48), dict(quant_type="int4"), dict(dist="uniform"),
+    dict(shapes=[]), dict(shapes=[(0, 5)]), dict(shapes=[(1, 2, 3)]), dict(shapes="3x5"),
+    dict(min_pct_copy=0), dict(min_pct_copy=500), dict(min_pct_copy="80"), dict(name=""),
+])
+def test_bad_arguments_raise_value_error(kwargs):
+    with pytest.raises(ValueError):
+        nf4lab.check(_make(), **kwargs)
+
+
+def test_launch_must_be_callable():
+    with pytest.raises(ValueError):
+        nf4lab.check("launch")
+
+
+def test_signature_stays_backward_compatible():
+    import inspect
+
+    params = inspect.signature(nf4lab.check).parameters
+    for p in ("name", "dtype", "blocksize", "quant_type", "shapes", "dist", "min_pct_copy"):
+        assert p in params and params[p].kind is inspect.Parameter.KEYWORD_ONLY
