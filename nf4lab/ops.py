@@ -13,6 +13,7 @@ and read the same in both modes.
 - ``to_bf16_bits`` / ``to_f16_bits``: float32 -> 16-bit pattern, round to nearest even.
 - ``pack_bf16x2`` / ``pack_f16x2``: two float32 -> one uint32 holding two 16-bit
   values, ``lo`` in the low half (the lower address), with one ``cvt.rn.*x2`` instruction.
+- ``store_u32x4_cs``: the same store with the streaming (evict-first) cache hint.
 - ``load_u32x4`` / ``store_u32x4``: one 128-bit global access (``ld.global.v4.u32``).
   ``i`` counts uint32 elements and must be a multiple of 4 on an array whose data
   starts 16-byte aligned: a misaligned vector access is a sticky error that kills
@@ -25,7 +26,7 @@ import numpy as np
 from . import runtime
 
 __all__ = ["fmul_rn", "fadd_rn", "float_bits", "to_bf16_bits", "to_f16_bits",
-           "pack_bf16x2", "pack_f16x2", "load_u32x4", "store_u32x4"]
+           "pack_bf16x2", "pack_f16x2", "load_u32x4", "store_u32x4", "store_u32x4_cs"]
 
 
 # ---------------------------------------------------------------- plain-Python twins
@@ -61,10 +62,22 @@ def _py_pack_f16x2(lo, hi):
     return np.uint32(int(f16_bits_py(lo)) | (int(f16_bits_py(hi)) << 16))
 
 
+def _host_array(arr):
+    """The numpy array behind a simulator array (kernel argument or device array)."""
+    while not isinstance(arr, np.ndarray):
+        inner = arr.__dict__.get("_item") if "_item" in getattr(arr, "__dict__", {}) else None
+        if inner is None:
+            inner = arr.__dict__.get("_ary") if "_ary" in getattr(arr, "__dict__", {}) else None
+        if inner is None:
+            raise TypeError(f"128-bit access needs an array, got {type(arr).__name__}")
+        arr = inner
+    return arr
+
+
 def _check_vector_access(arr, i):
     i = int(i)
-    base = arr.__cuda_array_interface__["data"][0] if hasattr(arr, "__cuda_array_interface__") \
-        else arr.__array_interface__["data"][0]
+    arr = _host_array(arr)
+    base = arr.__array_interface__["data"][0]
     if arr.dtype.itemsize != 4:
         raise TypeError(f"128-bit access needs a uint32 array, got {arr.dtype}")
     if i % 4 or (base + 4 * i) % 16:
@@ -132,6 +145,24 @@ def _build_device_ops():
 
         return sig, codegen
 
+    @intrinsic
+    def store_u32x4_cs(typingctx, arr, i, a, b, c, d):
+        # st.global.cs: streaming (evict-first) store; the output is never read back by the kernel.
+        if not (isinstance(arr, types.Array) and arr.dtype == types.uint32 and arr.ndim == 1):
+            return None
+        sig = types.void(arr, i, types.uint32, types.uint32, types.uint32, types.uint32)
+
+        def codegen(context, builder, sig, args):
+            ptr = vec_ptr(context, builder, sig.args[0], args[0], args[1])
+            addr = builder.ptrtoint(ptr, ir.IntType(64))
+            asm = ir.InlineAsm(ir.FunctionType(ir.VoidType(), [ir.IntType(64), i32, i32, i32, i32]),
+                               "st.global.cs.v4.u32 [$0], {$1, $2, $3, $4};", "l,r,r,r,r,~{memory}",
+                               side_effect=True)
+            builder.call(asm, [addr] + list(args[2:]))
+            return context.get_dummy_value()
+
+        return sig, codegen
+
     def cvt_pair(ptx):
         @intrinsic
         def pack(typingctx, lo, hi):
@@ -182,6 +213,7 @@ def _build_device_ops():
         pack_f16x2=cvt_pair("cvt.rn.f16x2.f32 $0, $1, $2;"),
         load_u32x4=load_u32x4,
         store_u32x4=store_u32x4,
+        store_u32x4_cs=store_u32x4_cs,
     )
 
 
@@ -190,5 +222,6 @@ if runtime.SIMULATOR:
     to_bf16_bits, to_f16_bits = bf16_bits_py, f16_bits_py
     pack_bf16x2, pack_f16x2 = _py_pack_bf16x2, _py_pack_f16x2
     load_u32x4, store_u32x4 = _py_load_u32x4, _py_store_u32x4
+    store_u32x4_cs = _py_store_u32x4
 else:
     globals().update(_build_device_ops())
