@@ -27,6 +27,10 @@ import nf4lab  # noqa: E402  (first: decides GPU or simulator)
 
 
 def load_kernel(src=ROOT / "notebooks" / "src" / "09_fused_gemv.py"):
+    try:
+        import nbformat  # noqa: F401  (build_notebooks imports it; parse/variant do not need it)
+    except ImportError:
+        sys.modules["nbformat"] = types.ModuleType("nbformat")
     import build_notebooks as bn
 
     mod = types.ModuleType("nf4lab_nb_09")
