@@ -1,0 +1,686 @@
+"""Nsight Compute (ncu) from Python: build the command, run it, parse its CSV into a small table.
+
+    cmd = ncu_command(["python", "my_script.py"])          # the ncu command line
+    text = run_ncu(cmd)                                    # raises NcuUnavailable when it cannot run
+    kernels = parse_csv(text)                              # one dict per profiled kernel
+    print(table({"my version": summarize(kernels)}))
+
+``profile_version(notebook, version)`` profiles one kernel version of a step notebook
+on the 16384x16384 case (a driver process launched under ncu: warm-up launches, then
+exactly one profiled launch between cudaProfilerStart/Stop), with line info on so that
+stalls map to source lines. ``tools/profile_all.py`` runs it for every version and
+stores the CSVs under ``data/ncu/<gpu>/``; ``load_recorded()`` reads them back, for the
+many machines where ncu is missing or refused (cloud GPUs usually deny the counters:
+ERR_NVGPUCTRPERM).
+
+Parsing follows ncu's documented CSV output (``--csv``):
+
+- ``--page raw``: a header row ``"ID","Process ID","Process Name","Host Name","Kernel Name",
+  ...`` followed by one column per metric (raw names such as
+  ``dram__throughput.avg.pct_of_peak_sustained_elapsed``), a second row holding the units
+  (its ID field is empty), then one row per profiled kernel.
+- ``--page details``: one row per metric with the columns ``"ID",...,"Kernel Name",...,
+  "Section Name","Metric Name","Metric Unit","Metric Value"`` (newer versions append
+  rule columns); metric names there are display names ("DRAM Throughput").
+
+Numbers may carry thousands separators ("1,234.5"); ``==PROF==``/``==WARNING==`` lines and
+the profiled program's own output may be mixed in, and are skipped. pandas is not needed.
+"""
+from __future__ import annotations
+
+import csv
+import glob
+import io
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+NCU_DIR = ROOT / "data" / "ncu"
+FIXTURE = ROOT / "tests" / "fixtures" / "ncu_raw_fixture.csv"
+
+# The smallest set of sections that yields the table (each costs replay passes).
+SECTIONS = ("SpeedOfLight", "MemoryWorkloadAnalysis", "Occupancy", "LaunchStats", "WarpStateStats",
+            "SourceCounters")
+# Named explicitly so that they are in the raw page whatever the sections contain.
+METRICS = (
+    "gpu__time_duration.sum",
+    "dram__throughput.avg.pct_of_peak_sustained_elapsed",
+    "dram__bytes_read.sum",
+    "dram__bytes_write.sum",
+    "sm__warps_active.avg.pct_of_peak_sustained_active",
+    "l1tex__t_sectors_pipe_lsu_mem_global_op_ld.sum",
+    "l1tex__t_requests_pipe_lsu_mem_global_op_ld.sum",
+    "l1tex__t_sectors_pipe_lsu_mem_global_op_st.sum",
+    "l1tex__t_requests_pipe_lsu_mem_global_op_st.sum",
+)
+
+# ---------------------------------------------------------------- finding and running ncu
+
+
+class NcuUnavailable(RuntimeError):
+    """ncu could not profile here. ``reason``: missing | permission | unsupported | timeout | failed."""
+
+    def __init__(self, reason: str, message: str):
+        self.reason = reason
+        super().__init__(message)
+
+
+def find_ncu() -> str | None:
+    """Path of the ncu executable: $NCU, PATH, then the usual CUDA / Nsight Compute folders."""
+    env = os.environ.get("NCU")
+    if env and os.path.isfile(env) and os.access(env, os.X_OK):
+        return env
+    found = shutil.which("ncu")
+    if found:
+        return found
+    for pattern in ("/usr/local/cuda/bin/ncu", "/usr/local/cuda-*/bin/ncu", "/opt/nvidia/nsight-compute/*/ncu",
+                    "/usr/local/NVIDIA-Nsight-Compute*/ncu"):
+        for p in sorted(glob.glob(pattern), reverse=True):
+            if os.access(p, os.X_OK):
+                return p
+    return None
+
+
+def ncu_command(target: list, *, ncu: str = "ncu", sections=SECTIONS, metrics=METRICS, page: str = "raw",
+                kernel_regex: str | None = None, launch_skip: int = 0, launch_count: int | None = None,
+                profile_from_start: bool = False, export: str | None = None, csv_output: bool = True,
+                clock_control: str = "none", extra=()) -> list:
+    """The ncu command line that profiles ``target`` (a list: program and arguments).
+
+    By default only the launches between cudaProfilerStart and cudaProfilerStop are
+    profiled (``profile_from_start=False``; numba: ``cuda.profile_start()``), so that
+    warm-up and compilation launches are skipped without counting them. Alternatively
+    ``kernel_regex`` + ``launch_skip`` + ``launch_count`` pick launches by name.
+    ``clock_control="none"`` keeps the GPU's normal clocks, as the benchmarks ran.
+    """
+    if page not in ("raw", "details"):
+        raise ValueError(f"page must be 'raw' or 'details', got {page!r}")
+    cmd = [ncu, "--target-processes", "all", "--clock-control", clock_control]
+    if not profile_from_start:
+        cmd += ["--profile-from-start", "off"]
+    for s in sections:
+        cmd += ["--section", s]
+    if metrics:
+        cmd += ["--metrics", ",".join(metrics)]
+    if kernel_regex:
+        cmd += ["--kernel-name", f"regex:{kernel_regex}"]
+    if launch_skip:
+        cmd += ["--launch-skip", str(int(launch_skip))]
+    if launch_count:
+        cmd += ["--launch-count", str(int(launch_count))]
+    if export:
+        cmd += ["--export", str(export), "--force-overwrite"]
+    elif csv_output:
+        cmd += ["--csv", "--page", page, "--print-units", "base"]
+    return cmd + list(extra) + [str(t) for t in target]
+
+
+def import_command(report: str, *, ncu: str = "ncu", page: str = "raw", extra=()) -> list:
+    """Read a saved report (.ncu-rep) back as CSV."""
+    cmd = [ncu, "--import", str(report), "--csv", "--page", page]
+    if page in ("raw", "details"):
+        cmd += ["--print-units", "base"]
+    return cmd + list(extra)
+
+
+_PERMISSION = ("ERR_NVGPUCTRPERM", "does not have permission", "permission denied")
+_UNSUPPORTED = ("LibraryNotLoaded", "Failed to initialize the profiler", "not supported on this",
+                "Device not supported", "No supported GPU", "Profiling is not supported")
+
+
+def classify_failure(output: str, returncode: int) -> NcuUnavailable | None:
+    """Turn ncu's output into an NcuUnavailable, or None if it looks like it worked."""
+    low = output.lower()
+    if any(k.lower() in low for k in _PERMISSION):
+        return NcuUnavailable("permission", "ncu was refused access to the GPU performance counters "
+                              "(ERR_NVGPUCTRPERM): an administrator must allow it (root, CAP_PERFMON or "
+                              "NVreg_RestrictProfilingToAdminUsers=0); most cloud GPUs do not")
+    if any(k.lower() in low for k in _UNSUPPORTED):
+        line = next((l for l in output.splitlines() if "==ERROR==" in l), output.strip()[:200])
+        return NcuUnavailable("unsupported", f"ncu cannot profile on this machine: {line.strip()}")
+    if "no kernels were profiled" in low:
+        return NcuUnavailable("failed", "ncu ran but profiled no kernel (did the program launch any between "
+                              "cudaProfilerStart and cudaProfilerStop?)")
+    errors = [l.strip() for l in output.splitlines() if "==ERROR==" in l]
+    if returncode != 0 or errors:
+        tail = errors[:3] or output.strip().splitlines()[-3:]
+        return NcuUnavailable("failed", f"ncu failed (exit status {returncode}): " + " | ".join(tail))
+    return None
+
+
+def run_ncu(cmd: list, *, timeout: float = 600, env: dict | None = None, cwd=None) -> str:
+    """Run an ncu command line and return its stdout; raise NcuUnavailable when it cannot profile."""
+    try:
+        p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env, cwd=cwd)
+    except FileNotFoundError:
+        raise NcuUnavailable("missing", f"{cmd[0]} not found: Nsight Compute is not installed here "
+                             "(it comes with the CUDA toolkit)") from None
+    except PermissionError as exc:
+        raise NcuUnavailable("permission", f"cannot execute {cmd[0]}: {exc}") from None
+    except subprocess.TimeoutExpired:
+        raise NcuUnavailable("timeout", f"ncu did not finish within {timeout:.0f} s") from None
+    fail = classify_failure(p.stdout + "\n" + p.stderr, p.returncode)
+    if fail is not None:
+        raise fail
+    return p.stdout
+
+
+# ---------------------------------------------------------------- parsing
+
+
+def to_number(text):
+    """'1,234.5' -> 1234.5, '42' -> 42.0; 'n/a', '' and non-numbers -> None."""
+    if text is None:
+        return None
+    s = str(text).strip().replace(",", "")
+    if s.endswith("%"):
+        s = s[:-1]
+    try:
+        return float(s)
+    except ValueError:
+        return None
+
+
+def _csv_rows(text: str) -> list[list[str]]:
+    """The CSV part of ncu's output: from the header row on, lines that start with a quote."""
+    lines = text.splitlines()
+    start = next((i for i, l in enumerate(lines) if l.startswith('"ID"') or l.startswith("ID,")), None)
+    if start is None:
+        return []
+    keep = [lines[start]] + [l for l in lines[start + 1:] if l.startswith('"') or re.match(r"^\d+,", l)]
+    return list(csv.reader(io.StringIO("\n".join(keep))))
+
+
+_KEYS = {"ID": "id", "Kernel Name": "kernel", "Block Size": "block", "Grid Size": "grid", "Device": "device",
+         "CC": "cc", "Process Name": "process", "Stream": "stream"}
+
+
+def parse_csv(text: str) -> list[dict]:
+    """Kernels in an ncu CSV (raw or details page), in order.
+
+    Each kernel: ``{"id", "kernel", "block", "grid", ..., "metrics": {name: {"value", "unit",
+    "section"}}}`` where ``value`` is a float when the text is a number, else the text.
+    """
+    rows = _csv_rows(text)
+    if not rows:
+        return []
+    header = [h.strip() for h in rows[0]]
+    kernels: dict = {}
+    order = []
+
+    def kernel_for(rec):
+        kid = rec.get("ID", "")
+        if kid not in kernels:
+            k = {v: rec.get(h, "") for h, v in _KEYS.items()}
+            k["metrics"] = {}
+            kernels[kid] = k
+            order.append(kid)
+        return kernels[kid]
+
+    if "Metric Name" in header:  # details page: one row per metric
+        for r in rows[1:]:
+            rec = dict(zip(header, r))
+            if not rec.get("Metric Name"):
+                continue
+            k = kernel_for(rec)
+            raw = rec.get("Metric Value", "")
+            num = to_number(raw)
+            k["metrics"][rec["Metric Name"]] = {"value": raw if num is None else num,
+                                                "unit": rec.get("Metric Unit", ""),
+                                                "section": rec.get("Section Name", "")}
+    else:  # raw page: one column per metric, a units row, one row per kernel
+        units = {}
+        for r in rows[1:]:
+            rec = dict(zip(header, r))
+            if not rec.get("ID", "").strip():
+                units = rec
+                continue
+            k = kernel_for(rec)
+            for h in header:
+                if h in _KEYS or h in ("Process ID", "Host Name", "Context"):
+                    continue
+                raw = rec.get(h, "")
+                num = to_number(raw)
+                k["metrics"][h] = {"value": raw if num is None else num, "unit": units.get(h, ""),
+                                   "section": ""}
+    return [kernels[i] for i in order]
+
+
+_TIME_US = {"ns": 1e-3, "nsecond": 1e-3, "us": 1.0, "usecond": 1.0, "ms": 1e3, "msecond": 1e3,
+            "s": 1e6, "second": 1e6}
+_BYTES = {"byte": 1, "kbyte": 1e3, "mbyte": 1e6, "gbyte": 1e9, "tbyte": 1e12, "kib": 1024,
+          "mib": 2**20, "gib": 2**30}
+
+# (field, raw metric names, details-page names)
+_FIELDS = {
+    "duration_us": (["gpu__time_duration.sum", "gpu__time_duration.avg"], ["Duration"]),
+    "dram_pct": (["dram__throughput.avg.pct_of_peak_sustained_elapsed",
+                  "gpu__dram_throughput.avg.pct_of_peak_sustained_elapsed"], ["DRAM Throughput"]),
+    "memory_pct": (["gpu__compute_memory_throughput.avg.pct_of_peak_sustained_elapsed"], ["Memory Throughput"]),
+    "sm_pct": (["sm__throughput.avg.pct_of_peak_sustained_elapsed"], ["Compute (SM) Throughput"]),
+    "achieved_occupancy": (["sm__warps_active.avg.pct_of_peak_sustained_active"], ["Achieved Occupancy"]),
+    "theoretical_occupancy": (["sm__maximum_warps_per_active_cycle_pct"], ["Theoretical Occupancy"]),
+    "registers": (["launch__registers_per_thread"], ["Registers Per Thread"]),
+    "block_size": (["launch__block_size"], ["Block Size"]),
+    "grid_size": (["launch__grid_size"], ["Grid Size"]),
+    "waves_per_sm": (["launch__waves_per_multiprocessor"], ["Waves Per SM"]),
+    "dram_read_bytes": (["dram__bytes_read.sum"], []),
+    "dram_write_bytes": (["dram__bytes_write.sum"], []),
+    "ld_sectors": (["l1tex__t_sectors_pipe_lsu_mem_global_op_ld.sum"], []),
+    "ld_requests": (["l1tex__t_requests_pipe_lsu_mem_global_op_ld.sum"], []),
+    "st_sectors": (["l1tex__t_sectors_pipe_lsu_mem_global_op_st.sum"], []),
+    "st_requests": (["l1tex__t_requests_pipe_lsu_mem_global_op_st.sum"], []),
+    "cycles_per_issue": (["smsp__average_warp_latency_per_inst_issued.ratio"], ["Warp Cycles Per Issued Instruction"]),
+}
+
+_STALL_FAMILIES = (  # (regex, what the number means), most useful first
+    (re.compile(r"^smsp__average_warps_issue_stalled_(\w+?)_per_issue_active\.ratio$"), "cycles per issued instruction"),
+    (re.compile(r"^smsp__average_warp_latency_issue_stalled_(\w+?)\.ratio$"), "cycles per issued instruction"),
+    (re.compile(r"^smsp__pcsamp_warps_issue_stalled_(\w+?)$"), "samples"),
+    (re.compile(r"^smsp__warp_issue_stalled_(\w+?)_per_warp_active\.pct$"), "% of active warp cycles"),
+)
+
+
+def _value(metrics: dict, names: list):
+    for n in names:
+        m = metrics.get(n)
+        if m is not None and isinstance(m["value"], float):
+            return m["value"], m.get("unit", "")
+    return None, ""
+
+
+def stall_reasons(metrics: dict) -> tuple[list, str]:
+    """[(reason, value), ...] largest first (issuing, 'selected', left out) and what the values mean."""
+    for rx, meaning in _STALL_FAMILIES:
+        found = []
+        for name, m in metrics.items():
+            g = rx.match(name)
+            if g and isinstance(m["value"], float) and not g.group(1).endswith("not_issued"):
+                reason = g.group(1)
+                if reason in ("selected",):
+                    continue
+                found.append((reason, m["value"]))
+        if found:
+            return sorted(found, key=lambda x: -x[1]), meaning
+    return [], ""
+
+
+def summarize(kernel: dict) -> dict:
+    """The numbers of the table for one profiled kernel (None where ncu did not give them)."""
+    met = kernel.get("metrics", {})
+    out = {"kernel": kernel.get("kernel", ""), "id": kernel.get("id")}
+    for field, (raw, details) in _FIELDS.items():
+        v, unit = _value(met, raw + details)
+        if v is not None and field == "duration_us":
+            v = v * _TIME_US.get(unit.strip().lower(), 1e-3)  # ncu's base unit for time is ns
+        elif v is not None and field.endswith("_bytes"):
+            v = v * _BYTES.get(unit.strip().lower(), 1)
+        out[field] = v
+    for k in ("ld", "st"):
+        s, r = out.pop(f"{k}_sectors"), out.pop(f"{k}_requests")
+        out[f"{k}_sectors_per_request"] = s / r if s is not None and r else None
+    stalls, meaning = stall_reasons(met)
+    out["stalls"] = stalls
+    out["stall_unit"] = meaning
+    if out["block_size"] is None and kernel.get("block"):
+        out["block_size"] = to_number(kernel["block"].strip("()").split(",")[0])
+    return out
+
+
+def main_kernel(kernels: list) -> dict | None:
+    """The kernel that matters when a launch ran several: the longest."""
+    if not kernels:
+        return None
+    return max(kernels, key=lambda k: summarize(k)["duration_us"] or 0.0)
+
+
+# ---------------------------------------------------------------- tables
+
+_COLUMNS = [  # (header, field, format)
+    ("time us", "duration_us", "{:.0f}"),
+    ("DRAM %", "dram_pct", "{:.0f}"),
+    ("mem %", "memory_pct", "{:.0f}"),
+    ("SM %", "sm_pct", "{:.0f}"),
+    ("occ. %", "achieved_occupancy", "{:.0f}"),
+    ("theo. %", "theoretical_occupancy", "{:.0f}"),
+    ("regs", "registers", "{:.0f}"),
+    ("ld sec/req", "ld_sectors_per_request", "{:.1f}"),
+    ("st sec/req", "st_sectors_per_request", "{:.1f}"),
+]
+
+
+def rows(summaries: dict) -> list[dict]:
+    """Tidy rows (list of dicts), one per version: what a DataFrame would hold."""
+    out = []
+    for name, s in summaries.items():
+        if s is None:
+            continue
+        r = {"version": name, **{k: v for k, v in s.items() if k not in ("stalls",)}}
+        r["top_stalls"] = ", ".join(f"{reason} {val:.1f}" for reason, val in s["stalls"][:3])
+        out.append(r)
+    return out
+
+
+def table(summaries: dict, *, width: int = 34) -> str:
+    """A fixed-width text table of summaries (name -> summarize(...)), versions as rows."""
+    head = f"{'version':<{width}} " + " ".join(f"{h:>10}" for h, _, _ in _COLUMNS) + "  top stalls"
+    lines = [head, "-" * len(head)]
+    for r in rows(summaries):
+        cells = []
+        for _, field, fmt in _COLUMNS:
+            v = r.get(field)
+            cells.append(f"{'-' if v is None else fmt.format(v):>10}")
+        lines.append(f"{r['version'][:width]:<{width}} " + " ".join(cells) + f"  {r['top_stalls']}")
+    return "\n".join(lines)
+
+
+# ---------------------------------------------------------------- recorded profiles
+
+
+def recorded_gpus() -> list[str]:
+    if not NCU_DIR.exists():
+        return []
+    return sorted(d.name for d in NCU_DIR.iterdir() if d.is_dir() and any(d.glob("*.csv")))
+
+
+def load_recorded(gpu: str | None = None) -> dict | None:
+    """Profiles committed under data/ncu/<gpu>/ (index.json + one raw CSV per version).
+
+    Returns ``{"gpu", "meta", "versions": {name: {"file", "kernels", "summary", ...}}}``
+    or None when nothing is recorded. ``gpu`` defaults to $NF4LAB_RESULTS_GPU, then the
+    folder with the most files.
+    """
+    gpus = recorded_gpus()
+    if not gpus:
+        return None
+    if gpu is None:
+        from . import results
+
+        gpu = os.environ.get("NF4LAB_RESULTS_GPU")
+        gpu = results.gpu_slug(gpu) if gpu else max(gpus, key=lambda g: len(list((NCU_DIR / g).glob("*.csv"))))
+    d = NCU_DIR / gpu
+    index = json.loads((d / "index.json").read_text()) if (d / "index.json").exists() else {}
+    entries = index.get("versions") or [{"name": p.stem, "file": p.name} for p in sorted(d.glob("*.csv"))
+                                        if not p.name.endswith(".source.csv")]
+    versions = {}
+    for e in entries:
+        p = d / e["file"]
+        if not p.exists():
+            continue
+        kernels = parse_csv(p.read_text())
+        k = main_kernel(kernels)
+        versions[e["name"]] = {**e, "path": str(p.relative_to(ROOT)), "kernels": kernels,
+                               "summary": summarize(k) if k else None}
+    return {"gpu": gpu, "meta": index.get("meta", {}), "versions": versions, "dir": str(d.relative_to(ROOT))}
+
+
+def load_fixture() -> dict:
+    """The hand-made example CSV of the tests: the format, NOT a measurement."""
+    kernels = parse_csv(FIXTURE.read_text())
+    return {"gpu": "fixture (not a measurement)", "meta": {"note": "hand-made example of ncu's CSV format"},
+            "versions": {f"example {i}": {"kernels": [k], "summary": summarize(k)} for i, k in enumerate(kernels)}}
+
+
+# ---------------------------------------------------------------- source-level stalls
+
+
+def parse_source_csv(text: str, top: int = 8) -> list[dict]:
+    """Lines with the most warp-stall samples from ``ncu --page source --csv``.
+
+    Defensive: looks for a column holding the source text and one of stall samples;
+    returns [] when the format is not recognised.
+    """
+    lines = text.splitlines()
+    start = next((i for i, l in enumerate(lines) if "Source" in l and "," in l and l.startswith('"')), None)
+    if start is None:
+        return []
+    rdr = list(csv.reader(io.StringIO("\n".join(lines[start:]))))
+    header = rdr[0]
+    src_col = next((i for i, h in enumerate(header) if h.strip() == "Source"), None)
+    line_col = next((i for i, h in enumerate(header) if h.strip() in ("# Line", "Line", "# Address", "Address")),
+                    None)
+    samp_col = next((i for i, h in enumerate(header) if "Warp Stall Sampling (All" in h), None)
+    if samp_col is None:
+        samp_col = next((i for i, h in enumerate(header) if "Sampling" in h or "stall" in h.lower()), None)
+    if src_col is None or samp_col is None:
+        return []
+    out = []
+    for r in rdr[1:]:
+        if len(r) <= max(src_col, samp_col):
+            continue
+        v = to_number(r[samp_col])
+        if v:
+            out.append({"line": r[line_col] if line_col is not None else "", "source": r[src_col].strip(),
+                        "samples": v})
+    total = sum(o["samples"] for o in out) or 1.0
+    for o in out:
+        o["pct"] = 100 * o["samples"] / total
+    return sorted(out, key=lambda o: -o["samples"])[:top]
+
+
+# ---------------------------------------------------------------- profiling one version
+
+
+def _synthetic_case(shape, dtype, blocksize=64):
+    """Inputs with the right sizes and plausible values, for profiling without bitsandbytes."""
+    import math
+
+    import numpy as np
+
+    from .cases import Case, case_name
+    from .reference import LUTS
+
+    n = math.prod(shape)
+    rng = np.random.default_rng(0)
+    nblocks = -(-n // blocksize)
+    return Case(name=case_name(shape, dtype, "synthetic", 0, blocksize, "nf4"), shape=tuple(shape), dtype=dtype,
+                dist="synthetic", seed=0, blocksize=blocksize, quant_type="nf4",
+                packed=rng.integers(0, 256, -(-n // 2), dtype=np.uint8),
+                absmax_q=rng.integers(0, 256, nblocks, dtype=np.uint8),
+                absmax2=rng.uniform(0.5, 2.0, -(-nblocks // 256)).astype(np.float32),
+                code2=np.linspace(-1, 1, 256, dtype=np.float32), offset=np.float32(0.05),
+                expected=np.zeros(0, dtype=np.uint16), device="synthetic")
+
+
+def _lineinfo_on():
+    """Make every later @cuda.jit default to lineinfo=True (numba-cuda has no environment
+    variable for it): ncu can then map stalls to the Python source lines."""
+    from numba import cuda
+
+    if getattr(cuda.jit, "_nf4lab_lineinfo", False):
+        return
+    orig = cuda.jit
+
+    def jit(*args, **kwargs):
+        if not kwargs.get("debug"):
+            kwargs.setdefault("lineinfo", True)
+        return orig(*args, **kwargs)
+
+    jit._nf4lab_lineinfo = True
+    cuda.jit = jit
+
+
+def load_versions_with_source(notebook: str, srcdir: Path) -> dict:
+    """VERSIONS of one notebook, with each kernel cell compiled from a real file under
+    ``srcdir`` (so that line info points at text ncu can show)."""
+    import types
+
+    from . import versions as _versions
+
+    path = Path(notebook)
+    if not path.suffix:
+        path = _versions.NOTEBOOKS / f"{notebook}.ipynb"
+    mod = types.ModuleType(f"nf4lab_nb_{path.stem}")
+    mod.__file__ = str(path)
+    srcdir.mkdir(parents=True, exist_ok=True)
+    for i, src in enumerate(_versions.kernel_cells(path)):
+        f = srcdir / f"{path.stem}_cell{i}.py"
+        f.write_text(src)
+        exec(compile(src, str(f), "exec"), mod.__dict__)
+    return dict(getattr(mod, "VERSIONS", {}))
+
+
+DEMO = "demo: per-byte reference kernel"
+
+
+def demo_versions() -> dict:
+    """One small bit-exact kernel defined here, to check the profiling pipeline before
+    any notebook defines versions."""
+    from numba import cuda, uint64
+
+    from . import ops
+
+    @cuda.jit
+    def dequant_demo_per_byte(packed, absmax_q, absmax2, code2, offset, lut, out, nbytes, n):
+        i = uint64(cuda.grid(1))
+        if i >= nbytes:
+            return
+        byte = packed[i]
+        j = uint64(2) * i
+        blk = j >> uint64(6)
+        scale = ops.fadd_rn(ops.fmul_rn(code2[absmax_q[blk]], absmax2[blk >> uint64(8)]), offset)
+        out[j] = ops.to_bf16_bits(lut[byte >> 4] * scale)
+        if j + uint64(1) < n:
+            out[j + uint64(1)] = ops.to_bf16_bits(lut[byte & 15] * scale)
+
+    def launch(b):
+        dequant_demo_per_byte[(b.nbytes + 255) // 256, 256, b.stream](
+            b.packed, b.absmax_q, b.absmax2, b.code2, b.offset, b.lut, b.out, b.nbytes, b.n)
+
+    return {DEMO: launch}
+
+
+def drive(notebook: str, version: str, *, shape=(16384, 16384), dtype="bf16", warmup: int = 3,
+          srcdir: str | None = None, synthetic: bool = False) -> dict:
+    """The program ncu runs: build the case and buffers, warm up, then launch the version once
+    between cuda.profile_start() and cuda.profile_stop(). Returns facts for the index."""
+    import tempfile
+
+    _lineinfo_on()
+    from numba import cuda
+
+    from .buffers import make_buffers
+
+    if notebook == "demo":
+        vs = demo_versions()
+    else:
+        vs = load_versions_with_source(notebook, Path(srcdir or tempfile.mkdtemp(prefix="nf4lab_src_")))
+    if version not in vs:
+        raise KeyError(f"{notebook} defines no version {version!r} (it has: {', '.join(vs) or 'none'})")
+    v = vs[version]
+    launch, case = v if isinstance(v, tuple) else (v, None)
+    how = "given by the notebook"
+    if case is None:
+        case = None if synthetic else _try_case(shape, dtype)
+        how = "bitsandbytes case"
+        if case is None:
+            case, how = _synthetic_case(shape, dtype), "synthetic inputs (bitsandbytes not available)"
+    b = make_buffers(case)
+    for _ in range(warmup):
+        launch(b)
+    cuda.synchronize()
+    cuda.profile_start()
+    launch(b)
+    cuda.synchronize()
+    cuda.profile_stop()
+    return {"shape": list(case.shape), "dtype": case.dtype, "case": how}
+
+
+def _try_case(shape, dtype):
+    try:
+        from .cases import make_case
+
+        return make_case(tuple(shape), dtype=dtype)
+    except Exception as exc:  # bitsandbytes missing or failing: profile on synthetic inputs
+        print(f"nf4lab.profiling: no bitsandbytes case ({type(exc).__name__}: {exc}); using synthetic inputs",
+              file=sys.stderr)
+        return None
+
+
+def profile_version(notebook: str, version: str, outdir, *, ncu: str | None = None, shape=(16384, 16384),
+                    dtype="bf16", timeout: float = 300, source: bool = True, synthetic: bool = False) -> dict:
+    """Profile one version under ncu; write ``<outdir>/<slug>.csv`` (raw page), ``.details.csv``
+    and, if ``source``, ``.source.csv``; return the parsed kernels and the files.
+
+    Raises NcuUnavailable when ncu is missing, refused or fails.
+    """
+    ncu = ncu or find_ncu()
+    if ncu is None:
+        raise NcuUnavailable("missing", "ncu not found (not on PATH, not under /usr/local/cuda or "
+                             "/opt/nvidia/nsight-compute); set $NCU to its path")
+    outdir = Path(outdir)
+    outdir.mkdir(parents=True, exist_ok=True)
+    slug = version_slug(version)
+    rep = outdir / f"{slug}.ncu-rep"
+    target = [sys.executable, "-m", "nf4lab.profiling", "drive", "--notebook", notebook, "--version", version,
+              "--shape", "x".join(map(str, shape)), "--dtype", dtype, "--srcdir", str(outdir / "src")]
+    if synthetic:
+        target.append("--synthetic")
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
+    files = {}
+    try:
+        run_ncu(ncu_command(target, ncu=ncu, export=str(rep)), timeout=timeout, env=env)
+    except NcuUnavailable as exc:
+        if exc.reason != "failed" or "metric" not in str(exc).lower():
+            raise
+        # an ncu that does not know one of the named metrics: sections only
+        run_ncu(ncu_command(target, ncu=ncu, export=str(rep), metrics=()), timeout=timeout, env=env)
+    raw = run_ncu(import_command(rep, ncu=ncu, page="raw"), timeout=120)
+    files["raw"] = outdir / f"{slug}.csv"
+    files["raw"].write_text(raw)
+    try:
+        det = run_ncu(import_command(rep, ncu=ncu, page="details"), timeout=120)
+        files["details"] = outdir / f"{slug}.details.csv"
+        files["details"].write_text(det)
+    except NcuUnavailable:
+        pass
+    if source:
+        for extra in (["--print-source", "cuda,sass"], ["--print-source", "sass"], []):
+            try:
+                src = run_ncu(import_command(rep, ncu=ncu, page="source", extra=extra), timeout=120)
+            except NcuUnavailable:
+                continue
+            if src.strip():
+                files["source"] = outdir / f"{slug}.source.csv"
+                files["source"].write_text(src)
+                break
+    kernels = parse_csv(raw)
+    return {"kernels": kernels, "files": {k: str(v) for k, v in files.items()}, "report": str(rep)}
+
+
+def version_slug(name: str) -> str:
+    return re.sub(r"[^a-z0-9]+", "_", name.lower()).strip("_")[:80] or "version"
+
+
+def _main(argv=None) -> int:
+    import argparse
+
+    ap = argparse.ArgumentParser(prog="python -m nf4lab.profiling")
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    d = sub.add_parser("drive", help="the program ncu profiles (one version, one profiled launch)")
+    d.add_argument("--notebook", required=True, help="notebook stem, or 'demo'")
+    d.add_argument("--version", required=True)
+    d.add_argument("--shape", default="16384x16384")
+    d.add_argument("--dtype", default="bf16")
+    d.add_argument("--srcdir", default=None)
+    d.add_argument("--synthetic", action="store_true")
+    t = sub.add_parser("table", help="print the table of a CSV file")
+    t.add_argument("csv", nargs="+")
+    args = ap.parse_args(argv)
+    if args.cmd == "drive":
+        info = drive(args.notebook, args.version, shape=tuple(int(s) for s in args.shape.split("x")),
+                     dtype=args.dtype, srcdir=args.srcdir, synthetic=args.synthetic)
+        print("nf4lab.profiling.drive:", json.dumps(info))
+        return 0
+    print(table({Path(p).stem: summarize(main_kernel(parse_csv(Path(p).read_text())) or {}) for p in args.csv}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(_main())

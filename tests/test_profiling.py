@@ -1,0 +1,145 @@
+"""nf4lab.profiling: the ncu command line, failure detection, and the CSV parser.
+
+The parser is tested on hand-made fixtures in ncu's documented CSV format
+(tests/fixtures/, invented values) and, once they are committed, on the real
+CSVs measured by tools/profile_all.py under data/ncu/<gpu>/.
+"""
+import subprocess
+import sys
+
+import pytest
+
+from nf4lab import profiling as P
+
+FIX = P.ROOT / "tests" / "fixtures"
+RECORDED = sorted(p for p in P.NCU_DIR.glob("*/*.csv") if p.name.count(".") == 1) if P.NCU_DIR.exists() else []
+
+
+def test_raw_page_parsed_into_kernels_with_units():
+    ks = P.parse_csv((FIX / "ncu_raw_fixture.csv").read_text())
+    assert [k["id"] for k in ks] == ["0", "1"]
+    assert ks[0]["kernel"].startswith("example_kernel_a")
+    m = ks[0]["metrics"]
+    assert m["gpu__time_duration.sum"] == {"value": 1012345.5, "unit": "nsecond", "section": ""}
+    assert m["l1tex__t_sectors_pipe_lsu_mem_global_op_ld.sum"]["value"] == 16777216.0
+    assert ks[1]["metrics"]["smsp__pcsamp_warps_issue_stalled_long_scoreboard"]["value"] == "n/a"
+
+
+def test_summary_numbers():
+    a, b = P.parse_csv((FIX / "ncu_raw_fixture.csv").read_text())
+    s = P.summarize(a)
+    assert s["duration_us"] == pytest.approx(1012.3455)
+    assert s["dram_pct"] == 61.5 and s["achieved_occupancy"] == 87.3 and s["registers"] == 22
+    assert s["ld_sectors_per_request"] == 4.0 and s["st_sectors_per_request"] == 4.0
+    assert s["dram_read_bytes"] == 134250000
+    assert s["stalls"][0] == ("long_scoreboard", 41.25)
+    assert "selected" not in [r for r, _ in s["stalls"]]
+    assert s["stall_unit"] == "cycles per issued instruction"
+    t = P.summarize(b)
+    assert t["st_sectors_per_request"] == 16.0 and t["ld_sectors_per_request"] == 4.0
+    assert P.main_kernel([a, b]) is a  # the longest one
+
+
+def test_details_page_parsed_by_display_names():
+    ks = P.parse_csv((FIX / "ncu_details_fixture.csv").read_text())
+    assert len(ks) == 1
+    s = P.summarize(ks[0])
+    assert s["dram_pct"] == 61.5 and s["achieved_occupancy"] == 87.3
+    assert s["duration_us"] == pytest.approx(1012.35)  # unit "us"
+    assert s["ld_sectors_per_request"] is None  # not on the details page
+    assert s["block_size"] == 256
+
+
+def test_table_and_rows():
+    a, b = P.parse_csv((FIX / "ncu_raw_fixture.csv").read_text())
+    text = P.table({"a": P.summarize(a), "b": P.summarize(b)})
+    lines = text.splitlines()
+    assert "DRAM %" in lines[0] and len(lines) == 4
+    assert lines[3].split()[0] == "b" and "16.0" in lines[3] and "long_scoreboard" in lines[3]
+    rows = P.rows({"a": P.summarize(a)})
+    assert rows[0]["version"] == "a" and rows[0]["top_stalls"].startswith("long_scoreboard 41.2")
+
+
+def test_noise_and_empty_input():
+    assert P.parse_csv("") == []
+    assert P.parse_csv("==ERROR== ERR_NVGPUCTRPERM - The user does not have permission\n") == []
+    assert P.to_number("1,234.5") == 1234.5 and P.to_number("n/a") is None and P.to_number("") is None
+
+
+def test_command_line():
+    cmd = P.ncu_command(["python", "x.py"], ncu="ncu", kernel_regex="dequant", launch_skip=3, launch_count=1)
+    s = " ".join(cmd)
+    for sec in ("SpeedOfLight", "MemoryWorkloadAnalysis", "Occupancy", "WarpStateStats", "SourceCounters"):
+        assert f"--section {sec}" in s
+    assert "--csv --page raw" in s and "--kernel-name regex:dequant" in s
+    assert "--launch-skip 3 --launch-count 1" in s and "--profile-from-start off" in s
+    assert cmd[-2:] == ["python", "x.py"]
+    assert "l1tex__t_sectors_pipe_lsu_mem_global_op_ld.sum" in s
+    exp = P.ncu_command(["p"], export="r.ncu-rep")
+    assert "--export" in exp and "--csv" not in exp
+    with pytest.raises(ValueError):
+        P.ncu_command(["p"], page="source")
+
+
+def test_failures_are_classified():
+    perm = "==ERROR== ERR_NVGPUCTRPERM - The user does not have permission to access NVIDIA GPU Performance Counters"
+    assert P.classify_failure(perm, 1).reason == "permission"
+    assert P.classify_failure("==ERROR== Failed to initialize the profiler: LibraryNotLoaded", 1).reason == \
+        "unsupported"
+    assert P.classify_failure("==WARNING== No kernels were profiled.", 0).reason == "failed"
+    assert P.classify_failure("something broke", 3).reason == "failed"
+    assert P.classify_failure('"ID","Process ID"\n"0","1"', 0) is None
+    with pytest.raises(P.NcuUnavailable) as e:
+        P.run_ncu(["/nonexistent/ncu-xyz", "--version"])
+    assert e.value.reason == "missing"
+    with pytest.raises(P.NcuUnavailable) as e:
+        P.run_ncu([sys.executable, "-c", "import time; time.sleep(5)"], timeout=0.5)
+    assert e.value.reason == "timeout"
+    with pytest.raises(P.NcuUnavailable) as e:
+        P.run_ncu([sys.executable, "-c", f"print({perm!r}); raise SystemExit(1)"])
+    assert e.value.reason == "permission"
+
+
+def test_source_page_parser():
+    text = ('"# Address","Source","Warp Stall Sampling (All Samples)","Warp Stall Sampling (Not-issued Samples)"\n'
+            '"0x10","LDG.E R2, [R4.64]","120","100"\n"0x20","STG.E [R6.64], R2","30","20"\n"0x30","EXIT","0","0"\n')
+    top = P.parse_source_csv(text)
+    assert [t["source"] for t in top] == ["LDG.E R2, [R4.64]", "STG.E [R6.64], R2"]
+    assert top[0]["pct"] == pytest.approx(80.0)
+    assert P.parse_source_csv("nothing here") == []
+
+
+def test_fixture_is_labelled_not_a_measurement():
+    fx = P.load_fixture()
+    assert "not a measurement" in fx["gpu"]
+
+
+def test_slug():
+    assert P.version_slug("03: packed u32 stores (x2)") == "03_packed_u32_stores_x2"
+
+
+@pytest.mark.skipif(not RECORDED, reason="no ncu CSVs recorded under data/ncu/ yet")
+@pytest.mark.parametrize("path", RECORDED, ids=[p.parent.name + "/" + p.name for p in RECORDED])
+def test_recorded_csvs_parse(path):
+    ks = P.parse_csv(path.read_text())
+    assert ks, f"{path} holds no kernel"
+    s = P.summarize(P.main_kernel(ks))
+    assert s["duration_us"] and s["duration_us"] > 0
+    assert s["dram_pct"] is not None and 0 < s["dram_pct"] <= 100
+    assert s["achieved_occupancy"] is not None
+    assert s["ld_sectors_per_request"] is not None and s["st_sectors_per_request"] is not None
+    assert s["stalls"], "no stall reasons parsed"
+
+
+def test_load_recorded_matches_files():
+    rec = P.load_recorded()
+    if not RECORDED:
+        assert rec is None
+        return
+    assert rec["versions"] and all(v["summary"] for v in rec["versions"].values())
+
+
+def test_module_cli_table_runs():
+    out = subprocess.run([sys.executable, "-m", "nf4lab.profiling", "table", str(FIX / "ncu_raw_fixture.csv")],
+                         capture_output=True, text=True, timeout=120, cwd=P.ROOT)
+    assert out.returncode == 0 and "DRAM %" in out.stdout
