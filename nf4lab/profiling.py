@@ -230,9 +230,14 @@ def parse_csv(text: str) -> list[dict]:
             k = kernel_for(rec)
             raw = rec.get("Metric Value", "")
             num = to_number(raw)
-            k["metrics"][rec["Metric Name"]] = {"value": raw if num is None else num,
-                                                "unit": rec.get("Metric Unit", ""),
-                                                "section": rec.get("Section Name", "")}
+            entry = {"value": raw if num is None else num, "unit": rec.get("Metric Unit", ""),
+                     "section": rec.get("Section Name", "")}
+            # Display names repeat across sections ("Memory Throughput" is % in Speed Of Light,
+            # byte/s in Memory Workload Analysis): the first keeps the plain name.
+            key = rec["Metric Name"]
+            if key in k["metrics"]:
+                key = f"{entry['section']}: {key}"
+            k["metrics"][key] = entry
     else:  # raw page: one column per metric, a units row, one row per kernel
         units = {}
         for r in rows[1:]:
@@ -430,33 +435,45 @@ def load_fixture() -> dict:
 
 
 def parse_source_csv(text: str, top: int = 8) -> list[dict]:
-    """Lines with the most warp-stall samples from ``ncu --page source --csv``.
+    """Source lines with the most warp-stall samples, from ``ncu --page source --csv``.
 
-    Defensive: looks for a column holding the source text and one of stall samples;
-    returns [] when the format is not recognised.
+    With ``--print-source cuda,sass`` (what tools/profile_all.py exports) ncu writes two
+    preamble rows ("File Path", "Function Name"), then a header ``"Line No","Source",
+    "Address","Source","Warp Stall Sampling (All Samples)",...``: a row with a line number
+    is a Python source line (its samples summed over its instructions), the rows below it
+    without one are its SASS instructions. SASS-only output has no line column.
+    Returns ``[{"line", "source", "samples", "pct", "sass", "sass_samples"}]`` largest first,
+    or [] when the format is not recognised.
     """
-    lines = text.splitlines()
-    start = next((i for i, l in enumerate(lines) if "Source" in l and "," in l and l.startswith('"')), None)
-    if start is None:
+    rdr = list(csv.reader(io.StringIO(text)))
+    hi = next((i for i, r in enumerate(rdr) if "Source" in [c.strip() for c in r]
+               and any("Warp Stall Sampling (All" in c for c in r)), None)
+    if hi is None:
         return []
-    rdr = list(csv.reader(io.StringIO("\n".join(lines[start:]))))
-    header = rdr[0]
-    src_col = next((i for i, h in enumerate(header) if h.strip() == "Source"), None)
-    line_col = next((i for i, h in enumerate(header) if h.strip() in ("# Line", "Line", "# Address", "Address")),
-                    None)
-    samp_col = next((i for i, h in enumerate(header) if "Warp Stall Sampling (All" in h), None)
-    if samp_col is None:
-        samp_col = next((i for i, h in enumerate(header) if "Sampling" in h or "stall" in h.lower()), None)
-    if src_col is None or samp_col is None:
-        return []
-    out = []
-    for r in rdr[1:]:
-        if len(r) <= max(src_col, samp_col):
+    header = [c.strip() for c in rdr[hi]]
+    src_cols = [i for i, h in enumerate(header) if h == "Source"]
+    line_col = next((i for i, h in enumerate(header) if h in ("Line No", "# Line", "Line")), None)
+    samp_col = next(i for i, h in enumerate(header) if "Warp Stall Sampling (All" in h)
+    sass_col = src_cols[1] if len(src_cols) > 1 else (src_cols[0] if line_col is None else None)
+    lines: dict = {}
+    cur = None
+    for r in rdr[hi + 1:]:
+        if len(r) <= samp_col:
             continue
-        v = to_number(r[samp_col])
-        if v:
-            out.append({"line": r[line_col] if line_col is not None else "", "source": r[src_col].strip(),
-                        "samples": v})
+        v = to_number(r[samp_col]) or 0.0
+        if line_col is not None and r[line_col].strip():
+            key = r[line_col].strip()
+            cur = lines.setdefault(key, {"line": key, "source": r[src_cols[0]].strip(), "samples": 0.0,
+                                         "sass": "", "sass_samples": 0.0})
+            cur["samples"] = max(cur["samples"], v)
+        elif sass_col is not None and r[sass_col].strip() not in ("", "..."):
+            ins = r[sass_col].strip()
+            if line_col is None:
+                cur = lines.setdefault(ins + str(len(lines)), {"line": "", "source": ins, "samples": v,
+                                                               "sass": ins, "sass_samples": v})
+            elif cur is not None and v > cur["sass_samples"]:
+                cur["sass"], cur["sass_samples"] = ins, v
+    out = [o for o in lines.values() if o["samples"]]
     total = sum(o["samples"] for o in out) or 1.0
     for o in out:
         o["pct"] = 100 * o["samples"] / total
@@ -505,6 +522,28 @@ def _lineinfo_on():
     cuda.jit = jit
 
 
+def kernel_cells(path) -> list[str]:
+    """Sources of the cells tagged "kernel" (plain JSON: GPU images may lack nbformat)."""
+    nb = json.loads(Path(path).read_text())
+    out = []
+    for c in nb.get("cells", []):
+        if c.get("cell_type") == "code" and "kernel" in c.get("metadata", {}).get("tags", []):
+            src = c.get("source", "")
+            out.append("".join(src) if isinstance(src, list) else src)
+    return out
+
+
+def notebook_versions(path) -> list[str]:
+    """Version names a step notebook defines (executes its kernel cells, compiles nothing)."""
+    import types
+
+    mod = types.ModuleType(f"nf4lab_nb_{Path(path).stem}")
+    mod.__file__ = str(path)
+    for src in kernel_cells(path):
+        exec(compile(src, f"<{Path(path).name}>", "exec"), mod.__dict__)
+    return list(getattr(mod, "VERSIONS", {}))
+
+
 def load_versions_with_source(notebook: str, srcdir: Path) -> dict:
     """VERSIONS of one notebook, with each kernel cell compiled from a real file under
     ``srcdir`` (so that line info points at text ncu can show)."""
@@ -518,7 +557,7 @@ def load_versions_with_source(notebook: str, srcdir: Path) -> dict:
     mod = types.ModuleType(f"nf4lab_nb_{path.stem}")
     mod.__file__ = str(path)
     srcdir.mkdir(parents=True, exist_ok=True)
-    for i, src in enumerate(_versions.kernel_cells(path)):
+    for i, src in enumerate(kernel_cells(path)):
         f = srcdir / f"{path.stem}_cell{i}.py"
         f.write_text(src)
         exec(compile(src, str(f), "exec"), mod.__dict__)

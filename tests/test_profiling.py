@@ -143,3 +143,37 @@ def test_module_cli_table_runs():
     out = subprocess.run([sys.executable, "-m", "nf4lab.profiling", "table", str(FIX / "ncu_raw_fixture.csv")],
                          capture_output=True, text=True, timeout=120, cwd=P.ROOT)
     assert out.returncode == 0 and "DRAM %" in out.stdout
+
+
+# Real ncu 2025.3.1 output of the demo kernel (per byte, synthetic inputs, 16384x16384) on an
+# H100, written by `python tools/profile_all.py --demo --synthetic`: the format as ncu writes it.
+REAL = FIX / "ncu_h100_demo"
+
+
+def test_real_raw_page_from_h100():
+    ks = P.parse_csv((REAL / "demo.csv").read_text())
+    assert len(ks) == 1 and ks[0]["kernel"].startswith("dequant_demo_per_byte")
+    s = P.summarize(ks[0])
+    assert 100 < s["duration_us"] < 5000
+    assert 0 < s["dram_pct"] < 100 and 0 < s["achieved_occupancy"] <= 100
+    assert s["theoretical_occupancy"] == 100 and s["registers"] > 0 and s["block_size"] == 256
+    # two 16-bit stores at stride 2 elements: each warp store instruction spans 4 sectors
+    assert s["st_sectors_per_request"] == pytest.approx(4.0, abs=0.01)
+    assert s["stall_unit"] == "cycles per issued instruction"
+    assert s["stalls"][0][0] == "long_scoreboard"
+    assert s["dram_read_bytes"] > 1e8 and s["dram_write_bytes"] > 5e8  # 128 MiB codes, 512 MiB out
+
+
+def test_real_details_page_agrees_with_raw_page():
+    raw = P.summarize(P.parse_csv((REAL / "demo.csv").read_text())[0])
+    det = P.summarize(P.parse_csv((REAL / "demo.details.csv").read_text())[0])
+    for f in ("duration_us", "dram_pct", "memory_pct", "achieved_occupancy", "registers",
+              "ld_sectors_per_request", "st_sectors_per_request"):
+        assert det[f] == pytest.approx(raw[f], rel=0.01), f
+
+
+def test_real_source_page_maps_stalls_to_python_lines():
+    top = P.parse_source_csv((REAL / "demo.source.csv").read_text())
+    assert top and "scale = ops.fadd_rn" in top[0]["source"] and top[0]["line"].isdigit()
+    assert sum(t["pct"] for t in top) <= 100.0 + 1e-9
+    assert all(t["sass"] for t in top)

@@ -49,6 +49,7 @@ def _ncu_version(ncu: str) -> str | None:
 def collect_versions(only=None, demo=False) -> list:
     """[(notebook stem, version name)] of notebooks 01-06, in order."""
     from nf4lab import versions
+    from nf4lab.profiling import notebook_versions
 
     found = []
     if not demo:
@@ -56,7 +57,7 @@ def collect_versions(only=None, demo=False) -> list:
             if not 1 <= int(path.name[:2]) <= 6:
                 continue
             try:
-                names = list(versions.load(path))
+                names = notebook_versions(path)
             except Exception as exc:
                 print(f"  ! {path.name}: its kernel cells failed to load ({type(exc).__name__}: {exc}); skipped")
                 continue
