@@ -1,0 +1,427 @@
+"""``nf4lab.dequantize(A, quant_state, out=None)``: a drop-in for bitsandbytes' ``dequantize_4bit``.
+
+Same inputs (the packed uint8 tensor and its ``QuantState``, or a ``Params4bit`` weight that
+carries its state), same result (a tensor of ``quant_state.shape`` and ``quant_state.dtype``,
+or ``out`` filled and returned), bit for bit:
+
+- CUDA tensors run :mod:`nf4lab.fastkernel`'s kernels (128-bit path where pointers allow,
+  scalar path otherwise), launched with a lean launcher; bits of bitsandbytes' CUDA kernel.
+- CPU tensors run torch CPU ops that reproduce bitsandbytes' CPU backend, including which
+  sign its fp4 code 8 (zero) gets and the (1, n) shape it returns for some 1-D states: both
+  depend on the path it takes (see ``bnb_cpu_path``). One thing is NOT reproduced: its
+  AVX-512 kernel indexes absmax per row (``row * (cols // blocksize) + col // blocksize``),
+  which picks wrong scales when the last dim is not a multiple of the blocksize. There we
+  return the blockwise result that bitsandbytes' CUDA kernel, torch fallback and scalar
+  kernel all give (tests check it against bitsandbytes' own torch fallback).
+
+Every check happens before anything is launched, and raises TypeError or ValueError naming
+the parameter. Like bitsandbytes, the result is returned transposed (``out.t()``) when
+``A.shape[0] == 1``: callers that pass the packed weight as a [1, n/2] row get [K, N] back.
+"""
+from __future__ import annotations
+
+import math
+import threading
+import warnings
+
+import numpy as np
+
+from .reference import BLOCKSIZES, FP4_LUT, NF4_LUT, QUANT_TYPES
+
+_DTYPE_NAMES = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32"}
+
+
+class _Plan:
+    """What validation learned about a call: everything the launch needs, nothing recomputed."""
+
+    __slots__ = ("A", "qs", "shape", "n", "nbytes", "dtype", "tdtype", "blocksize", "nested",
+                 "nblocks", "gsize", "quant_type")
+
+
+def _torch():
+    import torch
+
+    return torch
+
+
+def _quant_state_type():
+    from bitsandbytes.functional import QuantState
+
+    return QuantState
+
+
+def _is_tensor(x) -> bool:
+    return isinstance(x, _torch().Tensor)
+
+
+def _check_state_tensor(t, what: str, dtype, min_numel: int, device):
+    torch = _torch()
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"quant_state: {what} must be a torch.Tensor, got {type(t).__name__}")
+    if t.dtype != dtype:
+        raise ValueError(f"quant_state: {what} must be {dtype}, got {t.dtype}")
+    if t.numel() < min_numel:
+        raise ValueError(f"quant_state: {what} holds {t.numel()} values, the state needs {min_numel}")
+    if t.device != device:
+        raise ValueError(f"quant_state: {what} is on {t.device} but A is on {device}; "
+                         "move A and quant_state to one device (quant_state.to(device))")
+    if not t.is_contiguous():
+        raise ValueError(f"quant_state: {what} must be contiguous")
+
+
+def _plan(A, quant_state, out) -> _Plan:
+    torch = _torch()
+    QuantState = _quant_state_type()
+    if quant_state is None:
+        quant_state = getattr(A, "quant_state", None)
+        if quant_state is None:
+            raise TypeError("quant_state is required: pass the QuantState that quantize_4bit returned "
+                            "(or a Params4bit weight, which carries its own)")
+    if not isinstance(quant_state, QuantState):
+        raise TypeError(f"quant_state must be a bitsandbytes.functional.QuantState, got {type(quant_state).__name__}")
+    if not isinstance(A, torch.Tensor):
+        raise TypeError(f"A must be a torch.Tensor of packed uint8 codes, got {type(A).__name__}")
+    if type(A) is not torch.Tensor:  # Params4bit and other subclasses: their data is the packed tensor
+        A = A.data
+    qs = quant_state
+    if A.dtype != torch.uint8:
+        raise TypeError(f"A must be a uint8 tensor of packed 4-bit codes, got {A.dtype} "
+                        "(for another quant_storage, pass A.view(torch.uint8))")
+    if not A.is_contiguous():
+        raise ValueError("A must be contiguous (its bytes are read in order); pass A.contiguous()")
+    if qs.quant_type not in QUANT_TYPES:
+        raise ValueError(f"quant_state.quant_type must be one of {QUANT_TYPES}, got {qs.quant_type!r}")
+    if qs.blocksize not in BLOCKSIZES:
+        raise ValueError(f"quant_state.blocksize must be one of {BLOCKSIZES}, got {qs.blocksize!r}")
+    dtype = _DTYPE_NAMES.get(str(qs.dtype).replace("torch.", ""))
+    if dtype is None or not isinstance(qs.dtype, torch.dtype):
+        raise ValueError(f"quant_state.dtype must be torch.bfloat16, torch.float16 or torch.float32, got {qs.dtype!r}")
+    try:
+        shape = tuple(int(s) for s in qs.shape)
+    except TypeError:
+        raise ValueError(f"quant_state.shape must be a sequence of ints, got {qs.shape!r}") from None
+    if any(s < 0 for s in shape):
+        raise ValueError(f"quant_state.shape must not be negative, got {shape}")
+    if A.dim() >= 1 and A.shape[0] == 1 and len(shape) > 2:
+        raise ValueError(f"A has shape {tuple(A.shape)} (one row), so the result would be transposed as "
+                         f"bitsandbytes does, which needs a quant_state.shape of at most 2 dims, got {shape}")
+    n = math.prod(shape)
+    nbytes = (n + 1) // 2
+    if A.numel() < nbytes:
+        raise ValueError(f"A is too short for quant_state: {A.numel()} bytes, {shape} needs {nbytes}")
+    device = A.device
+    if device.type not in ("cpu", "cuda"):
+        raise ValueError(f"A must be on a CPU or CUDA device, got {device}")
+    nblocks = -(-n // qs.blocksize)
+    nested = bool(getattr(qs, "nested", False))
+    gsize = 0
+    if nested:
+        s2 = qs.state2
+        if not isinstance(s2, QuantState):
+            raise TypeError(f"quant_state.state2 must be a QuantState for nested statistics, got {type(s2).__name__}")
+        gsize = s2.blocksize
+        if not isinstance(gsize, int) or gsize <= 0 or gsize & (gsize - 1):
+            raise ValueError(f"quant_state.state2.blocksize must be a power of two, got {gsize!r}")
+        _check_state_tensor(qs.absmax, "absmax (nested, quantized)", torch.uint8, nblocks, device)
+        _check_state_tensor(s2.absmax, "state2.absmax", torch.float32, -(-nblocks // gsize), device)
+        _check_state_tensor(s2.code, "state2.code", torch.float32, 256, device)
+        off = qs.offset
+        if isinstance(off, torch.Tensor):
+            if off.numel() != 1 or off.dtype != torch.float32 or off.device != device:
+                raise ValueError(f"quant_state.offset must be one float32 value on {device}, "
+                                 f"got {off.dtype} x {off.numel()} on {off.device}")
+        elif not isinstance(off, (float, int, np.floating)):
+            raise TypeError(f"quant_state.offset must be a float or a float32 tensor, got {type(off).__name__}")
+    else:
+        _check_state_tensor(qs.absmax, "absmax", torch.float32, nblocks, device)
+    if out is not None:
+        if not isinstance(out, torch.Tensor):
+            raise TypeError(f"out must be a torch.Tensor, got {type(out).__name__}")
+        if out.dtype != qs.dtype:
+            raise TypeError(f"out has dtype {out.dtype}, quant_state.dtype is {qs.dtype}")
+        if tuple(out.shape) != shape:
+            raise ValueError(f"out has shape {tuple(out.shape)}, quant_state.shape is {shape}")
+        if out.device != device:
+            raise ValueError(f"out is on {out.device} but A is on {device}")
+        if not out.is_contiguous():
+            raise ValueError("out must be contiguous")
+    p = _Plan()
+    p.A, p.qs, p.shape, p.n, p.nbytes, p.dtype, p.tdtype = A, qs, shape, n, nbytes, dtype, qs.dtype
+    p.blocksize, p.nested, p.nblocks, p.gsize, p.quant_type = qs.blocksize, nested, nblocks, gsize, qs.quant_type
+    return p
+
+
+def dequantize(A, quant_state=None, out=None):
+    """Dequantize packed 4-bit weights exactly as ``bitsandbytes.functional.dequantize_4bit``.
+
+    ``A``: packed uint8 tensor (or a ``Params4bit``), ``quant_state``: its ``QuantState``
+    (taken from ``A.quant_state`` when omitted), ``out``: optional tensor of
+    ``quant_state.shape`` and ``quant_state.dtype`` on A's device, filled and returned.
+    """
+    p = _plan(A, quant_state, out)
+    if p.A.device.type == "cuda":
+        result = _dequantize_cuda(p, out)
+    else:
+        result = _dequantize_cpu(p, out)
+    # bitsandbytes' BC shim, reproduced: a packed weight given as one row comes back transposed.
+    if p.A.dim() >= 1 and p.A.shape[0] == 1:
+        return result.t()
+    return result
+
+
+# ---------------------------------------------------------------- CPU
+def _bnb_cpu_flags():
+    """(native library loaded, AVX-512 kernels used) as bitsandbytes' CPU backend decides them."""
+    try:
+        from bitsandbytes.backends.cpu import ops as cpu_ops
+        from bitsandbytes.cextension import ErrorHandlerMockBNBNativeLibrary, lib
+
+        return (not isinstance(lib, ErrorHandlerMockBNBNativeLibrary)), bool(cpu_ops._has_avx512)
+    except Exception:
+        return False, False
+
+
+def bnb_cpu_path(shape, blocksize) -> str:
+    """Which of its three CPU paths bitsandbytes 0.50.2 takes: ``torch``, ``avx512`` or ``scalar``.
+
+    backends/cpu/ops.py uses its torch fallback for an odd last dim, or with AVX-512 for
+    blocksize >= 2048; otherwise the native kernel, which (csrc/cpu_ops.cpp) runs the AVX-512
+    loop when the last dim is a multiple of 16, and a scalar loop otherwise. (bitsandbytes
+    asks torch for AVX-512, the C++ asks the CPU for avx512f: the same on real CPUs.)
+    """
+    native, avx512 = _bnb_cpu_flags()
+    last = shape[-1] if shape else 1
+    if not native or last % 2 == 1 or (avx512 and blocksize >= 2048):
+        return "torch"
+    if avx512 and last % 16 == 0 and blocksize >= 16:
+        return "avx512"
+    return "scalar"
+
+
+def _cpu_fp4_zero(path: str) -> float:
+    """fp4 code 8 on CPU: the torch and AVX-512 paths read +0.0 from a table, the scalar
+    loop computes ``sign * 0.0`` = -0.0 (the CUDA kernel does too, see fastkernel)."""
+    return -0.0 if path == "scalar" else 0.0
+
+
+def _cpu_absmax(p):
+    torch = _torch()
+    qs = p.qs
+    if not p.nested:
+        return qs.absmax[: p.nblocks]
+    s2 = qs.state2
+    idx = torch.arange(p.nblocks) // p.gsize
+    # Two roundings, as bitsandbytes: dequantize_blockwise (code2[q] * absmax2), then += offset.
+    a = s2.code[qs.absmax[: p.nblocks].long()] * s2.absmax[idx]
+    return a + qs.offset
+
+
+def _dequantize_cpu(p, out):
+    torch = _torch()
+    n, bs = p.n, p.blocksize
+    path = bnb_cpu_path(p.shape, bs)
+    if out is None:
+        # bitsandbytes' native CPU kernels return a 1-D shape (n,) as (1, n): kept, for drop-in.
+        shape = (1, p.shape[0]) if len(p.shape) == 1 and path != "torch" else p.shape
+        out = torch.empty(shape, dtype=p.tdtype)
+    if n == 0:
+        return out
+    flat = p.A.reshape(-1)[: p.nbytes]
+    codes = torch.empty(2 * p.nbytes, dtype=torch.int64)
+    codes[0::2] = flat >> 4     # high nibble first
+    codes[1::2] = flat & 15
+    lut = (NF4_LUT if p.quant_type == "nf4" else FP4_LUT).copy()
+    if p.quant_type == "fp4":
+        lut[8] = np.float32(_cpu_fp4_zero(path))
+    vals = torch.from_numpy(lut)[codes[:n]]
+    absmax = _cpu_absmax(p)
+    full = n // bs * bs
+    res = torch.empty(n, dtype=torch.float32)
+    if full:
+        torch.mul(vals[:full].view(-1, bs), absmax[: full // bs].view(-1, 1), out=res[:full].view(-1, bs))
+    if full < n:
+        torch.mul(vals[full:], absmax[full // bs], out=res[full:])
+    out.view(-1).copy_(res)  # float32 -> bf16/fp16 rounds to nearest even, like bitsandbytes
+    return out
+
+
+# ---------------------------------------------------------------- CUDA
+_LUT_CACHE: dict = {}
+_OFFSET_CACHE: dict = {}
+_lean_state = {"ok": None}  # None: untried, True: checked and used, False: disabled (fallback)
+_lean_checked: set = set()
+_lock = threading.Lock()
+
+
+def _device_lut(quant_type, device):
+    key = (quant_type, device)
+    t = _LUT_CACHE.get(key)
+    if t is None:
+        from .fastkernel import LUTS_CUDA
+
+        t = _LUT_CACHE[key] = _torch().from_numpy(LUTS_CUDA[quant_type].copy()).to(device)
+    return t
+
+
+def _raw_stream(device) -> int:
+    torch = _torch()
+    try:
+        return torch._C._cuda_getCurrentRawStream(device.index if device.index is not None else
+                                                   torch.cuda.current_device())
+    except Exception:
+        return torch.cuda.current_stream(device).cuda_stream
+
+
+def _pointers(p):
+    """Device addresses of the state, in the kernels' argument order (stats, absmax2, code2, offset)."""
+    qs = p.qs
+    stats = qs.absmax.data_ptr()
+    if not p.nested:
+        # Unused by the plain kernels, but they must be valid addresses: pass absmax again.
+        return stats, stats, stats, stats
+    off = qs.offset
+    if not isinstance(off, _torch().Tensor):
+        key = (float(off), p.A.device)
+        off = _OFFSET_CACHE.get(key)
+        if off is None:
+            off = _OFFSET_CACHE[key] = _torch().tensor([key[0]], dtype=_torch().float32, device=p.A.device)
+    return stats, qs.state2.absmax.data_ptr(), qs.state2.code.data_ptr(), off.data_ptr()
+
+
+def _dequantize_cuda(p, out):
+    torch = _torch()
+    from . import fastkernel as fk
+
+    device = p.A.device
+    if out is None:
+        out = torch.empty(p.shape, dtype=p.tdtype, device=device)
+    if p.n == 0:
+        return out
+    with _device_guard(device):
+        a_ptr, o_ptr = p.A.data_ptr(), out.data_ptr()
+        path = fk.choose_path(a_ptr, o_ptr)
+        stats, a2, c2, off = _pointers(p)
+        lut = _device_lut(p.quant_type, device).data_ptr()
+        bshift = p.blocksize.bit_length() - 1
+        gshift = p.gsize.bit_length() - 1 if p.nested else 0
+        stream = _raw_stream(device)
+        grid = fk.grid_size(p.n, path)
+        args = (a_ptr, stats, a2, c2, off, lut, o_ptr, p.n, bshift, gshift)
+        launcher = _lean(p.dtype, p.nested, path) if _lean_state["ok"] is not False else None
+        if launcher is not None:
+            launcher(stream, grid, *args)
+        else:
+            _launch_dispatcher(p, path, stream, *args)
+    return out
+
+
+class _device_guard:
+    """Make A's device current only when it is not already (the common case costs nothing)."""
+
+    __slots__ = ("device", "ctx")
+
+    def __init__(self, device):
+        self.device, self.ctx = device, None
+
+    def __enter__(self):
+        torch = _torch()
+        if self.device.index is not None and self.device.index != torch.cuda.current_device():
+            self.ctx = torch.cuda.device(self.device)
+            self.ctx.__enter__()
+
+    def __exit__(self, *exc):
+        if self.ctx is not None:
+            self.ctx.__exit__(*exc)
+
+
+def _as_numba(ptr, count, np_dtype):
+    from numba import cuda
+
+    desc = {"shape": (int(count),), "typestr": np.dtype(np_dtype).str, "data": (int(ptr), False),
+            "version": 3, "strides": None}
+    return cuda.from_cuda_array_interface(desc, owner=None, sync=False)
+
+
+def _launch_dispatcher(p, path, stream, a_ptr, stats, a2, c2, off, lut, o_ptr, n, bshift, gshift):
+    """The plain numba launch (24-70 us of host time): fallback when the lean launcher is unusable."""
+    from numba import cuda
+
+    from . import fastkernel as fk
+
+    out_dtype = np.uint32 if p.dtype == "fp32" else np.uint16
+    nblocks = p.nblocks
+    arrays = dict(
+        packed=_as_numba(a_ptr, p.nbytes, np.uint8),
+        stats=_as_numba(stats, nblocks, np.uint8 if p.nested else np.float32),
+        absmax2=_as_numba(a2, max(1, -(-nblocks // p.gsize)) if p.nested else 1, np.float32),
+        code2=_as_numba(c2, 256 if p.nested else 1, np.float32),
+        offset=_as_numba(off, 1, np.float32),
+        lut=_as_numba(lut, 16, np.float32),
+        out=_as_numba(o_ptr, n, out_dtype),
+    )
+    fk.launch_arrays(arrays["packed"], arrays["stats"], arrays["absmax2"], arrays["code2"], arrays["offset"],
+                     arrays["lut"], arrays["out"], n=n, blocksize=p.blocksize, nested=p.nested, dtype=p.dtype,
+                     nested_blocksize=p.gsize if p.nested else 256, stream=cuda.external_stream(stream),
+                     path=path)
+
+
+def _lean(dtype, nested, path):
+    """The lean launcher for a variant, checked once against the dispatcher; None if unusable."""
+    from . import fastkernel as fk
+
+    key = (dtype, bool(nested), path)
+    try:
+        launcher = fk.lean_launcher(dtype, nested, path)
+        if key not in _lean_checked:
+            with _lock:
+                if key not in _lean_checked:
+                    _self_check(launcher, dtype, nested, path)
+                    _lean_checked.add(key)
+        _lean_state["ok"] = True
+        return launcher
+    except Exception as exc:  # an ABI surprise in a numba/cuda-bindings release: stay correct, be slow
+        _lean_state["ok"] = False
+        warnings.warn(f"nf4lab.dequantize: lean kernel launch unavailable ({type(exc).__name__}: {exc}); "
+                      "falling back to numba's dispatcher (correct, but 24-70 us more per call)",
+                      RuntimeWarning, stacklevel=3)
+        return None
+
+
+def _self_check(launcher, dtype, nested, path):
+    """Launch a small case through the lean launcher and through numba's dispatcher: same bits, or raise."""
+    torch = _torch()
+    from . import fastkernel as fk
+
+    g = torch.Generator().manual_seed(1)
+    n, bs = 4 * 64 + 5, 32
+    nb = -(-n // bs)
+    dev = torch.device("cuda", torch.cuda.current_device())
+    pk = torch.randint(0, 256, ((n + 1) // 2 + 16,), dtype=torch.uint8, generator=g).to(dev)
+    if nested:
+        stats = torch.randint(0, 256, (nb,), dtype=torch.uint8, generator=g).to(dev)
+    else:
+        stats = torch.rand(nb, generator=g).to(dev)
+    a2 = torch.rand(16, generator=g).to(dev)
+    c2 = torch.randn(256, generator=g).to(dev)
+    off = torch.tensor([0.25]).to(dev)
+    lut = _device_lut("nf4", dev)
+    tdtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[dtype]
+    # Misalign on purpose for the scalar path, so the check runs the way it will be used.
+    shift = 0 if path == "vector" else 1
+    a_t = pk[shift:]
+    outs = [torch.full((n + 8,), float("nan"), dtype=tdtype, device=dev) for _ in range(2)]
+    p = _Plan()
+    p.nbytes, p.nblocks, p.nested, p.gsize, p.dtype, p.blocksize = (n + 1) // 2, nb, nested, 2, dtype, bs
+    stream = _raw_stream(dev)
+    s_ptr = stats.data_ptr()
+    ptrs = (s_ptr, a2.data_ptr(), c2.data_ptr(), off.data_ptr()) if nested else (s_ptr,) * 4
+    for i, o in enumerate(outs):
+        o_view = o[shift:] if path == "scalar" else o
+        args = (a_t.data_ptr(), *ptrs, lut.data_ptr(), o_view.data_ptr(), n, 5, 1)
+        if i == 0:
+            launcher(stream, fk.grid_size(n, path), *args)
+        else:
+            _launch_dispatcher(p, path, stream, *args)
+    torch.cuda.synchronize()
+    if not torch.equal(outs[0].view(torch.uint8), outs[1].view(torch.uint8)):
+        raise RuntimeError("lean launch and dispatcher launch disagree on a self-check case")
