@@ -54,7 +54,8 @@ def f32_to_bits(x: np.ndarray, dtype: str) -> np.ndarray:
     if dtype == "bf16":
         return f32_to_bf16_bits(x)
     if dtype == "fp16":
-        return np.asarray(x, dtype=np.float32).astype(np.float16).view(np.uint16)
+        with np.errstate(over="ignore"):  # overflow to inf is the right answer, as in torch
+            return np.asarray(x, dtype=np.float32).astype(np.float16).view(np.uint16)
     if dtype == "fp32":
         return np.ascontiguousarray(x, dtype=np.float32).view(np.uint32)
     raise ValueError(f"dtype must be one of {DTYPES}, got {dtype!r}")

@@ -1,0 +1,112 @@
+"""Device ops: the Python twins equal the reference, and the device versions emit the intended PTX."""
+import numpy as np
+import pytest
+from numba import cuda, float32, uint64
+
+import nf4lab
+from nf4lab import ops, ptx, reference
+
+
+def test_twins_round_like_the_reference():
+    rng = np.random.default_rng(1)
+    x = (rng.standard_normal(3000) * np.exp(rng.uniform(-20, 20, 3000))).astype(np.float32)
+    bf = np.array([int(ops.bf16_bits_py(v)) for v in x], np.uint16)
+    assert np.array_equal(bf, reference.f32_to_bf16_bits(x))
+    f16 = np.array([int(ops.f16_bits_py(v)) for v in x], np.uint16)
+    assert np.array_equal(f16, reference.f32_to_bits(x, "fp16"))
+
+
+@pytest.mark.skipif(not nf4lab.SIMULATOR, reason="twins are what the simulator runs")
+def test_twin_pack_order_and_fused_free_arithmetic():
+    lo, hi = np.float32(1.0), np.float32(-2.0)
+    packed = int(ops.pack_bf16x2(lo, hi))
+    assert packed & 0xFFFF == 0x3F80 and packed >> 16 == 0xC000
+    a, b, c = np.float32(1.1), np.float32(3.3), np.float32(-3.63)
+    assert ops.fadd_rn(ops.fmul_rn(a, b), c) == np.float32(np.float32(a * b) + c)
+
+
+@pytest.mark.skipif(not nf4lab.SIMULATOR, reason="the simulator twin checks alignment")
+def test_misaligned_vector_access_is_refused_in_the_simulator():
+    buf = cuda.to_device(np.zeros(16, np.uint32))
+
+    @cuda.jit
+    def k(a, i):
+        x, y, z, w = ops.load_u32x4(a, i)
+        ops.store_u32x4(a, i, x, y, z, w)
+
+    k[1, 1](buf, 4)  # aligned: fine
+    with pytest.raises(RuntimeError, match="misaligned"):
+        k[1, 1](buf, 2)
+    with pytest.raises(IndexError):
+        k[1, 1](buf, 16)
+
+
+@cuda.jit
+def _probe(packed_u32, out_u32, out16, absmax2, n):
+    i = uint64(cuda.grid(1))
+    if i < n:
+        a, b, c, d = ops.load_u32x4(packed_u32, i * uint64(4))
+        s = ops.fadd_rn(ops.fmul_rn(absmax2[0], absmax2[1]), absmax2[2])
+        x = ops.pack_bf16x2(float32(a) * s, float32(b))
+        y = ops.pack_f16x2(float32(c), float32(d))
+        ops.store_u32x4(out_u32, i * uint64(4), x, y, ops.float_bits(s), d)
+        out16[i] = ops.to_bf16_bits(s) + ops.to_f16_bits(s)
+
+
+SIG = "(uint32[::1], uint32[::1], uint16[::1], float32[::1], uint64)"
+
+
+@pytest.fixture(scope="module")
+def probe_ptx():
+    return nf4lab.compile_ptx(_probe, SIG)
+
+
+def test_ptx_has_the_vector_accesses_and_conversions(probe_ptx):
+    s = ptx.summary(probe_ptx)
+    assert s["ld.global.v4"] == 1 and s["st.global.v4"] == 1
+    assert s["cvt.rn.bf16x2"] == 1 and s["cvt.rn.f16x2"] == 1
+    assert s["fma"] == 0 and s["mul.rn.f32"] == 1
+    ptx.check(probe_ptx, present=[r"^add\.rn\.f32", r"cvt\.rn\.bf16\.f32", r"cvt\.rn\.f16\.f32"], absent=[r"^fma"])
+
+
+def test_plain_multiply_add_is_contracted_to_fma():
+    """The reason ops.fmul_rn/fadd_rn exist: numba fuses a * b + c."""
+    @cuda.jit
+    def k(x, out):
+        out[0] = x[0] * x[1] + x[2]
+
+    p = nf4lab.compile_ptx(k, "(float32[::1], float32[::1])")
+    assert ptx.count(p, r"^fma\.rn\.f32") == 1
+
+
+def test_check_reports_missing_and_forbidden(probe_ptx):
+    with pytest.raises(AssertionError, match="missing"):
+        ptx.check(probe_ptx, present=[r"^ld\.shared"])
+    with pytest.raises(AssertionError, match="must not"):
+        ptx.check(probe_ptx, absent=[r"^st\.global\.v4"])
+
+
+def test_device_helper_and_constants_travel_to_the_compiler():
+    lut = tuple(float32(v) for v in reference.NF4_LUT)
+
+    @cuda.jit(device=True, inline="always")
+    def scale(a, b, c):
+        return ops.fadd_rn(ops.fmul_rn(a, b), c)
+
+    @cuda.jit
+    def k(x, out):
+        i = cuda.grid(1)
+        if i < out.size:
+            out[i] = scale(x[0], x[1], x[2]) * lut[i & 15]
+
+    p = nf4lab.compile_ptx(k, "(float32[::1], float32[::1])")
+    assert ptx.count(p, r"^mul\.rn\.f32") == 1 and ptx.count(p, r"^fma") == 0
+
+
+def test_compile_errors_are_reported():
+    @cuda.jit
+    def broken(x):
+        x[0] = undefined_name  # noqa: F821
+
+    with pytest.raises(Exception, match="undefined_name|NameError|Untyped"):
+        nf4lab.compile_ptx(broken, "(float32[::1],)")

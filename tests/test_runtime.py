@@ -1,0 +1,78 @@
+"""The GPU-or-simulator decision, made once at import, in fresh processes."""
+import os
+import subprocess
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def run(code, **env):
+    e = {k: v for k, v in os.environ.items() if k not in ("NF4LAB_MODE", "NUMBA_ENABLE_CUDASIM")}
+    e.update(env)
+    e["PYTHONPATH"] = ROOT
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=e, timeout=300)
+
+
+def test_import_without_gpu_says_simulator_once():
+    p = run("import nf4lab, nf4lab.cases; import nf4lab; from numba import config, cuda;"
+            "print(nf4lab.MODE, config.ENABLE_CUDASIM, type(cuda).__name__)")
+    assert p.returncode == 0, p.stderr
+    if nf4lab_on_gpu(p):
+        return
+    assert p.stdout.split()[:2] == ["sim", "1"]
+    assert p.stderr.count("simulator") == 1 and "no usable CUDA GPU" in p.stderr
+
+
+def nf4lab_on_gpu(p):
+    return p.stdout.startswith("gpu")
+
+
+def test_simulator_switch_happens_even_if_numba_was_imported_first():
+    p = run("import numba; import nf4lab; from numba import cuda; print(nf4lab.MODE, numba.config.ENABLE_CUDASIM)")
+    assert p.returncode == 0, p.stderr
+    if not nf4lab_on_gpu(p):
+        assert p.stdout.split() == ["sim", "1"]
+
+
+def test_too_late_import_warns():
+    p = run("from numba import cuda; import nf4lab; print(nf4lab.MODE)")
+    assert p.returncode == 0, p.stderr
+    if not nf4lab_on_gpu(p):
+        assert "import nf4lab first" in p.stderr
+
+
+def test_bad_mode_is_a_clear_error():
+    p = run("import nf4lab", NF4LAB_MODE="quantum")
+    assert p.returncode != 0 and "NF4LAB_MODE must be one of" in p.stderr
+
+
+def test_compile_mode_has_real_numba_cuda():
+    p = run("import nf4lab; from numba import cuda; print(nf4lab.MODE, hasattr(cuda, 'compile_ptx'), "
+            "type(cuda.jit).__module__)", NF4LAB_MODE="compile")
+    assert p.returncode == 0, p.stderr
+    mode, has, mod = p.stdout.split()
+    assert mode == "compile" and has == "True" and "simulator" not in mod
+
+
+def test_device_info_and_default_shape():
+    import nf4lab
+
+    info = nf4lab.device_info()
+    for key in ("mode", "numba", "numba_cuda", "bitsandbytes", "torch", "gpu"):
+        assert key in info
+    assert nf4lab.default_shape() == ((16384, 16384) if nf4lab.ON_GPU else (130, 129))
+    assert nf4lab.runtime.spec_peak_gbps("NVIDIA H100 80GB HBM3") == 3352
+
+
+def test_simulator_jit_accepts_gpu_only_options():
+    import nf4lab
+    from numba import cuda
+
+    if not nf4lab.SIMULATOR:
+        return
+
+    @cuda.jit(lineinfo=True, forceinline=False)
+    def k(a):
+        a[0] = 1
+
+    assert k._nf4lab_jit_kwargs == {"lineinfo": True, "forceinline": False}

@@ -1,0 +1,78 @@
+import numpy as np
+import pytest
+
+from nf4lab import reference
+from nf4lab.cases import generate
+from nf4lab.verification import POISON, VerificationError, compare, poisoned_output, verify
+
+
+@pytest.fixture(scope="module")
+def case():
+    return generate((130, 129), "bf16", "codes", seed=1)
+
+
+def test_exact_output_passes(case):
+    r = verify(case.expected.copy(), case)
+    assert r.ok and "bit-exact" in str(r)
+
+
+def test_swapped_nibbles_are_named(case):
+    bad = case.expected.copy()
+    bad[0::2], bad[1::2] = case.expected[1::2][: bad[0::2].size], case.expected[0::2][: bad[1::2].size]
+    bad[-1] = case.expected[-1]  # n is odd: the last element has no partner
+    with pytest.raises(VerificationError) as e:
+        verify(bad, case)
+    msg = str(e.value)
+    assert "HIGH nibble" in msg and "elements differ" in msg
+
+
+def test_one_ulp_points_at_fma(case):
+    bad = case.expected.copy()
+    bad[100:200:3] += 1
+    r = verify(bad, case, raise_on_error=False)
+    assert not r.ok and r.max_ulp == 1 and r.n_diff == 34
+    assert any("FMA" in h for h in r.hints)
+    assert "0x" in str(r) and "100" in str(r)  # first index and bit patterns shown
+
+
+def test_truncation_is_named():
+    case = generate((40, 64), "bf16", "randn", seed=2)
+    f = reference.dequantize_f32(case.packed, reference.block_absmax(case.absmax_q, case.absmax2, case.code2,
+                                                                     case.offset), case.n, 64)
+    trunc = (f.view(np.uint32) >> 16).astype(np.uint16)
+    r = verify(trunc, case, raise_on_error=False)
+    assert not r.ok and any("truncates" in h for h in r.hints)
+
+
+def test_unwritten_tail_and_guard_writes(case):
+    buf = poisoned_output(case.n, "bf16")
+    buf[: case.n - 7] = case.expected[: case.n - 7]
+    r = verify(buf, case, raise_on_error=False)
+    assert r.n_diff == 7 and any("tail" in h for h in r.hints)
+    buf[: case.n] = case.expected
+    assert verify(buf, case).ok
+    buf[case.n + 2] = 0
+    r = verify(buf, case, raise_on_error=False)
+    assert not r.ok and r.guard_written == 1 and "past the end" in str(r)
+
+
+def test_wrong_group_is_named():
+    case = generate((2, 16384 + 320), "bf16", "randn", seed=6)
+    bad = case.expected.copy()
+    bad[16384:] = reference.f32_to_bf16_bits(reference.bits_to_f32(bad[16384:], "bf16") * np.float32(1.7))
+    r = verify(bad, case, raise_on_error=False)
+    assert not r.ok and any("group" in h for h in r.hints)
+
+
+def test_poison_is_nan_and_not_a_real_output():
+    for dt, p in POISON.items():
+        assert np.isnan(reference.bits_to_f32(np.array([p]), dt)).all()
+
+
+def test_accepts_torch_and_float_views(case):
+    import torch
+
+    t = torch.from_numpy(case.expected.view(np.int16).copy()).view(torch.bfloat16)
+    assert verify(t, case).ok
+    with pytest.raises(TypeError):
+        compare(np.zeros(case.n, np.float64), case.expected, "bf16")
