@@ -67,7 +67,7 @@ def main(argv=None) -> int:
         print("saved", path.relative_to(ROOT))
         out = os.environ.get("OUT")
         if out:
-            dst = Path(out) / path.relative_to(ROOT)
+            dst = Path(out) / path.parent.name / path.name  # the device tool returns files <= 2 folders down
             dst.parent.mkdir(parents=True, exist_ok=True)
             shutil.copy(path, dst)
             print("copied to", dst)
