@@ -428,7 +428,8 @@ def load_fixture() -> dict:
     """The hand-made example CSV of the tests: the format, NOT a measurement."""
     kernels = parse_csv(FIXTURE.read_text())
     return {"gpu": "fixture (not a measurement)", "meta": {"note": "hand-made example of ncu's CSV format"},
-            "versions": {f"example {i}": {"kernels": [k], "summary": summarize(k)} for i, k in enumerate(kernels)}}
+            "versions": {f"EXAMPLE {chr(65 + i)} (invented numbers)": {"kernels": [k], "summary": summarize(k)}
+                         for i, k in enumerate(kernels)}}
 
 
 # ---------------------------------------------------------------- source-level stalls
@@ -542,6 +543,22 @@ def notebook_versions(path) -> list[str]:
     for src in kernel_cells(path):
         exec(compile(src, f"<{Path(path).name}>", "exec"), mod.__dict__)
     return list(getattr(mod, "VERSIONS", {}))
+
+
+def step_versions(first: int = 1, last: int = 6) -> list[tuple]:
+    """[(notebook stem, version name)] defined by the step notebooks, in order; a notebook whose
+    kernel cells fail to load is skipped with a message."""
+    from . import versions as _versions
+
+    found = []
+    for path in sorted(_versions.NOTEBOOKS.glob("[0-9][0-9]_*.ipynb")):
+        if not first <= int(path.name[:2]) <= last:
+            continue
+        try:
+            found += [(path.stem, n) for n in notebook_versions(path)]
+        except Exception as exc:
+            print(f"  ! {path.name}: its kernel cells failed to load ({type(exc).__name__}: {exc}); skipped")
+    return found
 
 
 def load_versions_with_source(notebook: str, srcdir: Path) -> dict:

@@ -48,20 +48,9 @@ def _ncu_version(ncu: str) -> str | None:
 
 def collect_versions(only=None, demo=False) -> list:
     """[(notebook stem, version name)] of notebooks 01-06, in order."""
-    from nf4lab import versions
-    from nf4lab.profiling import notebook_versions
+    from nf4lab.profiling import step_versions
 
-    found = []
-    if not demo:
-        for path in sorted(versions.NOTEBOOKS.glob("[0-9][0-9]_*.ipynb")):
-            if not 1 <= int(path.name[:2]) <= 6:
-                continue
-            try:
-                names = notebook_versions(path)
-            except Exception as exc:
-                print(f"  ! {path.name}: its kernel cells failed to load ({type(exc).__name__}: {exc}); skipped")
-                continue
-            found += [(path.stem, n) for n in names]
+    found = [] if demo else step_versions()
     if only:
         missing = [o for o in only if o not in {n for _, n in found}]
         if missing:

@@ -1,0 +1,359 @@
+# 08 -- Profiling the versions with Nsight Compute.
+#
+# Percent-format source of notebooks/08_profiling.ipynb (build: python tools/build_notebooks.py 08_profiling).
+
+# %% [markdown]
+# # 08 · Profiling: what Nsight Compute says about each version
+#
+# **Goal.** Notebooks 01-06 explained every step with a prediction and a timing. Here we look
+# inside the kernels with NVIDIA Nsight Compute (`ncu`): how much of the DRAM bandwidth each
+# version uses, how many 32-byte *sectors* each warp-wide memory instruction touches, how many
+# warps were resident, and what the warps were waiting for, down to the Python source line.
+# Every number is read from a profile; none is typed in.
+#
+# Most machines cannot profile: `ncu` is often not installed, and cloud GPUs usually refuse
+# access to the performance counters (`ERR_NVGPUCTRPERM`). So the profiles of every version,
+# measured on an H100 by `tools/profile_all.py`, are committed under `data/ncu/<gpu>/`, and
+# this notebook reads them whenever it cannot profile itself.
+#
+# **Contents**
+# 1. [Where the numbers come from](#source)
+# 2. [All versions side by side](#table)
+# 3. [DRAM throughput: how close to the wall](#dram)
+# 4. [Sectors per request: coalescing, measured](#sectors)
+# 5. [Occupancy: enough warps to keep bytes in flight?](#occupancy)
+# 6. [Stall reasons: what the warps wait for](#stalls)
+# 7. [Down to the source line](#lines)
+# 8. [Profiling your own kernel](#own)
+# 9. [What we learned](#learned)
+
+# %%
+import nf4lab  # first: decides GPU or simulator before numba.cuda is imported
+
+import tempfile
+
+from nf4lab import bytemodel, profiling
+
+print(nf4lab.describe())
+
+# %% [markdown]
+# <a id="source"></a>
+# ## 1. Where the numbers come from
+#
+# `nf4lab.profiling.profile_version(notebook, version, outdir)` runs a small driver program
+# under `ncu`: it builds the 16384x16384 case, launches the version a few times (the first
+# launch compiles; the others warm up), and then launches it **once** between
+# `cuda.profile_start()` and `cuda.profile_stop()`. `ncu --profile-from-start off` profiles
+# exactly that launch. The command line it builds:
+
+# %%
+cmd = profiling.ncu_command(["python", "-m", "nf4lab.profiling", "drive", "--notebook", "NN_topic",
+                             "--version", "NAME"], export="NAME.ncu-rep")
+parts, cur = [], [cmd[0]]
+for tok in cmd[1:]:
+    if tok.startswith("--") or tok == "python":  # one option (or the target program) per line
+        parts.append(" ".join(cur))
+        cur = []
+    cur.append(tok)
+print(" \\\n    ".join(parts + [" ".join(cur)]).replace(",", ",\\\n      "))
+
+# %% [markdown]
+# The sections collected are the smallest set that gives our table: `SpeedOfLight` (DRAM and SM
+# throughput as % of peak), `MemoryWorkloadAnalysis`, `Occupancy`, `LaunchStats`,
+# `WarpStateStats` (stall reasons) and `SourceCounters` (stall samples per instruction). ncu
+# replays the kernel once per group of counters it cannot read together, restoring memory
+# in between, so the profiled launch takes far longer than the kernel itself. The kernels are
+# compiled with `lineinfo=True` (set by the driver), which maps every SASS instruction to the
+# Python line it came from; `--clock-control none` leaves the clocks where the benchmarks ran.
+#
+# Pick a version to profile live (when this machine can), then load what is recorded.
+
+# %%
+VERSION = None  # a version name from the table below; None: the last one of notebooks 01-06
+
+live = None
+if nf4lab.ON_GPU:
+    todo = profiling.step_versions()
+    chosen = [(nb, n) for nb, n in todo if n == VERSION] or todo[-1:]
+    if not chosen:
+        print("no step notebook defines a kernel version yet")
+    elif profiling.find_ncu() is None:
+        print("ncu is not installed here: reading the recorded profiles instead")
+    else:
+        nb, name = chosen[0]
+        print(f"profiling {name!r} from {nb} with ncu (about 10-20 s) ...")
+        try:
+            res = profiling.profile_version(nb, name, tempfile.mkdtemp(prefix="nf4lab_ncu_"))
+            live = {"name": name, "notebook": nb, **res,
+                    "summary": profiling.summarize(profiling.main_kernel(res["kernels"]))}
+            print(f"profiled on this GPU: {', '.join(res['files'])} written under {res['files']['raw'].rsplit('/', 1)[0]}")
+        except profiling.NcuUnavailable as exc:
+            print(f"ncu could not profile here ({exc.reason}): {exc}\n-> reading the recorded profiles instead")
+else:
+    print("No GPU here (simulator): nothing can be profiled; reading the recorded profiles.")
+
+rec = profiling.load_recorded()
+if rec is not None and rec["versions"]:
+    m = rec["meta"]
+    print(f"recorded profiles: {rec['dir']} -- {m.get('gpu')}, {m.get('date')}, ncu {m.get('ncu')}, "
+          f"numba-cuda {m.get('numba_cuda')}, case {m.get('shape')} {m.get('dtype')}")
+    MEASURED = True
+else:
+    print("No profile recorded yet (data/ncu/ is empty): the tables below show the hand-made example in "
+          "tests/fixtures/ -- it shows ncu's format, its numbers are invented, NOT a measurement.")
+    rec = profiling.load_fixture()
+    MEASURED = False
+
+summaries = {name: v["summary"] for name, v in rec["versions"].items()}
+if live is not None:
+    summaries[f"{live['name']} (live, this GPU)"] = live["summary"]
+
+# %% [markdown]
+# <a id="table"></a>
+# ## 2. All versions side by side
+#
+# One row per version (its longest kernel when a launch runs several). Columns: kernel time
+# under the profiler; **DRAM %**, DRAM throughput as % of its peak; **mem %**, the busiest of
+# the memory units (L1, L2, DRAM); **SM %**, the busiest compute pipe; achieved and theoretical
+# **occupancy**; registers per thread; **sectors per request** for global loads and stores; and
+# the three largest **stall reasons** in cycles per issued instruction.
+
+# %%
+print(("" if MEASURED else "EXAMPLE (NOT A MEASUREMENT)\n") + profiling.table(summaries))
+
+# %% [markdown]
+# The same numbers as a list of dicts, one per version, for your own plots (`pandas.DataFrame(rows)`
+# if you have pandas):
+
+# %%
+rows = profiling.rows(summaries)
+print({k: rows[0][k] for k in ("version", "dram_pct", "achieved_occupancy", "ld_sectors_per_request",
+                               "st_sectors_per_request", "top_stalls")} if rows else "no rows")
+
+# %% [markdown]
+# <a id="dram"></a>
+# ## 3. DRAM throughput: how close to the wall
+#
+# `dram__throughput.avg.pct_of_peak_sustained_elapsed` is the DRAM traffic over the kernel's
+# duration as a share of what the memory can sustain. A memory-bound kernel is finished when
+# this is close to 100 %: there is nothing left to win but bytes. The copy ceiling of notebook
+# 00 sits below the peak too (reads and writes share the bus, and DRAM refresh and page
+# switches take their part), which is why the best kernels stop at about the copy's share.
+#
+# ncu also counts the bytes DRAM really moved. Compare them with the byte model, the fewest
+# bytes any kernel must move: a ratio near 1.0 means every byte was read or written once.
+# More means re-reads (an evicted L2 line read again) or partial writes.
+
+# %%
+n = 16384 * 16384
+model = bytemodel.bytes_moved(n, "bf16", 64)
+print(f"byte model for 16384x16384 bf16: {model / 1e6:.0f} MB\n")
+print(f"{'version':<40} {'DRAM %':>7} {'DRAM MB':>9} {'/ model':>8} {'GB/s':>7}")
+for name, s in summaries.items():
+    if not s or s["dram_read_bytes"] is None:
+        continue
+    moved = s["dram_read_bytes"] + s["dram_write_bytes"]
+    gbps = moved / (s["duration_us"] * 1e-6) / 1e9
+    print(f"{name[:40]:<40} {s['dram_pct']:>7.0f} {moved / 1e6:>9.0f} {moved / model:>8.2f} {gbps:>7.0f}")
+
+# %% [markdown]
+# Look at the per-byte version first: a low DRAM %, although the bytes moved match the model.
+# The kernel does not move *more* than it must; it cannot keep enough bytes *in flight* to
+# cover the DRAM latency. Each later step raised the bytes per memory instruction.
+#
+# The ncu time is a little longer than the benchmark's: ncu flushes the caches before each
+# replay (`--cache-control all`), and it measures one launch instead of a median of many.
+
+# %% [markdown]
+# <a id="sectors"></a>
+# ## 4. Sectors per request: coalescing, measured
+#
+# One warp-wide load or store instruction is one *request* to the L1/TEX unit; memory is
+# served in 32-byte *sectors*. `l1tex__t_sectors_pipe_lsu_mem_global_op_ld.sum` divided by
+# `l1tex__t_requests_pipe_lsu_mem_global_op_ld.sum` tells how many sectors a warp's
+# instruction touches. For 32 lanes reading consecutive elements of `w` bytes, that is
+# `32 * w / 32 = w`: 1 for bytes, 4 for 32-bit words, 16 for 128-bit vectors. Anything above
+# `w` means the lanes' addresses are spread out (strided) and sectors are fetched half used.
+
+# %%
+def expected_sectors(width_bytes, stride_bytes=None, lanes=32):
+    """Distinct 32-byte sectors one warp instruction touches: each lane accesses width_bytes,
+    lane k at byte k * stride (aligned start)."""
+    stride = stride_bytes or width_bytes
+    return len({(lane * stride + b) // 32 for lane in range(lanes) for b in range(width_bytes)})
+
+
+for what, w, stride in [("uint8 load, consecutive (packed codes, per byte)", 1, None),
+                        ("uint16 store at stride 2 elements (out[2i], out[2i+1])", 2, 4),
+                        ("uint32 load or store, consecutive", 4, None),
+                        ("128-bit load or store, consecutive", 16, None),
+                        ("128-bit stores, each lane 64 contiguous bytes (4 vectors)", 16, 64)]:
+    print(f"{what:<62} {expected_sectors(w, stride):>3} sectors per request")
+print()
+for name, s in summaries.items():
+    if s:
+        f = lambda x: "-" if x is None else f"{x:.1f}"
+        print(f"{name[:48]:<48} loads {f(s['ld_sectors_per_request']):>5}   stores {f(s['st_sectors_per_request']):>5}")
+
+# %% [markdown]
+# Reading the measured column against the kernels' code:
+#
+# - **Per byte (01).** The packed code is a `uint8` load: consecutive lanes, 1 sector. Each
+#   thread stores `out[2i]` and `out[2i+1]` as two 16-bit stores: a warp's first store
+#   covers every other element of 128 bytes, so it touches 4 sectors while writing only 64
+#   bytes; the second store touches the same 4 again. The average over all loads is a little
+#   above 1 because the scale loads (`absmax_q`, `code2`, `absmax2`) are the same address for
+#   all lanes of a block: 1 sector each.
+# - **Packed 32-bit stores (03).** One `uint32` per lane holding two bf16: 4 sectors for 128
+#   bytes, every byte used.
+# - **16-byte accesses (04-06).** 16 sectors per request is the ideal for 128-bit accesses:
+#   a warp moves 512 bytes with one instruction. When each lane instead writes its own 64
+#   contiguous bytes (four vectors in a row), one store instruction spans 32 x 64 bytes and
+#   touches 32 sectors, each only half written by it; the next three instructions come back to
+#   the same sectors. The bytes all get written, but the warp's stores no longer arrive as
+#   whole contiguous lines (the "scattered stores" version of notebook 04).
+
+# %% [markdown]
+# <a id="occupancy"></a>
+# ## 5. Occupancy: enough warps to keep bytes in flight?
+#
+# Achieved occupancy (`sm__warps_active.avg.pct_of_peak_sustained_active`) is the average
+# number of resident warps per SM as a share of the maximum (64 on an H100); theoretical
+# occupancy is what registers, shared memory and block size allow. A memory-bound kernel
+# needs occupancy only as a means: by Little's law, the bytes in flight must equal bandwidth
+# times latency. The estimate below uses the recorded GPU's datasheet bandwidth and an assumed
+# DRAM latency (an estimate, not a measurement).
+
+# %%
+from nf4lab import runtime
+
+gpu = rec["meta"].get("gpu") or ""
+peak = runtime.spec_peak_gbps(gpu) if gpu else None
+sms = rec["meta"].get("sms")
+LATENCY_NS = 700  # assumed round-trip DRAM latency under load, order of magnitude only
+if peak and sms:
+    inflight = peak * LATENCY_NS  # GB/s * ns = bytes
+    print(f"{gpu}: {peak:.0f} GB/s (datasheet) x {LATENCY_NS} ns (assumed) = {inflight / 1e6:.1f} MB in flight, "
+          f"{inflight / sms / 1024:.0f} KiB per SM")
+    print(f"  with 64 resident warps per SM that is {inflight / sms / 64:.0f} bytes per warp in flight,")
+    print(f"  i.e. {inflight / sms / 64 / 32:.1f} bytes per thread: 1-byte loads cannot get there, 16-byte ones can.")
+else:
+    print("no GPU recorded: the estimate needs the profiled GPU's bandwidth and SM count")
+for name, s in summaries.items():
+    if s:
+        print(f"{name[:48]:<48} achieved {s['achieved_occupancy'] or 0:>5.1f}%  theoretical "
+              f"{s['theoretical_occupancy'] or 0:>5.1f}%  registers {s['registers'] or 0:>4.0f}")
+
+# %% [markdown]
+# High occupancy does not make the per-byte kernel fast: its warps are resident, but each
+# holds only a few bytes of loads in flight. The vector kernels reach the wall with the same or
+# lower occupancy because each memory instruction carries 16 times more bytes. Achieved below
+# theoretical means warps were missing some of the time: the tail of the grid (the last wave
+# does not fill the GPU) and blocks starting and ending.
+
+# %% [markdown]
+# <a id="stalls"></a>
+# ## 6. Stall reasons: what the warps wait for
+#
+# Each cycle a warp scheduler picks one ready warp; the others are *stalled*, and ncu records
+# why (`smsp__average_warps_issue_stalled_<reason>_per_issue_active.ratio`: cycles spent in
+# each state per issued instruction). The ones that matter here:
+#
+# | reason | the warp waits for | in these kernels |
+# | --- | --- | --- |
+# | `long_scoreboard` | a result from global (or local) memory | the packed codes, then the dependent `code2[absmax_q[b]]`: a load whose address needs another load |
+# | `lg_throttle` | room in the queue of global memory instructions | too many narrow loads/stores per byte moved: the per-byte kernel's many 8- and 16-bit accesses |
+# | `drain` | its stores to leave, at exit | store-heavy kernels: 4 bytes out for every byte in |
+# | `mio_throttle`, `short_scoreboard` | shared memory | the shared LUT (05) |
+# | `wait` | a fixed-latency dependency | plain arithmetic |
+# | `not_selected` | nothing: it was ready but another warp issued | a healthy sign: more ready warps than the scheduler needs |
+
+# %%
+for name, s in summaries.items():
+    if s and s["stalls"]:
+        top = ", ".join(f"{r} {v:.1f}" for r, v in s["stalls"][:4])
+        print(f"{name[:48]:<48} {top}   ({s['stall_unit']})")
+
+# %% [markdown]
+# A memory-bound kernel at the wall still shows `long_scoreboard` first: its warps wait on DRAM,
+# as they must. What changes from version to version is how many bytes each wait brings in.
+
+# %% [markdown]
+# <a id="lines"></a>
+# ## 7. Down to the source line
+#
+# `tools/profile_all.py` also exports ncu's *source page* (`--page source --print-source
+# cuda,sass`): the stall samples of every SASS instruction, grouped under the Python line it
+# came from (line info). Here are the lines where the chosen version's warps spent their
+# samples, and the instruction of each line that collected most of them.
+
+# %%
+def show_lines(entry, top=6):
+    path = None
+    if entry.get("files", {}).get("source"):
+        path = entry["files"]["source"]
+    elif entry.get("source") and rec.get("dir"):
+        path = f"{profiling.ROOT}/{rec['dir']}/{entry['source']}"
+    if not path:
+        print("no source page recorded for this version")
+        return
+    for t in profiling.parse_source_csv(open(path).read(), top=top):
+        print(f"{t['pct']:5.1f}%  line {t['line']:>4}: {t['source'][:72]}")
+        print(f"{'':14}hottest instruction: {t['sass']}")
+
+
+if live is not None:
+    print(f"{live['name']} (live)")
+    show_lines(live)
+elif MEASURED:
+    name = VERSION if VERSION in rec["versions"] else list(rec["versions"])[-1]
+    print(name)
+    show_lines(rec["versions"][name])
+else:
+    print("No profile recorded yet: no source lines to show.")
+
+# %% [markdown]
+# Two patterns to look for. A line like `scale = fadd_rn(fmul_rn(code2[absmax_q[blk]], ...))`
+# collecting most samples on the instruction right after its loads is the dependent load
+# chain: `code2[...]` cannot start before `absmax_q[blk]` has arrived. And `I2F.F64` /
+# `DSETP` instructions in a bounds check are the signed/unsigned comparison of notebook 01
+# (numba compares int64 with uint64 in float64).
+
+# %% [markdown]
+# <a id="own"></a>
+# ## 8. Profiling your own kernel
+#
+# On a machine where `ncu` may read the counters (your own workstation, or a server where an
+# administrator allowed it), profile any version of the step notebooks:
+#
+# ```python
+# res = profiling.profile_version("04_vector_loads", "<version name>", "my_profiles")
+# print(profiling.table({"mine": profiling.summarize(profiling.main_kernel(res["kernels"]))}))
+# ```
+#
+# or from a terminal, for your own script, with the same sections:
+#
+# ```
+# ncu --section SpeedOfLight --section MemoryWorkloadAnalysis --section Occupancy \
+#     --section WarpStateStats --section SourceCounters --csv --page raw \
+#     --kernel-name regex:my_kernel --launch-skip 2 --launch-count 1 python my_script.py > my.csv
+# python -m nf4lab.profiling table my.csv
+# ```
+#
+# (`--launch-skip 2` skips the compiling and a warm-up launch.) `ERR_NVGPUCTRPERM` means the
+# driver only lets administrators read the counters; `ncu` cannot help there, and the recorded
+# profiles are what this notebook shows instead.
+
+# %% [markdown]
+# <a id="learned"></a>
+# ## 9. What we learned
+#
+# - DRAM throughput % is the verdict for a memory-bound kernel; the DRAM bytes ncu counts
+#   check the byte model (each byte moved once).
+# - Sectors per request measures coalescing: the access width in bytes for consecutive lanes,
+#   more when lanes stride.
+# - Occupancy is a means: what a memory-bound kernel needs is bytes in flight, and wider
+#   accesses supply them with fewer warps.
+# - `long_scoreboard` dominates every version: the warps wait on memory. Narrow accesses add
+#   `lg_throttle`; the stores add `drain`.
+# - With `lineinfo=True`, stalls land on Python lines, which is where a fix is written.
