@@ -1,0 +1,377 @@
+# 05 -- Where the 16-entry LUT lives: constant memory, shared memory, or registers.
+#
+# Percent-format source of notebooks/05_shared_lut.ipynb
+# (build: python tools/build_notebooks.py 05_shared_lut).
+
+# %% [markdown]
+# # 05 · Where the LUT lives: constant, shared, or registers
+#
+# **Goal.** Every weight is `LUT[q] * scale` with `q` a 4-bit code. In step 04 the 16-entry
+# table is a global array read through the L1 cache, 8 times per packed word. Here we take the
+# coalesced kernel of 04 and change *only* where the table lives, three ways, and measure them
+# side by side: **constant memory** (`cuda.const.array_like`), **shared memory** (filled by the
+# first 16 threads of the block), and **registers** (a tree of `selp` instructions, no memory at
+# all). The PTX shows each placement, the benchmark decides.
+#
+# **Contents**
+# 1. [Prediction: how each placement serves a warp](#prediction)
+# 2. [The kernel, with the table as a parameter](#kernel)
+# 3. [PTX evidence](#ptx)
+# 4. [Verification](#verify)
+# 5. [Benchmark](#bench)
+# 6. [What we learned](#learned)
+# 7. [Exercise](#exercises)
+
+# %%
+import nf4lab  # first: decides GPU or simulator before numba.cuda is imported
+
+import numpy as np
+from numba import cuda
+
+from nf4lab import bench, plots, ptx
+
+print(nf4lab.describe())
+case = nf4lab.make_case()
+print(case)
+
+# packed, packed_u32, lut, absmax_q, absmax2, code2, offset, out, out_u32, n, log2(blocksize)
+SIG = ("(uint8[::1], uint32[::1], float32[::1], uint8[::1], float32[::1], float32[::1], float32, "
+       "uint16[::1], uint32[::1], uint64, uint64)")
+
+# %% [markdown]
+# <a id="prediction"></a>
+# ## 1. Prediction: how each placement serves a warp
+#
+# A warp looks up 32 codes at once, and with random weights the 32 codes are spread over the 16
+# entries.
+#
+# | placement | one warp lookup with k distinct codes | cost |
+# | --- | --- | --- |
+# | constant memory | the constant cache serves **one address per cycle** and broadcasts it | k serialized replays (up to 16) |
+# | shared memory | 16 entries in 16 different banks; equal addresses broadcast | one pass: no bank conflict |
+# | registers (`selp` tree) | no memory access; 15 selects per lookup | ALU work, the same for any k |
+# | global (step 04) | L1 hit, like any load | a load through the L1 path |
+#
+# Constant memory is built for the opposite access pattern (all lanes reading the same value).
+# Shared memory is the prediction; whether the select tree's extra instructions are hidden
+# behind memory time in a memory-bound kernel is what the measurement answers.
+
+# %%
+codes = case.packed[: 32 * 256].reshape(-1, 32) >> 4      # high nibbles seen by 256 warps, real data
+distinct = np.array([len(np.unique(w)) for w in codes])
+print(f"distinct codes per warp lookup on this case: mean {distinct.mean():.1f}, "
+      f"min {distinct.min()}, max {distinct.max()} (of 16)")
+
+# %% [markdown]
+# Most of the 16 entries are asked for in every warp lookup (printed above), so constant memory
+# replays nearly every lookup many times: 8 lookups per packed word, for every word.
+
+# %% [markdown]
+# <a id="kernel"></a>
+# ## 2. The kernel, with the table as a parameter
+#
+# The kernel is step 04's version B (16-byte load, shared-memory exchange, warp-contiguous 16-byte
+# stores). `make_kernel(make_table, lookup)` builds it with two plug-ins:
+#
+# * `make_table(lut)` runs once per thread at the start and returns the table: the constant
+#   array, the shared array (after the first 16 threads filled it and the block synchronised),
+#   or nothing for the register version;
+# * `lookup(table, q)` returns entry `q`.
+#
+# numba compiles each kernel with its plug-ins inlined (they are module-level functions the
+# factory closes over), so the three kernels differ in exactly those lines.
+#
+# A numba lesson on the way: device functions with `inline="always"` are inlined at the level of
+# numba's IR, and each call site is typed again. The select tree is 15 `selp` calls; inlined at 8
+# call sites per word it made compilation slow (more than 20 s). So the word converter loops
+# over its 4 bytes: 2 call sites, unrolled later by LLVM (the local array `pairs` becomes
+# registers: the PTX has no `ld.local`).
+
+# %% tags=["kernel"]
+import nf4lab  # noqa: F811  (this cell runs on its own in nf4lab.versions)
+import numpy as np
+from numba import cuda, float32, uint32, uint64
+
+from nf4lab import ops
+from nf4lab.reference import NF4_LUT
+
+NIB = uint32(15)
+U1 = uint64(1)
+NF4 = tuple(float32(v) for v in NF4_LUT)   # 16 float32 constants, for the register version
+THREADS = 128
+WARPS = THREADS // 32
+ROW = 128 + 128 // 32                      # 128 words per warp + one padding word per 32
+
+
+# ---- the three placements: make_table(lut) -> table, lookup(table, q) -> float32
+@cuda.jit(device=True, inline="always")
+def const_table(lut):
+    return cuda.const.array_like(NF4_LUT)      # constant memory, filled when the module loads
+
+
+@cuda.jit(device=True, inline="always")
+def shared_table(lut):
+    table = cuda.shared.array(16, float32)
+    if cuda.threadIdx.x < 16:                  # the first 16 threads copy the table ...
+        table[cuda.threadIdx.x] = lut[cuda.threadIdx.x]
+    cuda.syncthreads()                         # ... and everyone waits until it is there
+    return table
+
+
+@cuda.jit(device=True, inline="always")
+def no_table(lut):
+    return lut                                 # unused: the values are instruction constants
+
+
+@cuda.jit(device=True, inline="always")
+def index_lookup(table, q):
+    return table[q]
+
+
+@cuda.jit(device=True, inline="always")
+def select_lookup(table, q):
+    """NF4[q] by a binary tree of selects on the bits of q: 8 + 4 + 2 + 1 selp, no memory."""
+    b = (q & U1) != 0
+    e0 = cuda.selp(b, NF4[1], NF4[0])
+    e1 = cuda.selp(b, NF4[3], NF4[2])
+    e2 = cuda.selp(b, NF4[5], NF4[4])
+    e3 = cuda.selp(b, NF4[7], NF4[6])
+    e4 = cuda.selp(b, NF4[9], NF4[8])
+    e5 = cuda.selp(b, NF4[11], NF4[10])
+    e6 = cuda.selp(b, NF4[13], NF4[12])
+    e7 = cuda.selp(b, NF4[15], NF4[14])
+    b = (q & uint32(2)) != 0
+    f0 = cuda.selp(b, e1, e0)
+    f1 = cuda.selp(b, e3, e2)
+    f2 = cuda.selp(b, e5, e4)
+    f3 = cuda.selp(b, e7, e6)
+    b = (q & uint32(4)) != 0
+    g0 = cuda.selp(b, f1, f0)
+    g1 = cuda.selp(b, f3, f2)
+    return cuda.selp((q & uint32(8)) != 0, g1, g0)
+
+
+# ---- the step-04 kernel (version B), with the table plugged in
+@cuda.jit(device=True, inline="always")
+def block_scale(absmax_q, absmax2, code2, offset, blk):
+    return ops.fadd_rn(ops.fmul_rn(code2[absmax_q[blk]], absmax2[blk >> 8]), offset)
+
+
+@cuda.jit(device=True, inline="always")
+def padded(k):
+    return k + (k >> 5)
+
+
+def make_kernel(make_table, lookup):
+    @cuda.jit(device=True, inline="always")
+    def bf16_word(w, table, s):
+        """One packed word (8 weights) -> 4 uint32 of bf16 pairs, high nibble first."""
+        pairs = cuda.local.array(4, uint32)
+        for p in range(4):
+            byte = w >> uint32(8 * p)
+            pairs[p] = ops.pack_bf16x2(lookup(table, (byte >> 4) & NIB) * s, lookup(table, byte & NIB) * s)
+        return pairs[0], pairs[1], pairs[2], pairs[3]
+
+    @cuda.jit
+    def kernel(packed, packed_u32, lut, absmax_q, absmax2, code2, offset, out, out_u32, n, log2_bs):
+        table = make_table(lut)
+        stage = cuda.shared.array((WARPS, ROW), uint32)
+        lane = uint64(cuda.threadIdx.x % 32)
+        warp = uint64(cuda.threadIdx.x // 32)
+        c = uint64(cuda.grid(1))
+        w0 = w1 = w2 = w3 = uint32(0)
+        if (c << 5) < n:
+            w0, w1, w2, w3 = ops.load_u32x4(packed_u32, c << 2)
+        k = lane << 2
+        stage[warp, padded(k)] = w0
+        stage[warp, padded(k + U1)] = w1
+        stage[warp, padded(k + uint64(2))] = w2
+        stage[warp, padded(k + uint64(3))] = w3
+        cuda.syncthreads()
+        warp_word0 = (c - lane) << 2
+        for j in range(4):
+            k = lane + (uint64(j) << 5)
+            word = warp_word0 + k
+            first = word << 3
+            if first < n:
+                s = block_scale(absmax_q, absmax2, code2, offset, first >> log2_bs)
+                if first + uint64(8) <= n:
+                    a0, a1, a2, a3 = bf16_word(stage[warp, padded(k)], table, s)
+                    ops.store_u32x4(out_u32, word << 2, a0, a1, a2, a3)
+                else:                                   # the tail: weights first .. n-1
+                    i = first
+                    while i < n:
+                        byte = uint32(packed[i >> 1])
+                        q = (byte >> 4) if (i & U1) == 0 else (byte & NIB)
+                        out[i] = ops.to_bf16_bits(lookup(table, q) * s)
+                        i += U1
+
+    return kernel
+
+
+dequant_const = make_kernel(const_table, index_lookup)
+dequant_shared = make_kernel(shared_table, index_lookup)
+dequant_select = make_kernel(no_table, select_lookup)
+
+
+def launcher(kernel, nf4_only):
+    def launch(b):
+        if b.dtype != "bf16":
+            raise ValueError(f"this kernel writes bf16, the case wants {b.dtype}")
+        if nf4_only and b.case.quant_type != "nf4":
+            raise ValueError(f"this kernel has the NF4 table built in, the case is {b.case.quant_type}")
+        chunks = (b.n + 31) // 32
+        kernel[(chunks + THREADS - 1) // THREADS, THREADS, b.stream](
+            b.packed, b.packed_u32, b.lut, b.absmax_q, b.absmax2, b.code2, b.offset, b.out, b.out_u32,
+            np.uint64(b.n), np.uint64(b.blocksize.bit_length() - 1))
+    return launch
+
+
+VERSIONS = {
+    "05 LUT in constant memory": launcher(dequant_const, nf4_only=True),
+    "05 LUT in shared memory": launcher(dequant_shared, nf4_only=False),
+    "05 LUT in registers (selp tree)": launcher(dequant_select, nf4_only=True),
+}
+
+# %% [markdown]
+# <a id="ptx"></a>
+# ## 3. PTX evidence
+#
+# Constant: the lookups are `ld.const.f32`. Shared: `ld.shared.f32` (and the one `ld.shared.u32`
+# of the exchange, plus the fill and `bar.sync`). Registers: neither; the lookups became `selp.f32`
+# with the NF4 values as immediate operands (`0fBF800000` is -1.0). All three keep the 16-byte
+# load and store, and no `fma`.
+
+# %%
+KERNELS = {"constant": dequant_const, "shared": dequant_shared, "registers": dequant_select}
+ptxs = {}
+for where, kernel in KERNELS.items():
+    ptxs[where] = p = nf4lab.compile_ptx(kernel, SIG)
+    print(f"--- LUT in {where}")
+    ptx.show(p, [r"^ld\.(const|shared)\.f32", r"^selp\.f32"], limit=3)
+    print()
+
+common_present = [r"^ld\.global\.v4\.u32", r"^st\.global\.v4\.u32", r"^cvt\.rn\.bf16x2\.f32"]
+common_absent = [r"^fma", r"\.f64\b", r"^ld\.local"]
+ptx.check(ptxs["constant"], present=common_present + [r"^ld\.const\.f32"],
+          absent=common_absent + [r"^ld\.shared\.f32", r"^selp\.f32"])
+ptx.check(ptxs["shared"], present=common_present + [r"^ld\.shared\.f32", r"^bar\.sync"],
+          absent=common_absent + [r"^ld\.const", r"^selp\.f32"])
+ptx.check(ptxs["registers"], present=common_present + [r"^selp\.f32"],
+          absent=common_absent + [r"^ld\.const", r"^ld\.shared\.f32"])
+print("table lookups per kernel:",
+      {w: ptx.count(p, r"^ld\.(const|shared)\.f32") + ptx.count(p, r"^selp\.f32") for w, p in ptxs.items()})
+
+# %% [markdown]
+# <a id="verify"></a>
+# ## 4. Verification
+
+# %%
+for name, launch in VERSIONS.items():
+    print(nf4lab.run_and_verify(launch, case, name=name))
+shapes = nf4lab.edge_shapes() if nf4lab.ON_GPU else [(1, 1), (3, 5), (1, 65), (7, 33)]
+for shape in shapes:
+    c = nf4lab.make_case(shape)
+    for name, launch in VERSIONS.items():
+        nf4lab.run_and_verify(launch, c, name=f"{name} {shape}")
+print(f"edge shapes: bit-exact on {len(shapes)} shapes")
+for dist in ("heavy", "codes"):
+    c = nf4lab.make_case(case.shape if nf4lab.ON_GPU else (31, 67), dist=dist)
+    for name, launch in VERSIONS.items():
+        print(nf4lab.run_and_verify(launch, c, name=f"{name} [{dist}]"))
+
+# %% [markdown]
+# <a id="bench"></a>
+# ## 5. Benchmark
+#
+# The three placements in one run, with the ceilings and bitsandbytes; then every step so far.
+
+# %%
+run = bench.step("05_shared_lut", VERSIONS)
+if run is not None:
+    print(run.table())
+    ks = sorted(run.kernels(), key=lambda r: r["ms"])
+    if ks:
+        print("\nfastest to slowest: " + " < ".join(f"{r['name'][3:]} ({r['ms'] * 1e3:.0f} us)" for r in ks))
+
+# %%
+plots.progress("05_shared_lut")
+
+# %% [markdown]
+# <a id="learned"></a>
+# ## 6. What we learned
+#
+# Read the ranking off the plot above; the mechanisms behind it:
+#
+# * **Constant memory** is for uniform access: it serves one address per cycle and replays the
+#   instruction for every other address the warp asks for. A LUT indexed by data is the worst
+#   case for it.
+# * **Shared memory** serves 32 lanes in one pass when they hit different banks or the same
+#   address. 16 consecutive floats occupy 16 different banks, so a table lookup never conflicts.
+#   It costs a fill and one `syncthreads` per block.
+# * **Registers** avoid memory altogether but pay 15 `selp` per lookup, 120 per packed word:
+#   whether that is hidden depends on how much time the kernel spends waiting for DRAM anyway.
+# * In numba, constant memory is `cuda.const.array_like(a_global_numpy_array)`, shared memory
+#   `cuda.shared.array(shape, dtype)` plus an explicit barrier, and values in registers are
+#   Python constants (`float32(...)` globals) frozen into the code.
+#
+# Next, [06 · output dtypes and the memory wall](06_output_dtypes.ipynb): one kernel for bf16,
+# fp16 and fp32, and the last steps to the ceiling.
+
+# %% [markdown]
+# <a id="exercises"></a>
+# ## 7. Exercise: a second table
+#
+# bitsandbytes has a second 4-bit format, **fp4**, with its own 16 values
+# (`nf4lab.reference.FP4_LUT`). A case made with `quant_type="fp4"` carries that table in
+# `b.lut`. **Predict first:** which of the three kernels above serve fp4 unchanged, and which
+# would silently produce NF4 values? (Their launch functions refuse fp4 cases for that reason.)
+#
+# Then write `launch_fp4(b)` that is bit-exact on fp4 cases, keeping the table in constant memory
+# (the placement has to be decided when the kernel is compiled: one kernel per table).
+
+# %%
+### BEGIN SOLUTION
+from nf4lab.fastkernel import LUTS_CUDA
+from nf4lab.reference import FP4_LUT
+
+# bitsandbytes' CUDA kernel yields -0.0 for fp4 code 8, its CPU path +0.0 (see nf4lab.fastkernel):
+# match the bitsandbytes that made the cases (CUDA on a GPU, CPU in the simulator).
+FP4_TABLE = LUTS_CUDA["fp4"] if nf4lab.ON_GPU else FP4_LUT
+
+
+@cuda.jit(device=True, inline="always")
+def const_table_fp4(lut):
+    return cuda.const.array_like(FP4_TABLE)
+
+
+dequant_const_fp4 = make_kernel(const_table_fp4, index_lookup)
+
+
+def launch_fp4(b):
+    kernel = {"nf4": dequant_const, "fp4": dequant_const_fp4}[b.case.quant_type]
+    chunks = (b.n + 31) // 32
+    kernel[(chunks + THREADS - 1) // THREADS, THREADS, b.stream](
+        b.packed, b.packed_u32, b.lut, b.absmax_q, b.absmax2, b.code2, b.offset, b.out, b.out_u32,
+        np.uint64(b.n), np.uint64(b.blocksize.bit_length() - 1))
+### STUDENT
+# TODO: a constant-memory kernel with the fp4 table (nf4lab.reference.FP4_LUT).
+def launch_fp4(b):
+    chunks = (b.n + 31) // 32
+    dequant_const[(chunks + THREADS - 1) // THREADS, THREADS, b.stream](       # NF4 table built in
+        b.packed, b.packed_u32, b.lut, b.absmax_q, b.absmax2, b.code2, b.offset, b.out, b.out_u32,
+        np.uint64(b.n), np.uint64(b.blocksize.bit_length() - 1))
+### END SOLUTION
+
+
+result = nf4lab.check(launch_fp4, name="exercise: fp4 in constant memory", quant_type="fp4",
+                      shapes=((3, 5), (1, 65), (7, 33)))
+### BEGIN SOLUTION
+assert result
+### STUDENT
+### END SOLUTION
+
+# %% [markdown]
+# *What to notice:* the shared-memory kernel served fp4 without a change, because it copies
+# whatever table the caller passes; constant memory and instruction constants are baked in at
+# compile time. Flexibility is one more argument for shared memory, next to speed.
