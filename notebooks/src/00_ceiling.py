@@ -1,0 +1,221 @@
+# 00 -- The ceiling: how fast can NF4 dequantization possibly be?
+#
+# Percent-format source of notebooks/00_ceiling.ipynb (build: python tools/build_notebooks.py 00_ceiling).
+
+# %% [markdown]
+# # 00 · The ceiling: how fast can NF4 dequantization be?
+#
+# **Goal.** Before writing a single kernel we want two numbers: how many bytes NF4
+# dequantization *must* move, and how fast this GPU can move bytes at all. Their ratio is
+# the best time any kernel can reach. We also time bitsandbytes' own `dequantize_4bit` on the
+# same data, so that every later step can be compared with the ceiling *and* with the library
+# we want to beat, bit for bit.
+#
+# **Contents**
+# 1. [Memory-bound, in one paragraph](#memory-bound)
+# 2. [The NF4 formula, with a worked example](#formula)
+# 3. [The byte model: what 16384 x 16384 moves](#bytes)
+# 4. [Ceilings and the bitsandbytes baseline, measured](#measured)
+# 5. [What we learned](#learned)
+#
+# Every number in this notebook is either computed from the byte model or measured and
+# recorded under `data/results/` (with GPU, date and versions). On a machine without a GPU
+# the notebook shows the recorded measurements and says where they come from.
+
+# %%
+import nf4lab  # first: decides GPU or simulator before numba.cuda is imported
+
+import numpy as np
+
+from nf4lab import bench, bytemodel, plots, reference, results
+
+print(nf4lab.describe())
+
+# %% [markdown]
+# <a id="memory-bound"></a>
+# ## 1. Memory-bound, in one paragraph
+#
+# A kernel is *memory-bound* when the time to move its bytes through DRAM is larger than the
+# time to do its arithmetic. Dequantization reads half a byte per weight, looks it up in a
+# 16-entry table, multiplies by a scale and writes two bytes (bf16). That is about one
+# multiply per 2.5 bytes moved. An H100 does tens of TFLOP/s of float32 but moves only a few
+# TB/s: it needs tens of operations per byte before arithmetic matters. So the only question
+# for speed is *how close to the memory ceiling do we get*, and the unit of progress in
+# this series is GB/s of the byte model (below), against what a plain copy reaches.
+
+# %% [markdown]
+# <a id="formula"></a>
+# ## 2. The NF4 formula, with a worked example
+#
+# bitsandbytes stores a weight matrix of n values as
+#
+# * `packed`: n/2 bytes, two 4-bit codes per byte, **high nibble first**:
+#   weight `2j` is `packed[j] >> 4`, weight `2j+1` is `packed[j] & 15`;
+# * `absmax_q`: one uint8 per **block of 64 weights** (the block's scale, itself quantized);
+# * `absmax2`: one float32 per **group of 256 blocks** (16384 weights), and `code2`, a
+#   256-entry float32 table, plus one float32 `offset` (nested, "double" quantization);
+# * `LUT`: the 16 NF4 levels, normal-distribution quantiles in [-1, 1].
+#
+# Each weight is
+#
+# $$ w = \mathrm{LUT}[q] \times \big(\mathrm{code2}[\mathrm{absmax\_q}[\mathit{block}]] \times \mathrm{absmax2}[\mathit{group}] + \mathit{offset}\big) $$
+#
+# with `block = i // 64` and `group = block // 256`, computed in float32 with **every operation
+# rounded separately** (multiply, round, add, round, multiply, round) and then rounded to the
+# nearest even bf16. Being *bit-exact* with bitsandbytes means reproducing exactly this sequence
+# of roundings; notebook 01 shows how easily a compiler breaks it.
+#
+# Here is the formula by hand, in numpy, on the first byte of a real case made by bitsandbytes:
+
+# %%
+case = nf4lab.make_case()
+print(case)
+
+j = 0                                   # byte index
+byte = int(case.packed[j])
+q_hi, q_lo = byte >> 4, byte & 15       # weights 2j and 2j+1: high nibble first
+block = (2 * j) // case.blocksize       # 64 weights per block
+group = block // 256                    # 256 blocks per group
+f32 = np.float32
+scaled = f32(case.code2[case.absmax_q[block]] * case.absmax2[group])   # rounded once
+scale = f32(scaled + case.offset)                                     # rounded again
+w = [f32(reference.NF4_LUT[q] * scale) for q in (q_hi, q_lo)]          # and again
+bits = reference.f32_to_bf16_bits(np.array(w, dtype=np.float32))
+
+print(f"packed[{j}] = 0x{byte:02x} -> codes {q_hi} (high nibble), {q_lo} (low nibble)")
+print(f"block {block}: absmax_q = {case.absmax_q[block]}, code2[absmax_q] = {case.code2[case.absmax_q[block]]!r}")
+print(f"group {group}: absmax2 = {case.absmax2[group]!r}; offset = {case.offset!r}")
+print(f"scale = code2[.] * absmax2 + offset = {scale!r}")
+for k, (q, wk, bk) in enumerate(zip((q_hi, q_lo), w, bits)):
+    print(f"w[{2 * j + k}] = LUT[{q:2d}] * scale = {reference.NF4_LUT[q]!r} * {scale!r} = {wk!r}"
+          f" -> bf16 0x{bk:04x}; bitsandbytes wrote 0x{case.expected[2 * j + k]:04x}")
+assert list(bits) == list(case.expected[2 * j: 2 * j + 2]), "the worked example disagrees with bitsandbytes"
+
+# %% [markdown]
+# The same in one vectorised call, for the whole case: `nf4lab.reference` is the numpy spec
+# that every kernel in the series is checked against (and bitsandbytes' own output is stored
+# in the case, so the spec itself is checked here too):
+
+# %%
+ref_bits = reference.dequantize_case(case)
+print(f"numpy reference vs bitsandbytes: {np.count_nonzero(ref_bits != case.expected)} of {case.n:,} "
+      "outputs differ")
+assert np.array_equal(ref_bits, case.expected)
+
+# %% [markdown]
+# <a id="bytes"></a>
+# ## 3. The byte model: what 16384 x 16384 moves
+#
+# The fewest bytes any kernel must move: every input read once, every output written once
+# (`nf4lab.bytemodel`, the one place the series counts bytes). Per weight that is 0.5 byte of
+# packed codes, 1/64 byte of `absmax_q`, a negligible share of `absmax2` and `code2`, and
+# 2 bytes of bf16 output.
+
+# %%
+SHAPE = (16384, 16384)
+n = SHAPE[0] * SHAPE[1]
+parts = bytemodel.breakdown(n, "bf16", 64)
+total = bytemodel.bytes_moved(n, "bf16", 64)
+assert total == sum(parts.values())
+print(f"{'buffer':<10} {'bytes':>14} {'bytes/weight':>13} {'share':>7}")
+for name, nb in parts.items():
+    print(f"{name:<10} {nb:>14,} {nb / n:>13.5f} {100 * nb / total:>6.2f}%")
+print(f"{'total':<10} {total:>14,} {total / n:>13.5f} {100:>6.2f}%")
+print(f"\n{total / 1e6:.0f} MB per call; the output alone is {100 * parts['output'] / total:.0f}% of it: "
+      "this is a write-bound kernel.")
+
+# %% [markdown]
+# Two consequences:
+#
+# * **Writes dominate** (about 79% of the bytes). How we *store* bf16 values will matter more
+#   than how we read codes, which is the story of notebooks 01-06.
+# * **It does not fit in L2.** An H100 has 50 MB of L2; one call moves more than ten times
+#   that, so repeated timing runs really go to DRAM. Smaller shapes (say 4096 x 4096, about
+#   42 MB) are partly served from L2 on repeats and read *faster* than DRAM allows: results
+#   carry a `fits_l2` flag and plots mark such sizes.
+
+# %%
+l2 = nf4lab.device_info().get("l2_bytes")
+for shape in [(4096, 4096), SHAPE]:
+    nb = bytemodel.bytes_moved(shape[0] * shape[1])
+    where = f"L2 here is {l2 / 1e6:.0f} MB: {'fits' if nb <= l2 else 'does not fit'}" if l2 else \
+        "no GPU here: compare with the L2 size recorded below"
+    print(f"{shape[0]}x{shape[1]}: {nb / 1e6:7.1f} MB per call ({where})")
+
+# %% [markdown]
+# <a id="measured"></a>
+# ## 4. Ceilings and the bitsandbytes baseline, measured
+#
+# Two ceilings, timed exactly like our kernels will be (`nf4lab.bench`):
+#
+# * **device copy**: `dst.copy_(src)`, half of the bytes read and half written, the classic
+#   "achievable bandwidth";
+# * **write-only fill**: `full.fill_(3)`. Our kernel is 79% writes, so this one is the closer
+#   ceiling (writes alone can go a bit faster than a copy).
+#
+# And the **baseline**: bitsandbytes `dequantize_4bit` on the same data, with a
+# preallocated `out=` (GPU time), and end to end as a user calls it (host time, allocation
+# and launch overhead included).
+#
+# How we time (see the `nf4lab.bench` docstring): a numba launch costs about 24-70 us on the
+# host, which is a large fraction of a sub-millisecond kernel. So we capture 20 launches in a
+# CUDA graph and replay it; a replayed launch costs about 1 us, and what we measure is GPU
+# time. Host-side cost is measured separately (`host_ms`).
+
+# %%
+if nf4lab.ON_GPU:
+    big = nf4lab.make_case()                      # 16384 x 16384 bf16 on a GPU
+    nbytes = bytemodel.bytes_moved(big.n, big.dtype, big.blocksize)
+    run = bench.Run().add(bench.ceilings(nbytes, big.shape, big.dtype)).add(bench.bnb_baselines(big))
+    path = run.save("00_ceiling")
+    print(f"measured now, saved to {path}")
+else:
+    run = bench.Run.load("00_ceiling")
+    if run is None:
+        print("No GPU here and no recorded results for 00_ceiling under data/results/ yet: "
+              "run this notebook on a GPU to record them.")
+    else:
+        print(f"No GPU here: showing the results recorded in {run.path}")
+if run is not None:
+    print(run.table())
+
+# %%
+if run is not None:
+    plots.bars(run, title="The ceilings and bitsandbytes, 16384 x 16384 -> bf16")
+
+# %% [markdown]
+# What the measurements say, read from the run (nothing typed in by hand):
+
+# %%
+if run is not None:
+    copy, fill, bnb = run.get(bench.COPY), run.get(bench.FILL), run.get(bench.BNB_GPU)
+    e2e = run.get(bench.BNB_E2E)
+    shape, nb = bnb["shape"], bnb["bytes"]
+    print(f"NF4 {'x'.join(map(str, shape))} -> {bnb['dtype']} moves {nb / 1e6:.0f} MB per call")
+    print(f"at the copy ceiling ({copy['gbps']:.0f} GB/s) that takes {nb / copy['gbps'] / 1e6:.3f} ms; "
+          f"at the fill ceiling ({fill['gbps']:.0f} GB/s) {nb / fill['gbps'] / 1e6:.3f} ms")
+    print(f"bitsandbytes takes {bnb['ms']:.3f} ms of GPU time = {bnb['gbps']:.0f} GB/s "
+          f"= {bnb['pct_copy']:.0f}% of copy, {bnb['pct_fill']:.0f}% of fill; bit-exact with the case: "
+          f"{bnb['bit_exact']}")
+    if e2e:
+        print(f"end to end from Python (allocation + launch): {e2e['host_ms']:.3f} ms per call")
+    spec = run.get("spec peak (datasheet)")
+    if spec:
+        print(f"datasheet peak {spec['gbps']:.0f} GB/s: copy reaches {100 * copy['gbps'] / spec['gbps']:.0f}% of it")
+    print(f"({results.label(run.meta)})")
+
+# %% [markdown]
+# <a id="learned"></a>
+# ## 5. What we learned
+#
+# * NF4 dequantization is memory-bound by a wide margin: speed is bytes moved over time,
+#   and the byte model fixes the bytes (about 2.5 bytes per bf16 weight, four fifths of them writes).
+# * The ceilings are measured, not taken from a datasheet: a copy and a write-only fill of
+#   the same size, timed through CUDA graphs so that launch overhead does not count.
+# * bitsandbytes is the baseline to beat; the table above says how far it is from the ceiling.
+#   Everything we write must produce the *same bits* as it does.
+# * The formula has three separately rounded float32 operations; high nibble first; blocks of
+#   64 weights, groups of 256 blocks.
+#
+# Next, [01 · naive](01_naive.ipynb): one thread per byte, and the first two traps of numba
+# (FMA contraction and signed indices).

@@ -1,0 +1,330 @@
+# 02 -- Grid-stride loop: a grid sized to the GPU, not to the data.
+#
+# Percent-format source of notebooks/02_grid_stride.ipynb (build: python tools/build_notebooks.py 02_grid_stride).
+
+# %% [markdown]
+# # 02 · Grid-stride loop: a grid sized to the GPU
+#
+# **Goal.** The naive kernel launches one thread per packed byte: 134 million threads for a
+# 16384 x 16384 matrix, in half a million blocks. The classic alternative is a *grid-stride
+# loop*: launch just enough blocks to fill every SM (from the SM count and the occupancy) and
+# let each thread walk the data with a stride of the whole grid. We predict what that should
+# change, measure it against 01, and look at what numba makes of a `range` loop.
+#
+# **Contents**
+# 1. [Prediction](#prediction)
+# 2. [The kernel](#kernel)
+# 3. [PTX evidence: what a `range` loop compiles to](#ptx)
+# 4. [Verification](#verify)
+# 5. [Benchmark](#bench)
+# 6. [What we learned](#learned)
+# 7. [Exercises](#exercises)
+
+# %%
+import nf4lab  # first: decides GPU or simulator before numba.cuda is imported
+
+import numpy as np
+from numba import cuda, uint64
+
+from nf4lab import bench, bytemodel, ops, plots, ptx, results
+
+print(nf4lab.describe())
+case = nf4lab.make_case()
+print(case)
+SIG = "(uint8[::1], float32[::1], uint8[::1], float32[::1], float32[::1], float32, uint16[::1], int64, int64)"
+
+# %% [markdown]
+# <a id="prediction"></a>
+# ## 1. Prediction
+#
+# What a grid-stride loop changes, for this kernel:
+#
+# * **Fewer blocks to schedule.** Instead of hundreds of thousands of short-lived blocks, each
+#   SM keeps the same few resident blocks for the whole kernel. Block launch and retirement
+#   are cheap on recent GPUs, so for a kernel whose time is spent waiting on DRAM we expect
+#   **little or no gain**.
+# * **Per-thread setup is amortised** (index arithmetic, parameter loads). Our setup is a few
+#   instructions: again, little to gain.
+# * **The grid size now matters.** A memory-bound kernel is fast only with enough bytes in
+#   flight to cover DRAM latency (Little's law: bytes in flight = bandwidth x latency). With one
+#   block of 256 threads per SM, each thread having one 1-byte load in flight, there is far too
+#   little in flight: we predict that version to be **much slower**.
+#
+# The numbers behind the last point (the latency is an assumed round figure, not a measurement):
+
+# %%
+N_BIG = 16384 * 16384
+ASSUMED_DRAM_LATENCY_NS = 600
+ceil = bench.Run.load("00_ceiling")
+copy = ceil.get(bench.COPY) if ceil is not None else None
+sms = (ceil.meta.get("sms") if ceil is not None else None) or nf4lab.device_info().get("sms")
+if copy and sms:
+    need = copy["gbps"] * ASSUMED_DRAM_LATENCY_NS          # GB/s * ns = bytes
+    per_byte = bytemodel.bytes_moved(N_BIG) / (N_BIG // 2)
+    print(f"to sustain the copy ceiling ({copy['gbps']:.0f} GB/s, {results.label(ceil.meta)}):")
+    print(f"  about {need / 1e6:.1f} MB in flight, {need / sms / 1e3:.1f} KB per SM ({sms} SMs)")
+    for blocks in (1, 8):
+        threads = blocks * 256
+        print(f"  {blocks} block(s) of 256 per SM: {threads} threads x {per_byte:.2f} bytes per iteration "
+              f"= {threads * per_byte / 1e3:.1f} KB per SM, if every access of an iteration is in flight at once")
+else:
+    print("no recorded ceiling (run 00_ceiling on a GPU): the argument above stays qualitative")
+
+# %% [markdown]
+# <a id="kernel"></a>
+# ## 2. The kernel
+#
+# The body is 01's; the index now comes from a loop `for i in range(start, nbytes, stride)`
+# with `start = cuda.grid(1)` and `stride = cuda.gridsize(1)`, all unsigned. Consecutive threads
+# still touch consecutive bytes in every iteration, so accesses stay coalesced.
+#
+# The grid: the SM count times the blocks that fit on one SM. That is limited by threads
+# (2048 per SM on an H100, so 8 blocks of 256), registers and shared memory; this kernel uses
+# few registers and no shared memory, so threads are the limit. We never launch more blocks than
+# the data needs. In the simulator there are no SMs: a small fixed number makes the loop loop.
+
+# %% tags=["kernel"]
+import nf4lab  # noqa: F811  (this cell runs on its own in nf4lab.versions)
+from numba import cuda, uint64
+
+from nf4lab import ops
+
+THREADS = 256
+BLOCK_SHIFT = 5     # 32 packed bytes per block of 64 weights
+GROUP_SHIFT = 8     # 256 blocks per absmax2 group
+SIM_SMS, SIM_BLOCKS_PER_SM = 2, 2   # the simulator has no SMs: 4 blocks, each thread loops
+
+
+def sm_count():
+    return nf4lab.device_info()["sms"] or SIM_SMS
+
+
+def blocks_per_sm(threads):
+    """Resident blocks per SM when threads are the limit (registers and shared memory are not, here)."""
+    per_sm = nf4lab.device_info().get("max_threads_per_sm")
+    return per_sm // threads if per_sm else SIM_BLOCKS_PER_SM
+
+
+def grid_for(nbytes, threads, per_sm):
+    needed = (nbytes + threads - 1) // threads
+    return max(1, min(sm_count() * per_sm, needed))
+
+
+@cuda.jit(device=True, inline="always")
+def block_scale(absmax_q, absmax2, code2, offset, blk):
+    return ops.fadd_rn(ops.fmul_rn(code2[absmax_q[blk]], absmax2[blk >> uint64(GROUP_SHIFT)]), offset)
+
+
+@cuda.jit
+def dequant_grid_stride(packed, lut, absmax_q, absmax2, code2, offset, out, n, nbytes):
+    n = uint64(n)
+    nbytes = uint64(nbytes)
+    start = uint64(cuda.grid(1))
+    stride = uint64(cuda.gridsize(1))
+    for i in range(start, nbytes, stride):
+        byte = packed[i]
+        s = block_scale(absmax_q, absmax2, code2, offset, i >> uint64(BLOCK_SHIFT))
+        j = uint64(2) * i
+        out[j] = ops.to_bf16_bits(lut[byte >> 4] * s)
+        if j + uint64(1) < n:
+            out[j + uint64(1)] = ops.to_bf16_bits(lut[byte & 15] * s)
+
+
+def _launch(b, per_sm):
+    if b.dtype != "bf16":
+        raise ValueError(f"this kernel writes bf16, the case wants {b.dtype}")
+    grid = grid_for(b.nbytes, THREADS, per_sm)
+    dequant_grid_stride[grid, THREADS, b.stream](b.packed, b.lut, b.absmax_q, b.absmax2, b.code2, b.offset,
+                                                 b.out, b.n, b.nbytes)
+
+
+def launch(b):
+    """Full occupancy: SMs x resident blocks per SM."""
+    _launch(b, blocks_per_sm(THREADS))
+
+
+def launch_one_block_per_sm(b):
+    _launch(b, 1)
+
+
+VERSIONS = {
+    "02 grid-stride (full occupancy)": launch,
+    "02 grid-stride (1 block per SM)": launch_one_block_per_sm,
+}
+
+# %%
+nb = nf4lab.make_buffers(case).nbytes
+print(f"{sm_count()} SMs x {blocks_per_sm(THREADS)} blocks of {THREADS} -> grid {grid_for(nb, THREADS, blocks_per_sm(THREADS))} "
+      f"blocks for {nb:,} bytes ({-(-nb // THREADS):,} blocks in 01)")
+print(f"each thread handles about {nb / (grid_for(nb, THREADS, blocks_per_sm(THREADS)) * THREADS):.1f} bytes")
+
+# %% [markdown]
+# <a id="ptx"></a>
+# ## 3. PTX evidence: what a `range` loop compiles to
+#
+# Three things to see: the body is still free of `fma` and float64, still two 16-bit stores
+# per byte; the loop is **unrolled four times** (eight 16-bit stores in the main loop plus the
+# remainder); and numba computes the trip count of `range(start, stop, step)` with a **64-bit
+# division** (`div.s64`), once per thread before the loop. One division per thread is cheap
+# here (a thread runs hundreds of iterations on 16384 x 16384); a division *inside* a loop would
+# not be. Exercise 1 removes it.
+
+# %%
+gs_ptx = nf4lab.compile_ptx(dequant_grid_stride, SIG)
+ptx.show(gs_ptx, [r"^(div|rem)\.", r"^st\.global", r"^(mul|add)\.rn\.f32"], limit=4)
+ptx.check(gs_ptx, present=[r"^div\.s64", r"^mul\.rn\.f32", r"^add\.rn\.f32", r"^st\.global\.u16"],
+          absent=[r"^fma", r"\.f64"])
+print("\n16-bit stores in the PTX:", ptx.count(gs_ptx, r"^st\.global\.u16"))
+assert ptx.count(gs_ptx, r"^st\.global\.u16") > 2, "expected the loop to be unrolled"
+
+# %% [markdown]
+# <a id="verify"></a>
+# ## 4. Verification
+#
+# A grid-stride loop has its own ways to go wrong: a grid larger than the data (threads that
+# never enter the loop), a stride that skips bytes, a last iteration that runs past the end.
+# We verify both versions on the default case and the edge shapes.
+
+# %%
+for name, fn in VERSIONS.items():
+    print(nf4lab.run_and_verify(fn, case, name=name))
+shapes = nf4lab.edge_shapes() if nf4lab.ON_GPU else [(1, 1), (3, 5), (1, 63), (1, 65), (31, 67), (2, 16383)]
+for shape in shapes:
+    c = nf4lab.make_case(shape)
+    for name, fn in VERSIONS.items():
+        nf4lab.run_and_verify(fn, c, name=f"{name} {shape}")
+print(f"both versions bit-exact on {len(shapes)} edge shapes")
+for dist in ("heavy", "codes"):
+    c = nf4lab.make_case(case.shape if nf4lab.ON_GPU else (31, 67), dist=dist)
+    print(nf4lab.run_and_verify(launch, c, name=f"02 grid-stride {dist}"))
+
+# %% [markdown]
+# <a id="bench"></a>
+# ## 5. Benchmark
+#
+# Both versions, with the ceilings and bitsandbytes measured in the same run; the plot puts
+# them next to 01.
+
+# %%
+run = bench.step("02_grid_stride", VERSIONS)
+if run is not None:
+    print(run.table())
+
+# %%
+plots.progress("02_grid_stride")
+
+# %% [markdown]
+# Against the prediction, read from the recorded runs:
+
+# %%
+prev = bench.Run.load("01_naive")
+if run is not None and prev is not None and prev.get("01 naive (per byte)"):
+    base = prev.get("01 naive (per byte)")
+    for name in VERSIONS:
+        r = run.get(name)
+        if r is None:
+            continue
+        change = 100 * (r["gbps"] / base["gbps"] - 1)
+        print(f"{name}: {r['gbps']:.0f} GB/s vs 01's {base['gbps']:.0f} GB/s ({change:+.0f}%), "
+              f"{r['pct_copy']:.0f}% of copy")
+    print("(01 and 02 are separate runs; differences of a few percent are within run-to-run noise)")
+else:
+    print("no recorded runs of 01 and 02 to compare yet")
+
+# %% [markdown]
+# <a id="learned"></a>
+# ## 6. What we learned
+#
+# * A grid-stride loop decouples the grid from the data: the launch is sized from the GPU
+#   (SMs x resident blocks), and the kernel works for any n with any grid.
+# * For a simple memory-bound kernel it is not a speed-up by itself: block scheduling was never
+#   the bottleneck. Compare the full-occupancy bar with 01 in the plot above and judge by the
+#   numbers, not by the folklore.
+# * Occupancy is not optional: one block per SM leaves too few bytes in flight to cover DRAM
+#   latency. Bytes in flight, not threads, is what a memory-bound kernel needs; the next steps
+#   get them by moving more bytes per instruction instead of running more threads.
+# * numba's `range` with a runtime step costs a 64-bit division per thread and is unrolled four
+#   times; read the PTX before you trust a loop.
+#
+# Next, [03 · packed u32 stores](03_packed_u32.ipynb).
+
+# %% [markdown]
+# <a id="exercises"></a>
+# ## 7. Exercises
+#
+# ### Exercise 1: a loop without the division
+#
+# Rewrite the loop as a `while` loop (`i = start`, `while i < nbytes: ...; i += stride`), so that
+# numba need not compute a trip count. The cell checks bit-exactness *and* the PTX: no 64-bit
+# division. (Think: why is the `while` loop allowed to skip the trip count, and could it still
+# be unrolled?)
+
+# %%
+### BEGIN SOLUTION
+@cuda.jit
+def dequant_while(packed, lut, absmax_q, absmax2, code2, offset, out, n, nbytes):
+    n = uint64(n)
+    nbytes = uint64(nbytes)
+    i = uint64(cuda.grid(1))
+    stride = uint64(cuda.gridsize(1))
+    while i < nbytes:
+        byte = packed[i]
+        s = block_scale(absmax_q, absmax2, code2, offset, i >> uint64(BLOCK_SHIFT))
+        j = uint64(2) * i
+        out[j] = ops.to_bf16_bits(lut[byte >> 4] * s)
+        if j + uint64(1) < n:
+            out[j + uint64(1)] = ops.to_bf16_bits(lut[byte & 15] * s)
+        i += stride
+
+
+def launch_while(b):
+    grid = grid_for(b.nbytes, THREADS, blocks_per_sm(THREADS))
+    dequant_while[grid, THREADS, b.stream](b.packed, b.lut, b.absmax_q, b.absmax2, b.code2, b.offset,
+                                           b.out, b.n, b.nbytes)
+### STUDENT
+# TODO: write dequant_while, dequant_grid_stride with a while loop, and launch it like `launch` does.
+def launch_while(b):
+    raise NotImplementedError("write dequant_while and launch it here")
+### END SOLUTION
+
+
+result = nf4lab.check(launch_while, name="exercise 1: while loop", shapes=((3, 5), (1, 65), (7, 33), (31, 67)))
+if result:
+    while_ptx = nf4lab.compile_ptx(dequant_while, SIG)
+    print("64-bit divisions in the PTX:", ptx.count(while_ptx, r"^(div|rem)\.\w64"))
+### BEGIN SOLUTION
+assert result
+ptx.check(while_ptx, present=[r"^st\.global\.u16"], absent=[r"^(div|rem)\.\w64", r"^fma", r"\.f64"])
+### STUDENT
+### END SOLUTION
+
+# %% [markdown]
+# ### Exercise 2: 128 threads per block
+#
+# **Predict first**, then measure: with 128 threads per block (and twice as many resident blocks
+# per SM, so the same number of threads), does the full-occupancy version get faster, slower,
+# or stay the same? Write `launch_128` and check it. On a GPU, the cell then times it next to
+# `launch` in one run; in the simulator only correctness is checked.
+
+# %%
+### BEGIN SOLUTION
+def launch_128(b):
+    grid = grid_for(b.nbytes, 128, blocks_per_sm(128))
+    dequant_grid_stride[grid, 128, b.stream](b.packed, b.lut, b.absmax_q, b.absmax2, b.code2, b.offset,
+                                             b.out, b.n, b.nbytes)
+### STUDENT
+# TODO: launch dequant_grid_stride with 128 threads per block and a grid sized for it.
+def launch_128(b):
+    raise NotImplementedError("launch with 128 threads per block")
+### END SOLUTION
+
+
+result = nf4lab.check(launch_128, name="exercise 2: 128 threads", shapes=((3, 5), (1, 65), (7, 33), (31, 67)))
+if result and nf4lab.ON_GPU:
+    ex = bench.run_versions({"02 grid-stride, 256 threads": launch, "02 grid-stride, 128 threads": launch_128},
+                            nf4lab.make_case(), baselines=False)
+    print(ex.table())
+### BEGIN SOLUTION
+assert result
+### STUDENT
+### END SOLUTION

@@ -1,0 +1,338 @@
+# 03 -- Packed u32 stores: both outputs of a byte in one 32-bit store.
+#
+# Percent-format source of notebooks/03_packed_u32.ipynb (build: python tools/build_notebooks.py 03_packed_u32).
+
+# %% [markdown]
+# # 03 · Packed u32 stores: one store per byte
+#
+# **Goal.** Four fifths of the bytes we move are writes, and the kernels so far write them
+# two bytes at a time: two `st.global.u16` per packed byte. The two weights of a byte are
+# adjacent in the output, so they fit in one 32-bit word. Here we convert both with one
+# instruction (`cvt.rn.bf16x2.f32`) and write them with one `st.global.u32`, halving the
+# store instructions, and handle the one case where that would be wrong: the last byte of
+# an odd-length tensor, which holds a single weight.
+#
+# **Contents**
+# 1. [Prediction](#prediction)
+# 2. [The kernel](#kernel)
+# 3. [PTX evidence](#ptx)
+# 4. [Verification](#verify)
+# 5. [Benchmark](#bench)
+# 6. [What we learned](#learned)
+# 7. [Exercises](#exercises)
+
+# %%
+import nf4lab  # first: decides GPU or simulator before numba.cuda is imported
+
+import numpy as np
+from numba import cuda, uint64
+
+from nf4lab import bench, bytemodel, ops, plots, ptx, reference
+
+print(nf4lab.describe())
+case = nf4lab.make_case()
+print(case)
+SIG = ("(uint8[::1], float32[::1], uint8[::1], float32[::1], float32[::1], float32, uint16[::1], uint32[::1], "
+       "int64, int64)")
+
+# %% [markdown]
+# <a id="prediction"></a>
+# ## 1. Prediction
+#
+# The DRAM bytes do not change (the byte model is the same); what changes is how many store
+# instructions carry them, and how much each warp store covers:
+
+# %%
+N_BIG = 16384 * 16384
+out_bytes = bytemodel.breakdown(N_BIG)["output"]
+for name, width in (("01/02: two 16-bit stores per byte", 2), ("03: one 32-bit store per byte", 4)):
+    print(f"{name:<36} {out_bytes // width:>12,} store instructions (thread level), "
+          f"{32 * width} bytes per warp store")
+
+# %% [markdown]
+# Half the store instructions, each warp store covering 128 contiguous bytes (a full cache
+# line) instead of 64. The memory system merges the two 16-bit stores of 01 in L2 anyway, so
+# the DRAM traffic is the same; what we save is instruction issue and load/store-unit work per
+# byte. We predict a **clear gain but not the ceiling**: each thread still loads a single
+# byte per iteration.
+#
+# Bit order: `out[2j]` (the high nibble) is at the lower address, and on a little-endian GPU the
+# lower address is the *low* half of the 32-bit word. `ops.pack_bf16x2(lo, hi)` puts `lo` in
+# the low half, so `lo` is the high nibble's weight. A quick check in numpy:
+
+# %%
+w = reference.dequantize_f32(case.packed, reference.block_absmax(case.absmax_q, case.absmax2, case.code2,
+                                                                 case.offset), case.n, case.blocksize)
+word = int(ops.bf16_bits_py(w[0])) | (int(ops.bf16_bits_py(w[1])) << 16)   # what pack_bf16x2(w[0], w[1]) returns
+print(f"weights 0 and 1 as bf16: 0x{case.expected[0]:04x}, 0x{case.expected[1]:04x}; packed word 0x{int(word):08x}")
+assert np.array([int(word)], dtype=np.uint32).view(np.uint16).tolist() == case.expected[:2].tolist()
+
+# %% [markdown]
+# <a id="kernel"></a>
+# ## 2. The kernel
+#
+# Two versions: the packed store on 01's one-thread-per-byte layout, and on 02's grid-stride
+# loop, so that the measurement separates the effect of the store from the effect of the loop.
+# `b.out_u32` is the same memory as `b.out`, viewed as 32-bit words: word `i` holds outputs
+# `2i` and `2i+1`. When n is odd the last byte has one weight, and a 32-bit store would write
+# `out[n]`, one past the end: that byte gets a 16-bit store instead.
+
+# %% tags=["kernel"]
+import nf4lab  # noqa: F811  (this cell runs on its own in nf4lab.versions)
+from numba import cuda, uint64
+
+from nf4lab import ops
+
+THREADS = 256
+BLOCK_SHIFT = 5     # 32 packed bytes per block of 64 weights
+GROUP_SHIFT = 8     # 256 blocks per absmax2 group
+SIM_SMS, SIM_BLOCKS_PER_SM = 2, 2
+
+
+@cuda.jit(device=True, inline="always")
+def block_scale(absmax_q, absmax2, code2, offset, blk):
+    return ops.fadd_rn(ops.fmul_rn(code2[absmax_q[blk]], absmax2[blk >> uint64(GROUP_SHIFT)]), offset)
+
+
+@cuda.jit(device=True, inline="always")
+def dequant_byte(packed, lut, absmax_q, absmax2, code2, offset, out, out_u32, n, i):
+    byte = packed[i]
+    s = block_scale(absmax_q, absmax2, code2, offset, i >> uint64(BLOCK_SHIFT))
+    hi_w = lut[byte >> 4] * s               # out[2i]: the high nibble, the lower address
+    if uint64(2) * i + uint64(1) < n:
+        out_u32[i] = ops.pack_bf16x2(hi_w, lut[byte & 15] * s)   # one 32-bit store, low half = out[2i]
+    else:
+        out[uint64(2) * i] = ops.to_bf16_bits(hi_w)              # odd n: the last byte holds one weight
+
+
+@cuda.jit
+def dequant_u32(packed, lut, absmax_q, absmax2, code2, offset, out, out_u32, n, nbytes):
+    i = uint64(cuda.grid(1))
+    if i < uint64(nbytes):
+        dequant_byte(packed, lut, absmax_q, absmax2, code2, offset, out, out_u32, uint64(n), i)
+
+
+@cuda.jit
+def dequant_u32_grid_stride(packed, lut, absmax_q, absmax2, code2, offset, out, out_u32, n, nbytes):
+    n = uint64(n)
+    nbytes = uint64(nbytes)
+    for i in range(uint64(cuda.grid(1)), nbytes, uint64(cuda.gridsize(1))):
+        dequant_byte(packed, lut, absmax_q, absmax2, code2, offset, out, out_u32, n, i)
+
+
+def _args(b):
+    if b.dtype != "bf16":
+        raise ValueError(f"this kernel writes bf16, the case wants {b.dtype}")
+    return (b.packed, b.lut, b.absmax_q, b.absmax2, b.code2, b.offset, b.out, b.out_u32, b.n, b.nbytes)
+
+
+def launch(b):
+    dequant_u32[(b.nbytes + THREADS - 1) // THREADS, THREADS, b.stream](*_args(b))
+
+
+def launch_grid_stride(b):
+    info = nf4lab.device_info()
+    per_sm = info["max_threads_per_sm"] // THREADS if info.get("max_threads_per_sm") else SIM_BLOCKS_PER_SM
+    grid = max(1, min((info["sms"] or SIM_SMS) * per_sm, (b.nbytes + THREADS - 1) // THREADS))
+    dequant_u32_grid_stride[grid, THREADS, b.stream](*_args(b))
+
+
+VERSIONS = {
+    "03 packed u32 (per byte)": launch,
+    "03 packed u32 (grid-stride)": launch_grid_stride,
+}
+
+# %% [markdown]
+# <a id="ptx"></a>
+# ## 3. PTX evidence
+#
+# One `cvt.rn.bf16x2.f32` and one `st.global.u32` for the main path; the single
+# `st.global.u16` (with its `cvt.rn.bf16.f32`) is the odd-n tail, on the other side of the
+# branch. Still no `fma`, no float64.
+
+# %%
+u32_ptx = nf4lab.compile_ptx(dequant_u32, SIG)
+ptx.show(u32_ptx, [r"^st\.global", r"^cvt\.rn\.bf16", r"^setp"])
+ptx.check(u32_ptx, present=[r"^st\.global\.(u32|b32)", r"^cvt\.rn\.bf16x2\.f32", r"^mul\.rn\.f32", r"^add\.rn\.f32"],
+          absent=[r"^fma", r"\.f64", r"^st\.global\.v"])
+assert ptx.count(u32_ptx, r"^st\.global\.(u32|b32)") == 1
+assert ptx.count(u32_ptx, r"^st\.global\.(u16|b16)") == 1      # the tail only
+
+# %% [markdown]
+# Where is that one 16-bit store? The PTX between the last branch and the end shows it is the
+# `else` side, reached only by the last byte of an odd n:
+
+# %%
+lines = ptx.instructions(u32_ptx)
+store16 = next(k for k, s in enumerate(lines) if s.startswith("st.global.u16"))
+store32 = next(k for k, s in enumerate(lines) if s.startswith("st.global.u32"))
+for s in lines[min(store16, store32) - 4: max(store16, store32) + 2]:
+    print("   ", s)
+
+# %% [markdown]
+# <a id="verify"></a>
+# ## 4. Verification
+#
+# The tail is exactly what the odd edge shapes test: (1, 1), (3, 5), (1, 63), (1, 65), (31, 67)
+# all have an odd n. A 32-bit store on the last byte would write the poisoned guard after the
+# output, and verification reports writes past the end.
+
+# %%
+for name, fn in VERSIONS.items():
+    print(nf4lab.run_and_verify(fn, case, name=name))
+shapes = nf4lab.edge_shapes() if nf4lab.ON_GPU else [(1, 1), (3, 5), (1, 63), (1, 64), (1, 65), (31, 67)]
+for shape in shapes:
+    c = nf4lab.make_case(shape)
+    for name, fn in VERSIONS.items():
+        nf4lab.run_and_verify(fn, c, name=f"{name} {shape}")
+print(f"both versions bit-exact on {len(shapes)} edge shapes")
+for dist in ("heavy", "codes"):
+    c = nf4lab.make_case(case.shape if nf4lab.ON_GPU else (31, 67), dist=dist)
+    print(nf4lab.run_and_verify(launch_grid_stride, c, name=f"03 packed u32 {dist}"))
+
+# %% [markdown]
+# <a id="bench"></a>
+# ## 5. Benchmark
+
+# %%
+run = bench.step("03_packed_u32", VERSIONS)
+if run is not None:
+    print(run.table())
+
+# %%
+plots.progress("03_packed_u32")
+
+# %% [markdown]
+# Against the prediction, read from the recorded runs:
+
+# %%
+earlier = {name: bench.Run.load(name) for name in ("01_naive", "02_grid_stride")}
+base = earlier["01_naive"].get("01 naive (per byte)") if earlier["01_naive"] else None
+if run is not None and base is not None:
+    for name in VERSIONS:
+        r = run.get(name)
+        if r is not None:
+            print(f"{name}: {r['gbps']:.0f} GB/s, {r['gbps'] / base['gbps']:.2f}x 01's {base['gbps']:.0f} GB/s, "
+                  f"{r['pct_copy']:.0f}% of copy, {r['speedup_vs_bnb']:.2f}x bitsandbytes")
+else:
+    print("no recorded runs of 01 and 03 to compare yet")
+
+# %% [markdown]
+# <a id="learned"></a>
+# ## 6. What we learned
+#
+# * The output is most of the traffic, so the width of the stores matters: one 32-bit store
+#   per byte instead of two 16-bit ones (see the plot for how much it bought on this GPU).
+# * `cvt.rn.bf16x2.f32` converts two floats with round-to-nearest-even in one instruction;
+#   mind which half is which (the lower address is the low half).
+# * Wider stores bring a tail: whenever a store covers more than one output, the end of the
+#   tensor needs a narrower store, or the kernel writes past `n`. Poisoned guard regions in the
+#   verification catch it.
+# * Each thread still reads one byte per iteration. The next notebooks widen the loads and
+#   stores further (a 32-bit word of codes per thread, then 128-bit accesses) and move the LUT.
+#
+# Next, [04 · vector loads](04_vector_loads.ipynb).
+
+# %% [markdown]
+# <a id="exercises"></a>
+# ## 7. Exercises
+#
+# ### Exercise 1: the odd tail
+#
+# This version of the kernel forgets that the last byte may hold a single weight. **Predict**
+# what the check reports for n = 15 (shape 3 x 5), then run it, read the message, and fix the
+# kernel with a 16-bit store for the tail.
+
+# %%
+### BEGIN SOLUTION
+@cuda.jit
+def u32_tail(packed, lut, absmax_q, absmax2, code2, offset, out, out_u32, n, nbytes):
+    i = uint64(cuda.grid(1))
+    n = uint64(n)
+    if i < uint64(nbytes):
+        byte = packed[i]
+        s = block_scale(absmax_q, absmax2, code2, offset, i >> uint64(BLOCK_SHIFT))
+        if uint64(2) * i + uint64(1) < n:
+            out_u32[i] = ops.pack_bf16x2(lut[byte >> 4] * s, lut[byte & 15] * s)
+        else:
+            out[uint64(2) * i] = ops.to_bf16_bits(lut[byte >> 4] * s)
+### STUDENT
+# TODO: this kernel is wrong for odd n. Run the check, read the message, fix the kernel.
+@cuda.jit
+def u32_tail(packed, lut, absmax_q, absmax2, code2, offset, out, out_u32, n, nbytes):
+    i = uint64(cuda.grid(1))
+    n = uint64(n)
+    if i < uint64(nbytes):
+        byte = packed[i]
+        s = block_scale(absmax_q, absmax2, code2, offset, i >> uint64(BLOCK_SHIFT))
+        out_u32[i] = ops.pack_bf16x2(lut[byte >> 4] * s, lut[byte & 15] * s)
+### END SOLUTION
+
+
+def launch_tail(b):
+    u32_tail[(b.nbytes + THREADS - 1) // THREADS, THREADS, b.stream](*_args(b))
+
+
+SMALL = ((3, 5), (1, 64), (1, 65), (7, 33))
+result = nf4lab.check(launch_tail, name="exercise 1: odd tail", shapes=SMALL)
+### BEGIN SOLUTION
+assert result
+### STUDENT
+### END SOLUTION
+
+# %% [markdown]
+# ### Exercise 2: fp16 output
+#
+# bitsandbytes also dequantizes to float16. Write a launch function that works for a bf16 case
+# *and* an fp16 case. Think about what must change: the rounding (`ops.pack_f16x2`,
+# `ops.to_f16_bits`: float16 has a different exponent range, so it is not "the upper half"),
+# and how one `launch` picks the kernel for `b.dtype`. Numba kernels are compiled per argument
+# types, not per value: a separate kernel per dtype is the simple way.
+
+# %%
+### BEGIN SOLUTION
+@cuda.jit
+def dequant_u32_f16(packed, lut, absmax_q, absmax2, code2, offset, out, out_u32, n, nbytes):
+    i = uint64(cuda.grid(1))
+    n = uint64(n)
+    if i < uint64(nbytes):
+        byte = packed[i]
+        s = block_scale(absmax_q, absmax2, code2, offset, i >> uint64(BLOCK_SHIFT))
+        if uint64(2) * i + uint64(1) < n:
+            out_u32[i] = ops.pack_f16x2(lut[byte >> 4] * s, lut[byte & 15] * s)
+        else:
+            out[uint64(2) * i] = ops.to_f16_bits(lut[byte >> 4] * s)
+
+
+def launch_any_dtype(b):
+    kernel = {"bf16": dequant_u32, "fp16": dequant_u32_f16}[b.dtype]
+    kernel[(b.nbytes + THREADS - 1) // THREADS, THREADS, b.stream](
+        b.packed, b.lut, b.absmax_q, b.absmax2, b.code2, b.offset, b.out, b.out_u32, b.n, b.nbytes)
+### STUDENT
+# TODO: a launch function for bf16 and fp16 cases.
+def launch_any_dtype(b):
+    raise NotImplementedError("write an fp16 kernel and pick the kernel by b.dtype")
+### END SOLUTION
+
+
+result = nf4lab.check(launch_any_dtype, name="exercise 2: fp16", dtype="fp16", shapes=SMALL)
+### BEGIN SOLUTION
+assert result
+assert nf4lab.check(launch_any_dtype, name="exercise 2: still bf16", dtype="bf16", shapes=SMALL)
+### STUDENT
+### END SOLUTION
+
+# %% [markdown]
+# ### Exercise 3 (think): FP4
+#
+# bitsandbytes' other 4-bit type, FP4, uses a different 16-entry table. **Predict:** does
+# `launch` (the 03 kernel) produce bit-exact FP4 results without any change? Why, or why not?
+# What would you have to change if the kernel had the NF4 table baked in as constants (as a
+# later notebook does for speed)? Run the cell to test your prediction.
+
+# %%
+result = nf4lab.check(launch, name="exercise 3: fp4 with the 03 kernel", quant_type="fp4", shapes=SMALL)
+### BEGIN SOLUTION
+assert result   # the kernel reads the table from b.lut, which holds the case's table: nothing to change
+### STUDENT
+### END SOLUTION
