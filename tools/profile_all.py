@@ -18,7 +18,9 @@ Written, per version (slug of its name):
     data/ncu/<gpu>/<slug>.source.csv   source page (stall samples per source/SASS line), if ncu gives it
     data/ncu/<gpu>/index.json          which file is which version, GPU, date, ncu and package versions
 
-and the same under $OUT/ncu/<gpu>/ when $OUT is set (plus the .ncu-rep reports, for ncu-ui).
+and, when $OUT is set, $OUT/ncu_<gpu>.tar.gz holding those files (paths relative to the
+repository root: extract there), $OUT/ncu_<gpu>_reports.tar.gz with the .ncu-rep reports
+(open them in ncu-ui) and $OUT/ncu_summary.txt.
 Versions are skipped once --budget seconds have passed (default 330), and said so.
 """
 from __future__ import annotations
@@ -93,7 +95,7 @@ def main(argv=None) -> int:
     gpu = results.gpu_slug(info["gpu"])
     dest = profiling.NCU_DIR / gpu
     dest.mkdir(parents=True, exist_ok=True)
-    out = Path(args.out) / "ncu" / gpu if args.out else None
+    out = Path(args.out) if args.out else None
     if out:
         out.mkdir(parents=True, exist_ok=True)
     shape = tuple(int(s) for s in args.shape.split("x"))
@@ -104,7 +106,7 @@ def main(argv=None) -> int:
     index_path = dest / "index.json"
     old = json.loads(index_path.read_text()) if index_path.exists() else {}
     entries = {e["name"]: e for e in old.get("versions", [])}
-    summaries, failed, skipped = {}, [], []
+    summaries, failed, skipped, reports = {}, [], [], []
     tmp = Path(tempfile.mkdtemp(prefix="nf4lab_ncu_"))
     for nb, name in todo:
         if time.perf_counter() - t_start > args.budget:
@@ -128,8 +130,8 @@ def main(argv=None) -> int:
             files[kind] = f.name
             if out:
                 shutil.copy2(f, out / f.name)
-        if out and Path(res["report"]).exists():
-            shutil.copy2(res["report"], out / Path(res["report"]).name)
+        if Path(res["report"]).exists():
+            reports.append(Path(res["report"]))
         k = profiling.main_kernel(res["kernels"])
         summaries[name] = profiling.summarize(k) if k else None
         entries[name] = {"name": name, "notebook": nb, "file": files.get("raw"), "details": files.get("details"),
@@ -149,14 +151,30 @@ def main(argv=None) -> int:
     if summaries:
         index = {"meta": meta, "versions": versions}
         index_path.write_text(json.dumps(index, indent=1) + "\n")
-        if out:
-            shutil.copy2(index_path, out / "index.json")
+    summary = profiling.table(summaries) if summaries else "nothing profiled"
+    if out and summaries:
+        # Few files come back from a device run: one archive of what gets committed
+        # (paths relative to the repository root: extract there), one of the ncu reports.
+        import tarfile
+
+        tgz = out / f"ncu_{gpu}.tar.gz"
+        with tarfile.open(tgz, "w:gz") as tar:
+            for f in sorted(dest.iterdir()):
+                if f.is_file() and not f.name.endswith(".ncu-rep"):
+                    tar.add(f, arcname=str(f.relative_to(ROOT)))
+        if reports:
+            with tarfile.open(out / f"ncu_{gpu}_reports.tar.gz", "w:gz") as tar:
+                for f in reports:
+                    tar.add(f, arcname=f.name)
+        (out / "ncu_summary.txt").write_text(summary + "\n")
     print()
-    print(profiling.table(summaries) if summaries else "nothing profiled")
+    print(summary)
     print(f"\n{len(summaries)} profiled, {len(failed)} failed {failed or ''}, {len(skipped)} skipped for time "
           f"{skipped or ''}; {time.perf_counter() - t_start:.0f} s")
     if summaries:
-        print(f"written under {dest.relative_to(ROOT)}" + (f" and {out}" if out else ""))
+        print(f"written under {dest.relative_to(ROOT)}" + (
+            f"; {out}/ncu_{gpu}.tar.gz holds them (extract in the repository root: "
+            f"tar xzf ncu_{gpu}.tar.gz), ncu_{gpu}_reports.tar.gz the .ncu-rep reports for ncu-ui" if out else ""))
     return 0 if summaries and not failed else 1
 
 
