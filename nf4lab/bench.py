@@ -200,7 +200,10 @@ def measure_kernel(name, launch, case, *, buffers=None, host=True) -> dict:
     from .buffers import make_buffers, run_and_verify
 
     b = buffers if buffers is not None else make_buffers(case)
-    run_and_verify(launch, case, name=name, buffers=b)
+    # A launch marked no_verify is a bound (same traffic, no real work), not a kernel.
+    verified = not getattr(launch, "no_verify", False)
+    if verified:
+        run_and_verify(launch, case, name=name, buffers=b)
     if not runtime.ON_GPU:
         return None
 
@@ -210,12 +213,13 @@ def measure_kernel(name, launch, case, *, buffers=None, host=True) -> dict:
 
     timing = gpu_time_ms(fn)
     b.stream = 0
-    rec = _record("kernel", name, case.shape, case.dtype, timing,
-                  bytemodel.bytes_moved(case.n, case.dtype, case.blocksize), bit_exact=True)
+    rec = _record("kernel" if verified else "bound", name, case.shape, case.dtype, timing,
+                  bytemodel.bytes_moved(case.n, case.dtype, case.blocksize), bit_exact=True if verified else None)
     if host:
         rec["host_ms"] = wall_time_ms(lambda: launch(b))
-    # The timed runs wrote over the verified output: check that it is still right.
-    run_and_verify(launch, case, name=name, buffers=b)
+    if verified:
+        # The timed runs wrote over the verified output: check that it is still right.
+        run_and_verify(launch, case, name=name, buffers=b)
     return rec
 
 
@@ -235,6 +239,8 @@ class Run:
 
     def finalize(self) -> "Run":
         for r in self.records:
+            for key in ("pct_copy", "pct_fill", "speedup_vs_bnb", "bit_exact"):
+                r.setdefault(key, None)
             same = [q for q in self.records if q["shape"] == r["shape"] and q["dtype"] == r["dtype"]]
             copy = next((q for q in same if q["name"] == COPY), None)
             fill = next((q for q in same if q["name"] == FILL), None)

@@ -137,19 +137,82 @@ def make_v16_scattered(T):
     return launch
 
 
+def make_expand_bound(K, T, store=ops.store_u32x4):
+    """Same traffic as the w-variants with no arithmetic: the bound of this access pattern."""
+    @cuda.jit
+    def kern(packed_u32, out_u32, nwords):
+        base = uint64(cuda.blockIdx.x) * uint64(T * K) + uint64(cuda.threadIdx.x)
+        words = cuda.local.array(K, uint32)
+        for j in range(K):
+            w = base + uint64(j * T)
+            if w < nwords:
+                words[j] = packed_u32[w]
+        for j in range(K):
+            w = base + uint64(j * T)
+            if w < nwords:
+                x = words[j]
+                store(out_u32, w * uint64(4), x, x ^ uint32(1), x ^ uint32(2), x ^ uint32(3))
+
+    def launch(b):
+        nwords = b.n // 8
+        kern[(nwords + T * K - 1) // (T * K), T, b.stream](b.packed_u32, b.out_u32, uint64(nwords))
+    launch.no_verify = True
+    return launch
+
+
+def make_smem_scales(K, T, store=ops.store_u32x4):
+    """Scales of the block's 64-weight blocks computed once into shared memory."""
+    NB = T * K // 8  # 64-blocks per tile (8 words each)
+
+    @cuda.jit
+    def kern(packed_u32, absmax_q, absmax2, code2, offset, lut_g, out_u32, nwords):
+        lut = cuda.shared.array(16, float32)
+        scales = cuda.shared.array(NB, float32)
+        tid = cuda.threadIdx.x
+        tile0 = uint64(cuda.blockIdx.x) * uint64(T * K)
+        base = tile0 + uint64(tid)
+        words = cuda.local.array(K, uint32)
+        for j in range(K):
+            w = base + uint64(j * T)
+            if w < nwords:
+                words[j] = packed_u32[w]
+        if tid < 16:
+            lut[tid] = lut_g[tid]
+        if tid < NB:
+            blk = (tile0 >> uint64(3)) + uint64(tid)
+            if blk * uint64(8) < nwords:
+                scales[tid] = ops.fadd_rn(ops.fmul_rn(code2[absmax_q[blk]], absmax2[blk >> uint64(8)]), offset)
+        cuda.syncthreads()
+        for j in range(K):
+            w = base + uint64(j * T)
+            if w < nwords:
+                s = scales[(tid + j * T) >> 3]
+                x = words[j]
+                o0 = ops.pack_bf16x2(lut[(x >> 4) & 15] * s, lut[x & 15] * s)
+                o1 = ops.pack_bf16x2(lut[(x >> 12) & 15] * s, lut[(x >> 8) & 15] * s)
+                o2 = ops.pack_bf16x2(lut[(x >> 20) & 15] * s, lut[(x >> 16) & 15] * s)
+                o3 = ops.pack_bf16x2(lut[(x >> 28) & 15] * s, lut[(x >> 24) & 15] * s)
+                store(out_u32, w * uint64(4), o0, o1, o2, o3)
+
+    def launch(b):
+        nwords = b.n // 8
+        assert b.n % 8 == 0 and b.blocksize == 64 and b.dtype == "bf16"
+        kern[(nwords + T * K - 1) // (T * K), T, b.stream](b.packed_u32, b.absmax_q, b.absmax2, b.code2, b.offset,
+                                                           b.lut, b.out_u32, uint64(nwords))
+    return launch
+
+
 def variants():
     cs = ops.store_u32x4_cs
     return {
-        "w2x512": make_words(2, 512),
         "w2x512 cs": make_words(2, 512, cs),
-        "w1x256 cs": make_words(1, 256, cs),
-        "w2x256 cs": make_words(2, 256, cs),
-        "w4x256 cs": make_words(4, 256, cs),
-        "w2x1024 cs": make_words(2, 1024, cs),
-        "w4x512 persistent x4 cs": make_words(4, 512, cs, persistent=4),
-        "w2x256 persistent x8 cs": make_words(2, 256, cs, persistent=8),
-        "w2x256 persistent x8": make_words(2, 256, persistent=8),
-        "v16x256 (smem exchange) cs": make_v16_exchange(256, cs),
+        "bound: expand u32 -> 16 B, no arithmetic, w2x512 cs": make_expand_bound(2, 512, cs),
+        "bound: expand w1x256 cs": make_expand_bound(1, 256, cs),
+        "bound: expand w4x256": make_expand_bound(4, 256),
+        "smem scales w2x512 cs": make_smem_scales(2, 512, cs),
+        "smem scales w4x256 cs": make_smem_scales(4, 256, cs),
+        "smem scales w8x128 cs": make_smem_scales(8, 128, cs),
+        "smem scales w2x256": make_smem_scales(2, 256),
     }
 
 
@@ -160,6 +223,10 @@ def main():
     print(case, flush=True)
     if not nf4lab.ON_GPU:
         for name, launch in variants().items():
+            if getattr(launch, "no_verify", False):
+                b = nf4lab.make_buffers(case)
+                launch(b)
+                continue
             print(nf4lab.run_and_verify(launch, case, name=name))
         return
     run = bench.run_versions(variants(), case)

@@ -1,0 +1,99 @@
+"""Harness pieces that work without a GPU: byte model, results files, refusal to fake timings, plots."""
+import json
+import subprocess
+import sys
+
+import pytest
+
+import nf4lab
+from nf4lab import bench, bytemodel, results
+
+
+def test_byte_model_matches_the_definition():
+    n = 16384 * 16384
+    assert bytemodel.bytes_moved(n, "bf16") == n // 2 + n // 64 + 4 * (n // 16384) + 1024 + 2 * n
+    assert bytemodel.bytes_moved(n, "fp32") - bytemodel.bytes_moved(n, "bf16") == 2 * n
+    # odd counts round up: 3 weights = 2 packed bytes, one block, one group
+    assert bytemodel.bytes_moved(3, "fp16") == 2 + 1 + 4 + 1024 + 6
+    assert bytemodel.bytes_moved(128, "bf16", nested=False) == 64 + 4 * 2 + 256
+    assert sum(bytemodel.breakdown(n).values()) == bytemodel.bytes_moved(n)
+    assert bytemodel.gbps(1e9, 1.0) == pytest.approx(1000.0)
+
+
+def test_finalize_relates_records_to_ceilings_and_bitsandbytes():
+    rec = lambda kind, name, ms, gbps: {"kind": kind, "name": name, "shape": [4, 4], "dtype": "bf16",
+                                        "ms": ms, "gbps": gbps}
+    run = bench.Run(meta={"gpu": "Test GPU"}, records=[
+        rec("ceiling", bench.COPY, 1.0, 3000.0), rec("ceiling", bench.FILL, 1.0, 3200.0),
+        rec("baseline", bench.BNB_GPU, 0.3, 2000.0), rec("kernel", "06 best", 0.2, 3100.0)])
+    run.finalize()
+    k = run.get("06 best")
+    assert k["pct_copy"] == pytest.approx(100 * 3100 / 3000)
+    assert k["pct_fill"] == pytest.approx(100 * 3100 / 3200)
+    assert k["speedup_vs_bnb"] == pytest.approx(1.5)
+    assert "06 best" in run.table()
+
+
+def test_results_round_trip_and_format(tmp_path, monkeypatch):
+    monkeypatch.setattr(results, "RESULTS_DIR", tmp_path)
+    monkeypatch.setattr(results, "ROOT", tmp_path)
+    run = bench.Run(meta={"gpu": "NVIDIA Fake 1", "date": "2026-11-22"},
+                    records=[{"kind": "kernel", "name": "k", "shape": [2, 3], "dtype": "fp16", "ms": 1.0,
+                              "gbps": 2.0}])
+    path = run.save("07_summary")
+    assert path == tmp_path / "NVIDIA_Fake_1" / "07_summary.json"
+    data = json.loads(path.read_text())
+    assert set(data) == {"meta", "records"}
+    r = data["records"][0]
+    for key in ("kind", "name", "shape", "dtype", "ms", "gbps", "pct_copy", "pct_fill", "speedup_vs_bnb",
+                "bit_exact"):
+        assert key in r
+    back = bench.Run.load("07_summary", "NVIDIA Fake 1")
+    assert back.recorded and back.records[0]["name"] == "k"
+
+
+def test_committed_results_have_the_documented_fields():
+    found = list(results.RESULTS_DIR.glob("*/*.json"))
+    for p in found:
+        data = json.loads(p.read_text())
+        for key in ("gpu", "driver", "clocks", "date", "numba", "numba_cuda", "bitsandbytes", "torch", "method"):
+            assert key in data["meta"], (p, key)
+        for r in data["records"]:
+            for key in ("kind", "name", "shape", "dtype", "ms", "gbps"):
+                assert key in r, (p, key)
+            assert r["kind"] in ("kernel", "ceiling", "baseline", "bound"), p
+            assert r["gbps"] is None or r["gbps"] > 0
+
+
+@pytest.mark.skipif(nf4lab.ON_GPU, reason="checks the GPU-less behaviour")
+def test_no_fake_timings_without_a_gpu():
+    with pytest.raises(bench.NoGPUError):
+        bench.gpu_time_ms(lambda s: None)
+    p = subprocess.run([sys.executable, "-m", "nf4lab", "bench", "--shape", "64", "64"],
+                       capture_output=True, text=True, timeout=300)
+    assert p.returncode != 0 and "no usable CUDA GPU" in p.stderr
+
+
+def test_step_in_the_simulator_shows_recorded_results_or_says_none(capsys):
+    if nf4lab.ON_GPU:
+        pytest.skip("measures on a GPU")
+    run = bench.step("00_no_such_notebook", {})
+    assert run is None and "no recorded GPU results" in capsys.readouterr().out
+
+
+def test_plots_draw_ceilings_and_labels(tmp_path):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from nf4lab import plots
+
+    rec = lambda kind, name, gbps, **kw: dict({"kind": kind, "name": name, "shape": [8, 8], "dtype": "bf16",
+                                               "ms": 0.1, "gbps": gbps, "bytes": 10 ** 8}, **kw)
+    run = bench.Run(meta={"gpu": "G", "date": "d", "method": "m"}, records=[
+        rec("ceiling", bench.COPY, 3000.0), rec("ceiling", bench.FILL, 3200.0),
+        rec("baseline", bench.BNB_GPU, 2000.0), rec("kernel", "06 best", 2900.0)]).finalize()
+    ax = plots.bars(run)
+    assert ax.get_xlabel().startswith("effective bandwidth")
+    assert len(ax.get_lines()) == 2  # the two ceilings
+    ax = plots.sweep(run)
+    assert ax.get_xscale() == "log" and ax.get_ylabel().endswith("GB/s")

@@ -1,0 +1,54 @@
+"""Every notebook and its solution twin runs top to bottom in the simulator.
+
+A failed verification raises VerificationError in its cell and fails the notebook;
+solutions assert their exercise checks; student notebooks must show their unsolved
+exercises failing the checker cleanly (printed, not raised).
+"""
+import subprocess
+import sys
+from pathlib import Path
+
+import nbformat
+import pytest
+
+from nf4lab.__main__ import ROOT, execute_notebook, notebook_paths
+
+NOTEBOOKS = notebook_paths(solutions=True)
+
+
+def test_notebooks_are_built_from_their_sources():
+    p = subprocess.run([sys.executable, str(ROOT / "tools" / "build_notebooks.py"), "--check"],
+                       capture_output=True, text=True)
+    assert p.returncode == 0, p.stdout + p.stderr
+
+
+def test_every_step_has_a_solution_twin():
+    students = {p.stem for p in NOTEBOOKS if "solutions" not in p.parts}
+    solutions = {p.stem.removesuffix("_SOLUTION") for p in NOTEBOOKS if "solutions" in p.parts}
+    assert students and students == solutions
+
+
+def _outputs(nb) -> str:
+    text = []
+    for c in nb.cells:
+        for o in c.get("outputs", []):
+            text.append(o.get("text", "") if isinstance(o.get("text", ""), str) else "")
+            if "data" in o:
+                text.append(str(o["data"].get("text/plain", "")))
+    return "\n".join(text)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
+def test_notebook_runs_in_the_simulator(path, tmp_path):
+    out = tmp_path / path.name
+    execute_notebook(path, out, timeout=600)
+    nb = nbformat.read(out, as_version=4)
+    text = _outputs(nb)
+    assert "NOT bit-exact" not in text
+    has_exercises = any("nf4lab.check" in c.source or "check(" in c.source for c in nb.cells
+                        if c.cell_type == "code")
+    if has_exercises and "solutions" in path.parts:
+        assert "NOT PASSED" not in text, "a solution fails its own checker"
+    elif has_exercises:
+        assert "NOT PASSED" in text, "an unsolved exercise should fail its checker (cleanly)"
