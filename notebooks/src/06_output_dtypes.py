@@ -1,0 +1,367 @@
+# 06 -- One kernel for bf16, fp16 and fp32 output, each bit-exact, at the memory wall.
+#
+# Percent-format source of notebooks/06_output_dtypes.ipynb
+# (build: python tools/build_notebooks.py 06_output_dtypes).
+
+# %% [markdown]
+# # 06 · bf16, fp16 and fp32 output, at the memory wall
+#
+# **Goal.** bitsandbytes dequantizes to bf16, fp16 or fp32, and our kernel must match it bit for
+# bit in each. We write **one kernel source** and let numba compile a specialised kernel per output
+# dtype, choosing the conversion at compile time: `cvt.rn.bf16x2.f32` for bf16, `cvt.rn.f16x2.f32`
+# for fp16, the float32 bits themselves for fp32. This is also the series' best kernel: several
+# packed words per thread, all loaded before any store, shared LUT, warp-contiguous 16-byte
+# stores. It should reach the copy ceiling.
+#
+# **Contents**
+# 1. [Prediction](#prediction)
+# 2. [Design](#design)
+# 3. [The kernel](#kernel)
+# 4. [PTX evidence, per dtype](#ptx)
+# 5. [Verification, per dtype](#verify)
+# 6. [Benchmark](#bench)
+# 7. [What we learned](#learned)
+# 8. [Exercise](#exercises)
+
+# %%
+import nf4lab  # first: decides GPU or simulator before numba.cuda is imported
+
+import numpy as np
+from numba import cuda
+
+from nf4lab import bench, bytemodel, plots, ptx
+
+print(nf4lab.describe())
+cases = {d: nf4lab.make_case(dtype=d) for d in ("bf16", "fp16", "fp32")}   # default shape
+for c in cases.values():
+    print(c)
+
+
+def sig(dtype):
+    """Argument types for compiling PTX: the output array is uint16 bits, or uint32 for fp32."""
+    out = "uint32" if dtype == "fp32" else "uint16"
+    return ("(uint8[::1], uint32[::1], float32[::1], uint8[::1], float32[::1], float32[::1], float32, "
+            f"{out}[::1], uint32[::1], uint64, uint64)")
+
+# %% [markdown]
+# <a id="prediction"></a>
+# ## 1. Prediction
+#
+# The byte model: the inputs are the same for every dtype, the output is 2 or 4 bytes per weight.
+# At the copy ceiling (measured in 00, same GPU) the time cannot be lower than bytes / bandwidth.
+# fp32 moves almost twice the bytes; it is a write-mostly kernel, so its ceiling is rather the
+# write-only fill.
+
+# %%
+N_BIG = 16384 * 16384
+ceil = bench.Run.load("00_ceiling")
+copy = ceil.get(bench.COPY) if ceil is not None else None
+fill = ceil.get(bench.FILL) if ceil is not None else None
+for d in ("bf16", "fp16", "fp32"):
+    nbytes = bytemodel.bytes_moved(N_BIG, d)
+    line = f"16384 x 16384 -> {d}: {nbytes / 1e6:.0f} MB"
+    if copy:
+        line += f"; at the copy ceiling ({copy['gbps']:.0f} GB/s): {nbytes / copy['gbps'] / 1e6:.3f} ms"
+    if fill and d == "fp32":
+        line += f"; at the fill ceiling ({fill['gbps']:.0f} GB/s): {nbytes / fill['gbps'] / 1e6:.3f} ms"
+    print(line)
+for name in ("04_vector_loads", "05_shared_lut"):
+    r = bench.Run.load(name)
+    if r is not None and r.kernels():
+        best = max(r.kernels(), key=lambda k: k["gbps"])
+        print(f"best so far in {name}: {best['name']!r} {best['gbps']:.0f} GB/s ({best['pct_copy']:.0f}% of copy)")
+if copy is None:
+    print("(no recorded ceiling for this GPU: run notebook 00 on a GPU)")
+
+# %% [markdown]
+# <a id="design"></a>
+# ## 2. Design
+#
+# What the earlier steps taught, combined:
+#
+# * **Warp-contiguous accesses, without an exchange.** Lane `t` of a block takes packed words
+#   `base + t`, `base + t + THREADS`, ... (`WORDS` of them). Each warp load instruction reads 128
+#   contiguous bytes (4 per lane), each store instruction writes 512 contiguous bytes (one 16-byte
+#   store per lane = the 8 weights of a word). Step 04's shared-memory exchange is no longer
+#   needed: the 16-byte load was what made it necessary.
+# * **All loads before any store.** The `WORDS` loads of a thread are issued back to back into
+#   registers (a local array that LLVM keeps in registers once the loop over `WORDS` is
+#   unrolled), so each thread has `WORDS` loads in flight before it waits for the first.
+# * **Shared LUT** (step 05), filled once per block.
+# * **The scale once per word** (`fmul_rn`/`fadd_rn`, never an FMA), the block index a shift.
+# * **fp32** writes 32 bytes per word: two 16-byte stores.
+# * **The tail:** the word that holds the last weights is finished one weight at a time.
+#
+# **Choosing the dtype at compile time.** `make_kernel(dtype)` defines the kernel inside a
+# function, closing over the constant `OUT`. numba freezes closure constants into the code, so
+# `if OUT == FP32:` is decided at compile time and each kernel contains only its own conversion
+# (the PTX below shows it). `launch(b)` picks the kernel for `b.dtype`.
+
+# %% tags=["kernel"]
+import nf4lab  # noqa: F811  (this cell runs on its own in nf4lab.versions)
+import numpy as np
+from numba import cuda, float32, uint32, uint64
+
+from nf4lab import ops
+
+THREADS = 256          # threads per block
+WORDS = 4              # packed uint32 words per thread (8 weights each), at stride THREADS
+NIB = uint32(15)
+U1 = uint64(1)
+BF16, FP16, FP32 = 0, 1, 2
+OUT_KINDS = {"bf16": BF16, "fp16": FP16, "fp32": FP32}
+
+
+@cuda.jit(device=True, inline="always")
+def block_scale(absmax_q, absmax2, code2, offset, blk):
+    """code2[absmax_q[blk]] * absmax2[group] + offset, both operations rounded (never an FMA)."""
+    return ops.fadd_rn(ops.fmul_rn(code2[absmax_q[blk]], absmax2[blk >> 8]), offset)
+
+
+def make_kernel(dtype):
+    OUT = OUT_KINDS[dtype]     # a constant of the closure: numba compiles only the branches it selects
+
+    @cuda.jit(device=True, inline="always")
+    def pack2(lo, hi):
+        """Two weights -> one uint32 of two 16-bit values, `lo` at the lower address."""
+        if OUT == BF16:
+            return ops.pack_bf16x2(lo, hi)          # cvt.rn.bf16x2.f32
+        return ops.pack_f16x2(lo, hi)               # cvt.rn.f16x2.f32
+
+    @cuda.jit(device=True, inline="always")
+    def bits1(x):
+        """One weight -> its output bits, for the tail."""
+        if OUT == BF16:
+            return ops.to_bf16_bits(x)
+        if OUT == FP16:
+            return ops.to_f16_bits(x)
+        return ops.float_bits(x)
+
+    @cuda.jit
+    def kernel(packed, packed_u32, lut, absmax_q, absmax2, code2, offset, out, out_u32, n, log2_bs):
+        table = cuda.shared.array(16, float32)      # the LUT in shared memory (step 05)
+        tid = cuda.threadIdx.x
+        if tid < 16:
+            table[tid] = lut[tid]
+        cuda.syncthreads()
+
+        base = uint64(cuda.blockIdx.x) * uint64(THREADS * WORDS) + uint64(tid)
+        words = cuda.local.array(WORDS, uint32)
+        for k in range(WORDS):                      # 1. all loads first: WORDS loads in flight
+            wi = base + uint64(k * THREADS)
+            words[k] = packed_u32[wi] if (wi << 3) < n else uint32(0)
+
+        for k in range(WORDS):                      # 2. convert and store, word by word
+            wi = base + uint64(k * THREADS)
+            first = wi << 3                         # the word's 8 weights: first .. first+7
+            if first < n:
+                s = block_scale(absmax_q, absmax2, code2, offset, first >> log2_bs)
+                w = words[k]
+                if first + uint64(8) <= n:
+                    v = cuda.local.array(8, float32)
+                    for p in range(4):              # byte p -> weights 2p (high nibble), 2p+1
+                        byte = w >> uint32(8 * p)
+                        v[2 * p] = table[(byte >> 4) & NIB] * s
+                        v[2 * p + 1] = table[byte & NIB] * s
+                    if OUT == FP32:                 # 32 bytes: two 16-byte stores
+                        ops.store_u32x4(out_u32, first, ops.float_bits(v[0]), ops.float_bits(v[1]),
+                                        ops.float_bits(v[2]), ops.float_bits(v[3]))
+                        ops.store_u32x4(out_u32, first + uint64(4), ops.float_bits(v[4]), ops.float_bits(v[5]),
+                                        ops.float_bits(v[6]), ops.float_bits(v[7]))
+                    else:                           # 16 bytes: one store
+                        ops.store_u32x4(out_u32, wi << 2, pack2(v[0], v[1]), pack2(v[2], v[3]),
+                                        pack2(v[4], v[5]), pack2(v[6], v[7]))
+                else:                               # the tail: weights first .. n-1, one by one
+                    i = first
+                    while i < n:
+                        byte = w >> uint32(((i - first) >> 1) << 3)
+                        q = ((byte >> 4) & NIB) if (i & U1) == 0 else (byte & NIB)
+                        out[i] = bits1(table[q] * s)
+                        i += U1
+
+    return kernel
+
+
+KERNELS = {d: make_kernel(d) for d in OUT_KINDS}
+
+
+def address(a):
+    try:
+        return a.__cuda_array_interface__["data"][0]
+    except AttributeError:
+        return a.__array_interface__["data"][0]
+
+
+def launch(b):
+    """NF4 -> b.dtype (bf16, fp16 or fp32), bit-exact with bitsandbytes."""
+    if address(b.out_u32) % 16 or address(b.packed_u32) % 4:
+        raise ValueError("the output must be 16-byte aligned and the codes 4-byte aligned for vector access")
+    words = (b.n + 7) // 8
+    blocks = max(1, (words + THREADS * WORDS - 1) // (THREADS * WORDS))
+    KERNELS[b.dtype][blocks, THREADS, b.stream](
+        b.packed, b.packed_u32, b.lut, b.absmax_q, b.absmax2, b.code2, b.offset, b.out, b.out_u32,
+        np.uint64(b.n), np.uint64(b.blocksize.bit_length() - 1))
+
+
+VERSIONS = {"06 best kernel (bf16/fp16/fp32)": launch}
+
+# %% [markdown]
+# <a id="ptx"></a>
+# ## 4. PTX evidence, per dtype
+#
+# Each kernel contains only its own conversion: bf16 `cvt.rn.bf16x2.f32` and no `f16x2`, fp16 the
+# reverse, fp32 neither (the float32 bits go straight into the stores). All three: `WORDS`
+# 32-bit loads one after another at a stride of `THREADS` words (the loop unrolled, the local
+# arrays in registers: no `ld.local`), 16-byte stores (two per word for fp32), shared LUT, no FMA,
+# no float64.
+
+# %%
+kernel_ptx = {}
+for d in ("bf16", "fp16", "fp32"):
+    kernel_ptx[d] = p = nf4lab.compile_ptx(KERNELS[d], sig(d))
+    print(f"--- {d}")
+    ptx.show(p, [r"^ld\.global\.(nc\.)?u32", r"^st\.global\.v4", r"^cvt\.rn\.\w+x2"], limit=4)
+    print()
+
+common_present = [r"^st\.global\.v4\.u32", r"^ld\.shared\.f32", r"^bar\.sync", r"^mul\.rn\.f32", r"^add\.rn\.f32"]
+common_absent = [r"^fma", r"\.f64\b", r"^ld\.local", r"^st\.local", r"^(div|rem)\."]
+ptx.check(kernel_ptx["bf16"], present=common_present + [r"^cvt\.rn\.bf16x2\.f32"],
+          absent=common_absent + [r"^cvt\.rn\.f16x2"])
+ptx.check(kernel_ptx["fp16"], present=common_present + [r"^cvt\.rn\.f16x2\.f32"],
+          absent=common_absent + [r"^cvt\.rn\.bf16x2"])
+ptx.check(kernel_ptx["fp32"], present=common_present, absent=common_absent + [r"^cvt\.rn\.\w+x2"])
+for d, p in kernel_ptx.items():
+    loads = ptx.count(p, r"^ld\.global\.(nc\.)?u32")
+    assert loads >= WORDS, f"{d}: expected the {WORDS} word loads unrolled, found {loads}"
+    print(f"{d}: {loads} ld.global.u32 (word loads), {ptx.count(p, r'^st.global.v4')} st.global.v4")
+
+# %% [markdown]
+# <a id="verify"></a>
+# ## 5. Verification, per dtype
+#
+# fp16 deserves attention: its range is small (largest finite value 65504) and it has subnormals,
+# so "heavy" weights with per-row scales over orders of magnitude exercise the rounding at both
+# ends. `cvt.rn.f16x2.f32` rounds to nearest even, overflows to infinity and produces subnormals
+# exactly as torch's conversion does: bit-exact here means the same infinities and subnormals too.
+
+# %%
+for d, c in cases.items():
+    print(nf4lab.run_and_verify(launch, c, name=f"06 -> {d}"))
+shapes = nf4lab.edge_shapes() if nf4lab.ON_GPU else [(1, 1), (3, 5), (1, 63), (1, 65), (7, 33)]
+for d in ("bf16", "fp16", "fp32"):
+    for shape in shapes:
+        nf4lab.run_and_verify(launch, nf4lab.make_case(shape, dtype=d), name=f"06 -> {d} {shape}")
+    for dist in ("heavy", "codes"):
+        c = nf4lab.make_case(cases[d].shape if nf4lab.ON_GPU else (31, 67), dtype=d, dist=dist)
+        nf4lab.run_and_verify(launch, c, name=f"06 -> {d} [{dist}]")
+    print(f"06 -> {d}: bit-exact on {len(shapes)} edge shapes and on the heavy and codes distributions")
+
+# %% [markdown]
+# <a id="bench"></a>
+# ## 6. Benchmark
+#
+# One kernel source, timed for each output dtype at the default shape, each with its own ceilings
+# and bitsandbytes (for the same dtype) in the same run.
+
+# %%
+run = bench.step("06_output_dtypes", {
+    "06 best kernel -> bf16": (launch, cases["bf16"]),
+    "06 best kernel -> fp16": (launch, cases["fp16"]),
+    "06 best kernel -> fp32": (launch, cases["fp32"]),
+})
+if run is not None:
+    print(run.table())
+    for r in run.kernels():
+        print(f"{r['name']}: {r['gbps']:.0f} GB/s, {r['pct_copy']:.0f}% of copy, {r['pct_fill']:.0f}% of fill, "
+              f"{r['speedup_vs_bnb']:.2f}x bitsandbytes")
+
+# %%
+plots.progress("06_output_dtypes")
+
+# %%
+if run is not None:
+    for d in ("fp16", "fp32"):
+        try:
+            plots.bars(run, dtype=d, title=f"06 best kernel -> {d}, with its ceilings and bitsandbytes")
+        except ValueError as exc:
+            print(exc)
+
+# %% [markdown]
+# <a id="learned"></a>
+# ## 7. What we learned
+#
+# * One source, three kernels: a factory closing over a constant lets numba compile a specialised
+#   kernel per dtype, and the PTX proves each one carries only its own conversion.
+# * Bit-exactness per dtype is a property of the *rounding instruction*: `cvt.rn.bf16x2.f32`,
+#   `cvt.rn.f16x2.f32` (round to nearest even, both lanes at once, first operand to the upper
+#   half), or no rounding at all for fp32.
+# * At the wall, what is left is the access pattern: warp-contiguous loads and stores, several
+#   loads in flight per thread, nothing else on the critical path. Compare the bars with the copy
+#   ceiling; fp32 writes twice the output bytes and is compared with the fill ceiling.
+# * `nf4lab.dequantize` (the drop-in, `nf4lab/fastkernel.py`) uses this design.
+#
+# The summary, [07](07_summary.ipynb), puts all steps side by side and across sizes.
+
+# %% [markdown]
+# <a id="exercises"></a>
+# ## 8. Exercise: the fp16 path
+#
+# A colleague wrote an fp16-only version of a simple one-word-per-thread kernel. It looks right,
+# and bf16 and fp16 "are both 16 bits". Run the check with `dtype="fp16"`, read the message
+# (every position of what?), and fix the kernel. *Think first:* in `cvt.rn.f16x2.f32 d, a, b`,
+# which operand lands in the upper half of `d`, and which weight of a pair belongs at the lower
+# address?
+
+# %%
+@cuda.jit(device=True, inline="always")
+def f16_pair(byte, table, s):
+### BEGIN SOLUTION
+    return ops.pack_f16x2(table[(byte >> 4) & NIB] * s, table[byte & NIB] * s)   # (lo, hi): high nibble first
+### STUDENT
+    # TODO: not bit-exact. Fix this line.
+    return ops.pack_f16x2(table[byte & NIB] * s, table[(byte >> 4) & NIB] * s)
+### END SOLUTION
+
+
+@cuda.jit
+def dequant_fp16(packed, packed_u32, lut, absmax_q, absmax2, code2, offset, out, out_u32, n, log2_bs):
+    table = cuda.shared.array(16, float32)
+    if cuda.threadIdx.x < 16:
+        table[cuda.threadIdx.x] = lut[cuda.threadIdx.x]
+    cuda.syncthreads()
+    wi = uint64(cuda.grid(1))
+    first = wi << 3
+    if first < n:
+        s = block_scale(absmax_q, absmax2, code2, offset, first >> log2_bs)
+        w = packed_u32[wi]
+        if first + uint64(8) <= n:
+            ops.store_u32x4(out_u32, wi << 2, f16_pair(w, table, s), f16_pair(w >> 8, table, s),
+                            f16_pair(w >> 16, table, s), f16_pair(w >> 24, table, s))
+        else:
+            i = first
+            while i < n:
+                byte = w >> uint32(((i - first) >> 1) << 3)
+                q = ((byte >> 4) & NIB) if (i & U1) == 0 else (byte & NIB)
+                out[i] = ops.to_f16_bits(table[q] * s)
+                i += U1
+
+
+def launch_fp16(b):
+    words = (b.n + 7) // 8
+    dequant_fp16[(words + 127) // 128, 128, b.stream](
+        b.packed, b.packed_u32, b.lut, b.absmax_q, b.absmax2, b.code2, b.offset, b.out, b.out_u32,
+        np.uint64(b.n), np.uint64(b.blocksize.bit_length() - 1))
+
+
+result = nf4lab.check(launch_fp16, name="exercise: fp16 path", dtype="fp16", shapes=((3, 5), (1, 65), (7, 33)))
+### BEGIN SOLUTION
+assert result
+### STUDENT
+### END SOLUTION
+
+# %% [markdown]
+# *What to notice:* the tail (written one weight at a time) was right all along; only the packed
+# pairs were swapped, which verification recognises and names. Packing intrinsics differ in
+# operand order between libraries (`__floats2half2_rn(a, b)` puts `a` in the *low* half, the raw
+# `cvt.rn.f16x2.f32` puts its first source in the *high* half); `nf4lab.ops.pack_f16x2(lo, hi)`
+# hides that, but only if `lo` is the weight at the lower address.
