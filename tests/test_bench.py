@@ -97,3 +97,9 @@ def test_plots_draw_ceilings_and_labels(tmp_path):
     assert len(ax.get_lines()) == 2  # the two ceilings
     ax = plots.sweep(run)
     assert ax.get_xscale() == "log" and ax.get_ylabel().endswith("GB/s")
+
+
+def test_readme_results_block_is_generated_from_the_results_files():
+    p = subprocess.run([sys.executable, str(results.ROOT / "tools" / "readme_results.py"), "--check"],
+                       capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stdout + p.stderr
