@@ -128,8 +128,6 @@ def main(argv=None) -> int:
             f = Path(f)
             shutil.copy2(f, dest / f.name)
             files[kind] = f.name
-            if out:
-                shutil.copy2(f, out / f.name)
         if Path(res["report"]).exists():
             reports.append(Path(res["report"]))
         k = profiling.main_kernel(res["kernels"])
