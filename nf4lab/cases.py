@@ -95,9 +95,11 @@ class Case:
 def _validate(shape, dtype, dist, seed, blocksize, quant_type) -> tuple:
     if isinstance(shape, int):
         shape = (shape,)
+    if isinstance(shape, str):
+        raise ValueError(f"shape must be a tuple of positive ints, got {shape!r}")
     try:
         shape = tuple(int(s) for s in shape)
-    except TypeError:
+    except (TypeError, ValueError):
         raise ValueError(f"shape must be a tuple of positive ints, got {shape!r}") from None
     if not shape or len(shape) > 2 or any(s < 1 for s in shape):
         raise ValueError(f"shape must be 1 or 2 positive ints (rows, cols), got {shape!r}")
