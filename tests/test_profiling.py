@@ -177,3 +177,17 @@ def test_real_source_page_maps_stalls_to_python_lines():
     assert top and "scale = ops.fadd_rn" in top[0]["source"] and top[0]["line"].isdigit()
     assert sum(t["pct"] for t in top) <= 100.0 + 1e-9
     assert all(t["sass"] for t in top)
+
+
+@pytest.mark.slow
+def test_notebook_08_runs_and_never_presents_the_fixture_as_a_measurement(tmp_path):
+    nbformat = pytest.importorskip("nbformat")
+    nbclient = pytest.importorskip("nbclient")
+    nb = nbformat.read(P.ROOT / "notebooks" / "08_profiling.ipynb", as_version=4)
+    nbclient.NotebookClient(nb, timeout=120, kernel_name="python3",
+                            resources={"metadata": {"path": str(P.ROOT / "notebooks")}}).execute()
+    text = "\n".join(o.get("text", "") for c in nb.cells if c.cell_type == "code" for o in c.outputs)
+    if P.load_recorded() is None:
+        assert "No profile recorded yet" in text and "NOT A MEASUREMENT" in text
+    else:
+        assert "recorded profiles: data/ncu/" in text and "NOT A MEASUREMENT" not in text

@@ -159,10 +159,13 @@ for name, s in summaries.items():
 # %% [markdown]
 # Look at the per-byte version first: a low DRAM %, although the bytes moved match the model.
 # The kernel does not move *more* than it must; it cannot keep enough bytes *in flight* to
-# cover the DRAM latency. Each later step raised the bytes per memory instruction.
+# cover the DRAM latency. The versions that reach the wall move the same bytes in less time.
+# A ratio slightly below 1 is the L2 cache: the last part of the output is still in L2 when
+# the kernel ends and is written back to DRAM after it; a ratio above 1 means some lines went
+# to DRAM more than once (stores that reach L2 in pieces).
 #
-# The ncu time is a little longer than the benchmark's: ncu flushes the caches before each
-# replay (`--cache-control all`), and it measures one launch instead of a median of many.
+# Use the benchmarks (notebooks 00-07) for times and ncu for explanations: ncu flushes the
+# caches before each replay (`--cache-control all`) and times a single launch.
 
 # %% [markdown]
 # <a id="sectors"></a>
@@ -246,10 +249,13 @@ for name, s in summaries.items():
 
 # %% [markdown]
 # High occupancy does not make the per-byte kernel fast: its warps are resident, but each
-# holds only a few bytes of loads in flight. The vector kernels reach the wall with the same or
-# lower occupancy because each memory instruction carries 16 times more bytes. Achieved below
-# theoretical means warps were missing some of the time: the tail of the grid (the last wave
-# does not fill the GPU) and blocks starting and ending.
+# holds only a few bytes of loads in flight. The vector kernels reach the wall with about the
+# same occupancy: what changed is the bytes each memory instruction carries. Achieved far
+# below theoretical means the launch did not supply the warps: a grid-stride launch with a
+# small, fixed grid (notebook 02) leaves most warp slots empty however few registers the
+# kernel uses. A few points below theoretical is normal: the last wave of blocks does not fill
+# the GPU, and blocks take time to start and end. Theoretical below 100 % comes from the
+# registers: more than 32 registers per thread no longer fit 64 warps in an SM's 64K registers.
 
 # %% [markdown]
 # <a id="stalls"></a>
@@ -262,11 +268,15 @@ for name, s in summaries.items():
 # | reason | the warp waits for | in these kernels |
 # | --- | --- | --- |
 # | `long_scoreboard` | a result from global (or local) memory | the packed codes, then the dependent `code2[absmax_q[b]]`: a load whose address needs another load |
-# | `lg_throttle` | room in the queue of global memory instructions | too many narrow loads/stores per byte moved: the per-byte kernel's many 8- and 16-bit accesses |
+# | `lg_throttle` | room in the queue of global memory instructions | a thread issuing several memory instructions back to back, e.g. four 16-byte stores in a row |
+# | `mio_throttle`, `short_scoreboard` | the MIO unit: shared memory, and constant-cache accesses whose lanes read different addresses | the LUT in shared or constant memory (05) |
+# | `barrier` | the other warps of the block at `cuda.syncthreads()` | kernels that stage data in shared memory |
+# | `math_pipe_throttle` | a busy arithmetic pipe | many instructions per weight, e.g. the LUT as a tree of selects (05) |
 # | `drain` | its stores to leave, at exit | store-heavy kernels: 4 bytes out for every byte in |
-# | `mio_throttle`, `short_scoreboard` | shared memory | the shared LUT (05) |
 # | `wait` | a fixed-latency dependency | plain arithmetic |
 # | `not_selected` | nothing: it was ready but another warp issued | a healthy sign: more ready warps than the scheduler needs |
+#
+# Which version shows each reason most:
 
 # %%
 for name, s in summaries.items():
@@ -274,9 +284,20 @@ for name, s in summaries.items():
         top = ", ".join(f"{r} {v:.1f}" for r, v in s["stalls"][:4])
         print(f"{name[:48]:<48} {top}   ({s['stall_unit']})")
 
+# %%
+most = {}
+for name, s in summaries.items():
+    for reason, v in (s["stalls"] if s else [])[:3]:
+        if v > most.get(reason, ("", 0.0))[1]:
+            most[reason] = (name, v)
+for reason, (name, v) in sorted(most.items(), key=lambda x: -x[1][1]):
+    print(f"{reason:<20} largest in {name} ({v:.1f})")
+
 # %% [markdown]
 # A memory-bound kernel at the wall still shows `long_scoreboard` first: its warps wait on DRAM,
 # as they must. What changes from version to version is how many bytes each wait brings in.
+# When another reason comes first, the kernel is held up by something other than DRAM: that is
+# the version to look at in its notebook.
 
 # %% [markdown]
 # <a id="lines"></a>
@@ -313,10 +334,12 @@ else:
     print("No profile recorded yet: no source lines to show.")
 
 # %% [markdown]
-# Two patterns to look for. A line like `scale = fadd_rn(fmul_rn(code2[absmax_q[blk]], ...))`
-# collecting most samples on the instruction right after its loads is the dependent load
-# chain: `code2[...]` cannot start before `absmax_q[blk]` has arrived. And `I2F.F64` /
-# `DSETP` instructions in a bounds check are the signed/unsigned comparison of notebook 01
+# How to read it. Instructions of device functions that numba inlines (`inline="always"`) and
+# of the `nf4lab.ops` helpers are often attributed to the kernel's `def` line, so a `def` line
+# at the top means "inside a helper": the instruction column says which. An `IMAD.WIDE.U32`
+# collecting most samples is the address of `code2[absmax_q[blk]]` being computed: the warp
+# waits there for the `absmax_q` load it depends on (a dependent load chain). And `I2F.F64` /
+# `DSETP` instructions in a bounds check would be the signed/unsigned comparison of notebook 01
 # (numba compares int64 with uint64 in float64).
 
 # %% [markdown]
@@ -354,6 +377,7 @@ else:
 #   more when lanes stride.
 # - Occupancy is a means: what a memory-bound kernel needs is bytes in flight, and wider
 #   accesses supply them with fewer warps.
-# - `long_scoreboard` dominates every version: the warps wait on memory. Narrow accesses add
-#   `lg_throttle`; the stores add `drain`.
+# - `long_scoreboard` comes first in the memory-bound versions: the warps wait on memory. Any
+#   other reason on top (`lg_throttle`, `mio_throttle`, `math_pipe_throttle`) names what holds
+#   a version back before DRAM does.
 # - With `lineinfo=True`, stalls land on Python lines, which is where a fix is written.
