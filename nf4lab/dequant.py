@@ -212,7 +212,7 @@ def _cpu_absmax(p):
     s2 = qs.state2
     idx = torch.arange(p.nblocks) // p.gsize
     # Two roundings, as bitsandbytes: dequantize_blockwise (code2[q] * absmax2), then += offset.
-    a = s2.code[qs.absmax[: p.nblocks].long()] * s2.absmax[idx]
+    a = s2.code.take(qs.absmax[: p.nblocks].long()) * s2.absmax.take(idx)
     return a + qs.offset
 
 
@@ -227,13 +227,12 @@ def _dequantize_cpu(p, out):
     if n == 0:
         return out
     flat = p.A.reshape(-1)[: p.nbytes]
-    codes = torch.empty(2 * p.nbytes, dtype=torch.int64)
-    codes[0::2] = flat >> 4     # high nibble first
-    codes[1::2] = flat & 15
     lut = (NF4_LUT if p.quant_type == "nf4" else FP4_LUT).copy()
     if p.quant_type == "fp4":
         lut[8] = np.float32(_cpu_fp4_zero(path))
-    vals = torch.from_numpy(lut)[codes[:n]]
+    # One gather per byte from a 256 x 2 table: (high nibble, low nibble), high first.
+    pairs = torch.from_numpy(np.stack([np.repeat(lut, 16), np.tile(lut, 16)], axis=1))
+    vals = pairs.index_select(0, flat.long()).view(-1)[:n]
     absmax = _cpu_absmax(p)
     full = n // bs * bs
     res = torch.empty(n, dtype=torch.float32)
