@@ -67,7 +67,8 @@ class Case:
 
     @property
     def lut(self) -> np.ndarray:
-        return reference.LUTS[self.quant_type]
+        """The table bitsandbytes used for this case (fp4 differs at code 8 between CPU and CUDA)."""
+        return reference.lut_for(self.quant_type, self.device)
 
     def expected_f32(self) -> np.ndarray:
         return reference.bits_to_f32(self.expected, self.dtype)

@@ -32,6 +32,19 @@ FP4_LUT = (np.array([0, 0.0625, 8.0, 12.0, 4.0, 6.0, 2.0, 3.0,
 
 LUTS = {"nf4": NF4_LUT, "fp4": FP4_LUT}
 
+# bitsandbytes' CUDA kernel decodes fp4 with a sign bit applied to the magnitude, so code 8
+# comes out as -0.0 there: same table, one signed zero apart.
+FP4_LUT_CUDA = FP4_LUT.copy()
+FP4_LUT_CUDA[8] = np.float32(-0.0)
+LUTS_CUDA = {"nf4": NF4_LUT, "fp4": FP4_LUT_CUDA}
+
+
+def lut_for(quant_type: str, device: str = "cpu") -> np.ndarray:
+    """The 16-entry table bitsandbytes uses for ``quant_type`` on ``device`` ("cpu" or "cuda...")."""
+    if quant_type not in LUTS:
+        raise ValueError(f"quant_type must be one of {QUANT_TYPES}, got {quant_type!r}")
+    return (LUTS_CUDA if str(device).startswith("cuda") else LUTS)[quant_type]
+
 DTYPES = ("bf16", "fp16", "fp32")
 ITEMSIZE = {"bf16": 2, "fp16": 2, "fp32": 4}
 BITS_DTYPE = {"bf16": np.uint16, "fp16": np.uint16, "fp32": np.uint32}
@@ -89,23 +102,22 @@ def block_absmax(absmax_q, absmax2, code2, offset, nested_blocksize=NESTED_BLOCK
     return (scaled.astype(np.float32) + np.float32(offset)).astype(np.float32)
 
 
-def dequantize_f32(packed, absmax, n, blocksize, quant_type="nf4") -> np.ndarray:
+def dequantize_f32(packed, absmax, n, blocksize, quant_type="nf4", device="cpu") -> np.ndarray:
     """float32 weights from packed codes and per-block float32 absmax."""
-    if quant_type not in LUTS:
-        raise ValueError(f"quant_type must be one of {QUANT_TYPES}, got {quant_type!r}")
+    lut = lut_for(quant_type, device)
     codes = unpack_codes(packed, n)
     scale = np.asarray(absmax, np.float32)[np.arange(n) // blocksize]
-    return LUTS[quant_type][codes] * scale
+    return lut[codes] * scale
 
 
 def dequantize_bits(packed, absmax_q, absmax2, code2, offset, n, blocksize, dtype,
-                    quant_type="nf4") -> np.ndarray:
+                    quant_type="nf4", device="cpu") -> np.ndarray:
     """Bit patterns (uint16 for bf16/fp16, uint32 for fp32) of bitsandbytes' dequantize_4bit."""
     absmax = block_absmax(absmax_q, absmax2, code2, offset)
-    return f32_to_bits(dequantize_f32(packed, absmax, n, blocksize, quant_type), dtype)
+    return f32_to_bits(dequantize_f32(packed, absmax, n, blocksize, quant_type, device), dtype)
 
 
 def dequantize_case(case) -> np.ndarray:
-    """The reference bits for a :class:`nf4lab.cases.Case`."""
+    """The reference bits for a :class:`nf4lab.cases.Case` (with the table of the device bnb ran on)."""
     return dequantize_bits(case.packed, case.absmax_q, case.absmax2, case.code2, case.offset,
-                           case.n, case.blocksize, case.dtype, case.quant_type)
+                           case.n, case.blocksize, case.dtype, case.quant_type, case.device)
