@@ -168,7 +168,9 @@ def describe_exception(exc: BaseException) -> list[str]:
         # Typing/lowering errors: keep the first statement of the problem and the source location.
         body = [l for l in lines if l.strip() and not l.startswith("Failed in ")
                 and not l.strip().startswith(("There are", "- Of which", "- Resolution failure",
-                                              "During: resolving", "This error may have been"))]
+                                              "During: resolving", "This error may have been",
+                                              "Overload", "Operator Overload", "With argument",
+                                              "No match", "* ("))]
         head = body[:3]
         loc = []
         for i, l in enumerate(lines):
@@ -177,6 +179,16 @@ def describe_exception(exc: BaseException) -> list[str]:
         out = [f"{kind} while numba compiled the kernel:"] + ["  " + l.strip() for l in head]
         if loc:
             out += ["  at " + loc[0]] + ["    " + l for l in loc[1:]]
+        else:
+            out.append("  (numba names no line: look in the kernel for the operation and the types "
+                       "after '>>>')")
+        fs = _student_frame(exc.__traceback__)
+        if fs is not None:
+            out.append(f"  compiled for the launch at {os.path.basename(fs.filename)}, line {fs.lineno}, "
+                       f"in {fs.name}: {(fs.line or '').strip()}")
+        # Hints from the statement of the problem only: numba's list of candidate
+        # signatures mentions float64 and int64 whatever the kernel did.
+        text = "\n".join(head + loc)
     else:
         msg = [l for l in lines if l.strip()][:3] or [""]
         out = [f"{kind}: {msg[0]}"] + ["  " + l for l in msg[1:]]

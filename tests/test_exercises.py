@@ -84,6 +84,7 @@ def test_write_past_the_end_is_caught_by_the_guard():
     assert "past the end" in str(res)
 
 
+@pytest.mark.skipif(not nf4lab.SIMULATOR, reason="a GPU does not check bounds (the guard region does)")
 def test_exception_in_the_kernel_is_reported_not_raised():
     @cuda.jit
     def crash(out, n):
@@ -96,8 +97,19 @@ def test_exception_in_the_kernel_is_reported_not_raised():
     res = nf4lab.check(launch, name="crash", shapes=((1, 1),), verbose=False)
     assert not res
     assert res.error and "NOT PASSED: crash: the kernel failed on 1x1" in res.verdict
-    if nf4lab.SIMULATOR:
-        assert "IndexError" in res.error and "line" in res.error
+    assert "IndexError" in res.error and "line" in res.error and "bounds check" in res.error
+
+
+def test_wrong_launch_arguments_are_reported_not_raised():
+    @cuda.jit
+    def two_args(out, n):
+        pass
+
+    def launch(b):
+        two_args[1, 32, b.stream](b.out)  # n is missing
+
+    res = nf4lab.check(launch, name="args", shapes=((1, 1),), verbose=False)
+    assert not res and res.error and "NOT PASSED: args: the kernel failed on 1x1" in res.verdict
 
 
 def test_not_implemented_stub_fails_cleanly(capsys):
@@ -158,3 +170,30 @@ def test_signature_stays_backward_compatible():
     params = inspect.signature(nf4lab.check).parameters
     for p in ("name", "dtype", "blocksize", "quant_type", "shapes", "dist", "min_pct_copy"):
         assert p in params and params[p].kind is inspect.Parameter.KEYWORD_ONLY
+
+
+gpu = pytest.mark.skipif(not nf4lab.ON_GPU, reason="needs a CUDA GPU")
+
+
+@gpu
+def test_typing_error_is_reported_on_gpu():
+    @cuda.jit
+    def untypable(out, n):
+        i = cuda.grid(1)
+        out[i] = out[i] + "a"
+
+    def launch(b):
+        untypable[1, 32, b.stream](b.out, b.n)
+
+    res = nf4lab.check(launch, name="typing", shapes=((3, 5),), verbose=False)
+    assert not res and "while numba compiled the kernel" in res.error
+    assert ">>> add(uint16" in res.error and "in launch" in res.error
+    assert "hint: a float64" not in res.error and "hint: signed" not in res.error  # no false hints
+
+
+@gpu
+def test_speed_threshold_on_gpu():
+    ok = nf4lab.check(_make(), name="slow enough", shapes=((3, 5),), min_pct_copy=1, verbose=False)
+    assert ok and ok.pct_copy is not None and 1 <= ok.pct_copy < 150
+    slow = nf4lab.check(_make(), name="too slow", shapes=((3, 5),), min_pct_copy=149, verbose=False)
+    assert not slow and "not fast enough" in str(slow) and "of copy, needs 149%" in slow.verdict
