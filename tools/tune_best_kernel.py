@@ -202,17 +202,208 @@ def make_smem_scales(K, T, store=ops.store_u32x4):
     return launch
 
 
+# ---- round 4: L2 prefetch hints on the loads, and bulk (TMA) stores from shared memory --------
+from llvmlite import ir as _ir
+from numba import types as _types
+from numba.cuda.extending import intrinsic as _intrinsic
+
+if nf4lab.SIMULATOR:
+    def ld_u32_l2_256(arr, i):
+        return arr[i]
+
+    def smem_fence_async():
+        pass
+
+    def bulk_store(out_u32, word, stage, off, nwords):
+        for k in range(nwords):
+            out_u32[word + k] = stage[off + k]
+
+    def bulk_commit_wait():
+        pass
+
+    def st_shared_v4(arr, i, a, b, c, d):
+        arr[i], arr[i + 1], arr[i + 2], arr[i + 3] = a, b, c, d
+
+    def smem_align_offset(arr):
+        return 0
+else:
+    def _ptr(context, builder, aryty, val, idx=None):
+        from numba.cuda import cgutils
+        ary = context.make_array(aryty)(context, builder, val)
+        if idx is None:
+            return ary.data
+        return cgutils.get_item_pointer(context, builder, aryty, ary, [idx], wraparound=False)
+
+    @_intrinsic
+    def ld_u32_l2_256(typingctx, arr, i):
+        sig = _types.uint32(arr, i)
+
+        def codegen(context, builder, sig, args):
+            addr = builder.ptrtoint(_ptr(context, builder, sig.args[0], args[0], args[1]), _ir.IntType(64))
+            asm = _ir.InlineAsm(_ir.FunctionType(_ir.IntType(32), [_ir.IntType(64)]),
+                                "ld.global.nc.L2::256B.u32 $0, [$1];", "=r,l")
+            return builder.call(asm, [addr])
+        return sig, codegen
+
+    def _void_asm(text):
+        @_intrinsic
+        def f(typingctx):
+            sig = _types.void()
+
+            def codegen(context, builder, sig, args):
+                asm = _ir.InlineAsm(_ir.FunctionType(_ir.VoidType(), []), text, "~{memory}", side_effect=True)
+                builder.call(asm, [])
+                return context.get_dummy_value()
+            return sig, codegen
+        return f
+
+    smem_fence_async = _void_asm("fence.proxy.async.shared::cta;")
+    bulk_commit_wait = _void_asm("cp.async.bulk.commit_group; cp.async.bulk.wait_group.read 0;")
+
+    @_intrinsic
+    def smem_align_offset(typingctx, arr):
+        """Words to skip so that the shared array's data is 16-byte aligned."""
+        sig = _types.uint32(arr)
+
+        def codegen(context, builder, sig, args):
+            addr = builder.ptrtoint(_ptr(context, builder, sig.args[0], args[0]), _ir.IntType(64))
+            mis = builder.and_(addr, _ir.Constant(_ir.IntType(64), 15))
+            off = builder.and_(builder.sub(_ir.Constant(_ir.IntType(64), 16), mis), _ir.Constant(_ir.IntType(64), 15))
+            return builder.trunc(builder.lshr(off, _ir.Constant(_ir.IntType(64), 2)), _ir.IntType(32))
+        return sig, codegen
+
+    @_intrinsic
+    def st_shared_v4(typingctx, arr, i, a, b, c, d):
+        sig = _types.void(arr, i, _types.uint32, _types.uint32, _types.uint32, _types.uint32)
+
+        def codegen(context, builder, sig, args):
+            v4 = _ir.VectorType(_ir.IntType(32), 4)
+            p = builder.bitcast(_ptr(context, builder, sig.args[0], args[0], args[1]), _ir.PointerType(v4))
+            vec = _ir.Constant(v4, None)
+            for k, v in enumerate(args[2:]):
+                vec = builder.insert_element(vec, v, _ir.Constant(_ir.IntType(32), k))
+            builder.store(vec, p, align=16)
+            return context.get_dummy_value()
+        return sig, codegen
+
+    @_intrinsic
+    def bulk_store(typingctx, out, word, stage, off, nwords):
+        sig = _types.void(out, word, stage, off, nwords)
+
+        def codegen(context, builder, sig, args):
+            i64 = _ir.IntType(64)
+            g = builder.ptrtoint(_ptr(context, builder, sig.args[0], args[0], args[1]), i64)
+            sh = builder.ptrtoint(_ptr(context, builder, sig.args[2], args[2], args[3]), i64)
+            nb = builder.trunc(builder.mul(context.cast(builder, args[4], sig.args[4], _types.uint64),
+                                           _ir.Constant(i64, 4)), _ir.IntType(32))
+            asm = _ir.InlineAsm(_ir.FunctionType(_ir.VoidType(), [i64, i64, _ir.IntType(32)]),
+                                "{ .reg .u64 ga, sa; cvta.to.global.u64 ga, $0; cvta.to.shared.u64 sa, $1; "
+                                "cp.async.bulk.global.shared::cta.bulk_group [ga], [sa], $2; }",
+                                "l,l,r,~{memory}", side_effect=True)
+            builder.call(asm, [g, sh, nb])
+            return context.get_dummy_value()
+        return sig, codegen
+
+
+def make_words_l2(K, T, store=ops.store_u32x4_cs, bound=False):
+    @cuda.jit
+    def kern(packed_u32, absmax_q, absmax2, code2, offset, lut_g, out_u32, nwords):
+        lut = cuda.shared.array(16, float32)
+        tid = cuda.threadIdx.x
+        if tid < 16:
+            lut[tid] = lut_g[tid]
+        cuda.syncthreads()
+        base = uint64(cuda.blockIdx.x) * uint64(T * K) + uint64(tid)
+        words = cuda.local.array(K, uint32)
+        for j in range(K):
+            w = base + uint64(j * T)
+            if w < nwords:
+                words[j] = ld_u32_l2_256(packed_u32, w)
+        for j in range(K):
+            w = base + uint64(j * T)
+            if w < nwords:
+                x = words[j]
+                if bound:
+                    store(out_u32, w * uint64(4), x, x ^ uint32(1), x ^ uint32(2), x ^ uint32(3))
+                else:
+                    blk = w >> uint64(3)
+                    s = ops.fadd_rn(ops.fmul_rn(code2[absmax_q[blk]], absmax2[blk >> uint64(8)]), offset)
+                    o0 = ops.pack_bf16x2(lut[(x >> 4) & 15] * s, lut[x & 15] * s)
+                    o1 = ops.pack_bf16x2(lut[(x >> 12) & 15] * s, lut[(x >> 8) & 15] * s)
+                    o2 = ops.pack_bf16x2(lut[(x >> 20) & 15] * s, lut[(x >> 16) & 15] * s)
+                    o3 = ops.pack_bf16x2(lut[(x >> 28) & 15] * s, lut[(x >> 24) & 15] * s)
+                    store(out_u32, w * uint64(4), o0, o1, o2, o3)
+
+    def launch(b):
+        nwords = b.n // 8
+        kern[(nwords + T * K - 1) // (T * K), T, b.stream](b.packed_u32, b.absmax_q, b.absmax2, b.code2, b.offset,
+                                                           b.lut, b.out_u32, uint64(nwords))
+    launch.no_verify = bound
+    return launch
+
+
+def make_bulk(K, T, prefetch=False):
+    """Each block stages its T*K*16 output bytes in shared memory; one thread bulk-copies them (TMA)."""
+    STAGE = T * K * 4 + 4
+
+    @cuda.jit
+    def kern(packed_u32, absmax_q, absmax2, code2, offset, lut_g, out_u32, nwords):
+        lut = cuda.shared.array(16, float32)
+        stage = cuda.shared.array(STAGE, uint32)
+        tid = cuda.threadIdx.x
+        if tid < 16:
+            lut[tid] = lut_g[tid]
+        off = smem_align_offset(stage)
+        tile0 = uint64(cuda.blockIdx.x) * uint64(T * K)
+        base = tile0 + uint64(tid)
+        words = cuda.local.array(K, uint32)
+        for j in range(K):
+            w = base + uint64(j * T)
+            if w < nwords:
+                words[j] = ld_u32_l2_256(packed_u32, w) if prefetch else packed_u32[w]
+        cuda.syncthreads()
+        for j in range(K):
+            w = base + uint64(j * T)
+            if w < nwords:
+                blk = w >> uint64(3)
+                s = ops.fadd_rn(ops.fmul_rn(code2[absmax_q[blk]], absmax2[blk >> uint64(8)]), offset)
+                x = words[j]
+                o0 = ops.pack_bf16x2(lut[(x >> 4) & 15] * s, lut[x & 15] * s)
+                o1 = ops.pack_bf16x2(lut[(x >> 12) & 15] * s, lut[(x >> 8) & 15] * s)
+                o2 = ops.pack_bf16x2(lut[(x >> 20) & 15] * s, lut[(x >> 16) & 15] * s)
+                o3 = ops.pack_bf16x2(lut[(x >> 28) & 15] * s, lut[(x >> 24) & 15] * s)
+                st_shared_v4(stage, off + uint32(4 * (j * T + tid)), o0, o1, o2, o3)
+        smem_fence_async()
+        cuda.syncthreads()
+        if tid == 0:
+            valid = nwords - tile0
+            if valid > uint64(T * K):
+                valid = uint64(T * K)
+            bulk_store(out_u32, tile0 * uint64(4), stage, off, valid * uint64(4))
+            bulk_commit_wait()
+
+    def launch(b):
+        nwords = b.n // 8
+        assert b.n % 8 == 0 and b.blocksize == 64 and b.dtype == "bf16"
+        kern[(nwords + T * K - 1) // (T * K), T, b.stream](b.packed_u32, b.absmax_q, b.absmax2, b.code2, b.offset,
+                                                           b.lut, b.out_u32, uint64(nwords))
+    return launch
+
+
 def variants():
     cs = ops.store_u32x4_cs
     return {
         "w2x512 cs": make_words(2, 512, cs),
-        "bound: expand u32 -> 16 B, no arithmetic, w2x512 cs": make_expand_bound(2, 512, cs),
-        "bound: expand w1x256 cs": make_expand_bound(1, 256, cs),
-        "bound: expand w4x256": make_expand_bound(4, 256),
-        "smem scales w2x512 cs": make_smem_scales(2, 512, cs),
-        "smem scales w4x256 cs": make_smem_scales(4, 256, cs),
-        "smem scales w8x128 cs": make_smem_scales(8, 128, cs),
-        "smem scales w2x256": make_smem_scales(2, 256),
+        "w1x256 cs": make_words(1, 256, cs),
+        "L2::256B loads w1x256 cs": make_words_l2(1, 256),
+        "L2::256B loads w2x512 cs": make_words_l2(2, 512),
+        "L2::256B loads w4x256 cs": make_words_l2(4, 256),
+        "bound: L2::256B loads, expand w1x256 cs": make_words_l2(1, 256, bound=True),
+        "bound: L2::256B loads, expand w2x512 cs": make_words_l2(2, 512, bound=True),
+        "bulk (TMA) store w2x256": make_bulk(2, 256),
+        "bulk (TMA) store w4x256": make_bulk(4, 256),
+        "bulk (TMA) store w2x512 + L2::256B": make_bulk(2, 512, prefetch=True),
+        "bulk (TMA) store w8x128 + L2::256B": make_bulk(8, 128, prefetch=True),
     }
 
 
