@@ -79,17 +79,24 @@ if copy is None:
 #
 # What the earlier steps taught, combined:
 #
-# * **Warp-contiguous accesses, without an exchange.** Lane `t` of a block takes packed words
-#   `base + t`, `base + t + THREADS`, ... (`WORDS` of them). Each warp load instruction reads 128
-#   contiguous bytes (4 per lane), each store instruction writes 512 contiguous bytes (one 16-byte
-#   store per lane = the 8 weights of a word). Step 04's shared-memory exchange is no longer
-#   needed: the 16-byte load was what made it necessary.
-# * **All loads before any store.** The `WORDS` loads of a thread are issued back to back into
-#   registers (a local array that LLVM keeps in registers once the loop over `WORDS` is
-#   unrolled), so each thread has `WORDS` loads in flight before it waits for the first.
+# * **Warp-contiguous accesses, without an exchange.** The unit of work is what one 16-byte store
+#   holds: the 8 weights of a packed word for bf16/fp16, 4 weights (half a word) for fp32. Lane `t`
+#   of a block takes units `base + t`, `base + t + THREADS`, ... (`UNITS` of them). Each warp store
+#   instruction writes 512 contiguous bytes; each warp load reads 128 contiguous bytes (64 for
+#   fp32, where two lanes share a word). Step 04's shared-memory exchange is no longer needed: the
+#   16-byte load was what made it necessary.
+# * **All loads before any store.** The `UNITS` loads of a thread are issued back to back into
+#   registers (a local array that LLVM keeps in registers once the loop over `UNITS` is
+#   unrolled), so each thread has `UNITS` loads in flight before it waits for the first.
+# * **The sizes come from measurements.** `tools/tune_best_kernel.py` timed 1, 2, 4 and 8 words
+#   per thread at 128, 256, 512 and 1024 threads, persistent grids, 16-byte loads with an exchange,
+#   streaming stores, L2 prefetch hints and TMA bulk stores on the H100
+#   (`data/results/<gpu>/tuning_round*.json`): all within a few percent; 2 x 512 was among the best.
 # * **Shared LUT** (step 05), filled once per block.
 # * **The scale once per word** (`fmul_rn`/`fadd_rn`, never an FMA), the block index a shift.
-# * **fp32** writes 32 bytes per word: two 16-byte stores.
+# * **fp32** writes 32 bytes per packed word. Giving one thread the whole word would mean two
+#   16-byte stores per lane, 32 bytes apart: each warp store would leave holes, the pitfall of
+#   step 04. Half a word per thread keeps every store instruction contiguous.
 # * **The tail:** the word that holds the last weights is finished one weight at a time.
 #
 # **Choosing the dtype at compile time.** `make_kernel(dtype)` defines the kernel inside a
@@ -104,8 +111,8 @@ from numba import cuda, float32, uint32, uint64
 
 from nf4lab import ops
 
-THREADS = 256          # threads per block
-WORDS = 4              # packed uint32 words per thread (8 weights each), at stride THREADS
+THREADS = 512          # threads per block
+UNITS = 2              # units of 16 output bytes per thread, at stride THREADS (tools/tune_best_kernel.py)
 NIB = uint32(15)
 U1 = uint64(1)
 BF16, FP16, FP32 = 0, 1, 2
@@ -120,6 +127,10 @@ def block_scale(absmax_q, absmax2, code2, offset, blk):
 
 def make_kernel(dtype):
     OUT = OUT_KINDS[dtype]     # a constant of the closure: numba compiles only the branches it selects
+    # A unit is what one 16-byte store holds: 8 weights of a 16-bit dtype (a whole packed word),
+    # or 4 float32 weights (half a packed word). Unit u starts at weight u << SHIFT.
+    SHIFT = 2 if OUT == FP32 else 3
+    WPU = 1 << SHIFT
 
     @cuda.jit(device=True, inline="always")
     def pack2(lo, hi):
@@ -145,38 +156,34 @@ def make_kernel(dtype):
             table[tid] = lut[tid]
         cuda.syncthreads()
 
-        base = uint64(cuda.blockIdx.x) * uint64(THREADS * WORDS) + uint64(tid)
-        words = cuda.local.array(WORDS, uint32)
-        for k in range(WORDS):                      # 1. all loads first: WORDS loads in flight
-            wi = base + uint64(k * THREADS)
-            words[k] = packed_u32[wi] if (wi << 3) < n else uint32(0)
+        base = uint64(cuda.blockIdx.x) * uint64(THREADS * UNITS) + uint64(tid)
+        words = cuda.local.array(UNITS, uint32)
+        for k in range(UNITS):                      # 1. all loads first: UNITS loads in flight
+            first = (base + uint64(k * THREADS)) << SHIFT
+            words[k] = packed_u32[first >> 3] if first < n else uint32(0)
 
-        for k in range(WORDS):                      # 2. convert and store, word by word
-            wi = base + uint64(k * THREADS)
-            first = wi << 3                         # the word's 8 weights: first .. first+7
+        for k in range(UNITS):                      # 2. convert and store, unit by unit
+            u = base + uint64(k * THREADS)
+            first = u << SHIFT                      # the unit's weights: first .. first+WPU-1
             if first < n:
                 s = block_scale(absmax_q, absmax2, code2, offset, first >> log2_bs)
-                w = words[k]
-                if first + uint64(8) <= n:
-                    v = cuda.local.array(8, float32)
-                    for p in range(4):              # byte p -> weights 2p (high nibble), 2p+1
-                        byte = w >> uint32(8 * p)
-                        v[2 * p] = table[(byte >> 4) & NIB] * s
-                        v[2 * p + 1] = table[byte & NIB] * s
-                    if OUT == FP32:                 # 32 bytes: two 16-byte stores
-                        ops.store_u32x4(out_u32, first, ops.float_bits(v[0]), ops.float_bits(v[1]),
+                w = words[k] >> uint32((first & uint64(7)) << 2)   # fp32: odd units use the upper 2 bytes
+                v = cuda.local.array(WPU, float32)
+                for p in range(WPU // 2):           # byte p -> weights 2p (high nibble), 2p+1
+                    byte = w >> uint32(8 * p)
+                    v[2 * p] = table[(byte >> 4) & NIB] * s
+                    v[2 * p + 1] = table[byte & NIB] * s
+                if first + uint64(WPU) <= n:        # a whole unit: one 16-byte store
+                    if OUT == FP32:
+                        ops.store_u32x4(out_u32, u << 2, ops.float_bits(v[0]), ops.float_bits(v[1]),
                                         ops.float_bits(v[2]), ops.float_bits(v[3]))
-                        ops.store_u32x4(out_u32, first + uint64(4), ops.float_bits(v[4]), ops.float_bits(v[5]),
-                                        ops.float_bits(v[6]), ops.float_bits(v[7]))
-                    else:                           # 16 bytes: one store
-                        ops.store_u32x4(out_u32, wi << 2, pack2(v[0], v[1]), pack2(v[2], v[3]),
+                    else:
+                        ops.store_u32x4(out_u32, u << 2, pack2(v[0], v[1]), pack2(v[2], v[3]),
                                         pack2(v[4], v[5]), pack2(v[6], v[7]))
                 else:                               # the tail: weights first .. n-1, one by one
                     i = first
                     while i < n:
-                        byte = w >> uint32(((i - first) >> 1) << 3)
-                        q = ((byte >> 4) & NIB) if (i & U1) == 0 else (byte & NIB)
-                        out[i] = bits1(table[q] * s)
+                        out[i] = bits1(v[i - first])
                         i += U1
 
     return kernel
@@ -196,8 +203,8 @@ def launch(b):
     """NF4 -> b.dtype (bf16, fp16 or fp32), bit-exact with bitsandbytes."""
     if address(b.out_u32) % 16 or address(b.packed_u32) % 4:
         raise ValueError("the output must be 16-byte aligned and the codes 4-byte aligned for vector access")
-    words = (b.n + 7) // 8
-    blocks = max(1, (words + THREADS * WORDS - 1) // (THREADS * WORDS))
+    units = (b.n + 3) // 4 if b.dtype == "fp32" else (b.n + 7) // 8
+    blocks = max(1, (units + THREADS * UNITS - 1) // (THREADS * UNITS))
     KERNELS[b.dtype][blocks, THREADS, b.stream](
         b.packed, b.packed_u32, b.lut, b.absmax_q, b.absmax2, b.code2, b.offset, b.out, b.out_u32,
         np.uint64(b.n), np.uint64(b.blocksize.bit_length() - 1))
@@ -210,9 +217,9 @@ VERSIONS = {"06 best kernel (bf16/fp16/fp32)": launch}
 # ## 4. PTX evidence, per dtype
 #
 # Each kernel contains only its own conversion: bf16 `cvt.rn.bf16x2.f32` and no `f16x2`, fp16 the
-# reverse, fp32 neither (the float32 bits go straight into the stores). All three: `WORDS`
+# reverse, fp32 neither (the float32 bits go straight into the stores). All three: `UNITS`
 # 32-bit loads one after another at a stride of `THREADS` words (the loop unrolled, the local
-# arrays in registers: no `ld.local`), 16-byte stores (two per word for fp32), shared LUT, no FMA,
+# arrays in registers: no `ld.local`), 16-byte stores (one per unit), shared LUT, no FMA,
 # no float64.
 
 # %%
@@ -232,7 +239,7 @@ ptx.check(kernel_ptx["fp16"], present=common_present + [r"^cvt\.rn\.f16x2\.f32"]
 ptx.check(kernel_ptx["fp32"], present=common_present, absent=common_absent + [r"^cvt\.rn\.\w+x2"])
 for d, p in kernel_ptx.items():
     loads = ptx.count(p, r"^ld\.global\.(nc\.)?u32")
-    assert loads >= WORDS, f"{d}: expected the {WORDS} word loads unrolled, found {loads}"
+    assert loads >= UNITS, f"{d}: expected the {UNITS} word loads unrolled, found {loads}"
     print(f"{d}: {loads} ld.global.u32 (word loads), {ptx.count(p, r'^st.global.v4')} st.global.v4")
 
 # %% [markdown]
