@@ -304,7 +304,7 @@ def _dequantize_cuda(p, out):
         bshift = p.blocksize.bit_length() - 1
         gshift = p.gsize.bit_length() - 1 if p.nested else 0
         stream = _raw_stream(device)
-        grid = fk.grid_size(p.n, path)
+        grid = fk.grid_size(p.n, path, p.dtype)
         args = (a_ptr, stats, a2, c2, off, lut, o_ptr, p.n, bshift, gshift)
         launcher = _lean(p.dtype, p.nested, path) if _lean_state["ok"] is not False else None
         if launcher is not None:
@@ -418,7 +418,7 @@ def _self_check(launcher, dtype, nested, path):
         o_view = o[shift:] if path == "scalar" else o
         args = (a_t.data_ptr(), *ptrs, lut.data_ptr(), o_view.data_ptr(), n, 5, 1)
         if i == 0:
-            launcher(stream, fk.grid_size(n, path), *args)
+            launcher(stream, fk.grid_size(n, path, dtype), *args)
         else:
             _launch_dispatcher(p, path, stream, *args)
     torch.cuda.synchronize()

@@ -2,11 +2,12 @@
 
 Two kernels per (output dtype, nested statistics), compiled once each:
 
-- ``vector``: each thread takes whole u32 words of packed codes (8 weights) and writes
-  them with 128-bit stores (one for bf16/fp16, two for fp32). Lane t of a warp handles
-  word base + t, so each warp's stores stay contiguous; a thread does ``WORDS_PER_THREAD``
-  words at stride ``THREADS``. The last ``n % 8`` weights (the tail) are done by the one
-  thread whose word index equals ``n // 8``, with narrow stores. Needs the packed data
+- ``vector``: each thread takes units of 16 output bytes (a u32 word of packed codes, 8
+  weights, for bf16/fp16; half a word, 4 weights, for fp32) and writes each with one 128-bit
+  store. Lane t of a warp handles unit base + t, so each warp's stores stay contiguous; a
+  thread does ``WORDS_PER_THREAD`` units at stride ``THREADS``, all loads first. The last
+  weights that do not fill a unit (the tail) are done by the one thread whose unit index
+  equals the number of whole units, with narrow stores. Needs the packed data
   4-byte aligned and the output 16-byte aligned: a misaligned vector access is a sticky
   error that kills the CUDA context, so :func:`choose_path` checks before every launch.
 - ``scalar``: one thread per packed byte, byte loads and 16/32-bit stores. Any alignment.
@@ -43,20 +44,17 @@ import threading
 import numpy as np
 
 from . import ops, runtime  # runtime first: it may switch numba to the simulator
-from .reference import FP4_LUT, NF4_LUT
+from .reference import FP4_LUT_CUDA, LUTS_CUDA  # noqa: F401  (re-exported)
 
 # A module global, not a local of _build: the simulator swaps the name ``cuda`` in a
 # kernel's globals for its fake module, and would miss a closure variable.
 from numba import cuda  # noqa: E402
 
-THREADS = 256
-# Words (8 weights each) per thread, at stride THREADS. A compile-time constant: the loop
-# below is unrolled. The lead tunes it on the H100; change it here and nowhere else.
-WORDS_PER_THREAD = 4
-
-FP4_LUT_CUDA = FP4_LUT.copy()
-FP4_LUT_CUDA[8] = np.float32(-0.0)
-LUTS_CUDA = {"nf4": NF4_LUT, "fp4": FP4_LUT_CUDA}
+THREADS = 512
+# Units (16 output bytes each) per thread, at stride THREADS. A compile-time constant: the
+# loops below are unrolled. 2 x 512 was among the fastest shapes measured on the H100
+# (tools/tune_best_kernel.py, data/results/<gpu>/tuning_round*.json); change it here only.
+WORDS_PER_THREAD = 2
 
 DTYPES = ("bf16", "fp16", "fp32")
 PATHS = ("vector", "scalar")
@@ -100,42 +98,59 @@ def _build(dtype: str, nested: bool, path: str):
         cuda.syncthreads()
 
     if path == "vector":
+        # A unit is what one 16-byte store holds: a whole packed word (8 weights) for 16-bit
+        # output, half a word (4 weights) for fp32, so that every warp store instruction covers
+        # 512 contiguous bytes (two 16-byte stores per lane, 32 bytes apart, would leave holes).
+        ushift = np.uint64(2 if wide else 3)
+
         def kernel(packed, packed_u32, stats, absmax2, code2, offset, lut, out, out_u32, n, bshift, gshift):
             lut_s = cuda.shared.array(16, np.float32)
             lut_load(lut, lut_s)
             off = offset[0]
+            nunits = n >> ushift
             nwords = n >> np.uint64(3)
-            wshift = bshift - np.uint64(3)
             base = np.uint64(cuda.blockIdx.x) * np.uint64(threads * wpt) + np.uint64(cuda.threadIdx.x)
+            words = cuda.local.array(wpt, np.uint32)
+            for k in range(wpt):  # all loads first: wpt loads in flight per thread
+                u = base + np.uint64(k * threads)
+                wi = (u << ushift) >> np.uint64(3)
+                words[k] = np.uint32(0)
+                if wi < nwords:
+                    words[k] = packed_u32[wi]
+                elif u < nunits:
+                    # fp32 only: the last whole unit may sit in a word that runs past the
+                    # user's tensor; read just its two bytes.
+                    j = u << np.uint64(1)
+                    words[k] = np.uint32(packed[j]) | (np.uint32(packed[j + np.uint64(1)]) << np.uint32(8))
             for k in range(wpt):
-                w = base + np.uint64(k * threads)
-                if w < nwords:
-                    word = packed_u32[w]
-                    s = scale_of(stats, absmax2, code2, off, w >> wshift, gshift)
+                u = base + np.uint64(k * threads)
+                first = u << ushift
+                if u < nunits:
+                    s = scale_of(stats, absmax2, code2, off, first >> bshift, gshift)
+                    # fp32: odd units take the upper two bytes of their word.
+                    word = words[k] >> np.uint32((first & np.uint64(7)) << np.uint64(2))
                     b0 = word & np.uint32(0xFF)
                     b1 = (word >> np.uint32(8)) & np.uint32(0xFF)
-                    b2 = (word >> np.uint32(16)) & np.uint32(0xFF)
-                    b3 = word >> np.uint32(24)
                     # High nibble first: weight 2j is byte j >> 4, weight 2j+1 is byte j & 15.
                     v0 = fmul_rn(lut_s[b0 >> np.uint32(4)], s)
                     v1 = fmul_rn(lut_s[b0 & np.uint32(15)], s)
                     v2 = fmul_rn(lut_s[b1 >> np.uint32(4)], s)
                     v3 = fmul_rn(lut_s[b1 & np.uint32(15)], s)
-                    v4 = fmul_rn(lut_s[b2 >> np.uint32(4)], s)
-                    v5 = fmul_rn(lut_s[b2 & np.uint32(15)], s)
-                    v6 = fmul_rn(lut_s[b3 >> np.uint32(4)], s)
-                    v7 = fmul_rn(lut_s[b3 & np.uint32(15)], s)
                     if wide:
-                        o = w << np.uint64(3)
-                        store_u32x4(out_u32, o, float_bits(v0), float_bits(v1), float_bits(v2), float_bits(v3))
-                        store_u32x4(out_u32, o + np.uint64(4), float_bits(v4), float_bits(v5),
-                                    float_bits(v6), float_bits(v7))
+                        store_u32x4(out_u32, u << np.uint64(2), float_bits(v0), float_bits(v1), float_bits(v2),
+                                    float_bits(v3))
                     else:
-                        store_u32x4(out_u32, w << np.uint64(2), pack(v0, v1), pack(v2, v3),
+                        b2 = (word >> np.uint32(16)) & np.uint32(0xFF)
+                        b3 = word >> np.uint32(24)
+                        v4 = fmul_rn(lut_s[b2 >> np.uint32(4)], s)
+                        v5 = fmul_rn(lut_s[b2 & np.uint32(15)], s)
+                        v6 = fmul_rn(lut_s[b3 >> np.uint32(4)], s)
+                        v7 = fmul_rn(lut_s[b3 & np.uint32(15)], s)
+                        store_u32x4(out_u32, u << np.uint64(2), pack(v0, v1), pack(v2, v3),
                                     pack(v4, v5), pack(v6, v7))
-                elif w == nwords:
-                    # The tail: fewer than 8 weights, too few for a vector store.
-                    i = nwords << np.uint64(3)
+                elif u == nunits:
+                    # The tail: fewer weights than a unit, too few for a vector store.
+                    i = first
                     while i < n:
                         byte = packed[i >> np.uint64(1)]
                         q = (byte & np.uint8(15)) if (i & np.uint64(1)) else (byte >> np.uint8(4))
@@ -196,10 +211,11 @@ def choose_path(packed_addr: int, out_addr: int) -> str:
     return "vector" if packed_addr % 4 == 0 and out_addr % 16 == 0 else "scalar"
 
 
-def grid_size(n: int, path: str) -> int:
+def grid_size(n: int, path: str, dtype: str) -> int:
     if path == "vector":
-        # One more word than whole words, for the tail thread.
-        return max(1, -(-((n >> 3) + 1) // (THREADS * WORDS_PER_THREAD)))
+        # One more unit than whole units, for the tail thread. Units: 8 weights, 4 for fp32.
+        units = (n >> (2 if dtype == "fp32" else 3)) + 1
+        return max(1, -(-units // (THREADS * WORDS_PER_THREAD)))
     return max(1, -(-((n + 1) >> 1) // THREADS))
 
 
@@ -260,7 +276,7 @@ def launch_arrays(packed, stats, absmax2, code2, offset, lut, out, *, n: int, bl
     else:
         packed_u32 = _u32_view(packed, 0)
         out_u32 = _u32_view(out, 0)
-    kernel[grid_size(n, path), THREADS, stream](
+    kernel[grid_size(n, path, dtype), THREADS, stream](
         packed, packed_u32, stats, absmax2, code2, offset, lut, out, out_u32,
         np.uint64(n), np.uint64(bshift), np.uint64(gshift))
     return path
