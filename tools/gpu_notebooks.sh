@@ -1,0 +1,14 @@
+#!/usr/bin/env bash
+# Run on the GPU machine (device tool) from the repo root: execute the given notebooks in
+# place, then pack the executed notebooks and the results they recorded into $OUT.
+#   bash tools/gpu_notebooks.sh TAG 00 01 02 03
+set -uo pipefail
+tag=$1; shift
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
+export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 MPLBACKEND=Agg
+python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/extra/*.whl || exit 1
+python3 -m ipykernel install --user --name python3 >/dev/null 2>&1 || true
+mkdir -p "$OUT"
+python3 -m nf4lab notebooks --only "$@" --no-solutions --inplace --no-plot 2>&1 | tee "$OUT/$tag.log"
+nbs=$(for p in "$@"; do ls notebooks/${p}_*.ipynb; done)
+tar czf "$OUT/$tag.tgz" $nbs data/results
