@@ -11,7 +11,8 @@ The kernel itself lives in the notebook. This module gives it:
   the summation length (see :func:`tolerance`).
 - ``make_gemv_buffers(gc)`` -> :class:`GemvBuffers`, what a notebook ``launch(g)`` receives.
 - ``f32_from_bits`` / ``f16_to_f32``: two device ops (with plain-Python twins) the kernel needs to
-  turn bf16/fp16 activation bits into float32.
+  turn bf16/fp16 activation bits into float32; ``lds_pair(tab, byte_offset)``: two float32 from a
+  64-bit shared-memory table entry addressed in bytes (one ``ld.shared.v2.f32``).
 - GPU only: ``benchmark(launch, shapes, dtypes)`` times the fused kernel, bitsandbytes'
   ``matmul_4bit`` (its fused 4-bit GEMV) and ``dequantize_4bit`` + ``torch.matmul`` on the same
   data in one run, with the copy ceiling, using :mod:`nf4lab.bench`'s CUDA-graph timing.
@@ -68,7 +69,34 @@ def _build_device_ops():
 
         return sig, codegen
 
-    return f32_from_bits, f16_to_f32
+    @intrinsic
+    def lds_pair(typingctx, tab, off):
+        """Two float32 at byte offset ``off`` (uint32, a multiple of 8) of a shared array: one ld.shared.v2.f32.
+
+        The offset is already in bytes, so no index is widened to 64 bits or scaled per access."""
+        if not (isinstance(tab, types.Array) and tab.ndim == 1 and tab.dtype.bitwidth == 64):
+            return None
+        sig = types.UniTuple(types.float32, 2)(tab, types.uint32)
+
+        def codegen(context, builder, sig, args):
+            ary = context.make_array(sig.args[0])(context, builder, args[0])
+            base = builder.bitcast(ary.data, ir.IntType(8).as_pointer())
+            base = builder.addrspacecast(base, ir.PointerType(ir.IntType(8), 3))  # the shared window
+            o = context.cast(builder, args[1], sig.args[1], types.uint32)
+            p = builder.gep(base, [builder.zext(o, ir.IntType(64))])
+            v2 = ir.VectorType(ir.FloatType(), 2)
+            v = builder.load(builder.bitcast(p, ir.PointerType(v2, 3)), align=8)
+            return context.make_tuple(builder, sig.return_type,
+                                      [builder.extract_element(v, ir.Constant(ir.IntType(32), i)) for i in (0, 1)])
+
+        return sig, codegen
+
+    return f32_from_bits, f16_to_f32, lds_pair
+
+
+def _py_lds_pair(tab, off):
+    p = int(tab[int(off) >> 3])
+    return _py_f32_from_bits(p & 0xFFFFFFFF), _py_f32_from_bits(p >> 32)
 
 
 class _Warp:
@@ -115,14 +143,15 @@ def _py_shfl_down_sync(mask, value, delta):
 _py_f32_from_bits.__qualname__ = _py_f32_from_bits.__name__ = "f32_from_bits"
 _py_f16_to_f32.__qualname__ = _py_f16_to_f32.__name__ = "f16_to_f32"
 _py_shfl_down_sync.__qualname__ = _py_shfl_down_sync.__name__ = "shfl_down_sync"
+_py_lds_pair.__qualname__ = _py_lds_pair.__name__ = "lds_pair"
 
 if runtime.SIMULATOR:
     # Named like the device versions, so that nf4lab.ptx pickles them by reference and the
     # PTX subprocess (compile mode) picks up the real ones.
-    f32_from_bits, f16_to_f32 = _py_f32_from_bits, _py_f16_to_f32
+    f32_from_bits, f16_to_f32, lds_pair = _py_f32_from_bits, _py_f16_to_f32, _py_lds_pair
     shfl_down_sync = _py_shfl_down_sync
 else:
-    f32_from_bits, f16_to_f32 = _build_device_ops()
+    f32_from_bits, f16_to_f32, lds_pair = _build_device_ops()
     from numba import cuda as _cuda
 
     shfl_down_sync = _cuda.shfl_down_sync

@@ -24,7 +24,7 @@ import numpy as np
 from numba import cuda, float32, uint32, uint64
 
 from nf4lab import gemv, ops
-from nf4lab.gemv import f16_to_f32, f32_from_bits, shfl_down_sync
+from nf4lab.gemv import f16_to_f32, f32_from_bits, lds_pair, shfl_down_sync
 
 print(nf4lab.describe())
 
@@ -72,53 +72,83 @@ for N, K in gemv.LLM_SHAPES:
 # (on a GPU: `cuda.shfl_down_sync` itself).
 
 # %% tags=["kernel"]
-WARPS = 4   # warps per block
-ROWS = 2    # rows of W per warp
+WARPS = 4      # warps per block
+ROWS = 4       # rows of W per warp: each x value, loaded and converted once, feeds 4 rows
+LANE_COLS = 64                 # consecutive columns (= one absmax block, 32 bytes) per lane per step
+STEP = 32 * LANE_COLS          # columns a warp covers per step: 2048
+COPIES = 16                    # copies of the byte-pair table, one per bank pair (see below)
+TAB = 256 * COPIES             # table entries (8 bytes each: 32 KB)
 
 
 @cuda.jit(device=True, inline="always")
-def dot8(w, xa, xb, xc, xd, lut, is_bf16):
-    """8 codes of one word (byte j: high nibble = column 2j, low = 2j+1) times 8 activations in 4 words."""
+def x_pair(u, is_bf16):
+    """Two activations (one uint32 of x: column 2i in the low half, 2i+1 in the high half) as float32."""
     if is_bf16:  # bf16 -> float32 is a 16-bit shift of the bits
-        x0 = f32_from_bits(xa << uint32(16))
-        x1 = f32_from_bits(xa & uint32(0xFFFF0000))
-        x2 = f32_from_bits(xb << uint32(16))
-        x3 = f32_from_bits(xb & uint32(0xFFFF0000))
-        x4 = f32_from_bits(xc << uint32(16))
-        x5 = f32_from_bits(xc & uint32(0xFFFF0000))
-        x6 = f32_from_bits(xd << uint32(16))
-        x7 = f32_from_bits(xd & uint32(0xFFFF0000))
-    else:
-        x0 = f16_to_f32(xa)
-        x1 = f16_to_f32(xa >> uint32(16))
-        x2 = f16_to_f32(xb)
-        x3 = f16_to_f32(xb >> uint32(16))
-        x4 = f16_to_f32(xc)
-        x5 = f16_to_f32(xc >> uint32(16))
-        x6 = f16_to_f32(xd)
-        x7 = f16_to_f32(xd >> uint32(16))
-    s = lut[(w >> uint32(4)) & uint32(15)] * x0
-    s += lut[w & uint32(15)] * x1
-    s += lut[(w >> uint32(12)) & uint32(15)] * x2
-    s += lut[(w >> uint32(8)) & uint32(15)] * x3
-    s += lut[(w >> uint32(20)) & uint32(15)] * x4
-    s += lut[(w >> uint32(16)) & uint32(15)] * x5
-    s += lut[(w >> uint32(28)) & uint32(15)] * x6
-    s += lut[(w >> uint32(24)) & uint32(15)] * x7
-    return s
+        return f32_from_bits(u << uint32(16)), f32_from_bits(u & uint32(0xFFFF0000))
+    return f16_to_f32(u), f16_to_f32(u >> uint32(16))
 
 
 @cuda.jit(device=True, inline="always")
-def dot32(packed_u32, wi, x0, x1, x2, x3, x4, x5, x6, x7, x8, x9, x10, x11, x12, x13, x14, x15, lut, is_bf16):
-    """One 128-bit load of 32 codes, dotted with 32 activations (16 words)."""
-    w0, w1, w2, w3 = ops.load_u32x4(packed_u32, wi)
-    return (dot8(w0, x0, x1, x2, x3, lut, is_bf16) + dot8(w1, x4, x5, x6, x7, lut, is_bf16)
-            + dot8(w2, x8, x9, x10, x11, lut, is_bf16) + dot8(w3, x12, x13, x14, x15, lut, is_bf16))
+def pair_dot(tab, off, xu, is_bf16, a, b):
+    """One code byte = two weights: one 64-bit shared read at byte offset `off` gives
+    (lut[high nibble], lut[low nibble]); one FMA per weight."""
+    w0, w1 = lds_pair(tab, off)
+    x0, x1 = x_pair(xu, is_bf16)
+    return a + w0 * x0, b + w1 * x1
 
 
 @cuda.jit(device=True, inline="always")
-def block_scale(absmax_q, absmax2, code2_s, offset, b):
-    return ops.fadd_rn(ops.fmul_rn(code2_s[absmax_q[b]], absmax2[b >> uint64(8)]), offset)
+def word_dot(tab, lane8, w, xa, xb, xc, xd, is_bf16, a, b):
+    """4 code bytes (8 weights, byte j: columns 2j and 2j+1) times 8 activations (4 words of x).
+
+    Byte j's table entry is at byte offset (byte << 7) | lane8: one shift and one and-or (a single
+    LOP3) of the code word, all in 32 bits."""
+    a, b = pair_dot(tab, ((w << uint32(7)) & uint32(0x7F80)) | lane8, xa, is_bf16, a, b)
+    a, b = pair_dot(tab, ((w >> uint32(1)) & uint32(0x7F80)) | lane8, xb, is_bf16, a, b)
+    a, b = pair_dot(tab, ((w >> uint32(9)) & uint32(0x7F80)) | lane8, xc, is_bf16, a, b)
+    a, b = pair_dot(tab, ((w >> uint32(17)) & uint32(0x7F80)) | lane8, xd, is_bf16, a, b)
+    return a, b
+
+
+@cuda.jit(device=True, inline="always")
+def vec_dot(tab, lane8, v, x, is_bf16):
+    """16 code bytes (one 128-bit load: 32 weights) times 32 activations (16 words of x): the
+    block-local partial sum sum_k lut[q_k] * x_k, in two independent chains."""
+    a = float32(0.0)
+    b = float32(0.0)
+    a, b = word_dot(tab, lane8, v[0], x[0], x[1], x[2], x[3], is_bf16, a, b)
+    a, b = word_dot(tab, lane8, v[1], x[4], x[5], x[6], x[7], is_bf16, a, b)
+    a, b = word_dot(tab, lane8, v[2], x[8], x[9], x[10], x[11], is_bf16, a, b)
+    a, b = word_dot(tab, lane8, v[3], x[12], x[13], x[14], x[15], is_bf16, a, b)
+    return a + b
+
+
+@cuda.jit(device=True, inline="always")
+def load_x16(x_u32, i):
+    """16 words of x (32 activations) with four 128-bit loads."""
+    a = ops.load_u32x4(x_u32, i)
+    b = ops.load_u32x4(x_u32, i + uint64(4))
+    c = ops.load_u32x4(x_u32, i + uint64(8))
+    d = ops.load_u32x4(x_u32, i + uint64(12))
+    return (a[0], a[1], a[2], a[3], b[0], b[1], b[2], b[3], c[0], c[1], c[2], c[3], d[0], d[1], d[2], d[3])
+
+
+@cuda.jit(device=True, inline="always")
+def load_codes(packed_u32, absmax_q, absmax2, row, k, c, bs_shift):
+    """What one lane needs of one row for one step: 64 codes (two 128-bit loads) and its block's
+    absmax_q byte and absmax2 float."""
+    i = (row * k + c) >> uint64(3)     # first uint32 word
+    blk = (row * k + c) >> uint64(bs_shift)
+    return (ops.load_u32x4(packed_u32, i), ops.load_u32x4(packed_u32, i + uint64(4)),
+            absmax_q[blk], absmax2[blk >> uint64(8)])
+
+
+@cuda.jit(device=True, inline="always")
+def row_step(tab, lane8, code2_s, offset, codes, xlo, xhi, is_bf16):
+    """scale * (sum of the lane's 64 products): the scale multiplies once per block, not per weight."""
+    va, vb, q, a2 = codes
+    d = vec_dot(tab, lane8, va, xlo, is_bf16) + vec_dot(tab, lane8, vb, xhi, is_bf16)
+    return ops.fadd_rn(ops.fmul_rn(code2_s[q], a2), offset) * d
 
 
 @cuda.jit(device=True, inline="always")
@@ -145,55 +175,79 @@ def make_gemv(is_bf16, reduce=warp_sum):
 
     @cuda.jit
     def gemv(packed_u32, absmax_q, absmax2, code2, lut, offset, x_u32, y, N, K, bs_shift):
-        lut_s = cuda.shared.array(16, float32)
+        # Byte-pair table: entry (byte << 4) | copy, at byte offset (byte << 7) | (copy << 3), holds
+        # lut[byte >> 4] (low 32 bits) and lut[byte & 15] (high 32 bits). Copy c sits in banks 2c,
+        # 2c+1 of every 128-byte row and lane l reads copy l & 15: the 16 lanes of a half-warp
+        # (one 64-bit shared access serves 16 lanes at a time) never share a bank.
+        tab = cuda.shared.array(TAB, uint64)
         code2_s = cuda.shared.array(256, float32)
+        lut_s = cuda.shared.array(16, float32)
         tid = cuda.threadIdx.x
         for i in range(tid, 256, WARPS * 32):
             code2_s[i] = code2[i]
         if tid < 16:
             lut_s[tid] = lut[tid]
         cuda.syncthreads()
+        for i in range(tid, TAB, WARPS * 32):  # consecutive threads, consecutive entries: no conflicts
+            byte = i // COPIES
+            tab[i] = uint64(ops.float_bits(lut_s[byte >> 4])) | (uint64(ops.float_bits(lut_s[byte & 15])) << uint64(32))
+        cuda.syncthreads()
         lane = uint64(tid & 31)
+        lane8 = uint32((tid & (COPIES - 1)) << 3)  # byte offset of this lane's copy within an entry row
         n = uint64(N)
         k = uint64(K)
-        r0 = (uint64(cuda.blockIdx.x) * uint64(WARPS) + uint64(tid >> 5)) * uint64(ROWS)
-        if r0 >= n:
-            return  # the whole warp leaves together
-        has_r1 = r0 + uint64(1) < n
-        r1 = r0 + uint64(1) if has_r1 else r0
-        nvec = k >> uint64(5)              # 16-byte vectors (32 weights) per row
-        w0 = r0 * (k >> uint64(3))         # first uint32 word of each row
-        w1 = r1 * (k >> uint64(3))
-        acc0 = float32(0.0)
-        acc1 = float32(0.0)
-        v = lane
-        while v < nvec:
-            xi = v << uint64(4)            # 32 activations = 16 words
-            x0, x1, x2, x3 = ops.load_u32x4(x_u32, xi)
-            x4, x5, x6, x7 = ops.load_u32x4(x_u32, xi + uint64(4))
-            x8, x9, x10, x11 = ops.load_u32x4(x_u32, xi + uint64(8))
-            x12, x13, x14, x15 = ops.load_u32x4(x_u32, xi + uint64(12))
-            col = v << uint64(5)
-            s0 = block_scale(absmax_q, absmax2, code2_s, offset, (r0 * k + col) >> uint64(bs_shift))
-            s1 = block_scale(absmax_q, absmax2, code2_s, offset, (r1 * k + col) >> uint64(bs_shift))
-            d0 = dot32(packed_u32, w0 + (v << uint64(2)), x0, x1, x2, x3, x4, x5, x6, x7,
-                       x8, x9, x10, x11, x12, x13, x14, x15, lut_s, is_bf16)
-            d1 = dot32(packed_u32, w1 + (v << uint64(2)), x0, x1, x2, x3, x4, x5, x6, x7,
-                       x8, x9, x10, x11, x12, x13, x14, x15, lut_s, is_bf16)
-            acc0 += s0 * d0
-            acc1 += s1 * d1
-            v += uint64(32)
-        acc0 = reduce(acc0)
-        acc1 = reduce(acc1)
-        if lane == 0:
-            store(y, r0, acc0, is_bf16)
-            if has_r1:
-                store(y, r1, acc1, is_bf16)
+        nwarps = uint64(cuda.gridDim.x) * uint64(WARPS)
+        group = uint64(cuda.blockIdx.x) * uint64(WARPS) + uint64(tid >> 5)
+        while group * uint64(ROWS) < n:          # grid-stride over groups of ROWS rows (whole warps)
+            r0 = group * uint64(ROWS)
+            r1 = min(r0 + uint64(1), n - uint64(1))  # rows past N repeat the last row, not stored
+            r2 = min(r0 + uint64(2), n - uint64(1))
+            r3 = min(r0 + uint64(3), n - uint64(1))
+            acc0 = float32(0.0)
+            acc1 = float32(0.0)
+            acc2 = float32(0.0)
+            acc3 = float32(0.0)
+            c = lane * uint64(LANE_COLS)         # the lane's first column
+            cc = min(c, k - uint64(LANE_COLS))   # (a valid address even for a lane with no work)
+            # software pipeline: the codes of step s+1 are loaded before step s is computed
+            n0 = load_codes(packed_u32, absmax_q, absmax2, r0, k, cc, bs_shift)
+            n1 = load_codes(packed_u32, absmax_q, absmax2, r1, k, cc, bs_shift)
+            n2 = load_codes(packed_u32, absmax_q, absmax2, r2, k, cc, bs_shift)
+            n3 = load_codes(packed_u32, absmax_q, absmax2, r3, k, cc, bs_shift)
+            while c < k:
+                w0, w1, w2, w3 = n0, n1, n2, n3
+                cn = c + uint64(STEP)
+                if cn < k:
+                    n0 = load_codes(packed_u32, absmax_q, absmax2, r0, k, cn, bs_shift)
+                    n1 = load_codes(packed_u32, absmax_q, absmax2, r1, k, cn, bs_shift)
+                    n2 = load_codes(packed_u32, absmax_q, absmax2, r2, k, cn, bs_shift)
+                    n3 = load_codes(packed_u32, absmax_q, absmax2, r3, k, cn, bs_shift)
+                xlo = load_x16(x_u32, c >> uint64(1))
+                xhi = load_x16(x_u32, (c >> uint64(1)) + uint64(16))
+                acc0 += row_step(tab, lane8, code2_s, offset, w0, xlo, xhi, is_bf16)
+                acc1 += row_step(tab, lane8, code2_s, offset, w1, xlo, xhi, is_bf16)
+                acc2 += row_step(tab, lane8, code2_s, offset, w2, xlo, xhi, is_bf16)
+                acc3 += row_step(tab, lane8, code2_s, offset, w3, xlo, xhi, is_bf16)
+                c = cn
+            acc0 = reduce(acc0)
+            acc1 = reduce(acc1)
+            acc2 = reduce(acc2)
+            acc3 = reduce(acc3)
+            if lane == 0:
+                store(y, r0, acc0, is_bf16)
+                if r0 + uint64(1) < n:
+                    store(y, r1, acc1, is_bf16)
+                if r0 + uint64(2) < n:
+                    store(y, r2, acc2, is_bf16)
+                if r0 + uint64(3) < n:
+                    store(y, r3, acc3, is_bf16)
+            group += nwarps
 
     return gemv
 
 
 GEMV = {"bf16": make_gemv(True), "fp16": make_gemv(False)}
+BLOCKS_PER_SM = 4  # a grid-stride grid: enough blocks to fill the GPU, the table filled once per block
 
 
 def launch(g, kernels=GEMV):
@@ -202,11 +256,19 @@ def launch(g, kernels=GEMV):
         raise ValueError("this kernel computes one row of x (batch 1)")
     rows_per_block = WARPS * ROWS
     grid = (g.N + rows_per_block - 1) // rows_per_block
+    sms = nf4lab.device_info().get("sms")
+    if sms:
+        grid = min(grid, BLOCKS_PER_SM * sms)
     kernels[g.dtype][grid, WARPS * 32, g.stream](g.packed_u32, g.absmax_q, g.absmax2, g.code2, g.lut, g.offset,
                                                  g.x_u32, g.y, g.N, g.K, g.bs_shift)
 
 
 GEMV_VERSIONS = {gemv.FUSED: launch}
+
+from numba import types as T  # noqa: E402
+
+SIG = (T.uint32[::1], T.uint8[::1], T.float32[::1], T.float32[::1], T.float32[::1], T.float32,
+       T.uint32[::1], T.uint16[::1], T.int64, T.int64, T.int64)  # the kernel's argument types, for PTX/SASS
 
 # %% [markdown]
 # ## 3. PTX evidence
@@ -216,10 +278,6 @@ GEMV_VERSIONS = {gemv.FUSED: launch}
 # no float64, and five `shfl.sync.down` per row at the end.
 
 # %%
-from numba import types as T
-
-SIG = (T.uint32[::1], T.uint8[::1], T.float32[::1], T.float32[::1], T.float32[::1], T.float32,
-       T.uint32[::1], T.uint16[::1], T.int64, T.int64, T.int64)
 ptx = nf4lab.compile_ptx(GEMV["bf16"], SIG)
 nf4lab.ptx.show(ptx, [r"^ld\.global", r"^shfl"], limit=16)
 nf4lab.ptx.check(ptx, present=[r"^ld\.global(\.nc)?\.v4\.u32", r"^shfl\.sync\.down", r"^ld\.shared\.f32"],
