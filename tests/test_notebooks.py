@@ -45,7 +45,8 @@ def test_notebook_runs_in_the_simulator(path, tmp_path):
     execute_notebook(path, out, timeout=600)
     nb = nbformat.read(out, as_version=4)
     text = _outputs(nb)
-    assert "NOT bit-exact" not in text
+    # A kernel that is not bit-exact raises VerificationError in its cell, which fails execute_notebook
+    # above; "NOT bit-exact" may still appear in the text where a notebook shows a planted bug.
     has_exercises = any("nf4lab.check" in c.source or "check(" in c.source for c in nb.cells
                         if c.cell_type == "code")
     if has_exercises and "solutions" in path.parts:

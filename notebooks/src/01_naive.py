@@ -201,8 +201,8 @@ rne = ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype(np.uint16)
 trunc = (u >> 16).astype(np.uint16)
 print(f"round to nearest even: {np.count_nonzero(rne != case.expected)} of {case.n:,} differ from bitsandbytes")
 print(f"truncation:            {np.count_nonzero(trunc != case.expected)} of {case.n:,} differ")
-print("ops.to_bf16_bits agrees on the first 8:",
-      all(int(ops.to_bf16_bits(x)) == int(e) for x, e in zip(w32[:8], case.expected[:8])))
+print("ops.bf16_bits_py (the host twin of ops.to_bf16_bits) agrees on the first 8:",
+      all(int(ops.bf16_bits_py(x)) == int(e) for x, e in zip(w32[:8], case.expected[:8])))
 assert np.array_equal(rne, case.expected)
 
 # %% [markdown]

@@ -181,9 +181,11 @@ def make_kernel(dtype):
                         ops.store_u32x4(out_u32, u << 2, pack2(v[0], v[1]), pack2(v[2], v[3]),
                                         pack2(v[4], v[5]), pack2(v[6], v[7]))
                 else:                               # the tail: weights first .. n-1, one by one
-                    i = first
-                    while i < n:
-                        out[i] = bits1(v[i - first])
+                    i = first                       # (decoded again: a run-time index into v
+                    while i < n:                    #  would put v in local memory)
+                        byte = w >> uint32(((i - first) >> 1) << 3)
+                        q = ((byte >> 4) & NIB) if (i & U1) == 0 else (byte & NIB)
+                        out[i] = bits1(table[q] * s)
                         i += U1
 
     return kernel
