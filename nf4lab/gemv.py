@@ -19,8 +19,14 @@ The kernel itself lives in the notebook. This module gives it:
 """
 from __future__ import annotations
 
+import collections
 import dataclasses
+import glob
 import math
+import os
+import re
+import shutil
+import subprocess
 
 import numpy as np
 
@@ -155,6 +161,89 @@ else:
     from numba import cuda as _cuda
 
     shfl_down_sync = _cuda.shfl_down_sync
+
+
+# ---------------------------------------------------------------- SASS, offline
+SASS_PTX_VERSION = "9.0"  # the highest PTX ISA version CUDA 13.0's ptxas accepts
+
+
+def find_tool(name):
+    path = shutil.which(name)
+    if path:
+        return path
+    import site
+
+    for d in site.getsitepackages() + [site.getusersitepackages()]:
+        hits = glob.glob(os.path.join(d, "nvidia", "*", "bin", name))
+        if hits:
+            return hits[0]
+    raise FileNotFoundError(f"{name} not found (CUDA toolkit, or pip install nvidia-cuda-{name})")
+
+
+def sass_of(ptx: str, workdir, stem: str, arch="sm_90"):
+    """(ptxas -v text, SASS text) of a PTX string."""
+    ptx = re.sub(r"^\.version \d+\.\d+", f".version {SASS_PTX_VERSION}", ptx, flags=re.M)
+    p = workdir / f"{stem}.ptx"
+    p.write_text(ptx)
+    cubin = workdir / f"{stem}.cubin"
+    info = subprocess.run([find_tool("ptxas"), f"-arch={arch}", "-v", str(p), "-o", str(cubin)],
+                          capture_output=True, text=True, check=True).stderr
+    sass = subprocess.run([find_tool("cuobjdump"), "-sass", str(cubin)], capture_output=True, text=True,
+                          check=True).stdout
+    (workdir / f"{stem}.sass").write_text(sass)
+    return info, sass
+
+
+def hottest_loop(sass: str):
+    """Instructions (text) of the largest innermost loop: from a backward branch's target to the branch."""
+    ins = []
+    for line in sass.splitlines():
+        m = re.match(r"\s*/\*([0-9a-f]{4,})\*/\s+(.*?)\s*;", line)
+        if m:
+            ins.append((int(m.group(1), 16), m.group(2).strip()))
+    where = {a: i for i, (a, _) in enumerate(ins)}
+    loops = []
+    for i, (a, text) in enumerate(ins):
+        m = re.search(r"\bBRA (0x[0-9a-f]+)", text)
+        if m and int(m.group(1), 16) <= a and int(m.group(1), 16) in where:
+            s = where[int(m.group(1), 16)]
+            loops.append((i - s + 1, s, i))
+    # innermost loops (no other loop inside), the largest of them
+    inner = [lp for lp in loops if not any(o is not lp and lp[1] <= o[1] and o[2] <= lp[2] for o in loops)]
+    if not inner:
+        return []
+    _, s, e = max(inner)
+    return [t for _, t in ins[s:e + 1]]
+
+
+def opcode(text):
+    return re.sub(r"^@!?U?P[T\d]+\s+", "", text).split()[0]
+
+
+def sass_report(kernel, sig, weights_per_trip, stem="kernel", workdir=None):
+    """ptxas registers/spills/smem and the SASS of the hottest (innermost) loop, per weight.
+
+    Needs ptxas and cuobjdump (the CUDA toolkit, or pip install nvidia-cuda-cuobjdump); raises
+    FileNotFoundError without them."""
+    import tempfile
+    from pathlib import Path
+
+    workdir = Path(workdir) if workdir else Path(tempfile.mkdtemp())
+    workdir.mkdir(parents=True, exist_ok=True)
+    from . import ptx as _ptx
+
+    ptx = _ptx.compile_ptx(kernel, sig)
+    info, sass = sass_of(ptx, workdir, stem)
+    regs = re.search(r"Used (\d+) registers", info)
+    spill = re.search(r"(\d+) bytes spill stores", info)
+    smem = re.search(r"(\d+) bytes smem", info)
+    loop = hottest_loop(sass)
+    ops = collections.Counter(opcode(t) for t in loop)
+    return dict(registers=int(regs.group(1)) if regs else None, spill_bytes=int(spill.group(1)) if spill else None,
+                smem_bytes=int(smem.group(1)) if smem else None, loop_instructions=len(loop),
+                weights_per_trip=weights_per_trip, per_weight=len(loop) / weights_per_trip,
+                opcodes=dict(ops.most_common()))
+
 
 
 # ---------------------------------------------------------------- data and reference
@@ -329,6 +418,7 @@ class GemvBuffers:
     bs_shift: int           # log2(blocksize)
     dtype: str
     stream: object = 0
+    grid: int | None = None  # a launch may honour it instead of its own grid (tests: the grid-stride loop)
 
     def result(self):
         from numba import cuda
@@ -440,7 +530,8 @@ def benchmark(launch, shapes=LLM_SHAPES, dtypes=("bf16", "fp16"), *, progress=pr
     """Fused kernel vs bitsandbytes (gemv, dequantize+matmul) on the same data, in one run (GPU only).
 
     ``launch(g)`` is the notebook's launch function (``g`` a :class:`GemvBuffers`, launch on
-    ``g.stream``). To keep repeated launches from reading the weights out of L2 (50 MB on an H100),
+    ``g.stream``), or a dict {name: launch} of variants measured side by side: the first is
+    recorded as :data:`FUSED`, the others as ``f"{FUSED} [{name}]"``. To keep repeated launches from reading the weights out of L2 (50 MB on an H100),
     every timed function cycles through enough copies of the weight to exceed 4x the L2 size, as a
     decoding step does (each layer's weights are read once per token).
     Returns a :class:`nf4lab.bench.Run` (records: ceilings, baselines, kernel) with correctness info.
@@ -451,6 +542,8 @@ def benchmark(launch, shapes=LLM_SHAPES, dtypes=("bf16", "fp16"), *, progress=pr
     import torch
 
     bench._require_gpu()
+    launches = dict(launch) if isinstance(launch, dict) else {"": launch}
+    names = {key: FUSED if i == 0 else f"{FUSED} [{key}]" for i, key in enumerate(launches)}
     run = bench.Run(method=bench.METHOD + "; weights cycled over copies totalling > 4x L2 so each "
                     "launch reads them from DRAM; effective bandwidth = weight bytes (packed + absmax_q + "
                     "absmax2 + code2) / time")
@@ -470,15 +563,22 @@ def benchmark(launch, shapes=LLM_SHAPES, dtypes=("bf16", "fp16"), *, progress=pr
             # correctness on copy 0, against float64, for ours and bitsandbytes
             y64, tol = _gpu_reference(*data[0])
             bufs[0].stream = 0
-            launch(bufs[0])
-            torch.cuda.synchronize()
-            chk = _gpu_check(y, y64, tol, FUSED)
             yb = bnb.matmul_4bit(x, data[0][0].t(), quant_state=data[0][1])
             chk_b = _gpu_check(yb, y64, tol, BNB_GEMV)
-            diff = float((y.float() - yb.float()).abs().max())
-            for c in (chk, chk_b):
-                c.update(shape=[N, K], dtype=dtype, max_abs_diff_vs_bnb=diff)
-                run.meta["checks"].append(c)
+            checks = {}
+            for key, fn in launches.items():
+                fn(bufs[0])  # the first launch compiles (a launch may size its grid from the compiled kernel)
+                y.fill_(float("nan"))
+                fn(bufs[0])
+                torch.cuda.synchronize()
+                checks[key] = _gpu_check(y, y64, tol, names[key])
+                diff = float((y.float() - yb.float()).abs().max())
+                checks[key].update(shape=[N, K], dtype=dtype, max_abs_diff_vs_bnb=diff)
+                run.meta["checks"].append(checks[key])
+            chk = checks[next(iter(launches))]
+            chk_b.update(shape=[N, K], dtype=dtype, max_abs_diff_vs_bnb=chk["max_abs_diff_vs_bnb"])
+            run.meta["checks"].append(chk_b)
+            diff = chk["max_abs_diff_vs_bnb"]
             del y64, tol
             state = {"i": 0}
 
@@ -487,10 +587,13 @@ def benchmark(launch, shapes=LLM_SHAPES, dtypes=("bf16", "fp16"), *, progress=pr
                 state["i"] = (i + 1) % copies
                 return i
 
-            def ours(stream):
-                g = bufs[nxt()]
-                g.stream = stream
-                launch(g)
+            def make_ours(fn):
+                def ours(stream):
+                    g = bufs[nxt()]
+                    g.stream = stream
+                    fn(g)
+
+                return ours
 
             def bnb_gemv(stream):
                 p, q, xx = data[nxt()]
@@ -502,7 +605,8 @@ def benchmark(launch, shapes=LLM_SHAPES, dtypes=("bf16", "fp16"), *, progress=pr
 
             for kind, name, fn, ok in (("baseline", BNB_GEMV, bnb_gemv, chk_b["ok"]),
                                        ("baseline", BNB_DQ_MM, bnb_dq_mm, None),
-                                       ("kernel", FUSED, ours, chk["ok"])):
+                                       *(("kernel", names[key], make_ours(f), checks[key]["ok"])
+                                         for key, f in launches.items())):
                 state["i"] = 0
                 t = bench.gpu_time_ms(fn, launches=max(bench.LAUNCHES, copies))
                 rec = bench._record(kind, name, (N, K), dtype, t, nb, bit_exact=None, within_tol=ok,

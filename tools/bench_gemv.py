@@ -8,6 +8,10 @@ against a float64 reference, prints a table, writes data/results/<gpu>/09_fused_
 
     python tools/bench_gemv.py                      # all four shapes, bf16 and fp16
     python tools/bench_gemv.py --shapes 4096x14336 --dtypes bf16 --no-save
+    python tools/bench_gemv.py --policies balanced  # only the notebook's default grid
+
+By default every grid policy the notebook's launch offers (GRID_POLICIES) is timed in the same run:
+the first as the kernel, the others as variants "[policy]".
 """
 from __future__ import annotations
 
@@ -46,6 +50,7 @@ def main(argv=None) -> int:
     ap.add_argument("--shapes", nargs="*", help="NxK (W shape), default: the four LLM shapes")
     ap.add_argument("--dtypes", nargs="*", default=["bf16", "fp16"])
     ap.add_argument("--no-save", action="store_true")
+    ap.add_argument("--policies", nargs="*", help="grid policies of the notebook's launch to time (default: all)")
     args = ap.parse_args(argv)
     from nf4lab import gemv, results
 
@@ -55,9 +60,16 @@ def main(argv=None) -> int:
     print(nf4lab.describe())
     mod = load_kernel()
     shapes = [tuple(int(v) for v in s.split("x")) for s in args.shapes] if args.shapes else gemv.LLM_SHAPES
-    run = gemv.benchmark(mod.launch, shapes, tuple(args.dtypes))
+    policies = args.policies if args.policies is not None else list(getattr(mod, "GRID_POLICIES", ()))
+    if policies:
+        launches = {p: (lambda g, p=p: mod.launch(g, policy=p)) for p in policies}
+        print("grid policies:", ", ".join(policies), f"(the first is recorded as {gemv.FUSED!r})")
+    else:
+        launches = mod.launch
+    run = gemv.benchmark(launches, shapes, tuple(args.dtypes))
+    run.meta["grid_policies"] = policies
     print(gemv.table(run))
-    bad = [c for c in run.meta["checks"] if c["name"] == gemv.FUSED and not c["ok"]]
+    bad = [c for c in run.meta["checks"] if c["name"].startswith(gemv.FUSED) and not c["ok"]]
     for c in run.meta["checks"]:
         print(f"  {c['name']:<40} {'x'.join(map(str, c['shape'])):>11} {c['dtype']}: within tolerance {c['ok']} "
               f"(worst error/tolerance {c['worst_ratio']:.2g}), max |ours - bnb| {c['max_abs_diff_vs_bnb']:.3g}")

@@ -247,23 +247,54 @@ def make_gemv(is_bf16, reduce=warp_sum):
 
 
 GEMV = {"bf16": make_gemv(True), "fp16": make_gemv(False)}
-BLOCKS_PER_SM = 4  # a grid-stride grid: enough blocks to fill the GPU, the table filled once per block
 
 
-def launch(g, kernels=GEMV):
+def resident_blocks(kernel):
+    """Blocks of a compiled kernel one SM holds at once (registers, shared memory), None if unknown."""
+    info = nf4lab.device_info()
+    if not info.get("sms") or not getattr(kernel, "overloads", None):
+        return None  # simulator, or not compiled yet (the first launch compiles it)
+    regs = kernel.get_regs_per_thread()
+    regs = max(regs.values()) if isinstance(regs, dict) else regs
+    smem = kernel.get_shared_mem_per_block()
+    smem = max(smem.values()) if isinstance(smem, dict) else smem
+    by_regs = 65536 // (-(-regs // 8) * 8 * 32 * WARPS)       # 64K registers, 8-register granules
+    by_smem = (info.get("smem_per_sm") or 228 * 1024) // (smem + 1024)  # 1 KB reserved per block
+    by_threads = (info.get("max_threads_per_sm") or 2048) // (32 * WARPS)
+    return max(1, min(by_regs, by_smem, by_threads, 32))
+
+
+def grid_size(kern, N, policy="balanced"):
+    """Blocks to launch. The kernel loops over groups of ROWS rows (whole warps), so any grid is correct.
+
+    "full": one warp per group (the 32 KB table is built once per WARPS * ROWS rows);
+    "resident": as many blocks as the GPU holds at once (some warps then do one group more than
+    others); "balanced" (default): the fewest rounds the resident warps need, and just enough
+    warps that each does that many groups."""
+    groups = -(-N // ROWS)
+    full = -(-groups // WARPS)
+    per_sm = resident_blocks(kern)
+    if policy == "full" or not per_sm:
+        return full
+    capacity = per_sm * nf4lab.device_info()["sms"]
+    if policy == "resident":
+        return min(full, capacity)
+    rounds = -(-groups // (capacity * WARPS))
+    return min(full, -(-groups // (rounds * WARPS)))
+
+
+def launch(g, kernels=GEMV, policy="balanced"):
     """Run the fused GEMV on a gemv.GemvBuffers (batch 1), on g.stream."""
     if g.M != 1:
         raise ValueError("this kernel computes one row of x (batch 1)")
-    rows_per_block = WARPS * ROWS
-    grid = (g.N + rows_per_block - 1) // rows_per_block
-    sms = nf4lab.device_info().get("sms")
-    if sms:
-        grid = min(grid, BLOCKS_PER_SM * sms)
-    kernels[g.dtype][grid, WARPS * 32, g.stream](g.packed_u32, g.absmax_q, g.absmax2, g.code2, g.lut, g.offset,
-                                                 g.x_u32, g.y, g.N, g.K, g.bs_shift)
+    kern = kernels[g.dtype]
+    grid = g.grid if getattr(g, "grid", None) else grid_size(kern, g.N, policy)
+    kern[grid, WARPS * 32, g.stream](g.packed_u32, g.absmax_q, g.absmax2, g.code2, g.lut, g.offset,
+                                     g.x_u32, g.y, g.N, g.K, g.bs_shift)
 
 
 GEMV_VERSIONS = {gemv.FUSED: launch}
+GRID_POLICIES = ("balanced", "resident", "full")  # for tools/bench_gemv.py --policies
 
 from numba import types as T  # noqa: E402
 
