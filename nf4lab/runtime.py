@@ -183,6 +183,12 @@ def spec_peak_gbps(name: str) -> float | None:
     return None
 
 
+# CUdevice_attribute names (without the CU_DEVICE_ATTRIBUTE_ prefix) read by device_info.
+DEVICE_ATTRIBUTES = ("MULTIPROCESSOR_COUNT", "L2_CACHE_SIZE", "CLOCK_RATE", "MEMORY_CLOCK_RATE",
+                     "GLOBAL_MEMORY_BUS_WIDTH", "MAX_THREADS_PER_MULTIPROCESSOR",
+                     "MAX_SHARED_MEMORY_PER_MULTIPROCESSOR")
+
+
 @functools.lru_cache(maxsize=None)
 def device_info() -> dict:
     """Facts about where kernels run, for notebooks and results files."""
@@ -196,9 +202,7 @@ def device_info() -> dict:
     ctx = cuda.current_context()
     free, total = ctx.get_memory_info()
     attrs = {}
-    for name in ("MULTIPROCESSOR_COUNT", "L2_CACHE_SIZE", "CLOCK_RATE", "MEMORY_CLOCK_RATE",
-                 "GLOBAL_MEMORY_BUS_WIDTH", "MAX_THREADS_PER_MULTI_PROCESSOR",
-                 "MAX_SHARED_MEMORY_PER_MULTIPROCESSOR"):
+    for name in DEVICE_ATTRIBUTES:
         try:
             attrs[name] = getattr(dev, name)
         except Exception:
@@ -220,7 +224,7 @@ def device_info() -> dict:
         sm_clock_mhz=attrs["CLOCK_RATE"] // 1000 if attrs["CLOCK_RATE"] else None,
         mem_clock_mhz=attrs["MEMORY_CLOCK_RATE"] // 1000 if attrs["MEMORY_CLOCK_RATE"] else None,
         bus_width_bits=attrs["GLOBAL_MEMORY_BUS_WIDTH"],
-        max_threads_per_sm=attrs["MAX_THREADS_PER_MULTI_PROCESSOR"],
+        max_threads_per_sm=attrs["MAX_THREADS_PER_MULTIPROCESSOR"],
         smem_per_sm=attrs["MAX_SHARED_MEMORY_PER_MULTIPROCESSOR"],
         cuda_driver=driver_version,
         driver=_nvidia_smi_driver(),

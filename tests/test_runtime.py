@@ -76,3 +76,13 @@ def test_simulator_jit_accepts_gpu_only_options():
         a[0] = 1
 
     assert k._nf4lab_jit_kwargs == {"lineinfo": True, "forceinline": False}
+
+
+def test_device_attributes_exist_in_the_driver_api():
+    """A misspelt attribute silently reads as None on a GPU (it did: 02 then sized its grid for the simulator)."""
+    from cuda.bindings import driver
+
+    import nf4lab
+
+    for name in nf4lab.runtime.DEVICE_ATTRIBUTES:
+        assert hasattr(driver.CUdevice_attribute, f"CU_DEVICE_ATTRIBUTE_{name}"), name
