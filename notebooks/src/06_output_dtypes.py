@@ -97,7 +97,8 @@ if copy is None:
 # * **fp32** writes 32 bytes per packed word. Giving one thread the whole word would mean two
 #   16-byte stores per lane, 32 bytes apart: each warp store would leave holes, the pitfall of
 #   step 04. Half a word per thread keeps every store instruction contiguous.
-# * **The tail:** the word that holds the last weights is finished one weight at a time.
+# * **The tail:** the last weights that do not fill a unit are written one at a time, by one
+#   thread, after the main loop, so that the hot loop carries no tail code.
 #
 # **Choosing the dtype at compile time.** `make_kernel(dtype)` defines the kernel inside a
 # function, closing over the constant `OUT`. numba freezes closure constants into the code, so
@@ -156,16 +157,18 @@ def make_kernel(dtype):
             table[tid] = lut[tid]
         cuda.syncthreads()
 
+        nunits = n >> SHIFT                         # whole units; the rest is the tail
         base = uint64(cuda.blockIdx.x) * uint64(THREADS * UNITS) + uint64(tid)
         words = cuda.local.array(UNITS, uint32)
         for k in range(UNITS):                      # 1. all loads first: UNITS loads in flight
-            first = (base + uint64(k * THREADS)) << SHIFT
-            words[k] = packed_u32[first >> 3] if first < n else uint32(0)
-
-        for k in range(UNITS):                      # 2. convert and store, unit by unit
             u = base + uint64(k * THREADS)
-            first = u << SHIFT                      # the unit's weights: first .. first+WPU-1
-            if first < n:
+            if u < nunits:
+                words[k] = packed_u32[(u << SHIFT) >> 3]
+
+        for k in range(UNITS):                      # 2. convert and store: one 16-byte store per unit
+            u = base + uint64(k * THREADS)
+            if u < nunits:
+                first = u << SHIFT                  # the unit's weights: first .. first+WPU-1
                 s = block_scale(absmax_q, absmax2, code2, offset, first >> log2_bs)
                 w = words[k] >> uint32((first & uint64(7)) << 2)   # fp32: odd units use the upper 2 bytes
                 v = cuda.local.array(WPU, float32)
@@ -173,20 +176,21 @@ def make_kernel(dtype):
                     byte = w >> uint32(8 * p)
                     v[2 * p] = table[(byte >> 4) & NIB] * s
                     v[2 * p + 1] = table[byte & NIB] * s
-                if first + uint64(WPU) <= n:        # a whole unit: one 16-byte store
-                    if OUT == FP32:
-                        ops.store_u32x4(out_u32, u << 2, ops.float_bits(v[0]), ops.float_bits(v[1]),
-                                        ops.float_bits(v[2]), ops.float_bits(v[3]))
-                    else:
-                        ops.store_u32x4(out_u32, u << 2, pack2(v[0], v[1]), pack2(v[2], v[3]),
-                                        pack2(v[4], v[5]), pack2(v[6], v[7]))
-                else:                               # the tail: weights first .. n-1, one by one
-                    i = first                       # (decoded again: a run-time index into v
-                    while i < n:                    #  would put v in local memory)
-                        byte = w >> uint32(((i - first) >> 1) << 3)
-                        q = ((byte >> 4) & NIB) if (i & U1) == 0 else (byte & NIB)
-                        out[i] = bits1(table[q] * s)
-                        i += U1
+                if OUT == FP32:
+                    ops.store_u32x4(out_u32, u << 2, ops.float_bits(v[0]), ops.float_bits(v[1]),
+                                    ops.float_bits(v[2]), ops.float_bits(v[3]))
+                else:
+                    ops.store_u32x4(out_u32, u << 2, pack2(v[0], v[1]), pack2(v[2], v[3]),
+                                    pack2(v[4], v[5]), pack2(v[6], v[7]))
+
+        # 3. The tail (fewer weights than a unit) by one thread, outside the hot loop.
+        if cuda.blockIdx.x == 0 and tid == 0:
+            i = nunits << SHIFT
+            while i < n:
+                byte = packed[i >> U1]
+                q = ((byte >> 4) & NIB) if (i & U1) == 0 else (byte & NIB)
+                out[i] = bits1(table[q] * block_scale(absmax_q, absmax2, code2, offset, i >> log2_bs))
+                i += U1
 
     return kernel
 
