@@ -6,7 +6,10 @@
                   "dtype", "ms", "gbps", "pct_copy", "pct_fill", "speedup_vs_bnb",
                   "bit_exact", ...}]}
 
-Notebooks and plots read these files; nothing is typed in by hand.
+Besides the three kinds above, ``bound`` marks a timing of the same memory traffic without
+the arithmetic (tools/tune_best_kernel.py) and ``exactness`` a bit-exactness case with no
+timing (tools/bench_dequantize.py). Notebooks and plots read these files; nothing is typed
+in by hand.
 """
 from __future__ import annotations
 

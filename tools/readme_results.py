@@ -34,6 +34,22 @@ def block() -> str:
                      f"{f(r['pct_fill'], '.0f')} | {f(r['speedup_vs_bnb'], '.2f')} | {exact} |")
     lines.append("")
     lines.append(f"Source: `{run.path}`. Every notebook shows the same numbers, read from that folder.")
+    deq = results.load("dequantize", gpu)
+    if deq is not None:
+        recs = deq["records"]
+        exact = [r for r in recs if r["kind"] == "exactness"]
+        lines += ["", f"`nf4lab.dequantize` against `bitsandbytes.functional.dequantize_4bit`, as users call them "
+                  f"(end to end, host overhead included), {results.label(deq['meta'])}; "
+                  f"bit-exact in {sum(bool(r.get('bit_exact')) for r in exact)} of {len(exact)} GPU cases "
+                  "(nf4/fp4, nested or not, every blocksize, bf16/fp16/fp32, odd and misaligned):", "",
+                  "| shape | dtype | nf4lab ms | bitsandbytes ms | x bitsandbytes |", "| --- | --- | ---: | ---: | ---: |"]
+        for r in recs:
+            if r["name"] == "nf4lab.dequantize (end to end)":
+                b = next(q for q in recs if q["name"] == "bitsandbytes dequantize_4bit (end to end)"
+                         and q["shape"] == r["shape"] and q["dtype"] == r["dtype"])
+                lines.append(f"| {'x'.join(map(str, r['shape']))} | {r['dtype']} | {r['ms']:.4f} | {b['ms']:.4f} | "
+                             f"{b['ms'] / r['ms']:.2f} |")
+        lines += ["", f"Source: `{deq['path']}`."]
     return "\n".join(lines)
 
 
