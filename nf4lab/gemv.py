@@ -220,7 +220,7 @@ def opcode(text):
     return re.sub(r"^@!?U?P[T\d]+\s+", "", text).split()[0]
 
 
-def sass_report(kernel, sig, weights_per_trip, stem="kernel", workdir=None):
+def sass_report(kernel, sig, weights_per_trip, stem="kernel", workdir=None, ptx=None):
     """ptxas registers/spills/smem and the SASS of the hottest (innermost) loop, per weight.
 
     Needs ptxas and cuobjdump (the CUDA toolkit, or pip install nvidia-cuda-cuobjdump); raises
@@ -232,7 +232,8 @@ def sass_report(kernel, sig, weights_per_trip, stem="kernel", workdir=None):
     workdir.mkdir(parents=True, exist_ok=True)
     from . import ptx as _ptx
 
-    ptx = _ptx.compile_ptx(kernel, sig)
+    if ptx is None:
+        ptx = _ptx.compile_ptx(kernel, sig)
     info, sass = sass_of(ptx, workdir, stem)
     regs = re.search(r"Used (\d+) registers", info)
     spill = re.search(r"(\d+) bytes spill stores", info)
@@ -428,12 +429,12 @@ class GemvBuffers:
 
 
 def _check_layout(N, K, blocksize):
-    if K % 32:
-        raise ValueError(f"K={K}: the fused kernel needs K a multiple of 32 (each row a whole number of "
-                         "16-byte vectors; bitsandbytes itself falls back to dequantize+matmul unless "
-                         "K is a multiple of the blocksize)")
-    if blocksize < 32 or blocksize & (blocksize - 1):
-        raise ValueError(f"blocksize {blocksize}: a power of two >= 32 is needed")
+    if K % 64:
+        raise ValueError(f"K={K}: the fused kernel needs K a multiple of 64 (each lane takes 64 consecutive "
+                         "columns, one absmax block, of a row; bitsandbytes itself falls back to "
+                         "dequantize+matmul unless K is a multiple of the blocksize)")
+    if blocksize < 64 or blocksize & (blocksize - 1):
+        raise ValueError(f"blocksize {blocksize}: a power of two >= 64 is needed (64 columns share one scale)")
 
 
 def make_gemv_buffers(gc: GemvCase) -> GemvBuffers:

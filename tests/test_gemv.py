@@ -101,8 +101,10 @@ def test_simulator_shuffle_twin():
 
 
 def test_layout_is_checked():
-    with pytest.raises(ValueError, match="multiple of 32"):
-        gemv._check_layout(4, 48, 64)
+    with pytest.raises(ValueError, match="multiple of 64"):
+        gemv._check_layout(4, 96, 64)
+    with pytest.raises(ValueError, match="blocksize 32"):
+        gemv._check_layout(4, 128, 32)
 
 
 def test_weight_bytes():
@@ -126,3 +128,65 @@ def test_notebook_runs_in_the_simulator(variant, tmp_path):
     else:
         assert "NOT PASSED (not solved yet)" in text
     assert time.time() - t0 < 120
+
+
+def _load_kernel():
+    import sys
+
+    sys.path.insert(0, str(ROOT / "tools"))
+    import bench_gemv
+
+    return bench_gemv.load_kernel()
+
+
+@pytest.fixture(scope="module")
+def nb09():
+    return _load_kernel()
+
+
+@pytest.mark.parametrize("N,K,dtype,grid", [(9, 128, "bf16", 1),       # one block loops over 3 groups (grid stride)
+                                             (6, 2112, "fp16", None),  # K = 2048 + 64: a step with one lane
+                                             (5, 64, "bf16", None)])   # rows past N, a single block column
+def test_kernel_within_tolerance(nb09, N, K, dtype, grid):
+    gc = gemv.make_gemv_case(N, K, dtype, seed=5)
+    g = gemv.make_gemv_buffers(gc)
+    g.grid = grid
+    nb09.launch(g)
+    assert gemv.check(g.result(), gc, name=f"{N}x{K} {dtype} grid {grid}").ok
+
+
+def test_lds_pair_twin_reads_the_pair_table():
+    lut = reference.NF4_LUT.astype(np.float32)
+    tab = np.zeros(256 * 16, np.uint64)
+    for i in range(tab.size):
+        b = i // 16
+        tab[i] = int(lut[b >> 4].view(np.uint32)) | (int(lut[b & 15].view(np.uint32)) << 32)
+    for byte, copy in [(0x00, 0), (0x7A, 5), (0xFF, 15)]:
+        lo, hi = gemv._py_lds_pair(tab, (byte << 7) | (copy << 3))
+        assert lo == lut[byte >> 4] and hi == lut[byte & 15]
+
+
+def test_ptx_byte_pair_reads(nb09):
+    ptx = nf4lab.compile_ptx(nb09.GEMV["fp16"], nb09.SIG)
+    assert nf4lab.ptx.count(ptx, r"^ld\.shared\.v2\.f32") == nb09.ROWS * 32
+    nf4lab.ptx.check(ptx, absent=[r"^ld\.local", r"\.f64"])
+
+
+def test_grid_size_policies(nb09, monkeypatch):
+    class K:  # a compiled kernel as numba reports it: 168 registers, 33 KB shared memory
+        overloads = {"sig": None}
+
+        def get_regs_per_thread(self):
+            return 168
+
+        def get_shared_mem_per_block(self):
+            return 33856
+
+    monkeypatch.setattr(nf4lab, "device_info", lambda: {"sms": 132, "smem_per_sm": 233472, "max_threads_per_sm": 2048})
+    k = K()
+    assert nb09.resident_blocks(k) == 3  # 65536 // (168 * 32 * 4)
+    groups = 8192 // nb09.ROWS
+    assert nb09.grid_size(k, 8192, "full") == groups // nb09.WARPS
+    assert nb09.grid_size(k, 8192, "resident") == 3 * 132
+    bal = nb09.grid_size(k, 8192, "balanced")  # 2 rounds: every warp does 2 groups
+    assert bal * nb09.WARPS * 2 >= groups and (bal - 1) * nb09.WARPS * 2 < groups

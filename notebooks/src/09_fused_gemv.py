@@ -20,6 +20,8 @@
 # %%
 import nf4lab  # first: may switch numba to its simulator
 
+import subprocess
+
 import numpy as np
 from numba import cuda, float32, uint32, uint64
 
@@ -52,23 +54,37 @@ for N, K in gemv.LLM_SHAPES:
 # ## 2. The kernel
 #
 # Layout: W is quantized flat (weight index `row*K + col`, high nibble first, blocks of 64, an
-# absmax2 group every 256 blocks), so with K a multiple of 32 each row is a whole number of 16-byte
-# vectors of 32 weights, and a vector never straddles a block.
+# absmax2 group every 256 blocks), so with K a multiple of 64 each row is a whole number of blocks.
 #
-# - **One warp per two rows.** Lane `l` takes vectors `l, l+32, l+64, ...` of the row: each
-#   iteration the warp reads 512 contiguous bytes per row with one `ld.global.v4.u32` per lane
-#   (128-bit loads, coalesced). Two rows per warp let one load of `x` feed both rows and keep two
-#   independent weight loads in flight.
-# - **x** (K activations, 8-56 KB) is read with 128-bit loads too: four per 32 columns. Every warp
-#   of the GPU reads the same x, so it stays in L1/L2; only the weights stream from DRAM.
-# - **Dequantize in registers**: the 16-entry NF4 table and the 256-entry `code2` table in shared
-#   memory; the block scale `fadd_rn(fmul_rn(code2[absmax_q[b]], absmax2[b >> 8]), offset)` once
-#   per 32 weights, and the partial dot product `sum lut[q] * x` is multiplied by it once.
-# - **Accumulate in float32**, then reduce the 32 lanes with `shfl.sync.down` (five steps), and lane
-#   0 writes `y[row]`, rounded to nearest even to bf16/fp16.
+# A first version (one warp per two rows, 16-entry table, scale per 32 weights) stayed far from the
+# copy ceiling on an H100. Its inner loop, counted in SASS (the machine code, see section 3), spent
+# several instructions per weight: two to cut a nibble out of a word, one shared-memory table read
+# per weight, the multiply-add, and the conversion of x repeated for every second row. At 3 TB/s
+# an H100 must consume 6e12 weights per second: with ~5 instructions per weight its
+# schedulers are nearly saturated, and each shared read of 32 lanes takes one of the ~1 per clock
+# per SM the shared memory can serve. This version cuts both:
 #
-# Two helpers come from `nf4lab.gemv` because the simulator lacks them: `f32_from_bits` (a bit
-# cast, to turn bf16 bits into a float) / `f16_to_f32` (`cvt.f32.f16`), and `shfl_down_sync`
+# - **A byte-pair table.** A code byte holds two weights, so a 256-entry table of *pairs*
+#   `(lut[byte >> 4], lut[byte & 15])` gives both with one 64-bit shared read: half the table
+#   reads. With 256 entries, lanes reading different bytes would hit the same bank; 16 copies of the
+#   table (32 KB), copy `c` in banks 2c and 2c+1 of every 128-byte row, lane `l` reading copy
+#   `l & 15`, make every read conflict-free. The read is addressed in bytes, `(byte << 7) | lane8`:
+#   one shift and one and-or of the 32-bit code word (`gemv.lds_pair` emits `ld.shared.v2.f32`, so
+#   no index is widened to 64 bits and scaled per read).
+# - **The scale out of the loop.** A lane takes 64 consecutive columns of a row, exactly one absmax
+#   block: `acc += scale * sum_k lut[q_k] x_k`, one FMA per weight and one scale per 64.
+# - **x in registers, shared by 4 rows.** A warp computes 4 rows. Per step a lane loads its 64
+#   columns of x (128 bytes, eight 128-bit loads) once, converts each value once, and uses it for
+#   the 4 rows' 64 codes (two 128-bit loads per row): a warp step reads 1 KB contiguous per row.
+# - **Loads in flight.** The codes (and absmax bytes) of the next step are loaded before the current
+#   step is computed: 128 bytes per lane always in flight, 4 KB per warp.
+# - **Reduction at the end** only: each lane accumulates its columns in float32 over the whole row,
+#   then five `shfl.sync.down` per row, and lane 0 rounds to nearest even to bf16/fp16.
+# - **Grid.** Warps loop over groups of 4 rows, so the 32 KB table is built once per block; the
+#   launch asks the compiled kernel how many blocks fit on an SM and launches just enough of them.
+#
+# Helpers from `nf4lab.gemv`, because the simulator lacks them: `f32_from_bits` (a bit cast, to
+# turn bf16 bits into a float) / `f16_to_f32` (`cvt.f32.f16`), `lds_pair` and `shfl_down_sync`
 # (on a GPU: `cuda.shfl_down_sync` itself).
 
 # %% tags=["kernel"]
@@ -89,48 +105,32 @@ def x_pair(u, is_bf16):
 
 
 @cuda.jit(device=True, inline="always")
-def pair_dot(tab, off, xu, is_bf16, a, b):
-    """One code byte = two weights: one 64-bit shared read at byte offset `off` gives
-    (lut[high nibble], lut[low nibble]); one FMA per weight."""
-    w0, w1 = lds_pair(tab, off)
-    x0, x1 = x_pair(xu, is_bf16)
-    return a + w0 * x0, b + w1 * x1
+def word_dot(tab, lane8, w, x, a, b):
+    """4 code bytes (8 weights; byte j: columns 2j and 2j+1) times 8 float32 activations, added to
+    two independent running sums a (high nibbles) and b (low nibbles): one FMA per weight.
 
-
-@cuda.jit(device=True, inline="always")
-def word_dot(tab, lane8, w, xa, xb, xc, xd, is_bf16, a, b):
-    """4 code bytes (8 weights, byte j: columns 2j and 2j+1) times 8 activations (4 words of x).
-
-    Byte j's table entry is at byte offset (byte << 7) | lane8: one shift and one and-or (a single
-    LOP3) of the code word, all in 32 bits."""
-    a, b = pair_dot(tab, ((w << uint32(7)) & uint32(0x7F80)) | lane8, xa, is_bf16, a, b)
-    a, b = pair_dot(tab, ((w >> uint32(1)) & uint32(0x7F80)) | lane8, xb, is_bf16, a, b)
-    a, b = pair_dot(tab, ((w >> uint32(9)) & uint32(0x7F80)) | lane8, xc, is_bf16, a, b)
-    a, b = pair_dot(tab, ((w >> uint32(17)) & uint32(0x7F80)) | lane8, xd, is_bf16, a, b)
+    Byte j's pair (lut[high nibble], lut[low nibble]) is one 64-bit shared read at byte offset
+    (byte << 7) | lane8: one shift and one and-or (a single LOP3) of the code word, in 32 bits."""
+    l0, l1 = lds_pair(tab, ((w << uint32(7)) & uint32(0x7F80)) | lane8)
+    l2, l3 = lds_pair(tab, ((w >> uint32(1)) & uint32(0x7F80)) | lane8)
+    l4, l5 = lds_pair(tab, ((w >> uint32(9)) & uint32(0x7F80)) | lane8)
+    l6, l7 = lds_pair(tab, ((w >> uint32(17)) & uint32(0x7F80)) | lane8)
+    a = a + l0 * x[0] + l2 * x[2] + l4 * x[4] + l6 * x[6]
+    b = b + l1 * x[1] + l3 * x[3] + l5 * x[5] + l7 * x[7]
     return a, b
 
 
 @cuda.jit(device=True, inline="always")
-def vec_dot(tab, lane8, v, x, is_bf16):
-    """16 code bytes (one 128-bit load: 32 weights) times 32 activations (16 words of x): the
-    block-local partial sum sum_k lut[q_k] * x_k, in two independent chains."""
-    a = float32(0.0)
-    b = float32(0.0)
-    a, b = word_dot(tab, lane8, v[0], x[0], x[1], x[2], x[3], is_bf16, a, b)
-    a, b = word_dot(tab, lane8, v[1], x[4], x[5], x[6], x[7], is_bf16, a, b)
-    a, b = word_dot(tab, lane8, v[2], x[8], x[9], x[10], x[11], is_bf16, a, b)
-    a, b = word_dot(tab, lane8, v[3], x[12], x[13], x[14], x[15], is_bf16, a, b)
-    return a + b
-
-
-@cuda.jit(device=True, inline="always")
-def load_x16(x_u32, i):
-    """16 words of x (32 activations) with four 128-bit loads."""
+def load_x32(x_u32, i, is_bf16):
+    """32 activations (16 words of x, four 128-bit loads) as float32, converted once for all rows."""
     a = ops.load_u32x4(x_u32, i)
     b = ops.load_u32x4(x_u32, i + uint64(4))
     c = ops.load_u32x4(x_u32, i + uint64(8))
     d = ops.load_u32x4(x_u32, i + uint64(12))
-    return (a[0], a[1], a[2], a[3], b[0], b[1], b[2], b[3], c[0], c[1], c[2], c[3], d[0], d[1], d[2], d[3])
+    return (x_pair(a[0], is_bf16) + x_pair(a[1], is_bf16) + x_pair(a[2], is_bf16) + x_pair(a[3], is_bf16)
+            + x_pair(b[0], is_bf16) + x_pair(b[1], is_bf16) + x_pair(b[2], is_bf16) + x_pair(b[3], is_bf16)
+            + x_pair(c[0], is_bf16) + x_pair(c[1], is_bf16) + x_pair(c[2], is_bf16) + x_pair(c[3], is_bf16)
+            + x_pair(d[0], is_bf16) + x_pair(d[1], is_bf16) + x_pair(d[2], is_bf16) + x_pair(d[3], is_bf16))
 
 
 @cuda.jit(device=True, inline="always")
@@ -144,10 +144,18 @@ def load_codes(packed_u32, absmax_q, absmax2, row, k, c, bs_shift):
 
 
 @cuda.jit(device=True, inline="always")
-def row_step(tab, lane8, code2_s, offset, codes, xlo, xhi, is_bf16):
-    """scale * (sum of the lane's 64 products): the scale multiplies once per block, not per weight."""
+def row_step(tab, lane8, code2_s, offset, codes, xlo, xhi):
+    """scale * sum of the lane's 64 products lut[q_k] * x_k: the scale multiplies once per block."""
     va, vb, q, a2 = codes
-    d = vec_dot(tab, lane8, va, xlo, is_bf16) + vec_dot(tab, lane8, vb, xhi, is_bf16)
+    a, b = word_dot(tab, lane8, va[0], xlo[0:8], float32(0.0), float32(0.0))
+    a, b = word_dot(tab, lane8, va[1], xlo[8:16], a, b)
+    a, b = word_dot(tab, lane8, va[2], xlo[16:24], a, b)
+    a, b = word_dot(tab, lane8, va[3], xlo[24:32], a, b)
+    a, b = word_dot(tab, lane8, vb[0], xhi[0:8], a, b)
+    a, b = word_dot(tab, lane8, vb[1], xhi[8:16], a, b)
+    a, b = word_dot(tab, lane8, vb[2], xhi[16:24], a, b)
+    a, b = word_dot(tab, lane8, vb[3], xhi[24:32], a, b)
+    d = a + b
     return ops.fadd_rn(ops.fmul_rn(code2_s[q], a2), offset) * d
 
 
@@ -222,12 +230,12 @@ def make_gemv(is_bf16, reduce=warp_sum):
                     n1 = load_codes(packed_u32, absmax_q, absmax2, r1, k, cn, bs_shift)
                     n2 = load_codes(packed_u32, absmax_q, absmax2, r2, k, cn, bs_shift)
                     n3 = load_codes(packed_u32, absmax_q, absmax2, r3, k, cn, bs_shift)
-                xlo = load_x16(x_u32, c >> uint64(1))
-                xhi = load_x16(x_u32, (c >> uint64(1)) + uint64(16))
-                acc0 += row_step(tab, lane8, code2_s, offset, w0, xlo, xhi, is_bf16)
-                acc1 += row_step(tab, lane8, code2_s, offset, w1, xlo, xhi, is_bf16)
-                acc2 += row_step(tab, lane8, code2_s, offset, w2, xlo, xhi, is_bf16)
-                acc3 += row_step(tab, lane8, code2_s, offset, w3, xlo, xhi, is_bf16)
+                xlo = load_x32(x_u32, c >> uint64(1), is_bf16)   # the lane's 64 activations, once
+                xhi = load_x32(x_u32, (c >> uint64(1)) + uint64(16), is_bf16)
+                acc0 += row_step(tab, lane8, code2_s, offset, w0, xlo, xhi)
+                acc1 += row_step(tab, lane8, code2_s, offset, w1, xlo, xhi)
+                acc2 += row_step(tab, lane8, code2_s, offset, w2, xlo, xhi)
+                acc3 += row_step(tab, lane8, code2_s, offset, w3, xlo, xhi)
                 c = cn
             acc0 = reduce(acc0)
             acc1 = reduce(acc1)
@@ -302,22 +310,43 @@ SIG = (T.uint32[::1], T.uint8[::1], T.float32[::1], T.float32[::1], T.float32[::
        T.uint32[::1], T.uint16[::1], T.int64, T.int64, T.int64)  # the kernel's argument types, for PTX/SASS
 
 # %% [markdown]
-# ## 3. PTX evidence
+# ## 3. PTX and SASS evidence
 #
-# The loop should hold six 128-bit loads (four of x, one per row of W), shared-memory loads for
-# the tables, the scale's two byte/float loads per 32 weights (not per weight), no local memory,
-# no float64, and five `shfl.sync.down` per row at the end.
+# The loop should hold 128-bit loads only for x and the codes (8 of x, 2 per row, and 8 more for
+# the next step's codes), one `ld.shared.v2.f32` per code byte (128 per step: 4 rows x 32 bytes),
+# one absmax byte per row per step, no local memory, no float64, and five `shfl.sync.down` per
+# row at the end.
 
 # %%
 ptx = nf4lab.compile_ptx(GEMV["bf16"], SIG)
-nf4lab.ptx.show(ptx, [r"^ld\.global", r"^shfl"], limit=16)
-nf4lab.ptx.check(ptx, present=[r"^ld\.global(\.nc)?\.v4\.u32", r"^shfl\.sync\.down", r"^ld\.shared\.f32"],
+nf4lab.ptx.show(ptx, [r"^ld\.global(\.nc)?\.v4", r"^ld\.shared\.v2", r"^shfl"], limit=6)
+nf4lab.ptx.check(ptx, present=[r"^ld\.global(\.nc)?\.v4\.u32", r"^shfl\.sync\.down", r"^ld\.shared\.v2\.f32"],
                  absent=[r"^ld\.local", r"\.f64", r"^(div|rem)\.(s|u)64"])
 n_v4 = nf4lab.ptx.count(ptx, r"^ld\.global(\.nc)?\.v4")
+n_pair = nf4lab.ptx.count(ptx, r"^ld\.shared\.v2\.f32")
 n_u8 = nf4lab.ptx.count(ptx, r"^ld\.global(\.nc)?\.u8")
-print(f"\n128-bit loads: {n_v4} (4 of x, 1 per row of W); absmax_q byte loads: {n_u8} (one per row per "
-      "32 weights); the other scalar loads fill the shared tables before the loop")
-assert n_v4 == 6 and n_u8 == 2
+print(f"\n128-bit loads: {n_v4} (8 of x + 2 per row, and 2 per row for the first step); pair reads: "
+      f"{n_pair} (one per code byte); absmax_q byte loads: {n_u8} (one per row per step, and for the first)")
+assert n_v4 == 8 + 2 * ROWS * 2 and n_pair == ROWS * 32 and n_u8 == 2 * ROWS
+
+# %% [markdown]
+# PTX is not what runs: `ptxas` turns it into SASS, the GPU's own instructions. When the CUDA
+# toolkit's `ptxas` and `cuobjdump` are installed (no GPU needed), we assemble the kernel for the
+# H100 (sm_90) and count the instructions of its inner loop per weight, with the registers per
+# thread (which decide how many warps an SM holds). Ideal: one FMA per weight, half a table read,
+# one shift and one LOP3 per byte; the rest (x conversion, loads, scale, loop) is shared by 256
+# weights.
+
+# %%
+try:
+    for dt in ("bf16",):
+        r = gemv.sass_report(GEMV[dt], SIG, ROWS * LANE_COLS, f"gemv_{dt}", ptx=ptx)
+        print(f"{dt}: {r['registers']} registers, {r['spill_bytes']} bytes spilled; inner loop: "
+              f"{r['loop_instructions']} SASS instructions for {r['weights_per_trip']} weights per lane = "
+              f"{r['per_weight']:.2f} per weight")
+        print("    " + ", ".join(f"{k} {v}" for k, v in list(r["opcodes"].items())[:8]))
+except (FileNotFoundError, OSError, subprocess.CalledProcessError) as exc:
+    print(f"no SASS here ({exc}); install the CUDA toolkit's ptxas and cuobjdump to count instructions")
 
 # %% [markdown]
 # ## 4. Correctness
@@ -331,16 +360,16 @@ assert n_v4 == 6 and n_u8 == 2
 # $$|\hat y - y_{64}| \le \gamma_K \sum_k |x_k w_k|, \qquad \gamma_K \approx K u_{32},\ u_{32} = 2^{-24}$$
 #
 # We take `K * eps32` (`eps32 = 2^-23`, twice the bound) to cover the extra rounding of scaling
-# each 32-term partial sum by the block scale, then add the final rounding to bf16/fp16,
+# each 64-term partial sum by the block scale, then add the final rounding to bf16/fp16,
 # `u_out * |y|` with `u_out = 2^-8` (bf16) or `2^-11` (fp16). The bound is worst-case (real
 # errors grow like sqrt(K)), yet a real bug (a swapped nibble, a missing reduction step, a wrong
 # scale) exceeds it by orders of magnitude, as the planted bugs below show.
 #
-# The simulator runs the kernel on small shapes: odd N, K not a multiple of 256, a case spanning
-# two absmax2 groups, bf16 and fp16.
+# The simulator runs the kernel on small shapes: odd N (the last group of 4 rows is partial),
+# K not a multiple of 256, a case spanning two absmax2 groups (53 x 320 > 256 x 64), bf16 and fp16.
 
 # %%
-SHAPES = [((48, 192), "bf16"), ((96, 320), "bf16"), ((33, 320), "fp16")] if nf4lab.SIMULATOR else \
+SHAPES = [((24, 192), "bf16"), ((53, 320), "fp16")] if nf4lab.SIMULATOR else \
     [((512, 4096), "bf16"), ((255, 14336), "bf16"), ((100, 4160), "fp16")]
 cases = {}
 for (N, K), dtype in SHAPES:
@@ -378,7 +407,7 @@ swapped = codes.reshape(-1, 2)[:, ::-1].reshape(-1)  # low nibble first
 bugs = {
     "nibbles swapped": gc.x @ (gc.lut[swapped] * np.repeat(absmax, 64)).reshape(gc.N, gc.K).T,
     "offset forgotten": gc.x @ (gc.lut[codes] * np.repeat(absmax - gc.offset, 64)).reshape(gc.N, gc.K).T,
-    "32 columns (one lane's vector) lost": gc.x[:, 32:] @ gc.w[:, 32:].T,
+    "64 columns (one lane's block) lost": gc.x[:, 64:] @ gc.w[:, 64:].T,
     "fine (float32, numpy order)": (gc.x @ gc.w.T).astype(np.float32),
 }
 for name, y_bug in bugs.items():
