@@ -262,10 +262,13 @@ def resident_blocks(kernel):
     info = nf4lab.device_info()
     if not info.get("sms") or not getattr(kernel, "overloads", None):
         return None  # simulator, or not compiled yet (the first launch compiles it)
-    regs = kernel.get_regs_per_thread()
-    regs = max(regs.values()) if isinstance(regs, dict) else regs
-    smem = kernel.get_shared_mem_per_block()
-    smem = max(smem.values()) if isinstance(smem, dict) else smem
+    try:
+        regs = kernel.get_regs_per_thread()
+        regs = max(regs.values()) if isinstance(regs, dict) else regs
+        smem = kernel.get_shared_mem_per_block()
+        smem = max(smem.values()) if isinstance(smem, dict) else smem
+    except Exception:  # an API change: fall back to one block per group (correct, a little slower)
+        return None
     by_regs = 65536 // (-(-regs // 8) * 8 * 32 * WARPS)       # 64K registers, 8-register granules
     by_smem = (info.get("smem_per_sm") or 228 * 1024) // (smem + 1024)  # 1 KB reserved per block
     by_threads = (info.get("max_threads_per_sm") or 2048) // (32 * WARPS)
