@@ -38,8 +38,9 @@ def _outputs(nb) -> str:
     return "\n".join(text)
 
 
+# 09 runs in tests/test_gemv.py, with assertions of its own (tolerance, exercise verdicts).
 @pytest.mark.slow
-@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
+@pytest.mark.parametrize("path", [p for p in NOTEBOOKS if not p.name.startswith("09_")], ids=lambda p: p.stem)
 def test_notebook_runs_in_the_simulator(path, tmp_path):
     out = tmp_path / path.name
     execute_notebook(path, out, timeout=600)
