@@ -55,7 +55,7 @@ def bars(run, *, title=None, highlight=(), shape=None, dtype=None, ax=None):
     l2 = " (fits in L2)" if recs[0].get("fits_l2") else ""
     ax.set_title(title or f"NF4 dequantization, {'x'.join(map(str, shape))} -> {dtype}{l2}")
     if ceil:
-        ax.legend(loc="lower right", fontsize=8)
+        ax.legend(loc="upper right", fontsize=8, framealpha=0.95)  # the top rows (baselines) are short
     if fig is not None:
         fig.tight_layout(rect=(0, 0.06, 1, 1))
         _caption(fig, run.meta)
