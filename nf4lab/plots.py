@@ -50,7 +50,7 @@ def bars(run, *, title=None, highlight=(), shape=None, dtype=None, ax=None):
         color, ls = CEILING_STYLE.get(c["name"], ("k", "-"))
         ax.axvline(c["gbps"], color=color, ls=ls, lw=1.2, label=f"{c['name']}: {c['gbps']:.0f} GB/s")
     top = max([r["gbps"] for r in recs] + [c["gbps"] for c in ceil])
-    ax.set_xlim(0, top * 1.35)
+    ax.set_xlim(0, top * 1.6)  # room on the right for the labels and the legend
     ax.set_xlabel("effective bandwidth, GB/s (bytes of the NF4 byte model / GPU time)")
     l2 = " (fits in L2)" if recs[0].get("fits_l2") else ""
     ax.set_title(title or f"NF4 dequantization, {'x'.join(map(str, shape))} -> {dtype}{l2}")
