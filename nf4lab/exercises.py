@@ -87,34 +87,17 @@ class CheckResult:
 
 
 def _validate(launch, name, dtype, blocksize, quant_type, shapes, dist, min_pct_copy):
-    from .cases import DISTS
-    from .reference import BLOCKSIZES, DTYPES, QUANT_TYPES
+    from .cases import _validate as validate_case
 
     if not callable(launch):
         raise ValueError(f"launch must be a function launch(b) that launches your kernel, got {launch!r}")
     if not isinstance(name, str) or not name:
         raise ValueError(f"name must be a non-empty string, got {name!r}")
-    if dtype not in DTYPES:
-        raise ValueError(f"dtype must be one of {DTYPES}, got {dtype!r}")
-    if blocksize not in BLOCKSIZES:
-        raise ValueError(f"blocksize must be one of {BLOCKSIZES}, got {blocksize!r}")
-    if quant_type not in QUANT_TYPES:
-        raise ValueError(f"quant_type must be one of {QUANT_TYPES}, got {quant_type!r}")
-    if dist not in DISTS:
-        raise ValueError(f"dist must be one of {tuple(DISTS)}, got {dist!r}")
     if isinstance(shapes, (str, bytes)) or not hasattr(shapes, "__iter__"):
         raise ValueError(f"shapes must be a list of shapes like [(3, 5), (130, 129)], got {shapes!r}")
-    out = []
-    for s in shapes:
-        t = (s,) if isinstance(s, int) else s
-        try:
-            t = tuple(t)
-        except TypeError:
-            raise ValueError(f"each shape must be an int or a tuple of 1-2 positive ints, got {s!r}") from None
-        if not (1 <= len(t) <= 2) or not all(isinstance(d, int) and not isinstance(d, bool) and d >= 1
-                                             for d in t):
-            raise ValueError(f"each shape must be an int or a tuple of 1-2 positive ints, got {s!r}")
-        out.append(t)
+    # Each shape with the case parameters goes through the same checks as make_case, so that an
+    # exercise cannot ask for a case that make_case would refuse.
+    out = [validate_case(s, dtype, dist, 0, blocksize, quant_type)[0] for s in shapes]
     if not out:
         raise ValueError("shapes is empty: give at least one shape")
     if min_pct_copy is not None:
