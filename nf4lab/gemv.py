@@ -146,14 +146,10 @@ def _py_shfl_down_sync(mask, value, delta):
     return type(value)(out) if isinstance(value, np.generic) else out
 
 
-_py_f32_from_bits.__qualname__ = _py_f32_from_bits.__name__ = "f32_from_bits"
-_py_f16_to_f32.__qualname__ = _py_f16_to_f32.__name__ = "f16_to_f32"
-_py_shfl_down_sync.__qualname__ = _py_shfl_down_sync.__name__ = "shfl_down_sync"
-_py_lds_pair.__qualname__ = _py_lds_pair.__name__ = "lds_pair"
+# nf4lab.ptx pickles these by name, so that the PTX subprocess (compile mode) gets the device versions.
+DEVICE_OPS = ("f32_from_bits", "f16_to_f32", "lds_pair", "shfl_down_sync")
 
 if runtime.SIMULATOR:
-    # Named like the device versions, so that nf4lab.ptx pickles them by reference and the
-    # PTX subprocess (compile mode) picks up the real ones.
     f32_from_bits, f16_to_f32, lds_pair = _py_f32_from_bits, _py_f16_to_f32, _py_lds_pair
     shfl_down_sync = _py_shfl_down_sync
 else:

@@ -27,6 +27,8 @@ from . import runtime
 
 __all__ = ["fmul_rn", "fadd_rn", "float_bits", "to_bf16_bits", "to_f16_bits",
            "pack_bf16x2", "pack_f16x2", "load_u32x4", "store_u32x4", "store_u32x4_cs"]
+# Names whose simulator twin nf4lab.ptx must swap for the device version when compiling PTX.
+DEVICE_OPS = tuple(__all__)
 
 
 # ---------------------------------------------------------------- plain-Python twins

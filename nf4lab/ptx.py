@@ -37,23 +37,37 @@ def _rejit(fn, kwargs):
     return cuda.jit(**kwargs)(fn)
 
 
-def _resolve_op(name):
-    from . import ops
+def _resolve(module, name):
+    import importlib
 
-    return getattr(ops, name)
+    return getattr(importlib.import_module(module), name)
+
+
+def _by_name() -> dict:
+    """id -> (module, name) of the device ops that loaded nf4lab modules declare in DEVICE_OPS.
+
+    In the simulator such a name holds a plain-Python twin whose device version the
+    compile-mode subprocess gets under the same name: so these are pickled by name, not by value.
+    """
+    import sys
+
+    found = {}
+    for modname, mod in list(sys.modules.items()):
+        if mod is not None and modname.startswith("nf4lab."):
+            for name in getattr(mod, "DEVICE_OPS", ()):
+                found[id(getattr(mod, name))] = (modname, name)
+    return found
 
 
 def _dumps(fn) -> bytes:
     import cloudpickle
 
-    from . import ops
-
-    op_names = {id(getattr(ops, n)): n for n in ops.__all__}
+    by_name = _by_name()
 
     class Pickler(cloudpickle.CloudPickler):
         def reducer_override(self, obj):
-            if id(obj) in op_names:
-                return _resolve_op, (op_names[id(obj)],)
+            if id(obj) in by_name:
+                return _resolve, by_name[id(obj)]
             if type(obj).__name__ == "FakeCUDAKernel":
                 kwargs = getattr(obj, "_nf4lab_jit_kwargs", None) or {"device": obj._device}
                 return _rejit, (obj.fn, kwargs)
