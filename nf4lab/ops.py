@@ -102,6 +102,12 @@ def _py_store_u32x4(arr, i, a, b, c, d):
     arr[i], arr[i + 1], arr[i + 2], arr[i + 3] = a, b, c, d
 
 
+def _py_store_u32x4_cs(arr, i, a, b, c, d):
+    # Its own function, not an alias of _py_store_u32x4: compile_ptx maps twins back to device
+    # ops by identity, and an alias would turn a kernel's plain stores into streaming ones.
+    _py_store_u32x4(arr, i, a, b, c, d)
+
+
 # ---------------------------------------------------------------- device versions
 def _build_device_ops():
     from llvmlite import ir
@@ -224,6 +230,6 @@ if runtime.SIMULATOR:
     to_bf16_bits, to_f16_bits = bf16_bits_py, f16_bits_py
     pack_bf16x2, pack_f16x2 = _py_pack_bf16x2, _py_pack_f16x2
     load_u32x4, store_u32x4 = _py_load_u32x4, _py_store_u32x4
-    store_u32x4_cs = _py_store_u32x4
+    store_u32x4_cs = _py_store_u32x4_cs
 else:
     globals().update(_build_device_ops())

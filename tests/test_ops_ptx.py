@@ -110,3 +110,29 @@ def test_compile_errors_are_reported():
 
     with pytest.raises(Exception, match="undefined_name|NameError|Untyped"):
         nf4lab.compile_ptx(broken, "(float32[::1],)")
+
+
+@pytest.mark.parametrize("store, hint", [(ops.store_u32x4, False), (ops.store_u32x4_cs, True)])
+def test_ops_held_in_variables_compile_to_themselves(store, hint):
+    """A kernel may hold an op in a closure variable (as nf4lab.fastkernel does) instead of
+    naming ops.store_u32x4: the PTX must still show that op's own store, not a sibling's."""
+    @cuda.jit
+    def k(out_u32):
+        store(out_u32, uint64(0), 1, 2, 3, 4)
+
+    p = nf4lab.compile_ptx(k, "(uint32[::1],)")
+    assert ptx.count(p, r"^st\.global\.cs\.v4") == (1 if hint else 0)
+    assert ptx.count(p, r"^st\.global(\.cs)?\.v4\.(u32|b32)") == 1
+
+
+def test_no_two_device_ops_share_a_twin():
+    """compile_ptx finds device ops by the identity of their simulator twins: aliases are ambiguous."""
+    import collections
+
+    from nf4lab import gemv
+
+    seen = collections.defaultdict(list)
+    for mod in (ops, gemv):
+        for name in mod.DEVICE_OPS:
+            seen[id(getattr(mod, name))].append(f"{mod.__name__}.{name}")
+    assert [v for v in seen.values() if len(v) > 1] == []

@@ -10,7 +10,7 @@ harness in one run beside the copy/fill ceilings and bitsandbytes:
               lane t stores words t, t+32, t+64, t+96 of its warp's tile (coalesced).
   v16s      : one 16-byte load and four contiguous 16-byte stores per thread (scattered).
 
-    python tools/tune_best_kernel.py     # writes data/results/<gpu>/tuning.json
+    python tools/tune_best_kernel.py 5   # round 5: writes data/results/<gpu>/tuning_round5*.json
 """
 from __future__ import annotations
 
@@ -390,7 +390,138 @@ def make_bulk(K, T, prefetch=False):
     return launch
 
 
-def variants():
+# ---- round 5: why notebook 06 trails the same design elsewhere; contiguous chunks per block; fp32 --
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def nb06(dtype, threads=512, units=2, edits=()):
+    """Notebook 06's kernel cell, with textual edits (each a (old, new) pair that must match)."""
+    from pathlib import Path
+    from nf4lab import versions
+
+    src = "\n".join(versions.kernel_cells(Path(ROOT) / "notebooks" / "06_output_dtypes.ipynb"))
+    src = src.replace("THREADS = 512", f"THREADS = {threads}", 1).replace("UNITS = 2", f"UNITS = {units}", 1)
+    for old, new in edits:
+        assert old in src, old
+        src = src.replace(old, new)
+    mod = {}
+    exec(compile(src, "<06 kernel cell>", "exec"), mod)
+    return mod["launch"]
+
+
+NO_TAIL = ("if cuda.blockIdx.x == 0 and tid == 0:", "if False:")
+FMUL_RN = ("table[(byte >> 4) & NIB] * s", "ops.fmul_rn(table[(byte >> 4) & NIB], s)")
+FMUL_RN2 = ("table[byte & NIB] * s", "ops.fmul_rn(table[byte & NIB], s)")
+NO_SHIFT = ("w = words[k] >> uint32((first & uint64(7)) << 2)", "w = words[k]")
+
+
+def fastkernel_launch(dtype):
+    """nf4lab.dequantize's kernel (nested statistics, vector path) on the harness' buffers."""
+    from numba import cuda as _cuda
+    from nf4lab import fastkernel
+
+    k, _ = fastkernel.get_kernel(dtype, True, "vector")
+    state = {}
+
+    def launch(b):
+        if "offset" not in state:
+            state["offset"] = _cuda.to_device(np.array([b.offset], np.float32))
+        k[fastkernel.grid_size(b.n, "vector", dtype), fastkernel.THREADS, b.stream](
+            b.packed, b.packed_u32, b.absmax_q, b.absmax2, b.code2, state["offset"], b.lut, b.out, b.out_u32,
+            np.uint64(b.n), np.uint64(b.blocksize.bit_length() - 1), np.uint64(8))
+    return launch
+
+
+def make_words_chunked(K, T, per_sm, scales_first=False):
+    """Persistent blocks, each owning one contiguous run of tiles (not a grid stride):
+    per_sm blocks per SM, so DRAM sees per_sm * SMs sequential streams.
+    scales_first: the absmax bytes and absmax2 of all K words are loaded with the words."""
+    @cuda.jit
+    def kern(packed_u32, absmax_q, absmax2, code2, offset, lut_g, out_u32, nwords, tiles_per_block):
+        lut = cuda.shared.array(16, float32)
+        tid = cuda.threadIdx.x
+        if tid < 16:
+            lut[tid] = lut_g[tid]
+        cuda.syncthreads()
+        tile = uint64(cuda.blockIdx.x) * tiles_per_block
+        stop = tile + tiles_per_block
+        while tile < stop and tile * uint64(T * K) < nwords:
+            base = tile * uint64(T * K) + uint64(tid)
+            words = cuda.local.array(K, uint32)
+            qs = cuda.local.array(K, uint32)
+            a2 = cuda.local.array(K, float32)
+            for j in range(K):
+                w = base + uint64(j * T)
+                if w < nwords:
+                    words[j] = packed_u32[w]
+                    if scales_first:
+                        qs[j] = absmax_q[w >> uint64(3)]
+                        a2[j] = absmax2[w >> uint64(11)]
+            for j in range(K):
+                w = base + uint64(j * T)
+                if w < nwords:
+                    blk = w >> uint64(3)
+                    if scales_first:
+                        s = ops.fadd_rn(ops.fmul_rn(code2[qs[j]], a2[j]), offset)
+                    else:
+                        s = ops.fadd_rn(ops.fmul_rn(code2[absmax_q[blk]], absmax2[blk >> uint64(8)]), offset)
+                    x = words[j]
+                    o0 = ops.pack_bf16x2(lut[(x >> 4) & 15] * s, lut[x & 15] * s)
+                    o1 = ops.pack_bf16x2(lut[(x >> 12) & 15] * s, lut[(x >> 8) & 15] * s)
+                    o2 = ops.pack_bf16x2(lut[(x >> 20) & 15] * s, lut[(x >> 16) & 15] * s)
+                    o3 = ops.pack_bf16x2(lut[(x >> 28) & 15] * s, lut[(x >> 24) & 15] * s)
+                    ops.store_u32x4(out_u32, w * uint64(4), o0, o1, o2, o3)
+            tile += uint64(1)
+
+    def launch(b):
+        nwords = b.n // 8
+        assert b.n % 8 == 0 and b.blocksize == 64 and b.dtype == "bf16"
+        tiles = (nwords + T * K - 1) // (T * K)
+        grid = min(tiles, per_sm * (nf4lab.device_info()["sms"] or 1))
+        kern[grid, T, b.stream](b.packed_u32, b.absmax_q, b.absmax2, b.code2, b.offset, b.lut, b.out_u32,
+                                uint64(nwords), uint64((tiles + grid - 1) // grid))
+    return launch
+
+
+def make_words_scales_first(K, T):
+    """make_words, with each thread's absmax bytes and absmax2 loaded together with its words."""
+    @cuda.jit
+    def kern(packed_u32, absmax_q, absmax2, code2, offset, lut_g, out_u32, nwords):
+        lut = cuda.shared.array(16, float32)
+        tid = cuda.threadIdx.x
+        if tid < 16:
+            lut[tid] = lut_g[tid]
+        cuda.syncthreads()
+        base = uint64(cuda.blockIdx.x) * uint64(T * K) + uint64(tid)
+        words = cuda.local.array(K, uint32)
+        qs = cuda.local.array(K, uint32)
+        a2 = cuda.local.array(K, float32)
+        for j in range(K):
+            w = base + uint64(j * T)
+            if w < nwords:
+                words[j] = packed_u32[w]
+                qs[j] = absmax_q[w >> uint64(3)]
+                a2[j] = absmax2[w >> uint64(11)]
+        for j in range(K):
+            w = base + uint64(j * T)
+            if w < nwords:
+                s = ops.fadd_rn(ops.fmul_rn(code2[qs[j]], a2[j]), offset)
+                x = words[j]
+                o0 = ops.pack_bf16x2(lut[(x >> 4) & 15] * s, lut[x & 15] * s)
+                o1 = ops.pack_bf16x2(lut[(x >> 12) & 15] * s, lut[(x >> 8) & 15] * s)
+                o2 = ops.pack_bf16x2(lut[(x >> 20) & 15] * s, lut[(x >> 16) & 15] * s)
+                o3 = ops.pack_bf16x2(lut[(x >> 28) & 15] * s, lut[(x >> 24) & 15] * s)
+                ops.store_u32x4(out_u32, w * uint64(4), o0, o1, o2, o3)
+
+    def launch(b):
+        nwords = b.n // 8
+        assert b.n % 8 == 0 and b.blocksize == 64 and b.dtype == "bf16"
+        kern[(nwords + T * K - 1) // (T * K), T, b.stream](b.packed_u32, b.absmax_q, b.absmax2, b.code2, b.offset,
+                                                           b.lut, b.out_u32, uint64(nwords))
+    return launch
+
+
+def variants_round4():
     cs = ops.store_u32x4_cs
     return {
         "w2x512 cs": make_words(2, 512, cs),
@@ -407,23 +538,56 @@ def variants():
     }
 
 
+def variants_round5_bf16():
+    return {
+        "06 as in the notebook": nb06("bf16"),
+        "06 - tail code": nb06("bf16", edits=[NO_TAIL]),
+        "06 + fmul_rn": nb06("bf16", edits=[FMUL_RN, FMUL_RN2]),
+        "06 - fp32 shift": nb06("bf16", edits=[NO_SHIFT]),
+        "06 - tail - shift + fmul_rn": nb06("bf16", edits=[NO_TAIL, NO_SHIFT, FMUL_RN, FMUL_RN2]),
+        "nf4lab.dequantize kernel": fastkernel_launch("bf16"),
+        "w2x512": make_words(2, 512),
+        "w2x512 scales first": make_words_scales_first(2, 512),
+        "w4x256 scales first": make_words_scales_first(4, 256),
+        "chunked w2x512, 4/SM": make_words_chunked(2, 512, 4),
+        "chunked w2x512, 4/SM, scales first": make_words_chunked(2, 512, 4, scales_first=True),
+        "chunked w2x256, 8/SM": make_words_chunked(2, 256, 8),
+        "chunked w4x128, 16/SM, scales first": make_words_chunked(4, 128, 16, scales_first=True),
+    }
+
+
+def variants_round5_fp32():
+    out = {"06 fp32 as in the notebook (2x512)": nb06("fp32")}
+    for units, threads in ((1, 256), (2, 256), (4, 256), (1, 512), (4, 512), (1, 1024), (2, 1024)):
+        out[f"06 fp32 {units}x{threads}"] = nb06("fp32", threads, units)
+    out["06 fp32 2x512 - tail"] = nb06("fp32", edits=[NO_TAIL])
+    out["nf4lab.dequantize kernel fp32"] = fastkernel_launch("fp32")
+    return out
+
+
+ROUNDS = {"4": [("bf16", variants_round4)], "5": [("bf16", variants_round5_bf16), ("fp32", variants_round5_fp32)]}
+
+
 def main():
-    shape = tuple(int(s) for s in sys.argv[1:3]) if len(sys.argv) > 2 else None
+    """python tools/tune_best_kernel.py [ROUND [ROWS COLS]]: ROUND 4 or 5 (default 5)."""
+    rnd = sys.argv[1] if len(sys.argv) > 1 else "5"
+    shape = tuple(int(s) for s in sys.argv[2:4]) if len(sys.argv) > 3 else None
     print(nf4lab.describe(), flush=True)
-    case = nf4lab.make_case(shape, "bf16", "randn", 0)
-    print(case, flush=True)
-    if not nf4lab.ON_GPU:
-        for name, launch in variants().items():
-            if getattr(launch, "no_verify", False):
-                b = nf4lab.make_buffers(case)
-                launch(b)
-                continue
-            print(nf4lab.run_and_verify(launch, case, name=name))
-        return
-    run = bench.run_versions(variants(), case)
-    path = run.save(os.environ.get("TUNE_NAME", "tuning"))
-    print(run.table())
-    print("saved", path)
+    for dtype, make in ROUNDS[rnd]:
+        case = nf4lab.make_case(shape, dtype, "randn", 0)
+        print(case, flush=True)
+        if not nf4lab.ON_GPU:
+            for name, launch in make().items():
+                if getattr(launch, "no_verify", False):
+                    launch(nf4lab.make_buffers(case))
+                    continue
+                print(nf4lab.run_and_verify(launch, case, name=name))
+            continue
+        run = bench.run_versions(make(), case)
+        suffix = "" if dtype == "bf16" else f"_{dtype}"
+        path = run.save(os.environ.get("TUNE_NAME", f"tuning_round{rnd}") + suffix)
+        print(run.table())
+        print("saved", path, flush=True)
 
 
 if __name__ == "__main__":
