@@ -13,7 +13,7 @@ __version__ = "0.1.0"
 _LAZY = {
     "make_case": "cases", "Case": "cases", "edge_shapes": "cases",
     "verify": "verification", "compare": "verification", "VerificationError": "verification",
-    "make_buffers": "buffers", "run_and_verify": "buffers", "Buffers": "buffers",
+    "make_buffers": "buffers", "run_and_verify": "buffers", "verify_versions": "buffers", "Buffers": "buffers",
     "bytes_moved": "bytemodel",
     "compile_ptx": "ptx",
     "dequantize": "dequant",

@@ -1,6 +1,8 @@
 import numpy as np
 import pytest
 
+import nf4lab
+import nf4lab.verification
 from nf4lab import reference
 from nf4lab.cases import generate
 from nf4lab.verification import POISON, VerificationError, compare, poisoned_output, verify
@@ -76,3 +78,32 @@ def test_accepts_torch_and_float_views(case):
     assert verify(t, case).ok
     with pytest.raises(TypeError):
         compare(np.zeros(case.n, np.float64), case.expected, "bf16")
+
+
+def _host_launch(skip_last_at=None):
+    """A 'kernel' that writes bitsandbytes' answer from the host; optionally forgets the last
+    weight whenever n is odd and at least skip_last_at (a tail bug only some shapes show)."""
+    def launch(b):
+        out = nf4lab.verification.poisoned_output(b.n, b.dtype)
+        out[: b.n] = b.case.expected
+        if skip_last_at is not None and b.n % 2 and b.n >= skip_last_at:
+            out[b.n - 1] = nf4lab.verification.poisoned_output(1, b.dtype)[0]
+        b.out.copy_to_device(out)
+    return launch
+
+
+def test_verify_versions_counts_every_case_of_every_version(case):
+    passed = nf4lab.verify_versions({"a": _host_launch(), "b": _host_launch()}, case, dtypes=("bf16", "fp32"),
+                                    shapes=[(1, 1), (3, 5)], dists=("codes",))
+    assert passed == {"a": 6, "b": 6}   # 2 dtypes x (2 shapes + 1 distribution)
+
+
+def test_verify_versions_stops_on_the_shape_that_breaks(case):
+    with pytest.raises(nf4lab.VerificationError, match=r"tail \[bf16 31x67 randn\]"):
+        nf4lab.verify_versions({"ok": _host_launch(), "tail": _host_launch(skip_last_at=100)}, case,
+                               shapes=[(1, 1), (3, 5), (31, 67)], dists=())
+
+
+def test_verify_versions_refuses_what_is_not_a_launch(case):
+    with pytest.raises(TypeError, match="versions"):
+        nf4lab.verify_versions({}, case)

@@ -311,12 +311,7 @@ assert ptx.count(naive_ptx, r"^st\.global\.(u16|b16)") == 2
 
 # %%
 print(nf4lab.run_and_verify(launch, case, name="01 naive"))
-shapes = nf4lab.edge_shapes() if nf4lab.ON_GPU else [(1, 1), (3, 5), (1, 63), (1, 65), (31, 67)]
-for shape in shapes:
-    print(nf4lab.run_and_verify(launch, nf4lab.make_case(shape), name=f"01 naive {shape}"))
-for dist in ("heavy", "codes"):
-    shape = case.shape if nf4lab.ON_GPU else (31, 67)
-    print(nf4lab.run_and_verify(launch, nf4lab.make_case(shape, dist=dist), name=f"01 naive {dist}"))
+nf4lab.verify_versions({"01 naive": launch}, case);
 
 # %% [markdown]
 # <a id="bench"></a>

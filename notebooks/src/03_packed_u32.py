@@ -180,15 +180,7 @@ for s in lines[min(store16, store32) - 4: max(store16, store32) + 2]:
 # %%
 for name, fn in VERSIONS.items():
     print(nf4lab.run_and_verify(fn, case, name=name))
-shapes = nf4lab.edge_shapes() if nf4lab.ON_GPU else [(1, 1), (3, 5), (1, 63), (1, 64), (1, 65), (31, 67)]
-for shape in shapes:
-    c = nf4lab.make_case(shape)
-    for name, fn in VERSIONS.items():
-        nf4lab.run_and_verify(fn, c, name=f"{name} {shape}")
-print(f"both versions bit-exact on {len(shapes)} edge shapes")
-for dist in ("heavy", "codes"):
-    c = nf4lab.make_case(case.shape if nf4lab.ON_GPU else (31, 67), dist=dist)
-    print(nf4lab.run_and_verify(launch_grid_stride, c, name=f"03 packed u32 {dist}"))
+nf4lab.verify_versions(VERSIONS, case, extra_shapes=[(1, 64)]);   # exactly one block: no tail at all
 
 # %% [markdown]
 # <a id="bench"></a>

@@ -269,16 +269,7 @@ print("table lookups per kernel:",
 # %%
 for name, launch in VERSIONS.items():
     print(nf4lab.run_and_verify(launch, case, name=name))
-shapes = nf4lab.edge_shapes() if nf4lab.ON_GPU else [(1, 1), (3, 5), (1, 65), (7, 33)]
-for shape in shapes:
-    c = nf4lab.make_case(shape)
-    for name, launch in VERSIONS.items():
-        nf4lab.run_and_verify(launch, c, name=f"{name} {shape}")
-print(f"edge shapes: bit-exact on {len(shapes)} shapes")
-for dist in ("heavy", "codes"):
-    c = nf4lab.make_case(case.shape if nf4lab.ON_GPU else (31, 67), dist=dist)
-    for name, launch in VERSIONS.items():
-        print(nf4lab.run_and_verify(launch, c, name=f"{name} [{dist}]"))
+nf4lab.verify_versions(VERSIONS, case);
 
 # %% [markdown]
 # <a id="bench"></a>
