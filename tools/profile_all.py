@@ -134,7 +134,9 @@ def main(argv=None) -> int:
         summaries[name] = profiling.summarize(k) if k else None
         entries[name] = {"name": name, "notebook": nb, "file": files.get("raw"), "details": files.get("details"),
                          "source": files.get("source"), "kernels": [x["kernel"] for x in res["kernels"]],
-                         "seconds": round(time.perf_counter() - t0, 1)}
+                         "seconds": round(time.perf_counter() - t0, 1),
+                         # per entry: a later run with --only refreshes some versions, not all
+                         "date": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")}
         print(f"  {name}: {len(res['kernels'])} kernel(s) profiled in {time.perf_counter() - t0:.0f} s")
     meta = {
         "gpu": info.get("gpu"), "driver": info.get("driver"), "sms": info.get("sms"), "l2_bytes": info.get("l2_bytes"),
@@ -144,7 +146,7 @@ def main(argv=None) -> int:
         "metrics": list(profiling.METRICS), "clock_control": "none", "lineinfo": True,
         "method": "one launch after warm-up, between cudaProfilerStart/Stop (--profile-from-start off)",
     }
-    order = [n for _, n in todo]
+    order = [n for _, n in collect_versions(None, False)]  # the series' order, whatever was profiled now
     versions = sorted(entries.values(), key=lambda e: (order.index(e["name"]) if e["name"] in order else 1e9))
     if summaries:
         index = {"meta": meta, "versions": versions}

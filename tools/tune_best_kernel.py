@@ -565,11 +565,43 @@ def variants_round5_fp32():
     return out
 
 
-ROUNDS = {"4": [("bf16", variants_round4)], "5": [("bf16", variants_round5_bf16), ("fp32", variants_round5_fp32)]}
+def make_mix_bound(T, stores=4):
+    """A bound with the copy's own access style: each thread one 16-byte load and `stores` 16-byte
+    stores (each warp store 512 contiguous bytes), no arithmetic. stores=4 moves NF4's bytes (packed
+    n/2 in, 2n out) as 16-byte reads; stores=1 is the device copy itself, for calibration."""
+    @cuda.jit
+    def kern(packed_u32, out_u32, nvec):
+        v = uint64(cuda.blockIdx.x) * uint64(T) + uint64(cuda.threadIdx.x)
+        if v < nvec:
+            a, b, c, d = ops.load_u32x4(packed_u32, v * uint64(4))
+            tile = uint64(cuda.blockIdx.x) * uint64(T * stores)
+            for j in range(stores):
+                ops.store_u32x4(out_u32, (tile + uint64(j * T) + uint64(cuda.threadIdx.x)) * uint64(4),
+                                a, b ^ uint32(j), c, d)
+
+    def launch(b):
+        nvec = (b.n // 2) // 16 * 4 // stores   # 16-byte outputs = 2n / 16 / stores loads
+        kern[(nvec + T - 1) // T, T, b.stream](b.packed_u32, b.out_u32, uint64(nvec))
+    launch.no_verify = True
+    return launch
+
+
+def variants_round6_bf16():
+    return {
+        "bound: 16B load + 4 coalesced 16B stores x256": make_mix_bound(256),
+        "bound: 16B load + 4 coalesced 16B stores x512": make_mix_bound(512),
+        "bound: expand u32 -> 16 B, w2x512": make_expand_bound(2, 512),
+        "bound: expand u32 -> 16 B, w1x256": make_expand_bound(1, 256),
+        "06 best kernel": nb06("bf16"),
+    }
+
+
+ROUNDS = {"4": [("bf16", variants_round4)], "5": [("bf16", variants_round5_bf16), ("fp32", variants_round5_fp32)],
+          "6": [("bf16", variants_round6_bf16)]}
 
 
 def main():
-    """python tools/tune_best_kernel.py [ROUND [ROWS COLS]]: ROUND 4 or 5 (default 5)."""
+    """python tools/tune_best_kernel.py [ROUND [ROWS COLS]]: ROUND 4, 5 or 6 (default 5)."""
     rnd = sys.argv[1] if len(sys.argv) > 1 else "5"
     shape = tuple(int(s) for s in sys.argv[2:4]) if len(sys.argv) > 3 else None
     print(nf4lab.describe(), flush=True)
