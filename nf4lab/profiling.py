@@ -149,6 +149,10 @@ def classify_failure(output: str, returncode: int) -> NcuUnavailable | None:
     errors = [l.strip() for l in output.splitlines() if "==ERROR==" in l]
     if returncode != 0 or errors:
         tail = errors[:3] or output.strip().splitlines()[-3:]
+        if "application returned an error" in low:
+            # The profiled program failed: its own last words (a Python exception) say why.
+            app = [l.strip() for l in output.splitlines() if l.strip() and not l.startswith("==")]
+            tail += ["program: " + " / ".join(app[-2:])] if app else []
         return NcuUnavailable("failed", f"ncu failed (exit status {returncode}): " + " | ".join(tail))
     return None
 
@@ -617,7 +621,8 @@ def drive(notebook: str, version: str, *, shape=(16384, 16384), dtype="bf16", wa
     between cuda.profile_start() and cuda.profile_stop(). Returns facts for the index."""
     import tempfile
 
-    _lineinfo_on()
+    if os.environ.get("NF4LAB_LINEINFO", "1") != "0":
+        _lineinfo_on()
     from numba import cuda
 
     from .buffers import make_buffers
@@ -680,13 +685,21 @@ def profile_version(notebook: str, version: str, outdir, *, ncu: str | None = No
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
     files = {}
+    lineinfo = True
     try:
         run_ncu(ncu_command(target, ncu=ncu, export=str(rep)), timeout=timeout, env=env)
     except NcuUnavailable as exc:
-        if exc.reason != "failed" or "metric" not in str(exc).lower():
+        if exc.reason == "failed" and "application returned an error" in str(exc).lower():
+            # numba-cuda 0.30 fails to compile some kernels with lineinfo=True (NVVM: "Symbol name
+            # with unsupported characters"): profile without line info rather than not at all.
+            lineinfo = False
+            env["NF4LAB_LINEINFO"] = "0"
+            run_ncu(ncu_command(target, ncu=ncu, export=str(rep)), timeout=timeout, env=env)
+        elif exc.reason == "failed" and "metric" in str(exc).lower():
+            # an ncu that does not know one of the named metrics: sections only
+            run_ncu(ncu_command(target, ncu=ncu, export=str(rep), metrics=()), timeout=timeout, env=env)
+        else:
             raise
-        # an ncu that does not know one of the named metrics: sections only
-        run_ncu(ncu_command(target, ncu=ncu, export=str(rep), metrics=()), timeout=timeout, env=env)
     raw = run_ncu(import_command(rep, ncu=ncu, page="raw"), timeout=120)
     files["raw"] = outdir / f"{slug}.csv"
     files["raw"].write_text(raw)
@@ -707,7 +720,8 @@ def profile_version(notebook: str, version: str, outdir, *, ncu: str | None = No
                 files["source"].write_text(src)
                 break
     kernels = parse_csv(raw)
-    return {"kernels": kernels, "files": {k: str(v) for k, v in files.items()}, "report": str(rep)}
+    return {"kernels": kernels, "files": {k: str(v) for k, v in files.items()}, "report": str(rep),
+            "lineinfo": lineinfo}
 
 
 def version_slug(name: str) -> str:

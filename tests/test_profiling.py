@@ -191,3 +191,30 @@ def test_notebook_08_runs_and_never_presents_the_fixture_as_a_measurement(tmp_pa
         assert "No profile recorded yet" in text and "NOT A MEASUREMENT" in text
     else:
         assert "recorded profiles: data/ncu/" in text and "NOT A MEASUREMENT" not in text
+
+
+def test_a_failing_program_says_why():
+    out = ("==PROF== Connected to process 1\nTraceback (most recent call last):\n  File x\n"
+           "numba.cuda.cudadrv.nvvm.NvvmError: Failed to compile\n"
+           "==ERROR== The application returned an error code (1).\n")
+    exc = P.classify_failure(out, 1)
+    assert exc.reason == "failed" and "NvvmError: Failed to compile" in str(exc)
+
+
+def test_profile_version_retries_without_lineinfo(tmp_path, monkeypatch):
+    """numba-cuda cannot compile some kernels with lineinfo: profile them without it."""
+    calls = []
+
+    def fake_run(cmd, *, timeout=600, env=None, cwd=None):
+        if "--import" in cmd:
+            return ""
+        calls.append(dict(env or {}).get("NF4LAB_LINEINFO"))
+        if calls[-1] != "0":
+            raise P.NcuUnavailable("failed", "ncu failed (exit status 1): ==ERROR== The application returned "
+                                   "an error code (1). | program: NvvmError")
+        return ""
+
+    monkeypatch.setattr(P, "run_ncu", fake_run)
+    monkeypatch.setattr(P, "parse_csv", lambda text: [])
+    res = P.profile_version("06_output_dtypes", "v", tmp_path, ncu="ncu", source=False)
+    assert calls == [None, "0"] and res["lineinfo"] is False

@@ -134,7 +134,7 @@ def main(argv=None) -> int:
         summaries[name] = profiling.summarize(k) if k else None
         entries[name] = {"name": name, "notebook": nb, "file": files.get("raw"), "details": files.get("details"),
                          "source": files.get("source"), "kernels": [x["kernel"] for x in res["kernels"]],
-                         "seconds": round(time.perf_counter() - t0, 1),
+                         "seconds": round(time.perf_counter() - t0, 1), "lineinfo": res.get("lineinfo", True),
                          # per entry: a later run with --only refreshes some versions, not all
                          "date": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")}
         print(f"  {name}: {len(res['kernels'])} kernel(s) profiled in {time.perf_counter() - t0:.0f} s")
