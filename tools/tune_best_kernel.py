@@ -596,16 +596,29 @@ def variants_round6_bf16():
     }
 
 
+def variants_round7_bf16():
+    """Block shape of notebook 06's kernel at the LLM weight shapes, where the last partial wave of
+    blocks is a larger share of the time than at 16384x16384."""
+    out = {}
+    for units, threads in ((2, 512), (1, 512), (2, 256), (1, 256), (4, 128), (2, 128), (1, 1024)):
+        out[f"06 {units}x{threads}"] = nb06("bf16", threads, units)
+    out["nf4lab.dequantize kernel"] = fastkernel_launch("bf16")
+    return out
+
+
 ROUNDS = {"4": [("bf16", variants_round4)], "5": [("bf16", variants_round5_bf16), ("fp32", variants_round5_fp32)],
-          "6": [("bf16", variants_round6_bf16)]}
+          "6": [("bf16", variants_round6_bf16)],
+          "7": [("bf16", variants_round7_bf16)]}
+ROUND_SHAPES = {"7": [(4096, 14336), (8192, 28672), (16384, 16384)]}
 
 
 def main():
-    """python tools/tune_best_kernel.py [ROUND [ROWS COLS]]: ROUND 4, 5 or 6 (default 5)."""
+    """python tools/tune_best_kernel.py [ROUND [ROWS COLS]]: ROUND 4-7 (default 5)."""
     rnd = sys.argv[1] if len(sys.argv) > 1 else "5"
     shape = tuple(int(s) for s in sys.argv[2:4]) if len(sys.argv) > 3 else None
     print(nf4lab.describe(), flush=True)
-    for dtype, make in ROUNDS[rnd]:
+    shapes = [shape] if shape else ROUND_SHAPES.get(rnd, [None])
+    for (dtype, make), shape in [(dm, sh) for dm in ROUNDS[rnd] for sh in shapes]:
         case = nf4lab.make_case(shape, dtype, "randn", 0)
         print(case, flush=True)
         if not nf4lab.ON_GPU:
@@ -616,7 +629,7 @@ def main():
                 print(nf4lab.run_and_verify(launch, case, name=name))
             continue
         run = bench.run_versions(make(), case)
-        suffix = "" if dtype == "bf16" else f"_{dtype}"
+        suffix = ("" if dtype == "bf16" else f"_{dtype}") + (f"_{shape[0]}x{shape[1]}" if len(shapes) > 1 else "")
         path = run.save(os.environ.get("TUNE_NAME", f"tuning_round{rnd}") + suffix)
         print(run.table())
         print("saved", path, flush=True)
