@@ -12,10 +12,16 @@ The kernel itself lives in the notebook. This module gives it:
 - ``make_gemv_buffers(gc)`` -> :class:`GemvBuffers`, what a notebook ``launch(g)`` receives.
 - ``f32_from_bits`` / ``f16_to_f32``: two device ops (with plain-Python twins) the kernel needs to
   turn bf16/fp16 activation bits into float32; ``lds_pair(tab, byte_offset)``: two float32 from a
-  64-bit shared-memory table entry addressed in bytes (one ``ld.shared.v2.f32``).
-- GPU only: ``benchmark(launch, shapes, dtypes)`` times the fused kernel, bitsandbytes'
-  ``matmul_4bit`` (its fused 4-bit GEMV) and ``dequantize_4bit`` + ``torch.matmul`` on the same
-  data in one run, with the copy ceiling, using :mod:`nf4lab.bench`'s CUDA-graph timing.
+  64-bit shared-memory table entry addressed in bytes (one ``ld.shared.v2.f32``);
+  ``load_stream_u32x4``: a 128-bit read-only load that does not allocate in L1
+  (``ld.global.nc.L1::no_allocate.v4.u32``, for weights read once); ``bar_sync(id, nthreads)``: a named
+  barrier for a subset of a block's warps (``bar.sync id, nthreads``).
+- ``validate(g, max_m)``: every check a launch makes before it launches (dtypes, sizes, 16-byte alignment,
+  batch size), raising TypeError/ValueError that name the parameter.
+- GPU only: ``benchmark(launches, shapes, dtypes, ms)`` times the fused kernel(s), bitsandbytes'
+  ``matmul_4bit`` (its fused 4-bit GEMV at M=1; dequantize + matmul for M>1) and ``dequantize_4bit`` +
+  ``torch.matmul`` on the same data in one run, with the copy ceiling, using :mod:`nf4lab.bench`'s
+  CUDA-graph timing.
 """
 from __future__ import annotations
 
@@ -97,7 +103,47 @@ def _build_device_ops():
 
         return sig, codegen
 
-    return f32_from_bits, f16_to_f32, lds_pair
+    @intrinsic
+    def load_stream_u32x4(typingctx, arr, i):
+        """128 bits at uint32 element ``i`` (a multiple of 4) of a 16-byte aligned array, read-only and not
+        kept in L1: ``ld.global.nc.L1::no_allocate.v4.u32`` (SASS LDG.E.NA.128.CONSTANT). For data read
+        once (the packed weights), so that L1 keeps what is reused (x, the scales)."""
+        if not (isinstance(arr, types.Array) and arr.dtype == types.uint32 and arr.ndim == 1):
+            return None
+        sig = types.UniTuple(types.uint32, 4)(arr, i)
+
+        def codegen(context, builder, sig, args):
+            from numba.cuda import cgutils
+
+            ary = context.make_array(sig.args[0])(context, builder, args[0])
+            ptr = cgutils.get_item_pointer(context, builder, sig.args[0], ary, [args[1]], wraparound=False)
+            addr = builder.ptrtoint(ptr, ir.IntType(64))
+            i32 = ir.IntType(32)
+            ret = ir.LiteralStructType([i32] * 4)
+            asm = ir.InlineAsm(ir.FunctionType(ret, [ir.IntType(64)]),
+                               "ld.global.nc.L1::no_allocate.v4.u32 {$0, $1, $2, $3}, [$4];", "=r,=r,=r,=r,l")
+            v = builder.call(asm, [addr])
+            return context.make_tuple(builder, sig.return_type, [builder.extract_value(v, k) for k in range(4)])
+
+        return sig, codegen
+
+    @intrinsic
+    def bar_sync(typingctx, barrier, nthreads):
+        """``bar.sync barrier, nthreads``: wait until ``nthreads`` threads (whole warps) reached barrier
+        ``barrier`` (1..15; 0 is __syncthreads). Orders shared-memory accesses like __syncthreads."""
+        sig = types.void(types.uint32, types.uint32)
+
+        def codegen(context, builder, sig, args):
+            a = context.cast(builder, args[0], sig.args[0], types.uint32)
+            b = context.cast(builder, args[1], sig.args[1], types.uint32)
+            asm = ir.InlineAsm(ir.FunctionType(ir.VoidType(), [ir.IntType(32), ir.IntType(32)]),
+                               "bar.sync $0, $1;", "r,r,~{memory}", side_effect=True)
+            builder.call(asm, [a, b])
+            return context.get_dummy_value()
+
+        return sig, codegen
+
+    return f32_from_bits, f16_to_f32, lds_pair, load_stream_u32x4, bar_sync
 
 
 def _py_lds_pair(tab, off):
@@ -146,14 +192,42 @@ def _py_shfl_down_sync(mask, value, delta):
     return type(value)(out) if isinstance(value, np.generic) else out
 
 
+_BARRIERS: dict = {}
+
+
+def _py_bar_sync(barrier, nthreads):
+    """The simulator has no named barriers: a threading.Barrier per (block, barrier id)."""
+    import threading
+
+    t = threading.current_thread()
+    key = (id(t._manager), tuple(t.blockIdx), int(barrier))
+    b = _BARRIERS.get(key)
+    if b is None:
+        b = _BARRIERS.setdefault(key, threading.Barrier(int(nthreads), timeout=60))
+    if b.parties != int(nthreads):
+        raise RuntimeError(f"bar_sync({barrier}, {nthreads}): the barrier was used with {b.parties} threads")
+    try:
+        b.wait()
+    except threading.BrokenBarrierError:
+        raise RuntimeError(f"bar_sync({barrier}, {nthreads}): not every thread arrived (on a GPU: a hang "
+                           "or undefined behaviour)") from None
+
+
+def _py_load_stream_u32x4(arr, i):
+    from . import ops
+
+    return ops._py_load_u32x4(arr, i)
+
+
 # nf4lab.ptx pickles these by name, so that the PTX subprocess (compile mode) gets the device versions.
-DEVICE_OPS = ("f32_from_bits", "f16_to_f32", "lds_pair", "shfl_down_sync")
+DEVICE_OPS = ("f32_from_bits", "f16_to_f32", "lds_pair", "shfl_down_sync", "load_stream_u32x4", "bar_sync")
 
 if runtime.SIMULATOR:
     f32_from_bits, f16_to_f32, lds_pair = _py_f32_from_bits, _py_f16_to_f32, _py_lds_pair
+    load_stream_u32x4, bar_sync = _py_load_stream_u32x4, _py_bar_sync
     shfl_down_sync = _py_shfl_down_sync
 else:
-    f32_from_bits, f16_to_f32, lds_pair = _build_device_ops()
+    f32_from_bits, f16_to_f32, lds_pair, load_stream_u32x4, bar_sync = _build_device_ops()
     from numba import cuda as _cuda
 
     shfl_down_sync = _cuda.shfl_down_sync
@@ -216,6 +290,24 @@ def opcode(text):
     return re.sub(r"^@!?U?P[T\d]+\s+", "", text).split()[0]
 
 
+def jit_option(kernel, name):
+    """An option a kernel was jitted with (``launch_bounds``, ...): on a GPU from the dispatcher's target
+    options, in the simulator from what nf4lab's patched ``cuda.jit`` remembered; None if not given."""
+    opts = getattr(kernel, "_nf4lab_jit_kwargs", None)
+    if opts is None:
+        opts = getattr(kernel, "targetoptions", None) or {}
+    return opts.get(name)
+
+
+def kernel_ptx(kernel, sig) -> str:
+    """PTX of a kernel with the launch bounds it was jitted with (``.maxntid``/``.minnctapersm``), which
+    :func:`nf4lab.compile_ptx` alone would drop; works in the simulator and without a GPU."""
+    from . import ptx as _ptx
+
+    bounds = jit_option(kernel, "launch_bounds")
+    return _ptx.compile_ptx(kernel, sig, **({"launch_bounds": bounds} if bounds else {}))
+
+
 def sass_report(kernel, sig, weights_per_trip, stem="kernel", workdir=None, ptx=None):
     """ptxas registers/spills/smem and the SASS of the hottest (innermost) loop, per weight.
 
@@ -226,10 +318,8 @@ def sass_report(kernel, sig, weights_per_trip, stem="kernel", workdir=None, ptx=
 
     workdir = Path(workdir) if workdir else Path(tempfile.mkdtemp())
     workdir.mkdir(parents=True, exist_ok=True)
-    from . import ptx as _ptx
-
     if ptx is None:
-        ptx = _ptx.compile_ptx(kernel, sig)
+        ptx = kernel_ptx(kernel, sig)
     info, sass = sass_of(ptx, workdir, stem)
     regs = re.search(r"Used (\d+) registers", info)
     spill = re.search(r"(\d+) bytes spill stores", info)
@@ -241,6 +331,37 @@ def sass_report(kernel, sig, weights_per_trip, stem="kernel", workdir=None, ptx=
                 weights_per_trip=weights_per_trip, per_weight=len(loop) / weights_per_trip,
                 opcodes=dict(ops.most_common()))
 
+
+
+SASS_REPORT = "data/sass/09_fused_gemv.json"  # tools/sass_gemv.py --save writes it (relative to the repository)
+
+
+def ptxas_version() -> str:
+    out = subprocess.run([find_tool("ptxas"), "--version"], capture_output=True, text=True).stdout
+    return out.strip().splitlines()[-1] if out.strip() else "unknown"
+
+
+def load_sass_report():
+    """The offline SASS report recorded by ``tools/sass_gemv.py --save`` ({"meta", "rows"}), or None."""
+    import json
+
+    from .results import ROOT
+
+    path = ROOT / SASS_REPORT
+    if not path.exists():
+        return None
+    data = json.loads(path.read_text())
+    data["path"] = SASS_REPORT
+    return data
+
+
+def sass_table(report, dtype="bf16", m=1) -> str:
+    rows = [r for r in report["rows"] if r["dtype"] == dtype and r.get("m", 1) == m]
+    out = [f"{'variant':<26} {'registers':>9} {'spilled B':>9} {'warps/SM':>8} {'SASS/weight':>11}"]
+    for r in rows:
+        out.append(f"{r['variant']:<26} {r['registers']:>9} {r['spill_bytes'] or 0:>9} {r.get('warps_per_sm') or '-':>8} "
+                   f"{r['per_weight']:>11.2f}")
+    return "\n".join(out)
 
 
 # ---------------------------------------------------------------- data and reference
@@ -281,10 +402,18 @@ class GemvCase:
         return packed, qs, x.to(device)
 
 
-def make_x(M, K, dtype, seed=0) -> tuple[np.ndarray, np.ndarray]:
-    """Activations: standard normal, rounded to the dtype. Returns (bits uint16, float32 values)."""
+def make_x(M, K, dtype, seed=0, dist="randn") -> tuple[np.ndarray, np.ndarray]:
+    """Activations rounded to the dtype: standard normal, or "heavy" (Student t with 2 degrees of freedom
+    plus a few outlier columns 100x larger, as LLM activations have). Returns (bits uint16, float32 values)."""
     rng = np.random.default_rng(1000 + seed)
-    xf = rng.standard_normal((M, K)).astype(np.float32)
+    if dist == "randn":
+        xf = rng.standard_normal((M, K)).astype(np.float32)
+    elif dist == "heavy":
+        xf = rng.standard_t(2.0, (M, K))
+        xf[:, rng.choice(K, size=max(1, K // 64), replace=False)] *= 100.0
+        xf = np.clip(xf, -3e4, 3e4).astype(np.float32)  # inside the fp16 range
+    else:
+        raise ValueError(f"x_dist must be 'randn' or 'heavy', got {dist!r}")
     bits = reference.f32_to_bits(xf, dtype).reshape(M, K)
     return bits, reference.bits_to_f32(bits, dtype).reshape(M, K)
 
@@ -311,8 +440,9 @@ def tolerance(x, w, dtype, c: float = 1.0) -> np.ndarray:
     return (1 + u) * acc + u * np.abs(reference_y64(x, w)) + np.finfo(np.float32).tiny
 
 
-def make_gemv_case(N, K, dtype="bf16", M=1, dist="randn", seed=0, blocksize=64) -> GemvCase:
-    """W (N, K) quantized by bitsandbytes (through nf4lab.cases, cached), x (M, K), reference and tolerance."""
+def make_gemv_case(N, K, dtype="bf16", M=1, dist="randn", seed=0, blocksize=64, x_dist="randn") -> GemvCase:
+    """W (N, K) quantized by bitsandbytes (through nf4lab.cases, cached; ``dist`` as there: "heavy" is
+    Student t weights), x (M, K) (``x_dist``: see :func:`make_x`), reference and tolerance."""
     from .cases import make_case
 
     if dtype not in TORCH_DTYPE:
@@ -320,7 +450,7 @@ def make_gemv_case(N, K, dtype="bf16", M=1, dist="randn", seed=0, blocksize=64) 
     case = make_case((N, K), dtype=dtype, dist=dist, seed=seed, blocksize=blocksize)
     absmax = reference.block_absmax(case.absmax_q, case.absmax2, case.code2, case.offset)
     w = reference.dequantize_f32(case.packed, absmax, case.n, blocksize).reshape(N, K)
-    x_bits, x = make_x(M, K, dtype, seed)
+    x_bits, x = make_x(M, K, dtype, seed, x_dist)
     return GemvCase(N=N, K=K, M=M, dtype=dtype, blocksize=blocksize, packed=case.packed,
                     absmax_q=case.absmax_q, absmax2=case.absmax2, code2=case.code2,
                     offset=np.float32(case.offset), lut=case.lut.copy(), x_bits=x_bits, x=x, w=w,
@@ -433,6 +563,72 @@ def _check_layout(N, K, blocksize):
         raise ValueError(f"blocksize {blocksize}: a power of two >= 64 is needed (64 columns share one scale)")
 
 
+MAX_M = 8  # batch rows of x the fused kernels take (each weight byte is still read once)
+
+
+def _address(arr) -> int:
+    """Device address of a numba device array (or of the host array behind a simulator array)."""
+    cai = getattr(arr, "__cuda_array_interface__", None)
+    if cai is not None:
+        return int(cai["data"][0])
+    from . import ops
+
+    return int(ops._host_array(arr).__array_interface__["data"][0])
+
+
+def _ceil_div(a, b):
+    return -(-a // b)
+
+
+# (parameter, dtype, elements needed as a function of N, K, M and the blocksize, read with 128-bit loads)
+_PARAMS = (
+    ("packed_u32", np.uint32, lambda N, K, M, bs: _ceil_div(N * K, 8), True),
+    ("absmax_q", np.uint8, lambda N, K, M, bs: _ceil_div(N * K, bs), False),
+    ("absmax2", np.float32, lambda N, K, M, bs: _ceil_div(_ceil_div(N * K, bs), reference.NESTED_BLOCKSIZE), False),
+    ("code2", np.float32, lambda N, K, M, bs: 256, False),
+    ("lut", np.float32, lambda N, K, M, bs: 16, False),
+    ("x_u32", np.uint32, lambda N, K, M, bs: M * K // 2, True),
+    ("y", np.uint16, lambda N, K, M, bs: M * N, False),
+)
+
+
+def validate(g, max_m: int = MAX_M) -> None:
+    """Everything a launch checks before it launches, so that bad input raises here, naming the parameter,
+    instead of reading out of bounds or faulting on a misaligned 128-bit load (a sticky error that kills the
+    CUDA context). TypeError for a wrong dtype, ValueError for a wrong size, batch or alignment."""
+    if g.dtype not in TORCH_DTYPE:
+        raise ValueError(f"dtype must be 'bf16' or 'fp16', got {g.dtype!r}")
+    for name in ("N", "K", "M", "bs_shift"):
+        v = getattr(g, name)
+        if isinstance(v, bool) or not isinstance(v, (int, np.integer)):
+            raise TypeError(f"{name} must be an int, got {type(v).__name__}")
+    if not 1 <= g.M <= max_m:
+        raise ValueError(f"M={g.M}: this kernel takes 1 to {max_m} rows of x (batch), got {g.M}")
+    if g.N < 1:
+        raise ValueError(f"N={g.N}: W needs at least one row")
+    if not 6 <= g.bs_shift <= 12:
+        raise ValueError(f"bs_shift={g.bs_shift}: the blocksize 2**bs_shift must be 64..4096")
+    _check_layout(g.N, g.K, 1 << g.bs_shift)
+    if g.N * g.K // 8 >= 1 << 32:
+        raise ValueError(f"N*K={g.N * g.K}: word indices must fit in 32 bits (N*K < 2**35)")
+    if not isinstance(g.offset, (float, np.floating)):
+        raise TypeError(f"offset must be a float32 scalar, got {type(g.offset).__name__}")
+    for name, dt, need, aligned in _PARAMS:
+        arr = getattr(g, name)
+        if arr is None or not hasattr(arr, "dtype") or not hasattr(arr, "shape"):
+            raise TypeError(f"{name} must be a device array, got {type(arr).__name__}")
+        if np.dtype(arr.dtype) != np.dtype(dt):
+            raise TypeError(f"{name} must have dtype {np.dtype(dt).name}, got {np.dtype(arr.dtype).name}")
+        if len(arr.shape) != 1:
+            raise ValueError(f"{name} must be 1-D (flattened), got shape {tuple(arr.shape)}")
+        n = need(g.N, g.K, g.M, 1 << g.bs_shift)
+        if arr.shape[0] < n:
+            raise ValueError(f"{name} has {arr.shape[0]} elements; N={g.N}, K={g.K}, M={g.M} need {n}")
+        if aligned and _address(arr) % 16:
+            raise ValueError(f"{name} is not 16-byte aligned (address {_address(arr):#x}): the kernel reads it "
+                             "with 128-bit loads, and a misaligned one kills the CUDA context")
+
+
 def make_gemv_buffers(gc: GemvCase) -> GemvBuffers:
     from numba import cuda
 
@@ -479,13 +675,38 @@ def unfused_bytes(N, K, itemsize=2, blocksize=64) -> int:
     return weight_bytes(N, K, blocksize) + 2 * itemsize * N * K
 
 
-FUSED = "fused NF4 gemv (numba)"
+FUSED = "fused NF4 gemv (numba)"  # every record of our kernels: f"{FUSED} [{variant}]" (kernel_name)
 BNB_GEMV = "bitsandbytes matmul_4bit gemv (M=1)"
+BNB_MATMUL = "bitsandbytes matmul_4bit gemv (M>1: dequantize + matmul)"
 BNB_DQ_MM = "bitsandbytes dequantize_4bit + torch.matmul gemv"
+NAME_BATCH = NAME + "_batch"
 COPY_BYTES = 1 << 30  # the copy ceiling: a 1 GiB copy (512 MiB read + 512 MiB written), far beyond L2
+COPY = "device copy (read + write)"
 
 
-def _quantize_gpu(N, K, dtype, seed=0):
+def kernel_name(variant: str) -> str:
+    return f"{FUSED} [{variant}]"
+
+
+def bnb_name(M: int) -> str:
+    """bitsandbytes' matmul_4bit runs its GEMV kernel only for one row of x; for more it dequantizes + matmuls."""
+    return BNB_GEMV if M == 1 else BNB_MATMUL
+
+
+def default_kernel(run) -> str:
+    """Name of the kernel record a run's plots show: the first variant timed, or, in runs made before the
+    streaming redesign (no "default_kernel" in meta), the first version recorded as plain FUSED."""
+    return run.meta.get("default_kernel") or FUSED
+
+
+def describe_kernels(run) -> str:
+    if "default_kernel" not in run.meta:
+        return (f"this run predates the streaming kernel: '{FUSED}' there is the first version (nf4lab.gemv_v1), "
+                "with its grid policies in brackets")
+    return (f"default: '{run.meta['default_kernel']}'; variants timed: " + ", ".join(run.meta.get("variants", [])))
+
+
+def _quantize_gpu(N, K, dtype, seed=0, M=1):
     import bitsandbytes.functional as F
     import torch
 
@@ -493,7 +714,7 @@ def _quantize_gpu(N, K, dtype, seed=0):
     t = getattr(torch, TORCH_DTYPE[dtype])
     w = torch.randn(N, K, generator=g, device="cuda", dtype=torch.float32).to(t)
     packed, qs = F.quantize_4bit(w, blocksize=64, quant_type="nf4", compress_statistics=True)
-    x = torch.randn(1, K, generator=g, device="cuda", dtype=torch.float32).to(t)
+    x = torch.randn(M, K, generator=g, device="cuda", dtype=torch.float32).to(t)
     return packed, qs, x
 
 
@@ -517,142 +738,182 @@ def _gpu_reference(packed, qs, x):
 
 
 def _gpu_check(y, y64, tol, name):
-    err = (y.double() - y64).abs()
+    err = (y.double().reshape(y64.shape) - y64).abs()
     bad = ~(err <= tol)
     ratio = float((err / tol).max())
     return {"name": name, "ok": not bool(bad.any()), "worst_ratio": ratio, "max_err": float(err.max())}
 
 
-def benchmark(launch, shapes=LLM_SHAPES, dtypes=("bf16", "fp16"), *, progress=print):
-    """Fused kernel vs bitsandbytes (gemv, dequantize+matmul) on the same data, in one run (GPU only).
+def benchmark(launch, shapes=LLM_SHAPES, dtypes=("bf16", "fp16"), ms=(1,), *, variant_dtypes=None,
+              deadline=None, progress=print):
+    """Fused kernel(s) vs bitsandbytes on the same data, in one run (GPU only).
 
-    ``launch(g)`` is the notebook's launch function (``g`` a :class:`GemvBuffers`, launch on
-    ``g.stream``), or a dict {name: launch} of variants measured side by side: the first is
-    recorded as :data:`FUSED`, the others as ``f"{FUSED} [{name}]"``. To keep repeated launches from reading the weights out of L2 (50 MB on an H100),
-    every timed function cycles through enough copies of the weight to exceed 4x the L2 size, as a
-    decoding step does (each layer's weights are read once per token).
-    Returns a :class:`nf4lab.bench.Run` (records: ceilings, baselines, kernel) with correctness info.
+    ``launch``: a launch function (``launch(g)``, ``g`` a :class:`GemvBuffers`, on ``g.stream``) or a dict
+    {variant: launch} timed side by side, each recorded as ``kernel_name(variant)``; the first is the
+    default (``run.meta["default_kernel"]``). ``ms``: batch sizes (rows of x); for M > 1 bitsandbytes'
+    ``matmul_4bit`` dequantizes and multiplies (:data:`BNB_MATMUL`). ``variant_dtypes``: dtypes on which
+    the variants after the first are timed (default: all). ``deadline``: a ``time.time()`` after which no
+    new (shape, dtype, M) is started (``meta["incomplete"]`` says so), to keep a GPU session in budget.
+    To keep repeated launches from reading the weights out of L2 (50 MB on an H100), every timed function
+    cycles through enough copies of the weight to exceed 4x the L2 size, as a decoding step does (each
+    layer's weights are read once per token). Every output is checked against a float64 reference first.
+    Returns a :class:`nf4lab.bench.Run` (records: ceilings, baselines, kernels, each with its "M").
     """
+    import time
+
     from . import bench
     import bitsandbytes as bnb
     import bitsandbytes.functional as F
     import torch
 
     bench._require_gpu()
-    launches = dict(launch) if isinstance(launch, dict) else {"": launch}
-    names = {key: FUSED if i == 0 else f"{FUSED} [{key}]" for i, key in enumerate(launches)}
+    launches = dict(launch) if isinstance(launch, dict) else {"default": launch}
+    first = next(iter(launches))
+    names = {key: kernel_name(key) for key in launches}
     run = bench.Run(method=bench.METHOD + "; weights cycled over copies totalling > 4x L2 so each "
                     "launch reads them from DRAM; effective bandwidth = weight bytes (packed + absmax_q + "
                     "absmax2 + code2) / time")
     l2 = runtime.device_info().get("l2_bytes") or (50 << 20)
+    t0 = time.time()
     ceil = bench.ceilings(COPY_BYTES)
-    run.meta["copy_ceiling_bytes"] = COPY_BYTES
-    run.meta["checks"] = []
+    run.meta.update(copy_ceiling_bytes=COPY_BYTES, checks=[], default_kernel=names[first], variants=list(launches),
+                    batch_sizes=list(ms), incomplete=False)
     for N, K in shapes:
         for dtype in dtypes:
-            nb = weight_bytes(N, K)
-            copies = max(2, math.ceil(4 * l2 / nb))
-            data = [_quantize_gpu(N, K, dtype, seed=i) for i in range(copies)]
-            x = data[0][2]
-            data = [(p, q, x) for p, q, _ in data]
-            y = torch.empty(1, N, dtype=x.dtype, device="cuda")
-            bufs = [buffers_from_torch(p, q, x, y) for p, q, _ in data]
-            # correctness on copy 0, against float64, for ours and bitsandbytes
-            y64, tol = _gpu_reference(*data[0])
-            bufs[0].stream = 0
-            yb = bnb.matmul_4bit(x, data[0][0].t(), quant_state=data[0][1])
-            chk_b = _gpu_check(yb, y64, tol, BNB_GEMV)
-            checks = {}
-            for key, fn in launches.items():
-                fn(bufs[0])  # the first launch compiles (a launch may size its grid from the compiled kernel)
-                y.fill_(float("nan"))
-                fn(bufs[0])
-                torch.cuda.synchronize()
-                checks[key] = _gpu_check(y, y64, tol, names[key])
-                diff = float((y.float() - yb.float()).abs().max())
-                checks[key].update(shape=[N, K], dtype=dtype, max_abs_diff_vs_bnb=diff)
-                run.meta["checks"].append(checks[key])
-            chk = checks[next(iter(launches))]
-            chk_b.update(shape=[N, K], dtype=dtype, max_abs_diff_vs_bnb=chk["max_abs_diff_vs_bnb"])
-            run.meta["checks"].append(chk_b)
-            diff = chk["max_abs_diff_vs_bnb"]
-            del y64, tol
-            state = {"i": 0}
-
-            def nxt():
-                i = state["i"]
-                state["i"] = (i + 1) % copies
-                return i
-
-            def make_ours(fn):
-                def ours(stream):
-                    g = bufs[nxt()]
-                    g.stream = stream
-                    fn(g)
-
-                return ours
-
-            def bnb_gemv(stream):
-                p, q, xx = data[nxt()]
-                bnb.matmul_4bit(xx, p.t(), quant_state=q)
-
-            def bnb_dq_mm(stream):
-                p, q, xx = data[nxt()]
-                torch.matmul(xx, F.dequantize_4bit(p, q).t())
-
-            for kind, name, fn, ok in (("baseline", BNB_GEMV, bnb_gemv, chk_b["ok"]),
-                                       ("baseline", BNB_DQ_MM, bnb_dq_mm, None),
-                                       *(("kernel", names[key], make_ours(f), checks[key]["ok"])
-                                         for key, f in launches.items())):
-                state["i"] = 0
-                t = bench.gpu_time_ms(fn, launches=max(bench.LAUNCHES, copies))
-                rec = bench._record(kind, name, (N, K), dtype, t, nb, bit_exact=None, within_tol=ok,
-                                    copies=copies, fits_l2=False)
-                run.add(rec)
-            for c in ceil:
-                run.add(dict(c, shape=[N, K], dtype=dtype))
-            if progress:
-                progress(f"{N}x{K} {dtype}: done ({copies} weight copies); fused within tolerance: {chk['ok']} "
-                         f"(worst {chk['worst_ratio']:.2g}), bnb: {chk_b['ok']} (worst {chk_b['worst_ratio']:.2g}), "
-                         f"max |ours - bnb| = {diff:.3g}")
-            del data, bufs
-            torch.cuda.empty_cache()
-    # speedup relative to bitsandbytes' gemv (not its dequantize_4bit, which bench.Run.finalize uses)
+            for M in ms:
+                if deadline is not None and time.time() > deadline:
+                    run.meta["incomplete"] = True
+                    if progress:
+                        progress(f"deadline reached: {N}x{K} {dtype} M={M} and later skipped")
+                    continue
+                keys = [k for k in launches if k == first or variant_dtypes is None or dtype in variant_dtypes]
+                _bench_one(run, launches, keys, names, N, K, dtype, M, l2, ceil, bnb, F, torch, bench, progress)
+    run.meta["seconds"] = round(time.time() - t0, 1)
     run.finalize()
-    for r in run.records:
-        same = [q for q in run.records if q["shape"] == r["shape"] and q["dtype"] == r["dtype"]]
-        b = next((q for q in same if q["name"] == BNB_GEMV), None)
-        if r["kind"] != "ceiling" and b and r.get("ms"):
-            r["speedup_vs_bnb"] = b["ms"] / r["ms"]
+    for r in run.records:  # speedup relative to bitsandbytes' matmul_4bit at the same shape, dtype and M
+        if r["kind"] == "ceiling" or not r.get("ms"):
+            continue
+        b = next((q for q in run.records if q["name"] == bnb_name(r.get("M", 1)) and q["shape"] == r["shape"]
+                  and q["dtype"] == r["dtype"] and q.get("M", 1) == r.get("M", 1)), None)
+        r["speedup_vs_bnb"] = b["ms"] / r["ms"] if b and b.get("ms") else None
     return run
 
 
+def _bench_one(run, launches, keys, names, N, K, dtype, M, l2, ceil, bnb, F, torch, bench, progress):
+    import time
+
+    t_start = time.time()
+    nb = weight_bytes(N, K)
+    copies = max(2, math.ceil(4 * l2 / nb))
+    data = [_quantize_gpu(N, K, dtype, seed=i, M=M) for i in range(copies)]
+    x = data[0][2]
+    data = [(p, q, x) for p, q, _ in data]
+    y = torch.empty(M, N, dtype=x.dtype, device="cuda")
+    bufs = [buffers_from_torch(p, q, x, y) for p, q, _ in data]
+    # correctness on copy 0, against float64, for ours and bitsandbytes
+    y64, tol = _gpu_reference(*data[0])
+    bufs[0].stream = 0
+    yb = bnb.matmul_4bit(x, data[0][0].t(), quant_state=data[0][1])
+    chk_b = _gpu_check(yb, y64, tol, bnb_name(M))
+    checks = {}
+    for key in keys:
+        fn = launches[key]
+        fn(bufs[0])  # the first launch compiles (a launch may size its grid from the compiled kernel)
+        y.fill_(float("nan"))
+        fn(bufs[0])
+        torch.cuda.synchronize()
+        checks[key] = _gpu_check(y, y64, tol, names[key])
+        diff = float((y.float() - yb.float().reshape(y.shape)).abs().max())
+        checks[key].update(shape=[N, K], dtype=dtype, M=M, max_abs_diff_vs_bnb=diff)
+        run.meta["checks"].append(checks[key])
+    chk = checks[keys[0]]
+    chk_b.update(shape=[N, K], dtype=dtype, M=M, max_abs_diff_vs_bnb=chk["max_abs_diff_vs_bnb"])
+    run.meta["checks"].append(chk_b)
+    del y64, tol
+    state = {"i": 0}
+
+    def nxt():
+        i = state["i"]
+        state["i"] = (i + 1) % copies
+        return i
+
+    def make_ours(fn):
+        def ours(stream):
+            g = bufs[nxt()]
+            g.stream = stream
+            fn(g)
+
+        return ours
+
+    def bnb_mm(stream):
+        p, q, xx = data[nxt()]
+        bnb.matmul_4bit(xx, p.t(), quant_state=q)
+
+    def bnb_dq_mm(stream):
+        p, q, xx = data[nxt()]
+        torch.matmul(xx, F.dequantize_4bit(p, q).t())
+
+    for kind, name, fn, ok in (("baseline", bnb_name(M), bnb_mm, chk_b["ok"]),
+                               ("baseline", BNB_DQ_MM, bnb_dq_mm, None),
+                               *(("kernel", names[key], make_ours(launches[key]), checks[key]["ok"])
+                                 for key in keys)):
+        state["i"] = 0
+        t = bench.gpu_time_ms(fn, launches=max(bench.LAUNCHES, copies))
+        rec = bench._record(kind, name, (N, K), dtype, t, nb, bit_exact=None, within_tol=ok,
+                            copies=copies, fits_l2=False, M=M)
+        run.add(rec)
+    if not any(r["kind"] == "ceiling" and r["shape"] == [N, K] and r["dtype"] == dtype for r in run.records):
+        for c in ceil:
+            run.add(dict(c, shape=[N, K], dtype=dtype))
+    if progress:
+        progress(f"{N}x{K} {dtype} M={M}: {time.time() - t_start:.0f} s ({copies} weight copies); "
+                 f"{names[keys[0]]} within tolerance: {chk['ok']} (worst {chk['worst_ratio']:.2g}), "
+                 f"bnb: {chk_b['ok']} (worst {chk_b['worst_ratio']:.2g}), "
+                 f"max |ours - bnb| = {chk['max_abs_diff_vs_bnb']:.3g}; "
+                 + ", ".join(f"{k} {'ok' if checks[k]['ok'] else 'OUTSIDE TOLERANCE'}" for k in keys[1:]))
+    del data, bufs
+    torch.cuda.empty_cache()
+
+
 def table(run) -> str:
-    rows = [f"{'shape NxK':>12} {'dtype':>5}  {'version':<50} {'us':>8} {'GB/s':>7} {'%copy':>6} {'x bnb':>6}"]
+    rows = [f"{'shape NxK':>12} {'dtype':>5} {'M':>2}  {'version':<64} {'us':>8} {'GB/s':>7} {'%copy':>6} {'x bnb':>6}"]
     for r in run.records:
-        if r["kind"] == "ceiling" and r["name"] != "device copy (read + write)":
+        if r["kind"] == "ceiling" and r["name"] != COPY:
             continue
         f = (lambda v, fmt: "-" if v is None else format(v, fmt))
-        rows.append(f"{'x'.join(map(str, r['shape'])):>12} {r['dtype'] or '':>5}  {r['name'][:50]:<50} "
+        m = "" if r["kind"] == "ceiling" else str(r.get("M", 1))
+        rows.append(f"{'x'.join(map(str, r['shape'])):>12} {r['dtype'] or '':>5} {m:>2}  {r['name'][:64]:<64} "
                     f"{f(r['ms'] and r['ms'] * 1e3, '.1f'):>8} {f(r['gbps'], '.0f'):>7} "
                     f"{f(r.get('pct_copy'), '.0f'):>6} {f(r.get('speedup_vs_bnb'), '.2f'):>6}")
     return "\n".join(rows)
 
 
-def plot(run, ax=None):
-    """Effective weight bandwidth per shape: bitsandbytes, dequantize+matmul and the fused kernel vs the copy ceiling."""
-    import matplotlib.pyplot as plt
-
+def _footer(fig, run):
     from . import results
 
-    recs = [r for r in run.records if r["kind"] in ("kernel", "baseline")]
+    if run.meta:
+        fig.text(0.01, 0.005, "measured on " + results.label(run.meta) + "\n" + run.meta.get("method", "")[:160],
+                 fontsize=7, color="0.35", va="bottom")
+
+
+def plot(run, ax=None):
+    """Effective weight bandwidth per shape (batch 1): bitsandbytes, dequantize+matmul, the first version
+    (if the run has it) and the default kernel, against the copy ceiling."""
+    import matplotlib.pyplot as plt
+
+    recs = [r for r in run.records if r["kind"] in ("kernel", "baseline") and r.get("M", 1) == 1]
     keys = []
     for r in recs:
         k = (tuple(r["shape"]), r["dtype"])
         if k not in keys:
             keys.append(k)
-    names = [BNB_DQ_MM, BNB_GEMV, FUSED]
-    colors = {BNB_DQ_MM: "tab:gray", BNB_GEMV: "tab:green", FUSED: "tab:orange"}
+    ours = default_kernel(run)
+    names = [BNB_DQ_MM, BNB_GEMV]
+    colors = {BNB_DQ_MM: "tab:gray", BNB_GEMV: "tab:green", kernel_name("v1"): "tab:blue", ours: "tab:orange"}
+    if ours != FUSED and any(r["name"] == kernel_name("v1") for r in recs):
+        names.append(kernel_name("v1"))
+    names.append(ours)
+    labels = {ours: ours + (" = first version" if ours == FUSED else " (default)")}
     fig = None
     if ax is None:
         fig, ax = plt.subplots(figsize=(10, 4.8))
@@ -662,10 +923,10 @@ def plot(run, ax=None):
         for i, k in enumerate(keys):
             r = next((q for q in recs if q["name"] == name and tuple(q["shape"]) == k[0] and q["dtype"] == k[1]), None)
             if r:
-                xs.append(i + (j - 1) * width)
+                xs.append(i + (j - (len(names) - 1) / 2) * width)
                 ys.append(r["gbps"])
-        ax.bar(xs, ys, width, label=name, color=colors[name])
-    copy = next((r for r in run.records if r["name"] == "device copy (read + write)"), None)
+        ax.bar(xs, ys, width, label=labels.get(name, name), color=colors.get(name))
+    copy = next((r for r in run.records if r["name"] == COPY), None)
     if copy:
         ax.axhline(copy["gbps"], color="tab:red", ls="--", label=f"copy ceiling {copy['gbps']:.0f} GB/s")
         ax.axhline(0.85 * copy["gbps"], color="tab:red", ls=":", lw=1, label="85% of the copy ceiling")
@@ -676,7 +937,46 @@ def plot(run, ax=None):
     ax.legend(fontsize=8, loc="lower right")
     if fig is not None:
         fig.tight_layout(rect=(0, 0.06, 1, 1))
-        if run.meta:
-            fig.text(0.01, 0.005, "measured on " + results.label(run.meta) + "\n" + run.meta.get("method", "")[:160],
-                     fontsize=7, color="0.35", va="bottom")
+        _footer(fig, run)
+    return ax
+
+
+def plot_batch(run, ax=None):
+    """Effective weight bandwidth against the batch M, per shape and dtype: our default kernel (solid) and
+    bitsandbytes' matmul_4bit (dashed), from a recorded run; nothing is drawn for what was not measured."""
+    import matplotlib.pyplot as plt
+
+    ours = default_kernel(run)
+    recs = [r for r in run.records if r["kind"] in ("kernel", "baseline")]
+    keys = []
+    for r in recs:
+        k = (tuple(r["shape"]), r["dtype"])
+        if k not in keys:
+            keys.append(k)
+    fig = None
+    if ax is None:
+        fig, ax = plt.subplots(figsize=(10, 4.8))
+    for i, k in enumerate(keys):
+        color = f"C{i % 10}"
+        for name, style in ((ours, "-o"), ("bnb", "--s")):
+            pts = sorted((r.get("M", 1), r["gbps"]) for r in recs
+                         if tuple(r["shape"]) == k[0] and r["dtype"] == k[1]
+                         and (r["name"] == ours if name == ours else r["name"] in (BNB_GEMV, BNB_MATMUL)))
+            if pts:
+                ax.plot([m for m, _ in pts], [v for _, v in pts], style, color=color,
+                        label=f"{k[0][0]}x{k[0][1]} {k[1]}: " + ("ours" if name == ours else "bitsandbytes matmul_4bit"))
+    copy = next((r for r in run.records if r["name"] == COPY), None)
+    if copy:
+        ax.axhline(copy["gbps"], color="tab:red", ls="--", lw=1, label=f"copy ceiling {copy['gbps']:.0f} GB/s")
+    ax.set_xscale("log", base=2)
+    ms = sorted({r.get("M", 1) for r in recs})
+    ax.set_xticks(ms, [str(m) for m in ms])
+    ax.minorticks_off()
+    ax.set_xlabel("batch M (rows of x)")
+    ax.set_ylabel("effective weight bandwidth, GB/s")
+    ax.set_title("NF4 GEMV with a small batch: each weight byte read once")
+    ax.legend(fontsize=7, loc="upper right")
+    if fig is not None:
+        fig.tight_layout(rect=(0, 0.06, 1, 1))
+        _footer(fig, run)
     return ax
