@@ -7,26 +7,29 @@
 # (1, K) and an NF4 weight `W` of shape (N, K). We write one `numba.cuda` kernel that reads each
 # packed weight byte once, dequantizes in registers and accumulates the dot products, and compare
 # it, on the same data and in the same run, with bitsandbytes' own fused kernel (`matmul_4bit` with
-# a one-row input) and with `dequantize_4bit` followed by `torch.matmul`.
+# a one-row input) and with `dequantize_4bit` followed by `torch.matmul`. The same kernel then takes
+# a small batch (up to 8 rows of `x`), still reading each weight byte once.
 #
 # 1. Why fusing pays: the byte count
-# 2. The kernel
-# 3. PTX evidence
+# 2. The kernel: what limited the first version, and a streaming design
+# 3. PTX and SASS evidence
 # 4. Correctness: a tolerance from the summation length, and the difference from bitsandbytes
 # 5. Benchmark: effective weight bandwidth vs the copy ceiling at LLM shapes
-# 6. Reading: what Marlin does beyond this
-# 7. Exercise
+# 6. Batch: up to 8 rows of x
+# 7. Reading: what Marlin does beyond this
+# 8. Exercise
 
 # %%
 import nf4lab  # first: may switch numba to its simulator
 
+import dataclasses
 import subprocess
 
 import numpy as np
 from numba import cuda, float32, uint32, uint64
 
 from nf4lab import gemv, ops
-from nf4lab.gemv import f16_to_f32, f32_from_bits, lds_pair, shfl_down_sync
+from nf4lab.gemv import MAX_M, bar_sync, f16_to_f32, f32_from_bits, lds_pair, load_stream_u32x4, shfl_down_sync
 
 print(nf4lab.describe())
 
@@ -56,44 +59,86 @@ for N, K in gemv.LLM_SHAPES:
 # Layout: W is quantized flat (weight index `row*K + col`, high nibble first, blocks of 64, an
 # absmax2 group every 256 blocks), so with K a multiple of 64 each row is a whole number of blocks.
 #
-# A first version (one warp per two rows, 16-entry table, scale per 32 weights) stayed far from the
-# copy ceiling on an H100. Its inner loop, counted in SASS (the machine code, see section 3), spent
-# several instructions per weight: two to cut a nibble out of a word, one shared-memory table read
-# per weight, the multiply-add, and the conversion of x repeated for every second row. At 3 TB/s
-# an H100 must consume 6e12 weights per second: with ~5 instructions per weight its
-# schedulers are nearly saturated, and each shared read of 32 lanes takes one of the ~1 per clock
-# per SM the shared memory can serve. This version cuts both:
+# **The arithmetic** (unchanged from the first version of this kernel):
 #
 # - **A byte-pair table.** A code byte holds two weights, so a 256-entry table of *pairs*
-#   `(lut[byte >> 4], lut[byte & 15])` gives both with one 64-bit shared read: half the table
-#   reads. With 256 entries, lanes reading different bytes would hit the same bank; 16 copies of the
-#   table (32 KB), copy `c` in banks 2c and 2c+1 of every 128-byte row, lane `l` reading copy
-#   `l & 15`, make every read conflict-free. The read is addressed in bytes, `(byte << 7) | lane8`:
-#   one shift and one and-or of the 32-bit code word (`gemv.lds_pair` emits `ld.shared.v2.f32`, so
-#   no index is widened to 64 bits and scaled per read).
-# - **The scale out of the loop.** A lane takes 64 consecutive columns of a row, exactly one absmax
-#   block: `acc += scale * sum_k lut[q_k] x_k`, one FMA per weight and one scale per 64.
-# - **x in registers, shared by 4 rows.** A warp computes 4 rows. Per step a lane loads its 64
-#   columns of x (128 bytes, eight 128-bit loads) once, converts each value once, and uses it for
-#   the 4 rows' 64 codes (two 128-bit loads per row): a warp step reads 1 KB contiguous per row.
-# - **Loads in flight.** The codes (and absmax bytes) of the next step are loaded before the current
-#   step is computed: 128 bytes per lane always in flight, 4 KB per warp.
-# - **Reduction at the end** only: each lane accumulates its columns in float32 over the whole row,
-#   then five `shfl.sync.down` per row, and lane 0 rounds to nearest even to bf16/fp16.
-# - **Grid.** Warps loop over groups of 4 rows, so the 32 KB table is built once per block; the
-#   launch asks the compiled kernel how many blocks fit on an SM and launches just enough of them.
+#   `(lut[byte >> 4], lut[byte & 15])` gives both with one 64-bit shared read. With 256 entries, lanes
+#   reading different bytes would hit the same bank; 16 copies of the table (32 KB), copy `c` in banks
+#   2c and 2c+1 of every 128-byte row, lane `l` reading copy `l & 15`, make every read conflict-free.
+#   The read is addressed in bytes, `(byte << 7) | lane8`: one shift and one and-or of the 32-bit
+#   code word (`gemv.lds_pair` emits `ld.shared.v2.f32`).
+# - **The scale out of the inner sum.** A lane's columns of a row lie in one absmax block:
+#   `acc += scale * sum_k lut[q_k] x_k`, one FMA per weight and one scale per lane per block.
+# - **x shared by several rows**, converted to float32 once; **float32 sums** per lane over the whole
+#   row, then five `shfl.sync.down` per row, and lane 0 rounds to nearest even to bf16/fp16.
 #
-# Helpers from `nf4lab.gemv`, because the simulator lacks them: `f32_from_bits` (a bit cast, to
-# turn bf16 bits into a float) / `f16_to_f32` (`cvt.f32.f16`), `lds_pair` and `shfl_down_sync`
-# (on a GPU: `cuda.shfl_down_sync` itself).
+# **What limited the first version.** The kernel this notebook first taught (kept as
+# `nf4lab.gemv_v1`: 4 rows per warp, 64 columns per lane per step) stayed at about half the copy
+# ceiling or below on an H100 (section 5 shows the recorded run). Its SASS explains why: each lane held
+# 64 converted activations and the codes of 4 rows for two steps, about 170 registers per thread
+# (section 3 prints ptxas' report). An SM has 65536 registers, so it held 2 blocks of 4 warps: 8 warps,
+# when it can run 64. A memory-bound kernel is limited by the bytes it keeps in flight (Little's law:
+# bandwidth = bytes in flight / latency). At about 3 TB/s and a DRAM latency near 1 us under load, the
+# GPU needs about 3 MB in flight, some 20-25 KB per SM, at every moment. Eight warps that each issue
+# 4 KB and then compute for a long time do not keep that up.
+#
+# **A streaming design.** The new kernel is organised around what a warp does in one loop trip, an
+# *item*: R rows (default 2) times 32 lanes times 32 columns. Per row a lane loads 16 bytes (one
+# 128-bit load, 32 codes), so a warp reads 512 contiguous bytes of each row per item.
+#
+# - **Software pipeline in few registers.** A lane holds two items: the one it computes and the next
+#   one, whose loads are issued before the current one is computed. With R = 2 that is 2 x (8 code
+#   words + 2 scale bytes + 2 absmax2 floats), and the whole kernel fits in 64 registers: the
+#   launch bounds (`cuda.jit(launch_bounds=(256, 4))`, i.e. `.maxntid 256` and `.minnctapersm 4` in the
+#   PTX) ask ptxas for 4 blocks of 256 threads per SM, 32 warps, 4x the first version. Each keeps its
+#   next item (1 KB) in flight: 32 KB per SM.
+# - **No drain between row groups.** After the last item of a row group comes the first item of the
+#   warp's next group, so the pipeline never empties; the very first item is loaded before the block
+#   builds its table, so its latency overlaps the table build.
+# - **Weights bypass L1.** Codes are read once: `ld.global.nc.L1::no_allocate.v4.u32`
+#   (`gemv.load_stream_u32x4`) keeps them out of L1, which holds what is reused (x and the scales).
+# - **Split-K for short W.** With N = 4096 and 2 rows per item there are only 2048 row groups, half
+#   the warps 132 SMs hold. A *team* of S warps then shares each row group: warp j of the team takes
+#   items j, j + S, ... of the row; at the end each warp reduces its lanes with shuffles, writes its
+#   sums to shared memory, and the team meets at a named barrier (`bar.sync id, 32*S`: only its own
+#   warps wait) before its first warp adds them up. `auto_design` picks S = 2 when the row groups are
+#   too few.
+# - **Cheap index arithmetic.** All indices are 32-bit (`validate` refuses N*K/8 >= 2^32); only the
+#   final offsets of a load are widened, so that consecutive 128-bit loads use immediate offsets.
+# - **x converted once per item** for all R rows (the first version: for 4 rows), and the block scale
+#   once per lane per item (a lane's 32 columns lie in one absmax block).
+# - **Batch M (section 6)** is the same kernel with M rows of x: each NF4 value read from the table
+#   feeds M FMAs, and a lane keeps R x M partial sums.
+#
+# The compile-time choices live in a `Design` (rows R, split S, columns per lane C, warps per block W,
+# batch M, launch-bound blocks B, streaming loads); `Design().name` is how a variant is named in the
+# benchmark, e.g. `R2 S1 C32 W8 B4`. Helpers from `nf4lab.gemv`, because the simulator lacks them:
+# `f32_from_bits` (a bit cast, to turn bf16 bits into a float) / `f16_to_f32` (`cvt.f32.f16`),
+# `lds_pair` (`ld.shared.v2.f32`), `load_stream_u32x4`, `bar_sync` and `shfl_down_sync` (on a GPU:
+# `cuda.shfl_down_sync` itself). Local arrays (`cuda.local.array`) are indexed only by loop
+# variables of `range(constant)`, which NVVM unrolls, so they live in registers (section 3 checks
+# that no local memory is left).
 
 # %% tags=["kernel"]
-WARPS = 4      # warps per block
-ROWS = 4       # rows of W per warp: each x value, loaded and converted once, feeds 4 rows
-LANE_COLS = 64                 # consecutive columns (= one absmax block, 32 bytes) per lane per step
-STEP = 32 * LANE_COLS          # columns a warp covers per step: 2048
-COPIES = 16                    # copies of the byte-pair table, one per bank pair (see below)
+COPIES = 16                    # copies of the byte-pair table, one per bank pair (see lut8)
 TAB = 256 * COPIES             # table entries (8 bytes each: 32 KB)
+
+
+@dataclasses.dataclass(frozen=True)
+class Design:
+    """The compile-time shape of the kernel: what one warp does per loop trip ("item") and how warps share work."""
+    rows: int = 2        # R: rows of W per item; each activation, loaded and converted once, feeds R rows
+    split: int = 1       # S: warps sharing a group of rows, each taking every S-th item of K (split-K)
+    cols: int = 32       # columns per lane per item: 32 = one 128-bit load (16 bytes) per row
+    warps: int = 8       # warps per block; one 32 KB table per block
+    m: int = 1           # batch: rows of x, each weight read once for all of them
+    min_blocks: int = 4  # launch bounds: blocks per SM ptxas must fit (caps registers at 65536 / (threads * min_blocks))
+    stream: bool = True  # codes with ld.global.nc.L1::no_allocate (weights read once stay out of L1)
+
+    @property
+    def name(self):
+        s = f"R{self.rows} S{self.split} C{self.cols} W{self.warps} B{self.min_blocks}"
+        return s + (f" M{self.m}" if self.m > 1 else "") + ("" if self.stream else " cached")
 
 
 @cuda.jit(device=True, inline="always")
@@ -105,58 +150,29 @@ def x_pair(u, is_bf16):
 
 
 @cuda.jit(device=True, inline="always")
-def word_dot(tab, lane8, w, x, a, b):
-    """4 code bytes (8 weights; byte j: columns 2j and 2j+1) times 8 float32 activations, added to
-    two independent running sums a (high nibbles) and b (low nibbles): one FMA per weight.
+def load_x8(x_u32, i, is_bf16):
+    """8 activations (x words i..i+3: one 128-bit load) as float32."""
+    a = ops.load_u32x4(x_u32, i)
+    return x_pair(a[0], is_bf16) + x_pair(a[1], is_bf16) + x_pair(a[2], is_bf16) + x_pair(a[3], is_bf16)
+
+
+@cuda.jit(device=True, inline="always")
+def lut8(tab, lane8, w, L, o):
+    """The 8 NF4 values of code word w (byte j: columns 2j, 2j+1) into L[o..o+7]: 4 byte-pair reads.
 
     Byte j's pair (lut[high nibble], lut[low nibble]) is one 64-bit shared read at byte offset
     (byte << 7) | lane8: one shift and one and-or (a single LOP3) of the code word, in 32 bits."""
-    l0, l1 = lds_pair(tab, ((w << uint32(7)) & uint32(0x7F80)) | lane8)
-    l2, l3 = lds_pair(tab, ((w >> uint32(1)) & uint32(0x7F80)) | lane8)
-    l4, l5 = lds_pair(tab, ((w >> uint32(9)) & uint32(0x7F80)) | lane8)
-    l6, l7 = lds_pair(tab, ((w >> uint32(17)) & uint32(0x7F80)) | lane8)
-    a = a + l0 * x[0] + l2 * x[2] + l4 * x[4] + l6 * x[6]
-    b = b + l1 * x[1] + l3 * x[3] + l5 * x[5] + l7 * x[7]
-    return a, b
+    L[o], L[o + 1] = lds_pair(tab, ((w << uint32(7)) & uint32(0x7F80)) | lane8)
+    L[o + 2], L[o + 3] = lds_pair(tab, ((w >> uint32(1)) & uint32(0x7F80)) | lane8)
+    L[o + 4], L[o + 5] = lds_pair(tab, ((w >> uint32(9)) & uint32(0x7F80)) | lane8)
+    L[o + 6], L[o + 7] = lds_pair(tab, ((w >> uint32(17)) & uint32(0x7F80)) | lane8)
 
 
 @cuda.jit(device=True, inline="always")
-def load_x32(x_u32, i, is_bf16):
-    """32 activations (16 words of x, four 128-bit loads) as float32, converted once for all rows."""
-    a = ops.load_u32x4(x_u32, i)
-    b = ops.load_u32x4(x_u32, i + uint64(4))
-    c = ops.load_u32x4(x_u32, i + uint64(8))
-    d = ops.load_u32x4(x_u32, i + uint64(12))
-    return (x_pair(a[0], is_bf16) + x_pair(a[1], is_bf16) + x_pair(a[2], is_bf16) + x_pair(a[3], is_bf16)
-            + x_pair(b[0], is_bf16) + x_pair(b[1], is_bf16) + x_pair(b[2], is_bf16) + x_pair(b[3], is_bf16)
-            + x_pair(c[0], is_bf16) + x_pair(c[1], is_bf16) + x_pair(c[2], is_bf16) + x_pair(c[3], is_bf16)
-            + x_pair(d[0], is_bf16) + x_pair(d[1], is_bf16) + x_pair(d[2], is_bf16) + x_pair(d[3], is_bf16))
-
-
-@cuda.jit(device=True, inline="always")
-def load_codes(packed_u32, absmax_q, absmax2, row, k, c, bs_shift):
-    """What one lane needs of one row for one step: 64 codes (two 128-bit loads) and its block's
-    absmax_q byte and absmax2 float."""
-    i = (row * k + c) >> uint64(3)     # first uint32 word
-    blk = (row * k + c) >> uint64(bs_shift)
-    return (ops.load_u32x4(packed_u32, i), ops.load_u32x4(packed_u32, i + uint64(4)),
-            absmax_q[blk], absmax2[blk >> uint64(8)])
-
-
-@cuda.jit(device=True, inline="always")
-def row_step(tab, lane8, code2_s, offset, codes, xlo, xhi):
-    """scale * sum of the lane's 64 products lut[q_k] * x_k: the scale multiplies once per block."""
-    va, vb, q, a2 = codes
-    a, b = word_dot(tab, lane8, va[0], xlo[0:8], float32(0.0), float32(0.0))
-    a, b = word_dot(tab, lane8, va[1], xlo[8:16], a, b)
-    a, b = word_dot(tab, lane8, va[2], xlo[16:24], a, b)
-    a, b = word_dot(tab, lane8, va[3], xlo[24:32], a, b)
-    a, b = word_dot(tab, lane8, vb[0], xhi[0:8], a, b)
-    a, b = word_dot(tab, lane8, vb[1], xhi[8:16], a, b)
-    a, b = word_dot(tab, lane8, vb[2], xhi[16:24], a, b)
-    a, b = word_dot(tab, lane8, vb[3], xhi[24:32], a, b)
-    d = a + b
-    return ops.fadd_rn(ops.fmul_rn(code2_s[q], a2), offset) * d
+def dot8(L, o, x, a):
+    """a + sum of L[o + j] * x[j] for j < 8: eight FMAs."""
+    return (a + L[o] * x[0] + L[o + 1] * x[1] + L[o + 2] * x[2] + L[o + 3] * x[3]
+            + L[o + 4] * x[4] + L[o + 5] * x[5] + L[o + 6] * x[6] + L[o + 7] * x[7])
 
 
 @cuda.jit(device=True, inline="always")
@@ -178,134 +194,249 @@ def store(y, i, v, is_bf16):
         y[i] = ops.to_f16_bits(v)
 
 
-def make_gemv(is_bf16, reduce=warp_sum):
-    """The fused kernel for one activation dtype (a compile-time constant), with a given warp reduction."""
+def make_gemv(is_bf16, d=Design(), reduce=warp_sum):
+    """The fused kernel for one activation dtype and one Design (all compile-time constants)."""
+    R, S, LC, W, M = d.rows, d.split, d.cols, d.warps, d.m
+    NV = LC // 32              # 128-bit code loads per row per item
+    NW = LC // 8               # code words per row per item
+    STEP = 32 * LC             # columns a warp covers per item
+    SSH = STEP.bit_length() - 1
+    THREADS = 32 * W
+    TEAMS = W // S             # teams of S warps per block; a team computes one group of R rows at a time
+    RM = R * M
+    NC = R * NW                # code words per item
+    NL = 8 * R                 # NF4 values of one word of each row
+    NRED = 2 * W * RM          # split-K partial sums, double-buffered
+    assert LC in (32, 64) and W * 32 <= 1024 and S & (S - 1) == 0 and W % S == 0 and (S == 1 or TEAMS <= 15) and 1 <= M <= MAX_M
+    load_codes = load_stream_u32x4 if d.stream else ops.load_u32x4
 
-    @cuda.jit
-    def gemv(packed_u32, absmax_q, absmax2, code2, lut, offset, x_u32, y, N, K, bs_shift):
-        # Byte-pair table: entry (byte << 4) | copy, at byte offset (byte << 7) | (copy << 3), holds
-        # lut[byte >> 4] (low 32 bits) and lut[byte & 15] (high 32 bits). Copy c sits in banks 2c,
-        # 2c+1 of every 128-byte row and lane l reads copy l & 15: the 16 lanes of a half-warp
-        # (one 64-bit shared access serves 16 lanes at a time) never share a bank.
+    @cuda.jit(device=True, inline="always")
+    def row_offsets(ro, g, n, kw):
+        """First code word of each row of group g (rows past N repeat the last row: loaded, never stored)."""
+        for r in range(R):
+            ro[r] = uint32(min(uint32(g * uint32(R) + uint32(r)), uint32(n - uint32(1))) * kw)
+
+    @cuda.jit(device=True, inline="always")
+    def fetch(packed_u32, absmax_q, absmax2, nc, nq, na, ro, wofs, ash):
+        """Issue one item's loads: NV 128-bit code loads per row, its absmax byte and its absmax2 float."""
+        for r in range(R):
+            wi = uint32(ro[r] + wofs)
+            for v in range(NV):
+                c0, c1, c2, c3 = load_codes(packed_u32, uint64(wi) + uint64(4 * v))
+                nc[r * NW + 4 * v] = c0
+                nc[r * NW + 4 * v + 1] = c1
+                nc[r * NW + 4 * v + 2] = c2
+                nc[r * NW + 4 * v + 3] = c3
+            blk = uint32(wi >> ash)
+            nq[r] = uint32(absmax_q[blk])
+            na[r] = absmax2[blk >> uint32(8)]
+
+    @cuda.jit(launch_bounds=(THREADS, d.min_blocks))
+    def gemv_kernel(packed_u32, absmax_q, absmax2, code2, lut, offset, x_u32, y, N, K, bs_shift):
+        tid = uint32(cuda.threadIdx.x)
+        lane = tid & uint32(31)
+        warp = tid >> uint32(5)
+        part = warp & uint32(S - 1)            # which items of a row group this warp takes: part, part + S, ...
+        team = warp // uint32(S)
+        n = uint32(N)
+        k = uint32(K)
+        kw = k >> uint32(3)                    # code words per row
+        kx = k >> uint32(1)                    # x words per row of x
+        steps = uint32((k + uint32(STEP - 1)) >> uint32(SSH))   # items per row
+        groups = uint32((n + uint32(R - 1)) // uint32(R))
+        nteams = uint32(uint32(cuda.gridDim.x) * uint32(TEAMS))
+        g = uint32(uint32(cuda.blockIdx.x) * uint32(TEAMS) + team)   # this team's first row group
+        lw = uint32(lane * uint32(LC // 8))    # the lane's first code word within an item
+        lwmax = uint32(kw - uint32(LC // 8))   # lanes past K re-read the row's last words (never used)
+        ash = uint32(uint32(bs_shift) - uint32(3))   # code word -> absmax block: >> (log2(blocksize) - 3)
+        # Registers (local arrays indexed only by unrolled constants): the item in flight (nc, nq, na),
+        # the item being computed (cc, cq, ca), row offsets of this group and the next.
+        nc = cuda.local.array(NC, uint32)
+        nq = cuda.local.array(R, uint32)
+        na = cuda.local.array(R, float32)
+        cc = cuda.local.array(NC, uint32)
+        cq = cuda.local.array(R, uint32)
+        ca = cuda.local.array(R, float32)
+        ro = cuda.local.array(R, uint32)
+        rn = cuda.local.array(R, uint32)
+        rs = cuda.local.array(R, uint32)
+        L = cuda.local.array(NL, float32)
+        p = cuda.local.array(RM, float32)
+        acc = cuda.local.array(RM, float32)
+        # The first item's loads are issued now: they are in flight while the table is built.
+        row_offsets(ro, min(g, uint32(groups - uint32(1))), n, kw)
+        fetch(packed_u32, absmax_q, absmax2, nc, nq, na, ro, min(uint32(uint32(part << uint32(SSH - 3)) + lw), lwmax), ash)
+        # Byte-pair table: entry (byte << 4) | copy holds lut[byte >> 4] (low 32 bits) and lut[byte & 15]
+        # (high 32 bits) at byte offset (byte << 7) | (copy << 3); lane l reads copy l & 15.
         tab = cuda.shared.array(TAB, uint64)
         code2_s = cuda.shared.array(256, float32)
-        lut_s = cuda.shared.array(16, float32)
-        tid = cuda.threadIdx.x
-        for i in range(tid, 256, WARPS * 32):
-            code2_s[i] = code2[i]
-        if tid < 16:
-            lut_s[tid] = lut[tid]
+        red = cuda.shared.array(NRED, float32)
+        for j in range((256 + THREADS - 1) // THREADS):
+            i = uint32(tid + uint32(j * THREADS))
+            if i < uint32(256):
+                code2_s[i] = code2[i]
+        for j in range(TAB // THREADS):        # consecutive threads, consecutive entries: no bank conflicts
+            i = uint32(tid + uint32(j * THREADS))
+            tab[i] = (uint64(ops.float_bits(lut[i >> uint32(8)]))
+                      | (uint64(ops.float_bits(lut[(i >> uint32(4)) & uint32(15)])) << uint64(32)))
         cuda.syncthreads()
-        for i in range(tid, TAB, WARPS * 32):  # consecutive threads, consecutive entries: no conflicts
-            byte = i // COPIES
-            tab[i] = uint64(ops.float_bits(lut_s[byte >> 4])) | (uint64(ops.float_bits(lut_s[byte & 15])) << uint64(32))
-        cuda.syncthreads()
-        lane = uint64(tid & 31)
-        lane8 = uint32((tid & (COPIES - 1)) << 3)  # byte offset of this lane's copy within an entry row
-        n = uint64(N)
-        k = uint64(K)
-        nwarps = uint64(cuda.gridDim.x) * uint64(WARPS)
-        group = uint64(cuda.blockIdx.x) * uint64(WARPS) + uint64(tid >> 5)
-        while group * uint64(ROWS) < n:          # grid-stride over groups of ROWS rows (whole warps)
-            r0 = group * uint64(ROWS)
-            r1 = min(r0 + uint64(1), n - uint64(1))  # rows past N repeat the last row, not stored
-            r2 = min(r0 + uint64(2), n - uint64(1))
-            r3 = min(r0 + uint64(3), n - uint64(1))
-            acc0 = float32(0.0)
-            acc1 = float32(0.0)
-            acc2 = float32(0.0)
-            acc3 = float32(0.0)
-            c = lane * uint64(LANE_COLS)         # the lane's first column
-            cc = min(c, k - uint64(LANE_COLS))   # (a valid address even for a lane with no work)
-            # software pipeline: the codes of step s+1 are loaded before step s is computed
-            n0 = load_codes(packed_u32, absmax_q, absmax2, r0, k, cc, bs_shift)
-            n1 = load_codes(packed_u32, absmax_q, absmax2, r1, k, cc, bs_shift)
-            n2 = load_codes(packed_u32, absmax_q, absmax2, r2, k, cc, bs_shift)
-            n3 = load_codes(packed_u32, absmax_q, absmax2, r3, k, cc, bs_shift)
-            while c < k:
-                w0, w1, w2, w3 = n0, n1, n2, n3
-                cn = c + uint64(STEP)
-                if cn < k:
-                    n0 = load_codes(packed_u32, absmax_q, absmax2, r0, k, cn, bs_shift)
-                    n1 = load_codes(packed_u32, absmax_q, absmax2, r1, k, cn, bs_shift)
-                    n2 = load_codes(packed_u32, absmax_q, absmax2, r2, k, cn, bs_shift)
-                    n3 = load_codes(packed_u32, absmax_q, absmax2, r3, k, cn, bs_shift)
-                xlo = load_x32(x_u32, c >> uint64(1), is_bf16)   # the lane's 64 activations, once
-                xhi = load_x32(x_u32, (c >> uint64(1)) + uint64(16), is_bf16)
-                acc0 += row_step(tab, lane8, code2_s, offset, w0, xlo, xhi)
-                acc1 += row_step(tab, lane8, code2_s, offset, w1, xlo, xhi)
-                acc2 += row_step(tab, lane8, code2_s, offset, w2, xlo, xhi)
-                acc3 += row_step(tab, lane8, code2_s, offset, w3, xlo, xhi)
-                c = cn
-            acc0 = reduce(acc0)
-            acc1 = reduce(acc1)
-            acc2 = reduce(acc2)
-            acc3 = reduce(acc3)
-            if lane == 0:
-                store(y, r0, acc0, is_bf16)
-                if r0 + uint64(1) < n:
-                    store(y, r1, acc1, is_bf16)
-                if r0 + uint64(2) < n:
-                    store(y, r2, acc2, is_bf16)
-                if r0 + uint64(3) < n:
-                    store(y, r3, acc3, is_bf16)
-            group += nwarps
+        lane8 = (tid & uint32(COPIES - 1)) << uint32(3)
+        parity = uint32(0)
+        while g < groups:                      # this team's row groups: g, g + nteams, ...
+            gn = uint32(g + nteams)
+            row_offsets(rn, min(gn, uint32(groups - uint32(1))), n, kw)
+            for i in range(RM):
+                acc[i] = float32(0.0)
+            s = part
+            while s < steps:                   # this warp's items of the group: s = part, part + S, ...
+                for i in range(NC):
+                    cc[i] = nc[i]
+                for r in range(R):
+                    cq[r] = nq[r]
+                    ca[r] = na[r]
+                # issue the next item's loads: (g, s + S), or after the last one (next group, part)
+                s1 = uint32(s + uint32(S))
+                last = s1 >= steps
+                for r in range(R):
+                    rs[r] = rn[r] if last else ro[r]
+                nxt = uint32((part if last else s1) << uint32(SSH - 3))
+                fetch(packed_u32, absmax_q, absmax2, nc, nq, na, rs, min(uint32(nxt + lw), lwmax), ash)
+                # compute this item: p[r, m] = sum over the lane's LC columns of lut[q] * x[m]
+                col = uint32(uint32(s << uint32(SSH)) + lane * uint32(LC))
+                if col < k:
+                    for i in range(RM):
+                        p[i] = float32(0.0)
+                    xi = uint64(col >> uint32(1))
+                    for w in range(NW):
+                        for r in range(R):
+                            lut8(tab, lane8, cc[r * NW + w], L, 8 * r)
+                        for mm in range(M):
+                            xv = load_x8(x_u32, xi + uint64(uint32(mm) * kx) + uint64(4 * w), is_bf16)
+                            for r in range(R):
+                                p[r * M + mm] = dot8(L, 8 * r, xv, p[r * M + mm])
+                    for r in range(R):         # the block scale, once per LC columns
+                        sc = ops.fadd_rn(ops.fmul_rn(code2_s[cq[r]], ca[r]), offset)
+                        for mm in range(M):
+                            acc[r * M + mm] += sc * p[r * M + mm]
+                s = s1
+            # the group's sums: over the 32 lanes (shuffles), then over the S warps of the team (shared memory)
+            if S == 1:
+                for r in range(R):
+                    row = uint32(g * uint32(R) + uint32(r))
+                    for mm in range(M):
+                        v = reduce(acc[r * M + mm])
+                        if lane == uint32(0) and row < n:
+                            store(y, uint32(uint32(mm) * n + row), v, is_bf16)
+            else:
+                base = uint32((parity * uint32(W) + warp) * uint32(RM))
+                for i in range(RM):
+                    v = reduce(acc[i])
+                    if lane == uint32(0):
+                        red[base + uint32(i)] = v
+                bar_sync(uint32(1) + team, uint32(32 * S))   # the team's S warps only
+                if part == uint32(0) and lane < uint32(RM):
+                    first = uint32((parity * uint32(W) + warp) * uint32(RM) + lane)
+                    v = red[first]
+                    for j in range(1, S):
+                        v += red[first + uint32(j * RM)]
+                    row = uint32(g * uint32(R) + lane // uint32(M))
+                    if row < n:
+                        store(y, uint32(uint32(lane % uint32(M)) * n + row), v, is_bf16)
+                parity ^= uint32(1)
+            for r in range(R):
+                ro[r] = rn[r]
+            g = gn
 
-    return gemv
+    return gemv_kernel
 
 
-GEMV = {"bf16": make_gemv(True), "fp16": make_gemv(False)}
+GEMV = {}  # (Design, dtype) -> kernel, made on first use (a GPU compiles it at its first launch)
 
 
-def resident_blocks(kernel):
+def kernel(d, dtype):
+    if (d, dtype) not in GEMV:
+        GEMV[(d, dtype)] = make_gemv(dtype == "bf16", d)
+    return GEMV[(d, dtype)]
+
+
+def sms():
+    return nf4lab.device_info().get("sms") or 132  # the simulator has none: plan for an H100
+
+
+def auto_design(N, M=1):
+    """The default Design for W with N rows and a batch of M: 2 rows per item (64 registers for M=1, so
+    32 warps per SM); when N/2 row groups cannot give every SM its 32 warps, split K over 2 warps."""
+    min_blocks = 4 if M == 1 else (3 if M <= 3 else 2)
+    warps_per_sm = 8 * min_blocks
+    split = 2 if -(-N // 2) < 0.75 * warps_per_sm * sms() else 1
+    return Design(rows=2, split=split, m=M, min_blocks=min_blocks)
+
+
+def resident_blocks(kern, d):
     """Blocks of a compiled kernel one SM holds at once (registers, shared memory), None if unknown."""
     info = nf4lab.device_info()
-    if not info.get("sms") or not getattr(kernel, "overloads", None):
+    if not info.get("sms") or not getattr(kern, "overloads", None):
         return None  # simulator, or not compiled yet (the first launch compiles it)
     try:
-        regs = kernel.get_regs_per_thread()
+        regs = kern.get_regs_per_thread()
         regs = max(regs.values()) if isinstance(regs, dict) else regs
-        smem = kernel.get_shared_mem_per_block()
+        smem = kern.get_shared_mem_per_block()
         smem = max(smem.values()) if isinstance(smem, dict) else smem
-    except Exception:  # an API change: fall back to one block per group (correct, a little slower)
-        return None
-    by_regs = 65536 // (-(-regs // 8) * 8 * 32 * WARPS)       # 64K registers, 8-register granules
+    except Exception:  # an API change: fall back to the launch bounds (correct, maybe a little slower)
+        return d.min_blocks
+    by_regs = 65536 // (-(-regs // 8) * 8 * 32 * d.warps)      # 64K registers, 8-register granules
     by_smem = (info.get("smem_per_sm") or 228 * 1024) // (smem + 1024)  # 1 KB reserved per block
-    by_threads = (info.get("max_threads_per_sm") or 2048) // (32 * WARPS)
+    by_threads = (info.get("max_threads_per_sm") or 2048) // (32 * d.warps)
     return max(1, min(by_regs, by_smem, by_threads, 32))
 
 
-def grid_size(kern, N, policy="balanced"):
-    """Blocks to launch. The kernel loops over groups of ROWS rows (whole warps), so any grid is correct.
+def grid_size(kern, d, N, policy="balanced"):
+    """Blocks to launch. Teams of d.split warps loop over groups of d.rows rows, so any grid is correct.
 
-    "full": one warp per group (the 32 KB table is built once per WARPS * ROWS rows);
-    "resident": as many blocks as the GPU holds at once (some warps then do one group more than
-    others); "balanced" (default): the fewest rounds the resident warps need, and just enough
-    warps that each does that many groups."""
-    groups = -(-N // ROWS)
-    full = -(-groups // WARPS)
-    per_sm = resident_blocks(kern)
-    if policy == "full" or not per_sm:
+    "full": one team per group; "resident": as many blocks as the GPU holds at once;
+    "balanced" (default): the fewest rounds the resident teams need, and just enough teams that each
+    does that many groups."""
+    teams_per_block = d.warps // d.split
+    groups = -(-N // d.rows)
+    full = -(-groups // teams_per_block)
+    per_sm = resident_blocks(kern, d) or d.min_blocks
+    capacity = per_sm * sms()
+    if policy == "full":
         return full
-    capacity = per_sm * nf4lab.device_info()["sms"]
     if policy == "resident":
         return min(full, capacity)
-    rounds = -(-groups // (capacity * WARPS))
-    return min(full, -(-groups // (rounds * WARPS)))
+    rounds = -(-groups // (capacity * teams_per_block))
+    return min(full, -(-groups // (rounds * teams_per_block)))
 
 
-def launch(g, kernels=GEMV, policy="balanced"):
-    """Run the fused GEMV on a gemv.GemvBuffers (batch 1), on g.stream."""
-    if g.M != 1:
-        raise ValueError("this kernel computes one row of x (batch 1)")
-    kern = kernels[g.dtype]
-    grid = g.grid if getattr(g, "grid", None) else grid_size(kern, g.N, policy)
-    kern[grid, WARPS * 32, g.stream](g.packed_u32, g.absmax_q, g.absmax2, g.code2, g.lut, g.offset,
-                                     g.x_u32, g.y, g.N, g.K, g.bs_shift)
+def launch(g, design=None, policy="balanced", kern=None):
+    """Run the fused GEMV on a gemv.GemvBuffers (batch g.M <= 8), on g.stream.
+
+    ``design``: a Design (its m is set to g.M), or None for auto_design(N, M); ``kern``: a kernel
+    made by make_gemv for that design, instead of the cached one."""
+    gemv.validate(g)  # dtypes, sizes, alignment, M: raises before anything is launched
+    d = design or auto_design(g.N, g.M)
+    if d.m != g.M:
+        d = dataclasses.replace(d, m=g.M)
+    kern = kern or kernel(d, g.dtype)
+    grid = g.grid if getattr(g, "grid", None) else grid_size(kern, d, g.N, policy)
+    kern[grid, 32 * d.warps, g.stream](g.packed_u32, g.absmax_q, g.absmax2, g.code2, g.lut, g.offset,
+                                       g.x_u32, g.y, g.N, g.K, g.bs_shift)
 
 
-GEMV_VERSIONS = {gemv.FUSED: launch}
-GRID_POLICIES = ("balanced", "resident", "full")  # for tools/bench_gemv.py --policies
+# Variants a GPU run times side by side (tools/bench_gemv.py): the first is the notebook's default.
+VARIANTS = {
+    "auto": None,                                       # auto_design(N, M): R2 C32, S = 2 for short W
+    "R2 S1 C32 W8 B4": Design(),                        # 2 loads (rows) in flight per lane, 64 registers
+    "R2 S2 C32 W8 B4": Design(split=2),                 # split-K on every shape
+    "R2 S1 C64 W8 B3": Design(cols=64, min_blocks=3),   # 4 loads in flight per lane, 80 registers, 24 warps/SM
+    "R4 S1 C32 W8 B3": Design(rows=4, min_blocks=3),    # 4 loads in flight, x shared by 4 rows, 80 registers
+    "R1 S1 C32 W8 B4": Design(rows=1),                  # 1 load in flight, no x sharing, the most warps
+    "R1 S1 C64 W8 B4": Design(rows=1, cols=64),         # 2 loads in flight, one absmax block per lane
+    "R2 S1 C32 W16 B2": Design(warps=16, min_blocks=2), # 512-thread blocks: half the table builds
+    "R2 S1 C32 W8 B4 cached": Design(stream=False),     # codes through L1 (plain ld.global.nc.v4)
+}
+GRID_POLICIES = ("balanced", "resident", "full")
 
 from numba import types as T  # noqa: E402
 
@@ -315,41 +446,58 @@ SIG = (T.uint32[::1], T.uint8[::1], T.float32[::1], T.float32[::1], T.float32[::
 # %% [markdown]
 # ## 3. PTX and SASS evidence
 #
-# The loop should hold 128-bit loads only for x and the codes (8 of x, 2 per row, and 8 more for
-# the next step's codes), one `ld.shared.v2.f32` per code byte (128 per step: 4 rows x 32 bytes),
-# one absmax byte per row per step, no local memory, no float64, and five `shfl.sync.down` per
-# row at the end.
+# For the default design (R = 2 rows, 32 columns per lane, 8 warps, bf16) the PTX should hold: the
+# launch bounds (`.maxntid 256`, `.minnctapersm 4`); the code loads as
+# `ld.global.nc.L1::no_allocate.v4.u32`, R per item, written twice (before the table is built, and in
+# the loop); 4 loads of x per item (`ld.global.v4.u32`, 8 activations each); one `ld.shared.v2.f32` per
+# code byte (R x 16); five `shfl.sync.down` per row; and no local memory, no float64, no 64-bit division.
 
 # %%
-ptx = nf4lab.compile_ptx(GEMV["bf16"], SIG)
-nf4lab.ptx.show(ptx, [r"^ld\.global(\.nc)?\.v4", r"^ld\.shared\.v2", r"^shfl"], limit=6)
-nf4lab.ptx.check(ptx, present=[r"^ld\.global(\.nc)?\.v4\.u32", r"^shfl\.sync\.down", r"^ld\.shared\.v2\.f32"],
-                 absent=[r"^ld\.local", r"\.f64", r"^(div|rem)\.(s|u)64"])
-n_v4 = nf4lab.ptx.count(ptx, r"^ld\.global(\.nc)?\.v4")
+D0 = Design()
+ptx = gemv.kernel_ptx(kernel(D0, "bf16"), SIG)
+nf4lab.ptx.show(ptx, [r"^ld\.global\.nc\.L1::no_allocate\.v4", r"^ld\.global\.v4", r"^shfl"], limit=4)
+nf4lab.ptx.check(ptx, present=[r"^ld\.global\.nc\.L1::no_allocate\.v4\.u32", r"^ld\.global\.v4\.u32",
+                               r"^shfl\.sync\.down", r"^ld\.shared\.v2\.f32"],
+                 absent=[r"^ld\.local", r"^st\.local", r"\.f64", r"^(div|rem)\.(s|u)64"])
+n_codes = nf4lab.ptx.count(ptx, r"^ld\.global\.nc\.L1::no_allocate\.v4")
+n_x = nf4lab.ptx.count(ptx, r"^ld\.global\.v4")
 n_pair = nf4lab.ptx.count(ptx, r"^ld\.shared\.v2\.f32")
-n_u8 = nf4lab.ptx.count(ptx, r"^ld\.global(\.nc)?\.u8")
-print(f"\n128-bit loads: {n_v4} (8 of x + 2 per row, and 2 per row for the first step); pair reads: "
-      f"{n_pair} (one per code byte); absmax_q byte loads: {n_u8} (one per row per step, and for the first)")
-assert n_v4 == 8 + 2 * ROWS * 2 and n_pair == ROWS * 32 and n_u8 == 2 * ROWS
+n_shfl = nf4lab.ptx.count(ptx, r"^shfl\.sync\.down")
+bounds = [line.strip() for line in ptx.splitlines() if ".maxntid" in line or ".minnctapersm" in line]
+print(f"\nlaunch bounds: {bounds}\ncode loads: {n_codes} (R = {D0.rows} rows, in the prologue and in the loop); "
+      f"x loads: {n_x}; pair reads: {n_pair} (one per code byte); shuffles: {n_shfl} (5 per row)")
+assert n_codes == 2 * D0.rows and n_x == 4 and n_pair == D0.rows * 16 and n_shfl == 5 * D0.rows
+assert any(".maxntid 256" in b for b in bounds) and any(".minnctapersm 4" in b for b in bounds)
 
 # %% [markdown]
 # PTX is not what runs: `ptxas` turns it into SASS, the GPU's own instructions. When the CUDA
 # toolkit's `ptxas` and `cuobjdump` are installed (no GPU needed), we assemble the kernel for the
-# H100 (sm_90) and count the instructions of its inner loop per weight, with the registers per
-# thread (which decide how many warps an SM holds). Ideal: one FMA per weight, half a table read,
-# one shift and one LOP3 per byte; the rest (x conversion, loads, scale, loop) is shared by 256
-# weights.
+# H100 (sm_90) and read the registers per thread (which decide how many warps an SM holds) and the
+# instructions of its inner loop, one item, per weight. The floor is one FMA per weight, half a
+# table read, about one instruction per weight to cut the bytes out of the code words, and one
+# conversion per activation shared by R rows; the rest (addresses, loads, scale, the copy of the
+# next item into the current one) is shared by the R x 32 weights of a lane's item. Below it, the report
+# `tools/sass_gemv.py` recorded for every variant of `VARIANTS` and for the first version: more
+# instructions per weight than the first version's, traded for 4x the warps.
 
 # %%
 try:
-    for dt in ("bf16",):
-        r = gemv.sass_report(GEMV[dt], SIG, ROWS * LANE_COLS, f"gemv_{dt}", ptx=ptx)
-        print(f"{dt}: {r['registers']} registers, {r['spill_bytes']} bytes spilled; inner loop: "
-              f"{r['loop_instructions']} SASS instructions for {r['weights_per_trip']} weights per lane = "
-              f"{r['per_weight']:.2f} per weight")
-        print("    " + ", ".join(f"{k} {v}" for k, v in list(r["opcodes"].items())[:8]))
+    r = gemv.sass_report(kernel(D0, "bf16"), SIG, D0.rows * D0.cols, "gemv_bf16", ptx=ptx)
+    print(f"{D0.name} bf16: {r['registers']} registers, {r['spill_bytes']} bytes spilled; inner loop: "
+          f"{r['loop_instructions']} SASS instructions for {r['weights_per_trip']} weights per lane = "
+          f"{r['per_weight']:.2f} per weight")
+    print("    " + ", ".join(f"{k} {v}" for k, v in list(r["opcodes"].items())[:10]))
+    warps = min(64, 65536 // (-(-r["registers"] // 8) * 8 * 32 * D0.warps) * D0.warps)
+    print(f"    -> {warps} warps per SM by registers")
 except (FileNotFoundError, OSError, subprocess.CalledProcessError) as exc:
     print(f"no SASS here ({exc}); install the CUDA toolkit's ptxas and cuobjdump to count instructions")
+report = gemv.load_sass_report()
+if report is None:
+    print("\nno recorded SASS report for the variants (python tools/sass_gemv.py --all --v1 --batch --save writes one)")
+else:
+    m = report["meta"]
+    print(f"\nrecorded in {report['path']} ({m['date']}, {m['ptxas']}, numba-cuda {m['numba_cuda']}), bf16, batch 1:")
+    print(gemv.sass_table(report))
 
 # %% [markdown]
 # ## 4. Correctness
@@ -363,24 +511,26 @@ except (FileNotFoundError, OSError, subprocess.CalledProcessError) as exc:
 # $$|\hat y - y_{64}| \le \gamma_K \sum_k |x_k w_k|, \qquad \gamma_K \approx K u_{32},\ u_{32} = 2^{-24}$$
 #
 # We take `K * eps32` (`eps32 = 2^-23`, twice the bound) to cover the extra rounding of scaling
-# each 64-term partial sum by the block scale, then add the final rounding to bf16/fp16,
+# each 32-term partial sum by the block scale, then add the final rounding to bf16/fp16,
 # `u_out * |y|` with `u_out = 2^-8` (bf16) or `2^-11` (fp16). The bound is worst-case (real
 # errors grow like sqrt(K)), yet a real bug (a swapped nibble, a missing reduction step, a wrong
 # scale) exceeds it by orders of magnitude, as the planted bugs below show.
 #
-# The simulator runs the kernel on small shapes: odd N (the last group of 4 rows is partial),
-# K not a multiple of 256, a case spanning two absmax2 groups (53 x 320 > 256 x 64), bf16 and fp16.
+# The simulator runs the kernel on small shapes: odd N (the last group of rows is partial), K not a
+# multiple of the 1024 columns of an item (some lanes idle in a row's last item), a case spanning two
+# absmax2 groups (53 x 320 > 256 x 64), bf16 and fp16, one warp per row group (`Design()`) and, for
+# the short W of the other two, `auto_design`'s split of K over two warps.
 
 # %%
-SHAPES = [((24, 192), "bf16"), ((53, 320), "fp16")] if nf4lab.SIMULATOR else \
-    [((512, 4096), "bf16"), ((255, 14336), "bf16"), ((100, 4160), "fp16")]
+SHAPES = [((24, 192), "bf16", Design()), ((53, 320), "fp16", None), ((7, 2112), "bf16", None)] if nf4lab.SIMULATOR \
+    else [((512, 4096), "bf16", None), ((255, 14336), "bf16", None), ((100, 4160), "fp16", None)]
 cases = {}
-for (N, K), dtype in SHAPES:
+for (N, K), dtype, design in SHAPES:  # design None: auto_design(N)
     gc = gemv.make_gemv_case(N, K, dtype)
     g = gemv.make_gemv_buffers(gc)
-    launch(g)
+    launch(g, design)
     y = g.result()
-    rep = gemv.check(y, gc, name=f"fused {N}x{K} {dtype}")  # raises outside the tolerance
+    rep = gemv.check(y, gc, name=f"fused {N}x{K} {dtype} [{(design or auto_design(N)).name}]")  # raises outside the tolerance
     yb = gemv.bnb_output(gc, "cuda" if nf4lab.ON_GPU else "cpu")
     rep_b = gemv.compare(yb, gc, name=f"bitsandbytes matmul_4bit {N}x{K} {dtype}")
     diff = np.abs(gemv.to_f32(y, dtype) - gemv.to_f32(yb, dtype).reshape(-1))
@@ -410,7 +560,7 @@ swapped = codes.reshape(-1, 2)[:, ::-1].reshape(-1)  # low nibble first
 bugs = {
     "nibbles swapped": gc.x @ (gc.lut[swapped] * np.repeat(absmax, 64)).reshape(gc.N, gc.K).T,
     "offset forgotten": gc.x @ (gc.lut[codes] * np.repeat(absmax - gc.offset, 64)).reshape(gc.N, gc.K).T,
-    "64 columns (one lane's block) lost": gc.x[:, 64:] @ gc.w[:, 64:].T,
+    "32 columns (one lane's item) lost": gc.x[:, 32:] @ gc.w[:, 32:].T,
     "fine (float32, numpy order)": (gc.x @ gc.w.T).astype(np.float32),
 }
 for name, y_bug in bugs.items():
@@ -423,20 +573,23 @@ assert gemv.compare(bugs["fine (float32, numpy order)"], gc).ok
 #
 # On a GPU this cell measures, in one run and on the same weights and activations: bitsandbytes
 # `matmul_4bit(x, W.t(), quant_state)` with a one-row `x` (its fused 4-bit GEMV kernel),
-# `dequantize_4bit` followed by `torch.matmul`, and our kernel, at four LLM shapes, bf16 and fp16,
-# plus the device-to-device copy ceiling. GPU time comes from CUDA-graph replays
-# (`nf4lab.bench.gpu_time_ms`); every timed function cycles over enough copies of the weight to
+# `dequantize_4bit` followed by `torch.matmul`, our kernel (`auto`) and the first version (`v1`), at
+# four LLM shapes, bf16 and fp16, plus the device-to-device copy ceiling. GPU time comes from CUDA-graph
+# replays (`nf4lab.bench.gpu_time_ms`); every timed function cycles over enough copies of the weight to
 # exceed 4x the L2 cache, so the weights come from DRAM, as in a real decoding step. The effective
-# weight bandwidth is (packed codes + absmax_q + absmax2 + code2 bytes) / time, for all three (so
-# for dequantize + matmul it is far below what that pair actually moves). The run is saved to
-# `data/results/<gpu>/09_fused_gemv.json`. Without a GPU we show the recorded run, if any.
+# weight bandwidth is (packed codes + absmax_q + absmax2 + code2 bytes) / time, for all of them (so
+# for dequantize + matmul it is far below what that pair actually moves). A notebook run on a GPU saves
+# to `data/results/<gpu>/09_fused_gemv_notebook.json`; `python tools/bench_gemv.py` times every
+# variant and grid policy and saves `09_fused_gemv.json`, which is what a GPU-less session shows. Each
+# kernel record is named `fused NF4 gemv (numba) [variant]`; a record named without a variant comes from
+# a run made before this redesign, and is the first version.
 
 # %%
-from nf4lab import bench, results
+from nf4lab import bench, gemv_v1, results
 
 if nf4lab.ON_GPU:
-    run = gemv.benchmark(launch)
-    path = run.save(gemv.NAME)
+    run = gemv.benchmark({"auto": launch, "v1": gemv_v1.launch})
+    path = run.save(gemv.NAME + "_notebook")
     print(gemv.table(run))
     print(f"saved {path.relative_to(results.ROOT)}")
 else:
@@ -445,7 +598,8 @@ else:
         print("No GPU here, and no GPU results recorded for 09_fused_gemv under data/results/: "
               "nothing to show. Run `python tools/bench_gemv.py` on a GPU to record them.")
     else:
-        print(f"No GPU here: showing the results recorded in {run.path}\n  ({results.label(run.meta)})\n")
+        print(f"No GPU here: showing the results recorded in {run.path}\n  ({results.label(run.meta)})")
+        print("  " + gemv.describe_kernels(run) + "\n")
         print(gemv.table(run))
         for c in run.meta.get("checks", []):
             print(f"  {c['name']:<40} {'x'.join(map(str, c['shape'])):>11} {c['dtype']}: within tolerance "
@@ -455,20 +609,57 @@ if run is not None:
     gemv.plot(run)
 
 # %% [markdown]
-# What to look for: the fused kernel against the dashed copy ceiling and the dotted 85% line,
-# and against bitsandbytes' GEMV at 4096x14336 and 8192x28672 (the issue's target: faster than
-# bitsandbytes and at least 85% of the copy ceiling there). 4096x4096 moves only 8 MB: launch and
-# ramp-up take a large share of its few microseconds. Dequantize + matmul is far behind, as the
-# byte count predicted.
+# What to look for: our kernel against the dashed copy ceiling and the dotted 85% line, and against
+# bitsandbytes' GEMV at 4096x14336 and 8192x28672 (the target: faster than bitsandbytes and at least
+# 85% of the copy ceiling there); and the first version beside it, if the run has both. 4096x4096
+# moves only 8 MB: launch and ramp-up take a large share of its few microseconds. Dequantize + matmul
+# is far behind, as the byte count predicted. The variants of `VARIANTS` answer the design questions:
+# more loads in flight per lane (C64, R4) against more warps (R1, R2 at 64 registers), split-K or not,
+# bigger blocks, and whether keeping the weights out of L1 matters.
 #
-# ## 6. Reading: what Marlin does beyond this
+# ## 6. Batch: up to 8 rows of x
 #
-# For batch 1 the whole game is streaming the weights once at full bandwidth, which a warp-per-row
-# kernel with 128-bit loads can do. With a batch of 16-64 tokens (speculative decoding, batched
+# Speculative decoding and small-batch serving multiply a few rows of activations by the same
+# weights. The kernel above takes `Design(m=M)`: per item each lane reads its codes once, looks each
+# byte pair up once, and does M FMAs with it, one per row of x, into R x M partial sums; the scale
+# still multiplies once per 32 columns. The weights are read once whatever M is, so the bytes stay
+# those of section 1, but the work per byte grows M-fold: converting M activations and M FMAs per
+# weight. Past M of about 2 the kernel is bound by instructions, not bytes (the SASS per weight
+# grows with M), which is where tensor cores take over (section 7). bitsandbytes' `matmul_4bit`
+# does not use its GEMV kernel for M > 1: it dequantizes the whole weight to bf16/fp16 and calls a
+# matmul, so it moves about 9x our bytes.
+
+# %%
+for (N, K, M, dtype) in [(9, 192, 3, "bf16"), (6, 320, 8, "fp16")]:
+    gc = gemv.make_gemv_case(N, K, dtype, M=M, seed=7)
+    g = gemv.make_gemv_buffers(gc)
+    launch(g)
+    print(gemv.check(g.result(), gc, name=f"fused {N}x{K} {dtype}, batch M={M} [{auto_design(N, M).name}]"))
+
+# %% [markdown]
+# On a GPU, `python tools/bench_gemv.py` also times M = 2, 4, 8 against bitsandbytes' `matmul_4bit`
+# (dequantize + matmul at M > 1) and `dequantize_4bit` + `torch.matmul`, and saves
+# `data/results/<gpu>/09_fused_gemv_batch.json`. The plot shows effective weight bandwidth per M.
+
+# %%
+run_b = bench.Run.load(gemv.NAME_BATCH)
+if run_b is None:
+    print("No batch results recorded yet (data/results/<gpu>/09_fused_gemv_batch.json does not exist): "
+          "nothing to plot. `python tools/bench_gemv.py` on a GPU records them.")
+else:
+    print(f"Batch results recorded in {run_b.path} ({results.label(run_b.meta)}):\n")
+    print(gemv.table(run_b))
+    gemv.plot_batch(run_b)
+
+# %% [markdown]
+# ## 7. Reading: what Marlin does beyond this
+#
+# For batch 1 the whole game is streaming the weights once at full bandwidth, which a kernel with
+# enough 128-bit loads in flight can do. With a batch of 16-64 tokens (speculative decoding, batched
 # serving) the same weight bytes feed M rows of activations, the arithmetic grows M-fold and
-# CUDA cores become the bottleneck. Marlin (Frantar, Castro et al., IST Austria, 2024, "MARLIN:
-# Mixed-Precision Auto-Regressive Parallel Inference on Large Language Models") keeps the kernel
-# memory-bound up to batch 16-32 with:
+# CUDA cores become the bottleneck, as section 6 showed already at M = 8. Marlin (Frantar, Castro et
+# al., IST Austria, 2024, "MARLIN: Mixed-Precision Auto-Regressive Parallel Inference on Large
+# Language Models") keeps the kernel memory-bound up to batch 16-32 with:
 #
 # - **Tensor cores**: `mma.sync m16n8k16` on fp16; the 4-bit weights are dequantized in registers
 #   straight into the fragment layout the MMA expects. The weights are **reshuffled offline** so
@@ -476,11 +667,12 @@ if run is not None:
 #   bit tricks (`lop3` plus a magic-number fp16 subtraction) instead of a table.
 # - **Asynchronous copies**: `cp.async` global-to-shared loads in a multi-stage pipeline (4 stages),
 #   with an evict-first cache hint on weights (read once) while activations stay in L2; the next
-#   tiles load while tensor cores work on the current one.
+#   tiles load while tensor cores work on the current one. Our kernel's two-item register pipeline
+#   is the same idea without shared memory.
 # - **Striped partitioning**: instead of one output tile per block, each SM takes a stripe of tiles
 #   across several output columns and the K dimension, so that all SMs are busy for any shape, and
 #   partial sums of tiles split along K are reduced in a global-memory buffer with a lock-step
-#   ("serial") reduction.
+#   ("serial") reduction. Our split-K teams do the same inside a block, through shared memory.
 # - **Layout of the scales** per group of 128, applied once per tile, and double buffering of
 #   shared memory to hide latency.
 #
@@ -488,12 +680,7 @@ if run is not None:
 # 128x256x768 problem: `thread_k`/`thread_n` tile choice (128x128 for m <= 16, else 64x256), the
 # 16x16 tiles of `m16n8k16`, and how the stripes are assigned to SMs.
 #
-# **Batch up to 8 (stretch): not done in this notebook.** The plan: template the kernel on M
-# (a compile-time constant <= 8), decode each weight once to `lut[q]` and apply it to M rows of x
-# held in M accumulators; x traffic grows M-fold (still from L1/L2) and past M of about 4 the
-# CUDA-core work per byte approaches the H100's limit, which is where tensor cores (Marlin) take over.
-#
-# ## 7. Exercise: the reduction is wrong
+# ## 8. Exercise: the reduction is wrong
 #
 # The kernel below is our GEMV with a different `warp_sum_ex`. Its outputs are far off. Fix the
 # reduction so that lane 0 ends up with the sum of all 32 lanes. The check runs it on a small case
@@ -518,7 +705,7 @@ def check_exercise():
     gc = gemv.make_gemv_case(16, 128, "bf16", seed=3)
     g = gemv.make_gemv_buffers(gc)
     try:
-        launch(g, kernels={"bf16": make_gemv(True, reduce=warp_sum_ex)})
+        launch(g, design=Design(), kern=make_gemv(True, Design(), reduce=warp_sum_ex))
         rep = gemv.compare(g.result(), gc, name="exercise: warp reduction")
     except Exception as exc:  # a broken kernel must not stop the notebook
         print(f"NOT PASSED: the kernel raised {type(exc).__name__}: {exc}")
