@@ -1,17 +1,24 @@
-"""Benchmark the fused NF4 GEMV of notebook 09 against bitsandbytes, on a GPU.
+"""Benchmark the fused NF4 GEMV of notebook 09 against bitsandbytes, on a GPU, in one call.
 
-Runs the kernel cells (tag "kernel") of notebooks/src/09_fused_gemv.py, then, in one run:
-bitsandbytes matmul_4bit with a one-row input (its fused 4-bit GEMV), dequantize_4bit + torch.matmul,
-and the fused kernel, at the LLM shapes, bf16 and fp16, with the copy ceiling. Checks every output
-against a float64 reference, prints a table, writes data/results/<gpu>/09_fused_gemv.json
-(and a copy under $OUT when that variable is set).
+Runs the kernel cell (tag "kernel") of notebooks/src/09_fused_gemv.py, then, in one run:
+bitsandbytes matmul_4bit (its fused 4-bit GEMV at M=1; dequantize + matmul for M>1),
+dequantize_4bit + torch.matmul, and our kernels, with the copy ceiling. Checks every output
+against a float64 reference, prints tables, and writes
 
-    python tools/bench_gemv.py                      # all four shapes, bf16 and fp16
-    python tools/bench_gemv.py --shapes 4096x14336 --dtypes bf16 --no-save
-    python tools/bench_gemv.py --policies balanced  # only the notebook's default grid
+- data/results/<gpu>/09_fused_gemv.json: batch 1, every variant of the notebook's VARIANTS (the first,
+  "auto", is the notebook's default), the default's other grid policies ("auto, resident grid", ...) and the
+  first version of the kernel ("v1", nf4lab.gemv_v1), at the LLM shapes;
+- data/results/<gpu>/09_fused_gemv_batch.json: batch M = 2, 4, 8 (default kernel only),
 
-By default every grid policy the notebook's launch offers (GRID_POLICIES) is timed in the same run:
-the first as the kernel, the others as variants "[policy]".
+and copies of both under $OUT when that variable is set. Kernel records are named
+"fused NF4 gemv (numba) [variant]".
+
+    python tools/bench_gemv.py                      # everything, within --budget-s (default 210 s)
+    python tools/bench_gemv.py --shapes 4096x14336 --dtypes bf16 --ms 1 --no-save
+    python tools/bench_gemv.py --variants auto v1   # only these variants
+
+Variants after the first are timed on --variant-dtypes only (default bf16), to keep the run short:
+each variant is a separate compile (a few seconds each; v1 about 25 s).
 """
 from __future__ import annotations
 
@@ -20,6 +27,7 @@ import json
 import os
 import shutil
 import sys
+import time
 import types
 from pathlib import Path
 
@@ -29,8 +37,12 @@ sys.path.insert(0, str(ROOT / "tools"))
 
 import nf4lab  # noqa: E402  (first: decides GPU or simulator)
 
+T0 = time.time()
+TARGET_SHAPES = ((4096, 14336), (8192, 28672))  # the issue's target shapes
+
 
 def load_kernel(src=ROOT / "notebooks" / "src" / "09_fused_gemv.py"):
+    """The notebook's imports and kernel cell(s), executed as a module."""
     try:
         import nbformat  # noqa: F401  (build_notebooks imports it; parse/variant do not need it)
     except ImportError:
@@ -40,52 +52,115 @@ def load_kernel(src=ROOT / "notebooks" / "src" / "09_fused_gemv.py"):
     mod = types.ModuleType("nf4lab_nb_09")
     mod.__file__ = str(src)
     code = [c for c in bn.parse(src.read_text()) if c["type"] == "code"]
-    for c in code[:1] + [c for c in code[1:] if "kernel" in c["tags"]]:  # the imports, then the kernel
-        exec(compile("\n".join(bn.variant(c["lines"], True)), str(src), "exec"), mod.__dict__)
+    # registered while the cells run (dataclasses look their module up), not after: nf4lab.compile_ptx
+    # pickles the kernels by value, which cloudpickle does only for modules it cannot import
+    sys.modules[mod.__name__] = mod
+    try:
+        for c in code[:1] + [c for c in code[1:] if "kernel" in c["tags"]]:  # the imports, then the kernel
+            exec(compile("\n".join(bn.variant(c["lines"], True)), str(src), "exec"), mod.__dict__)
+    finally:
+        del sys.modules[mod.__name__]
     return mod
 
 
-def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--shapes", nargs="*", help="NxK (W shape), default: the four LLM shapes")
-    ap.add_argument("--dtypes", nargs="*", default=["bf16", "fp16"])
-    ap.add_argument("--no-save", action="store_true")
-    ap.add_argument("--policies", nargs="*", help="grid policies of the notebook's launch to time (default: all)")
-    args = ap.parse_args(argv)
-    from nf4lab import gemv, results
+def variant_launches(mod, names=None, policies=None) -> dict:
+    """{variant name: launch(g)}: the notebook's VARIANTS (the first is its default), its other grid
+    policies for the default ("auto, resident grid"), and the first version ("v1")."""
+    from nf4lab import gemv_v1
 
-    if not nf4lab.ON_GPU:
-        print("no CUDA GPU: nothing to measure (the simulator's timings mean nothing)")
-        return 2
-    print(nf4lab.describe())
-    mod = load_kernel()
-    shapes = [tuple(int(v) for v in s.split("x")) for s in args.shapes] if args.shapes else gemv.LLM_SHAPES
-    policies = args.policies if args.policies is not None else list(getattr(mod, "GRID_POLICIES", ()))
-    if policies:
-        launches = {p: (lambda g, p=p: mod.launch(g, policy=p)) for p in policies}
-        print("grid policies:", ", ".join(policies), f"(the first is recorded as {gemv.FUSED!r})")
-    else:
-        launches = mod.launch
-    run = gemv.benchmark(launches, shapes, tuple(args.dtypes))
-    run.meta["grid_policies"] = policies
-    print(gemv.table(run))
-    bad = [c for c in run.meta["checks"] if c["name"].startswith(gemv.FUSED) and not c["ok"]]
-    for c in run.meta["checks"]:
-        print(f"  {c['name']:<40} {'x'.join(map(str, c['shape'])):>11} {c['dtype']}: within tolerance {c['ok']} "
-              f"(worst error/tolerance {c['worst_ratio']:.2g}), max |ours - bnb| {c['max_abs_diff_vs_bnb']:.3g}")
-    print("measured on", results.label(run.meta))
-    if not args.no_save:
-        path = run.save(gemv.NAME)
+    out = {}
+    variants = getattr(mod, "VARIANTS", {"auto": None})
+    first = next(iter(variants))
+    for key, design in variants.items():
+        out[key] = (lambda g, d=design: mod.launch(g, design=d))
+    pols = list(getattr(mod, "GRID_POLICIES", ())) if policies is None else list(policies)
+    for p in pols[1:]:
+        out[f"{first}, {p} grid"] = (lambda g, p=p: mod.launch(g, design=variants[first], policy=p))
+    out["v1"] = gemv_v1.launch
+    if names:
+        missing = [n for n in names if n not in out]
+        if missing:
+            raise SystemExit(f"unknown variants {missing}; known: {list(out)}")
+        out = {n: out[n] for n in names}
+    return out
+
+
+def _save(run, name, save):
+    from nf4lab import results
+
+    out = os.environ.get("OUT")
+    if not any(r["kind"] == "kernel" for r in run.records):
+        print(f"{name}: nothing was measured (out of time?): not saved")
+        return
+    if save:
+        path = run.save(name)
         print("saved", path.relative_to(ROOT))
-        out = os.environ.get("OUT")
         if out:
             dst = Path(out) / path.parent.name / path.name  # the device tool returns files <= 2 folders down
             dst.parent.mkdir(parents=True, exist_ok=True)
             shutil.copy(path, dst)
             print("copied to", dst)
-    elif os.environ.get("OUT"):
-        (Path(os.environ["OUT"]) / "09_fused_gemv.json").write_text(
-            json.dumps({"meta": run.meta, "records": run.records}, indent=1, default=str))
+    elif out:
+        run.finalize()
+        (Path(out) / f"{name}.json").write_text(json.dumps({"meta": run.meta, "records": run.records},
+                                                           indent=1, default=str))
+    print("measured on", results.label(run.meta))
+
+
+def _report(run, gemv):
+    print(gemv.table(run))
+    for c in run.meta["checks"]:
+        print(f"  {c['name']:<58} {'x'.join(map(str, c['shape'])):>11} {c['dtype']} M={c.get('M', 1)}: within "
+              f"tolerance {c['ok']} (worst error/tolerance {c['worst_ratio']:.2g}), max |ours - bnb| "
+              f"{c['max_abs_diff_vs_bnb']:.3g}")
+    return [c for c in run.meta["checks"] if c["name"].startswith(gemv.FUSED) and not c["ok"]]
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--shapes", nargs="*", help="NxK (W shape) for batch 1, default: the four LLM shapes")
+    ap.add_argument("--dtypes", nargs="*", default=["bf16", "fp16"])
+    ap.add_argument("--variants", nargs="*", help="variants to time (default: all); the first is the default")
+    ap.add_argument("--variant-dtypes", nargs="*", default=["bf16"],
+                    help="dtypes on which the variants after the first are timed (default: bf16)")
+    ap.add_argument("--policies", nargs="*", help="grid policies of the default variant (default: all)")
+    ap.add_argument("--ms", nargs="*", type=int, default=[1, 2, 4, 8], help="batch sizes (default 1 2 4 8)")
+    ap.add_argument("--batch-shapes", nargs="*", help="NxK for M > 1 (default: 4096x14336 8192x28672)")
+    ap.add_argument("--batch-dtypes", nargs="*", default=["bf16"])
+    ap.add_argument("--budget-s", type=float, default=210.0,
+                    help="no new measurement starts after this many seconds since start (default 210)")
+    ap.add_argument("--no-save", action="store_true")
+    args = ap.parse_args(argv)
+    from nf4lab import gemv
+
+    if not nf4lab.ON_GPU:
+        print("no CUDA GPU: nothing to measure (the simulator's timings mean nothing)")
+        return 2
+    print(nf4lab.describe())
+    deadline = T0 + args.budget_s
+    mod = load_kernel()
+    parse = (lambda ss: [tuple(int(v) for v in s.split("x")) for s in ss])  # noqa: E731
+    shapes = parse(args.shapes) if args.shapes else gemv.LLM_SHAPES
+    launches = variant_launches(mod, args.variants, args.policies)
+    first = next(iter(launches))
+    print(f"variants: {', '.join(launches)} (default: {first!r}; the others on {args.variant_dtypes} only)")
+    bad = []
+    if 1 in args.ms:
+        run = gemv.benchmark(launches, shapes, tuple(args.dtypes), ms=(1,), variant_dtypes=args.variant_dtypes,
+                             deadline=deadline, progress=lambda s: print(f"[{time.time() - T0:5.0f} s] {s}", flush=True))
+        run.meta["grid_policies"] = list(getattr(mod, "GRID_POLICIES", ()))
+        run.meta["designs"] = {k: (v.name if v is not None else "auto_design(N, M)")
+                               for k, v in getattr(mod, "VARIANTS", {}).items()}
+        bad += _report(run, gemv)
+        _save(run, gemv.NAME, not args.no_save)
+    ms = tuple(m for m in args.ms if m > 1)
+    if ms:
+        bshapes = parse(args.batch_shapes) if args.batch_shapes else TARGET_SHAPES
+        run = gemv.benchmark({first: launches[first]}, bshapes, tuple(args.batch_dtypes), ms=ms, deadline=deadline,
+                             progress=lambda s: print(f"[{time.time() - T0:5.0f} s] {s}", flush=True))
+        bad += _report(run, gemv)
+        _save(run, gemv.NAME_BATCH, not args.no_save)
+    print(f"total {time.time() - T0:.0f} s")
     return 1 if bad else 0
 
 

@@ -1,18 +1,24 @@
-"""SASS of the notebook 09 GEMV kernel without a GPU: registers and instructions per weight.
+"""SASS of the notebook 09 GEMV kernels without a GPU: registers and instructions per weight.
 
-Compiles the kernel cells of notebooks/src/09_fused_gemv.py to PTX (NVVM, works in the simulator),
+Compiles the kernel cell of notebooks/src/09_fused_gemv.py to PTX (NVVM, works in the simulator),
 assembles it for sm_90 with ptxas (the PTX ``.version`` line is lowered to what the installed ptxas
-accepts), disassembles with cuobjdump and counts the instructions of the kernel's hottest loop (the
-largest backward branch), per weight: loop instructions / weights one lane handles per trip.
+accepts; the launch bounds the kernel was jitted with stay in the PTX), disassembles with cuobjdump
+and counts the instructions of the kernel's hottest loop (the innermost loop with the most
+instructions: one item of the streaming kernel), per weight: loop instructions / weights one lane
+handles per trip (rows x columns per lane; for a batch of M, each weight counts once, not M times).
 
-    python tools/sass_gemv.py                 # bf16 and fp16
-    python tools/sass_gemv.py --dtypes bf16 --keep /tmp/sass   # also keep .ptx/.cubin/.sass
+    python tools/sass_gemv.py                       # the default design, bf16 and fp16
+    python tools/sass_gemv.py --all --v1            # every variant of VARIANTS, and the first version
+    python tools/sass_gemv.py --variants "R2 S1 C32 W8 B4" --m 1 2 4 8 --dtypes bf16
+    python tools/sass_gemv.py --keep /tmp/sass      # also keep .ptx/.cubin/.sass
+    python tools/sass_gemv.py --all --v1 --batch --save   # record data/sass/09_fused_gemv.json (notebook 09 prints it)
 
 Needs ptxas (CUDA toolkit) and cuobjdump (the toolkit's, or ``pip install nvidia-cuda-cuobjdump``).
 """
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 from pathlib import Path
 
@@ -22,23 +28,98 @@ sys.path.insert(0, str(ROOT / "tools"))
 
 import nf4lab  # noqa: E402  (first: decides GPU or simulator)
 
+
+def _line(label, r, wpt):
+    warps = r.get("warps_per_sm")
+    return (f"{label}: {r['registers']} registers, {r['spill_bytes']} B spilled, {r['smem_bytes']} B static smem"
+            + (f", {warps} warps/SM by registers" if warps else "")
+            + f"; hottest loop {r['loop_instructions']} SASS instructions for {wpt} weights per lane = "
+            f"{r['per_weight']:.2f} per weight\n    " + " ".join(f"{k}:{v}" for k, v in r["opcodes"].items()))
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--dtypes", nargs="*", default=["bf16", "fp16"])
+    ap.add_argument("--variants", nargs="*", help="names from the notebook's VARIANTS (default: the default design)")
+    ap.add_argument("--all", action="store_true", help="every variant of VARIANTS")
+    ap.add_argument("--m", nargs="*", type=int, default=[1], help="batch sizes (default 1)")
+    ap.add_argument("--v1", action="store_true", help="also the first version (nf4lab.gemv_v1)")
+    ap.add_argument("--batch", action="store_true", help="also auto_design for M = 2, 4, 8 (short and long W)")
     ap.add_argument("--keep", help="folder to keep the .ptx/.cubin/.sass files in")
+    ap.add_argument("--save", action="store_true", help=f"write the report to data/sass/09_fused_gemv.json")
     ap.add_argument("--src", default=str(ROOT / "notebooks" / "src" / "09_fused_gemv.py"))
     args = ap.parse_args(argv)
     import bench_gemv
     from nf4lab import gemv
 
     mod = bench_gemv.load_kernel(Path(args.src))
-    wpt = getattr(mod, "ROWS", 1) * getattr(mod, "LANE_COLS", 32)
-    for dtype in args.dtypes:
-        r = gemv.sass_report(mod.GEMV[dtype], mod.SIG, wpt, f"gemv_{dtype}", args.keep)
-        print(f"{dtype}: {r['registers']} registers, {r['spill_bytes']} B spilled, {r['smem_bytes']} B static smem; "
-              f"hottest loop {r['loop_instructions']} SASS instructions for {wpt} weights per lane = "
-              f"{r['per_weight']:.2f} per weight")
-        print("   ", " ".join(f"{k}:{v}" for k, v in r["opcodes"].items()))
+    rows = []
+    names = list(mod.VARIANTS) if args.all else (args.variants or [])
+    designs = {}
+    for n in names:
+        d = mod.VARIANTS[n]
+        designs[d.name if d is not None else n] = d
+    if not designs:
+        designs[mod.Design().name] = mod.Design()
+    for label, d in list(designs.items()):
+        if d is None:  # "auto": the designs auto_design picks for short and long W
+            for N in (4096, 8192):
+                dd = mod.auto_design(N)
+                designs.setdefault(dd.name, dd)
+    for label, d in designs.items():
+        if d is None:
+            continue
+        for m in args.m:
+            dm = d if m == d.m else dataclasses.replace(
+                d, m=m, min_blocks=d.min_blocks if m == 1 else mod.auto_design(8192, m).min_blocks)
+            wpt = dm.rows * dm.cols
+            for dtype in args.dtypes:
+                k = mod.kernel(dm, dtype)
+                r = gemv.sass_report(k, mod.SIG, wpt, f"gemv_{dm.name.replace(' ', '_')}_{dtype}", args.keep)
+                if r["registers"]:
+                    r["warps_per_sm"] = min(64, 65536 // (-(-r["registers"] // 8) * 8 * 32 * dm.warps) * dm.warps)
+                print(_line(f"{dm.name} {dtype}", r, wpt))
+                rows.append(dict(r, variant=dm.name, dtype=dtype, m=m))
+    if args.batch:
+        seen = set()
+        for m in (2, 4, 8):
+            for N in (4096, 8192):
+                dm = mod.auto_design(N, m)
+                if dm in seen:
+                    continue
+                seen.add(dm)
+                for dtype in args.dtypes:
+                    r = gemv.sass_report(mod.kernel(dm, dtype), mod.SIG, dm.rows * dm.cols,
+                                         f"gemv_{dm.name.replace(' ', '_')}_{dtype}", args.keep)
+                    if r["registers"]:
+                        r["warps_per_sm"] = min(64, 65536 // (-(-r["registers"] // 8) * 8 * 32 * dm.warps) * dm.warps)
+                    print(_line(f"{dm.name} {dtype}", r, dm.rows * dm.cols))
+                    rows.append(dict(r, variant=dm.name, dtype=dtype, m=m))
+    if args.v1:
+        from nf4lab import gemv_v1
+
+        wpt = gemv_v1.ROWS * gemv_v1.LANE_COLS
+        for dtype in args.dtypes:
+            r = gemv.sass_report(gemv_v1.GEMV[dtype], gemv_v1.SIG, wpt, f"gemv_v1_{dtype}", args.keep)
+            if r["registers"]:
+                r["warps_per_sm"] = min(64, 65536 // (-(-r["registers"] // 8) * 8 * 32 * gemv_v1.WARPS) * gemv_v1.WARPS)
+            print(_line(f"v1 {dtype}", r, wpt))
+            rows.append(dict(r, variant="v1 (nf4lab.gemv_v1)", dtype=dtype, m=1))
+    if args.save:
+        import datetime
+        import json
+
+        from nf4lab import runtime
+
+        meta = dict(date=datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"), arch="sm_90",
+                    ptxas=gemv.ptxas_version(), numba=runtime.versions()["numba"],
+                    numba_cuda=runtime.versions()["numba_cuda"], command="python tools/sass_gemv.py " + " ".join(
+                        argv if argv is not None else sys.argv[1:]),
+                    note="offline: ptxas -arch=sm_90 -v and cuobjdump -sass of the PTX numba compiles; no GPU")
+        path = ROOT / gemv.SASS_REPORT
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps({"meta": meta, "rows": rows}, indent=1) + "\n")
+        print("saved", path.relative_to(ROOT))
     return 0
 
 
