@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import time
+import types
 from pathlib import Path
 
 import numpy as np
@@ -101,6 +102,8 @@ def test_simulator_shuffle_twin():
 
 
 def test_layout_is_checked():
+    with pytest.raises(ValueError, match="N\\*K"):
+        gemv.validate(types.SimpleNamespace(dtype="bf16", N=1 << 20, K=1 << 15, M=1, bs_shift=6, offset=np.float32(0)))
     with pytest.raises(ValueError, match="multiple of 64"):
         gemv._check_layout(4, 96, 64)
     with pytest.raises(ValueError, match="blocksize 32"):
@@ -144,15 +147,47 @@ def nb09():
     return _load_kernel()
 
 
-@pytest.mark.parametrize("N,K,dtype,grid", [(9, 128, "bf16", 1),       # one block loops over 3 groups (grid stride)
-                                             (6, 2112, "fp16", None),  # K = 2048 + 64: a step with one lane
-                                             (5, 64, "bf16", None)])   # rows past N, a single block column
-def test_kernel_within_tolerance(nb09, N, K, dtype, grid):
-    gc = gemv.make_gemv_case(N, K, dtype, seed=5)
-    g = gemv.make_gemv_buffers(gc)
+def _case_buffers(N, K, dtype, M=1, seed=5, **kw):
+    gc = gemv.make_gemv_case(N, K, dtype, M=M, seed=seed, **kw)
+    return gc, gemv.make_gemv_buffers(gc)
+
+
+# Small adversarial shapes for the streaming kernel (K a multiple of 64, as _check_layout requires), each
+# a few seconds in the simulator: (N, K, dtype, M, Design fields, grid, case options)
+STREAM_CASES = [
+    (40, 128, "bf16", 1, {}, 1, {}),                    # one block: 20 row groups over 8 warps (grid stride)
+    (20, 128, "fp16", 1, {"split": 2}, 1, {}),          # split-K teams, 3 rounds: the double-buffered sums flip
+    (6, 2112, "bf16", 1, {}, None, {}),                 # K = 2048 + 64: 2 lanes of 32 work in a row's last item
+    (5, 64, "bf16", 1, {"rows": 4, "split": 4, "cols": 64, "min_blocks": 3}, None, {}),  # rows past N, one block
+    (7, 192, "fp16", 3, {"min_blocks": 3}, None, {}),   # batch of 3
+    (4, 320, "bf16", 8, {"rows": 1, "min_blocks": 2}, None, {"dist": "heavy", "x_dist": "heavy"}),  # batch of 8
+    (11, 256, "bf16", 1, None, None, {"dist": "heavy", "x_dist": "heavy"}),  # auto_design, heavy tails
+    (6, 256, "fp16", 1, {"cols": 64, "stream": False}, None, {"blocksize": 128}),  # blocksize 128, cached loads
+    (3, 1088, "bf16", 2, {"rows": 1, "split": 2}, 2, {}),  # batch 2, split, grid of 2 with an idle team
+]
+
+
+@pytest.mark.parametrize("N,K,dtype,M,design,grid,opts", STREAM_CASES,
+                         ids=[f"{c[0]}x{c[1]}-{c[2]}-M{c[3]}-{i}" for i, c in enumerate(STREAM_CASES)])
+def test_stream_kernel_within_tolerance(nb09, N, K, dtype, M, design, grid, opts):
+    gc, g = _case_buffers(N, K, dtype, M=M, **opts)
     g.grid = grid
-    nb09.launch(g)
-    assert gemv.check(g.result(), gc, name=f"{N}x{K} {dtype} grid {grid}").ok
+    d = nb09.Design(m=M, **design) if design is not None else None
+    nb09.launch(g, design=d)
+    name = f"{N}x{K} {dtype} M={M} {(d or nb09.auto_design(N, M)).name} grid {grid} {opts}"
+    assert gemv.check(g.result(), gc, name=name).ok
+
+
+def test_first_version_still_runs():
+    from nf4lab import gemv_v1
+
+    gc, g = _case_buffers(9, 128, "bf16")
+    g.grid = 1
+    gemv_v1.launch(g)
+    assert gemv.check(g.result(), gc, name="v1").ok
+    gc, g = _case_buffers(4, 128, "bf16", M=2)
+    with pytest.raises(ValueError, match="M=2"):
+        gemv_v1.launch(g)
 
 
 def test_lds_pair_twin_reads_the_pair_table():
@@ -166,27 +201,106 @@ def test_lds_pair_twin_reads_the_pair_table():
         assert lo == lut[byte >> 4] and hi == lut[byte & 15]
 
 
-def test_ptx_byte_pair_reads(nb09):
-    ptx = nf4lab.compile_ptx(nb09.GEMV["fp16"], nb09.SIG)
-    assert nf4lab.ptx.count(ptx, r"^ld\.shared\.v2\.f32") == nb09.ROWS * 32
-    nf4lab.ptx.check(ptx, absent=[r"^ld\.local", r"\.f64"])
+def _ptx(nb09, design, dtype="bf16"):
+    return gemv.kernel_ptx(nb09.kernel(design, dtype), nb09.SIG)
 
 
-def test_grid_size_policies(nb09, monkeypatch):
-    class K:  # a compiled kernel as numba reports it: 168 registers, 33 KB shared memory
+def test_ptx_default_design(nb09):
+    d = nb09.Design()
+    ptx = _ptx(nb09, d, "fp16")
+    nf4lab.ptx.check(ptx, present=[r"^ld\.global\.nc\.L1::no_allocate\.v4\.u32", r"^ld\.global\.v4\.u32",
+                                   r"^shfl\.sync\.down", r"^ld\.shared\.v2\.f32", r"^cvt\.f32\.f16"],
+                     absent=[r"^ld\.local", r"^st\.local", r"\.f64", r"^(div|rem)\.(s|u)64", r"^bar\.sync 1"])
+    assert nf4lab.ptx.count(ptx, r"^ld\.global\.nc\.L1::no_allocate\.v4") == 2 * d.rows
+    assert nf4lab.ptx.count(ptx, r"^ld\.shared\.v2\.f32") == d.rows * 16
+    assert nf4lab.ptx.count(ptx, r"^shfl\.sync\.down") == 5 * d.rows
+    assert ".maxntid 256, 1, 1" in ptx and ".minnctapersm 4" in ptx
+
+
+def test_ptx_split_and_batch(nb09):
+    d = nb09.Design(rows=2, split=2, m=8, min_blocks=2)
+    ptx = _ptx(nb09, d)
+    nf4lab.ptx.check(ptx, present=[r"^bar\.sync", r"^ld\.global\.nc\.L1::no_allocate\.v4\.u32"],
+                     absent=[r"^ld\.local", r"^st\.local", r"\.f64", r"^(div|rem)\.(s|u)64"])
+    assert nf4lab.ptx.count(ptx, r"^bar\.sync\s+%r") == 1    # the team's named barrier (id and count in registers)
+    assert nf4lab.ptx.count(ptx, r"^shfl\.sync\.down") == 5 * d.rows * d.m   # one reduction per row and batch row
+    assert nf4lab.ptx.count(ptx, r"^ld\.global\.v4\.u32") == 4 * d.m         # x: 4 loads per batch row per item
+    assert nf4lab.ptx.count(ptx, r"^ld\.shared\.v2\.f32") == d.rows * 16      # the table read once for all M
+
+
+# ---------------------------------------------------------------- bad input: refused before any launch
+@pytest.fixture
+def no_launch(nb09, monkeypatch):
+    def refuse(*a, **k):
+        raise AssertionError("a kernel was fetched for launching despite bad input")
+
+    monkeypatch.setattr(nb09, "kernel", refuse)
+    return nb09
+
+
+def _misaligned(arr):
+    """The same data at an address that is 4 bytes off a 16-byte boundary."""
+    host = arr.copy_to_host()
+    big = cuda.to_device(np.zeros(host.size + 4, host.dtype))
+    base = gemv._address(big)
+    off = next(o for o in range(1, 4) if (base + 4 * o) % 16)
+    view = big[off:off + host.size]
+    view.copy_to_device(host)
+    return view
+
+
+@pytest.mark.parametrize("field,make,exc,match", [
+    ("M", lambda g: 9, ValueError, "M=9"),
+    ("M", lambda g: 0, ValueError, "M=0"),
+    ("dtype", lambda g: "fp32", ValueError, "dtype"),
+    ("x_u32", lambda g: _misaligned(g.x_u32), ValueError, "x_u32 is not 16-byte aligned"),
+    ("packed_u32", lambda g: _misaligned(g.packed_u32), ValueError, "packed_u32 is not 16-byte aligned"),
+    ("y", lambda g: cuda.to_device(np.zeros(g.M * g.N, np.float32)), TypeError, "y must have dtype uint16"),
+    ("packed_u32", lambda g: cuda.to_device(np.zeros(g.N * g.K // 2, np.uint8)), TypeError, "packed_u32"),
+    ("absmax_q", lambda g: cuda.to_device(np.zeros(1, np.uint8)), ValueError, "absmax_q has 1 elements"),
+    ("K", lambda g: 100, ValueError, "multiple of 64"),
+    ("N", lambda g: 2.0, TypeError, "N must be an int"),
+])
+def test_bad_input_is_refused_before_launch(no_launch, field, make, exc, match):
+    gc, g = _case_buffers(4, 128, "bf16", M=2)
+    setattr(g, field, make(g))
+    with pytest.raises(exc, match=match):
+        no_launch.launch(g)
+    assert (g.y.copy_to_host() == 0x7FBF).all() if field not in ("y", "M") else True  # untouched poison
+
+
+def test_validate_accepts_good_buffers():
+    gc, g = _case_buffers(4, 128, "fp16", M=3)
+    gemv.validate(g)
+    with pytest.raises(ValueError, match="1 to 1 rows"):
+        gemv.validate(g, max_m=1)
+
+
+def test_heavy_x_fits_fp16():
+    bits, x = gemv.make_x(2, 4096, "fp16", dist="heavy")
+    assert np.isfinite(x).all() and np.abs(x).max() > 100
+
+
+def test_auto_design_and_grid(nb09, monkeypatch):
+    monkeypatch.setattr(nf4lab, "device_info", lambda: {"sms": 132, "smem_per_sm": 233472, "max_threads_per_sm": 2048})
+    assert nb09.auto_design(4096).split == 2 and nb09.auto_design(8192).split == 1
+    assert nb09.auto_design(8192, 8).m == 8 and nb09.auto_design(8192, 8).min_blocks == 2
+
+    class K:  # a compiled kernel as numba reports it
         overloads = {"sig": None}
 
         def get_regs_per_thread(self):
-            return 168
+            return 64
 
         def get_shared_mem_per_block(self):
-            return 33856
+            return 34000
 
-    monkeypatch.setattr(nf4lab, "device_info", lambda: {"sms": 132, "smem_per_sm": 233472, "max_threads_per_sm": 2048})
-    k = K()
-    assert nb09.resident_blocks(k) == 3  # 65536 // (168 * 32 * 4)
-    groups = 8192 // nb09.ROWS
-    assert nb09.grid_size(k, 8192, "full") == groups // nb09.WARPS
-    assert nb09.grid_size(k, 8192, "resident") == 3 * 132
-    bal = nb09.grid_size(k, 8192, "balanced")  # 2 rounds: every warp does 2 groups
-    assert bal * nb09.WARPS * 2 >= groups and (bal - 1) * nb09.WARPS * 2 < groups
+    d = nb09.Design()
+    assert nb09.resident_blocks(K(), d) == 4             # 65536 // (64 * 256)
+    assert nb09.grid_size(K(), d, 8192, "full") == 8192 // 2 // 8
+    assert nb09.grid_size(K(), d, 8192, "resident") == 512   # all 512 blocks fit at once (528 would)
+    assert nb09.grid_size(K(), d, 14336, "resident") == 4 * 132
+    bal = nb09.grid_size(K(), d, 14336, "balanced")      # 7168 groups, 4224 resident warps: 2 rounds
+    assert bal * 8 * 2 >= 7168 and (bal - 1) * 8 * 2 < 7168
+    ds = nb09.Design(split=2)
+    assert nb09.grid_size(K(), ds, 4096, "full") == 2048 // 4  # 4 teams of 2 warps per block
