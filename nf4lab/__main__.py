@@ -9,6 +9,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 from pathlib import Path
@@ -112,17 +113,34 @@ def notebook_paths(solutions: bool = True) -> list[Path]:
     return nbs
 
 
-def execute_notebook(path: Path, out: Path, timeout: int = 1800) -> float:
+def notebook_client(nb, cwd: Path, timeout: int = 1800):
+    """An nbclient for ``nb`` whose kernel talks over Unix sockets in a folder of its own: kernels
+    started side by side (pytest -n 2) over TCP sometimes grab the same port and die at start."""
+    import tempfile
+
     import nbclient
+    from jupyter_client.manager import KernelManager
+
+    sockets = tempfile.mkdtemp(prefix="nf4lab_kernel_")
+    km = KernelManager(kernel_name="python3", transport="ipc", ip=os.path.join(sockets, "k"))
+    client = nbclient.NotebookClient(nb, km=km, timeout=timeout, kernel_name="python3",
+                                     resources={"metadata": {"path": str(cwd)}})
+    client.sockets = sockets  # for the caller to remove once the kernel is gone
+    return client
+
+
+def execute_notebook(path: Path, out: Path, timeout: int = 1800) -> float:
     import nbformat
 
     nb = nbformat.read(path, as_version=4)
     t0 = time.perf_counter()
-    client = nbclient.NotebookClient(nb, timeout=timeout, kernel_name="python3",
-                                     resources={"metadata": {"path": str(path.parent)}})
+    client = notebook_client(nb, path.parent, timeout)
     try:
         client.execute()
     finally:
+        import shutil
+
+        shutil.rmtree(client.sockets, ignore_errors=True)
         out.parent.mkdir(parents=True, exist_ok=True)
         nbformat.write(nb, out)
     return time.perf_counter() - t0

@@ -182,10 +182,11 @@ def test_real_source_page_maps_stalls_to_python_lines():
 @pytest.mark.slow
 def test_notebook_08_runs_and_never_presents_the_fixture_as_a_measurement(tmp_path):
     nbformat = pytest.importorskip("nbformat")
-    nbclient = pytest.importorskip("nbclient")
+    pytest.importorskip("nbclient")
+    from nf4lab.__main__ import notebook_client
+
     nb = nbformat.read(P.ROOT / "notebooks" / "08_profiling.ipynb", as_version=4)
-    nbclient.NotebookClient(nb, timeout=120, kernel_name="python3",
-                            resources={"metadata": {"path": str(P.ROOT / "notebooks")}}).execute()
+    notebook_client(nb, P.ROOT / "notebooks", timeout=120).execute()
     text = "\n".join(o.get("text", "") for c in nb.cells if c.cell_type == "code" for o in c.outputs)
     if P.load_recorded() is None:
         assert "No profile recorded yet" in text and "NOT A MEASUREMENT" in text

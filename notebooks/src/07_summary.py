@@ -197,7 +197,8 @@ rec = profiling.load_recorded()
 if rec is None:
     print("no Nsight Compute profiles recorded")
 else:
-    print(f"Nsight Compute, {rec['meta']['gpu']}, {rec['meta']['date']}, {rec['meta']['ncu']}, "
+    dates = sorted({v.get("date") or rec["meta"]["date"] for v in rec["versions"].values()})
+    print(f"Nsight Compute, {rec['meta']['gpu']}, profiled {' and '.join(dates)}, {rec['meta']['ncu']}, "
           f"{'x'.join(map(str, rec['meta']['shape']))} {rec['meta']['dtype']}")
     summaries = {name: v["summary"] for name, v in rec["versions"].items()}
     print(profiling.table(summaries))

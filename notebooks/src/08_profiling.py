@@ -95,8 +95,12 @@ else:
 rec = profiling.load_recorded()
 if rec is not None and rec["versions"]:
     m = rec["meta"]
-    print(f"recorded profiles: {rec['dir']} -- {m.get('gpu')}, {m.get('date')}, ncu {m.get('ncu')}, "
+    dates = sorted({v.get("date") or m.get("date") for v in rec["versions"].values()})
+    print(f"recorded profiles: {rec['dir']} -- {m.get('gpu')}, profiled {' and '.join(dates)}, ncu {m.get('ncu')}, "
           f"numba-cuda {m.get('numba_cuda')}, case {m.get('shape')} {m.get('dtype')}")
+    for name, v in rec["versions"].items():
+        if v.get("lineinfo") is False:
+            print(f"  {name}: profiled without line info (numba-cuda could not compile it with lineinfo=True)")
     MEASURED = True
 else:
     print("No profile recorded yet (data/ncu/ is empty): the tables below show the hand-made example in "
