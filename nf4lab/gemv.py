@@ -871,7 +871,8 @@ def _bench_one(run, launches, keys, names, N, K, dtype, M, l2, ceil, bnb, F, tor
                  f"bnb: {chk_b['ok']} (worst {chk_b['worst_ratio']:.2g}), "
                  f"max |ours - bnb| = {chk['max_abs_diff_vs_bnb']:.3g}; "
                  + ", ".join(f"{k} {'ok' if checks[k]['ok'] else 'OUTSIDE TOLERANCE'}" for k in keys[1:]))
-    del data, bufs
+    data.clear()  # the closures above keep the lists, not the tensors
+    bufs.clear()
     torch.cuda.empty_cache()
 
 

@@ -26,7 +26,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tools"))
 
-import nf4lab  # noqa: E402  (first: decides GPU or simulator)
+import nf4lab  # noqa: E402,F401  (first: decides GPU or simulator)
 
 
 def _line(label, r, wpt):
@@ -46,7 +46,7 @@ def main(argv=None) -> int:
     ap.add_argument("--v1", action="store_true", help="also the first version (nf4lab.gemv_v1)")
     ap.add_argument("--batch", action="store_true", help="also auto_design for M = 2, 4, 8 (short and long W)")
     ap.add_argument("--keep", help="folder to keep the .ptx/.cubin/.sass files in")
-    ap.add_argument("--save", action="store_true", help=f"write the report to data/sass/09_fused_gemv.json")
+    ap.add_argument("--save", action="store_true", help="write the report to data/sass/09_fused_gemv.json")
     ap.add_argument("--src", default=str(ROOT / "notebooks" / "src" / "09_fused_gemv.py"))
     args = ap.parse_args(argv)
     import bench_gemv
