@@ -624,10 +624,11 @@ if run is not None:
 # byte pair up once, and does M FMAs with it, one per row of x, into R x M partial sums; the scale
 # still multiplies once per 32 columns. The weights are read once whatever M is, so the bytes stay
 # those of section 1, but the work per byte grows M-fold: converting M activations and M FMAs per
-# weight. Past M of about 2 the kernel is bound by instructions, not bytes (the SASS per weight
-# grows with M), which is where tensor cores take over (section 7). bitsandbytes' `matmul_4bit`
-# does not use its GEMV kernel for M > 1: it dequantizes the whole weight to bf16/fp16 and calls a
-# matmul, so it moves about 9x our bytes.
+# weight. The recorded SASS report (section 3's `data/sass/09_fused_gemv.json`, rows with m > 1) shows
+# the instructions per weight growing with M, so we expect the kernel to become bound by instructions
+# rather than bytes from M of about 2 on, which is where tensor cores take over (section 7).
+# bitsandbytes' `matmul_4bit` does not use its GEMV kernel for M > 1: it dequantizes the whole weight
+# to bf16/fp16 and calls a matmul, so by section 1's byte model it moves about 9x our bytes.
 
 # %%
 for (N, K, M, dtype) in [(9, 192, 3, "bf16"), (6, 320, 8, "fp16")]:
