@@ -8,6 +8,12 @@ from .runtime import MODE, ON_GPU, SIMULATOR, default_shape, describe, device_in
 
 __version__ = "0.1.0"
 
+import warnings as _warnings
+
+# Without ipywidgets, tqdm.auto falls back to text bars (fine in notebooks and on GitHub) but
+# warns once per kernel; the warning says nothing a student needs.
+_warnings.filterwarnings("ignore", message="IProgress not found")
+
 # Everything else loads on first use, so that `import nf4lab` stays light and a
 # helper module may import torch or bitsandbytes only when it is needed.
 _LAZY = {

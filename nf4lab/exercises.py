@@ -217,12 +217,12 @@ def _run_one(launch, case, label):
     """Launch on fresh poisoned buffers. Returns (report, error_lines, sticky)."""
     from numba import cuda
 
-    from .buffers import make_buffers
+    from .buffers import make_buffers, quiet_small_grids
     from .verification import verify
 
     b = make_buffers(case)
     b.reset_output()
-    with _ThreadErrors() as te:
+    with _ThreadErrors() as te, quiet_small_grids():
         try:
             launch(b)
             cuda.synchronize()

@@ -107,3 +107,19 @@ def test_verify_versions_stops_on_the_shape_that_breaks(case):
 def test_verify_versions_refuses_what_is_not_a_launch(case):
     with pytest.raises(TypeError, match="versions"):
         nf4lab.verify_versions({}, case)
+
+
+def test_small_grid_warnings_are_silenced_while_verifying():
+    import warnings
+
+    from numba.core.errors import NumbaPerformanceWarning
+
+    from nf4lab.buffers import quiet_small_grids
+
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        with quiet_small_grids():
+            warnings.warn("Grid size 1 will likely result in GPU under-utilization due to low occupancy.",
+                          NumbaPerformanceWarning)
+        warnings.warn("something else", NumbaPerformanceWarning)   # other warnings still show
+    assert [str(w.message) for w in seen] == ["something else"]
