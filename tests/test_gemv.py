@@ -164,6 +164,9 @@ STREAM_CASES = [
     (11, 256, "bf16", 1, None, None, {"dist": "heavy", "x_dist": "heavy"}),  # auto_design, heavy tails
     (6, 256, "fp16", 1, {"cols": 64, "stream": False}, None, {"blocksize": 128}),  # blocksize 128, cached loads
     (3, 1088, "bf16", 2, {"rows": 1, "split": 2}, 2, {}),  # batch 2, split, grid of 2 with an idle team
+    (13, 128, "fp16", 1, {"rows": 3, "min_blocks": 3}, 1, {}),  # R3: 5 groups, the last one partial
+    (10, 1088, "bf16", 1, {"rows": 8, "split": 2, "min_blocks": 2}, 1, {}),  # R8 split-K: rows past N, 2 items
+    (9, 192, "bf16", 2, {"rows": 4, "min_blocks": 2}, None, {}),  # R4 batch 2 (a BATCH_VARIANTS design)
 ]
 
 
@@ -176,6 +179,19 @@ def test_stream_kernel_within_tolerance(nb09, N, K, dtype, M, design, grid, opts
     nb09.launch(g, design=d)
     name = f"{N}x{K} {dtype} M={M} {(d or nb09.auto_design(N, M)).name} grid {grid} {opts}"
     assert gemv.check(g.result(), gc, name=name).ok
+
+
+def test_variant_entries_launch(nb09):
+    """VARIANTS entries that are not a plain Design (a function of N, a (design, grid policy) pair) launch as
+    tools/bench_gemv.py launches them, and R4 with 16 warps per block (512 threads) is correct."""
+    import bench_gemv
+
+    launches = bench_gemv.variant_launches(nb09, ["auto (R2, before)", "R4 S2 C32 W8 B3, full grid",
+                                                  "R4 S1 C32 W16 B2"], policies=[])
+    for key, fn in launches.items():
+        gc, g = _case_buffers(9, 128, "bf16", seed=11)
+        fn(g)
+        assert gemv.check(g.result(), gc, name=key).ok
 
 
 def test_first_version_still_runs():
@@ -283,8 +299,16 @@ def test_heavy_x_fits_fp16():
 
 def test_auto_design_and_grid(nb09, monkeypatch):
     monkeypatch.setattr(nf4lab, "device_info", lambda: {"sms": 132, "smem_per_sm": 233472, "max_threads_per_sm": 2048})
-    assert nb09.auto_design(4096).split == 2 and nb09.auto_design(8192).split == 1
+    # batch 1: R4 where it won on the H100 (N = 8192, 14336), R2 with split-K for N = 4096
+    assert nb09.auto_design(4096) == nb09.Design(rows=2, split=2) == nb09.auto_design_r2(4096)
+    assert nb09.auto_design(8192) == nb09.auto_design(14336) == nb09.Design(rows=4, min_blocks=3)
+    assert nb09.auto_design_r2(8192).split == 1 and nb09.auto_design_r2(8192).rows == 2
     assert nb09.auto_design(8192, 8).m == 8 and nb09.auto_design(8192, 8).min_blocks == 2
+    assert nb09.auto_design(8192, 2) == nb09.auto_design_r2(8192, 2)   # batch: unchanged (the only one measured)
+    for key, v in nb09.VARIANTS.items():  # every variant resolves to a Design, with a known grid policy
+        d, pol = v if isinstance(v, tuple) else (v, "balanced")
+        assert isinstance(nb09.resolve(d, 8192), nb09.Design) and pol in nb09.GRID_POLICIES, key
+    assert all(k in nb09.VARIANTS for k in nb09.BATCH_VARIANTS)
 
     class K:  # a compiled kernel as numba reports it
         overloads = {"sig": None}

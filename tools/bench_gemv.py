@@ -8,12 +8,13 @@ against a float64 reference, prints tables, and writes
 - data/results/<gpu>/09_fused_gemv.json: batch 1, every variant of the notebook's VARIANTS (the first,
   "auto", is the notebook's default), the default's other grid policies ("auto, resident grid", ...) and the
   first version of the kernel ("v1", nf4lab.gemv_v1), at the LLM shapes;
-- data/results/<gpu>/09_fused_gemv_batch.json: batch M = 2, 4, 8 (default kernel only),
+- data/results/<gpu>/09_fused_gemv_batch.json: batch M = 2, 4, 8 (the default and the notebook's
+  BATCH_VARIANTS),
 
 and copies of both under $OUT when that variable is set. Kernel records are named
 "fused NF4 gemv (numba) [variant]".
 
-    python tools/bench_gemv.py                      # everything, within --budget-s (default 210 s)
+    python tools/bench_gemv.py                      # everything, within --budget-s (default 170 s)
     python tools/bench_gemv.py --shapes 4096x14336 --dtypes bf16 --ms 1 --no-save
     python tools/bench_gemv.py --variants auto v1   # only these variants
 
@@ -71,8 +72,9 @@ def variant_launches(mod, names=None, policies=None) -> dict:
     out = {}
     variants = getattr(mod, "VARIANTS", {"auto": None})
     first = next(iter(variants))
-    for key, design in variants.items():
-        out[key] = (lambda g, d=design: mod.launch(g, design=d))
+    for key, design in variants.items():  # a Design, a function (N, M) -> Design, None, or (one of those, policy)
+        d, p = design if isinstance(design, tuple) else (design, "balanced")
+        out[key] = (lambda g, d=d, p=p: mod.launch(g, design=d, policy=p))
     pols = list(getattr(mod, "GRID_POLICIES", ())) if policies is None else list(policies)
     for p in pols[1:]:
         out[f"{first}, {p} grid"] = (lambda g, p=p: mod.launch(g, design=variants[first], policy=p))
@@ -83,6 +85,15 @@ def variant_launches(mod, names=None, policies=None) -> dict:
             raise SystemExit(f"unknown variants {missing}; known: {list(out)}")
         out = {n: out[n] for n in names}
     return out
+
+
+def describe_design(v) -> str:
+    """How a VARIANTS value is recorded in a run's meta: the Design's name, the function that picks it, a policy."""
+    if isinstance(v, tuple):
+        return f"{describe_design(v[0])}, {v[1]} grid"
+    if v is None:
+        return "auto_design(N, M)"
+    return f"{v.__name__}(N, M)" if callable(v) else v.name
 
 
 def _save(run, name, save):
@@ -127,8 +138,9 @@ def main(argv=None) -> int:
     ap.add_argument("--ms", nargs="*", type=int, default=[1, 2, 4, 8], help="batch sizes (default 1 2 4 8)")
     ap.add_argument("--batch-shapes", nargs="*", help="NxK for M > 1 (default: 4096x14336 8192x28672)")
     ap.add_argument("--batch-dtypes", nargs="*", default=["bf16"])
-    ap.add_argument("--budget-s", type=float, default=210.0,
-                    help="no new measurement starts after this many seconds since start (default 210)")
+    ap.add_argument("--budget-s", type=float, default=170.0,
+                    help="no new measurement starts after this many seconds since start (default 170: the whole "
+                         "run, about 20 variants and the batch, stays within 3 minutes)")
     ap.add_argument("--no-save", action="store_true")
     args = ap.parse_args(argv)
     from nf4lab import gemv
@@ -149,14 +161,14 @@ def main(argv=None) -> int:
         run = gemv.benchmark(launches, shapes, tuple(args.dtypes), ms=(1,), variant_dtypes=args.variant_dtypes,
                              deadline=deadline, progress=lambda s: print(f"[{time.time() - T0:5.0f} s] {s}", flush=True))
         run.meta["grid_policies"] = list(getattr(mod, "GRID_POLICIES", ()))
-        run.meta["designs"] = {k: (v.name if v is not None else "auto_design(N, M)")
-                               for k, v in getattr(mod, "VARIANTS", {}).items()}
+        run.meta["designs"] = {k: describe_design(v) for k, v in getattr(mod, "VARIANTS", {}).items()}
         bad += _report(run, gemv)
         _save(run, gemv.NAME, not args.no_save)
     ms = tuple(m for m in args.ms if m > 1)
     if ms:
         bshapes = parse(args.batch_shapes) if args.batch_shapes else TARGET_SHAPES
-        run = gemv.benchmark({first: launches[first]}, bshapes, tuple(args.batch_dtypes), ms=ms, deadline=deadline,
+        bkeys = [first] + [k for k in getattr(mod, "BATCH_VARIANTS", ()) if k != first and k in launches]
+        run = gemv.benchmark({k: launches[k] for k in bkeys}, bshapes, tuple(args.batch_dtypes), ms=ms, deadline=deadline,
                              progress=lambda s: print(f"[{time.time() - T0:5.0f} s] {s}", flush=True))
         bad += _report(run, gemv)
         _save(run, gemv.NAME_BATCH, not args.no_save)

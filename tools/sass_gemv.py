@@ -44,7 +44,8 @@ def main(argv=None) -> int:
     ap.add_argument("--all", action="store_true", help="every variant of VARIANTS")
     ap.add_argument("--m", nargs="*", type=int, default=[1], help="batch sizes (default 1)")
     ap.add_argument("--v1", action="store_true", help="also the first version (nf4lab.gemv_v1)")
-    ap.add_argument("--batch", action="store_true", help="also auto_design for M = 2, 4, 8 (short and long W)")
+    ap.add_argument("--batch", action="store_true",
+                    help="also auto_design for M = 2, 4, 8 (short and long W) and the notebook's BATCH_VARIANTS")
     ap.add_argument("--keep", help="folder to keep the .ptx/.cubin/.sass files in")
     ap.add_argument("--save", action="store_true", help="write the report to data/sass/09_fused_gemv.json")
     ap.add_argument("--src", default=str(ROOT / "notebooks" / "src" / "09_fused_gemv.py"))
@@ -58,17 +59,17 @@ def main(argv=None) -> int:
     designs = {}
     for n in names:
         d = mod.VARIANTS[n]
-        designs[d.name if d is not None else n] = d
+        d = d[0] if isinstance(d, tuple) else d  # (design, grid policy): the grid does not change the code
+        if d is None or callable(d):  # "auto" and the like: the designs picked for short and long W
+            pick = d or mod.auto_design
+            for N in (4096, 8192):
+                dd = pick(N)
+                designs.setdefault(dd.name, dd)
+        else:
+            designs.setdefault(d.name, d)
     if not designs:
         designs[mod.Design().name] = mod.Design()
-    for label, d in list(designs.items()):
-        if d is None:  # "auto": the designs auto_design picks for short and long W
-            for N in (4096, 8192):
-                dd = mod.auto_design(N)
-                designs.setdefault(dd.name, dd)
     for label, d in designs.items():
-        if d is None:
-            continue
         for m in args.m:
             dm = d if m == d.m else dataclasses.replace(
                 d, m=m, min_blocks=d.min_blocks if m == 1 else mod.auto_design(8192, m).min_blocks)
@@ -82,9 +83,11 @@ def main(argv=None) -> int:
                 rows.append(dict(r, variant=dm.name, dtype=dtype, m=m))
     if args.batch:
         seen = set()
+        extra = [mod.VARIANTS[k] for k in getattr(mod, "BATCH_VARIANTS", ()) if k in mod.VARIANTS]
+        extra = [d[0] if isinstance(d, tuple) else d for d in extra]
+        extra = [d for d in extra if d is not None and not callable(d)]
         for m in (2, 4, 8):
-            for N in (4096, 8192):
-                dm = mod.auto_design(N, m)
+            for dm in [mod.auto_design(N, m) for N in (4096, 8192)] + [dataclasses.replace(d, m=m) for d in extra]:
                 if dm in seen:
                     continue
                 seen.add(dm)

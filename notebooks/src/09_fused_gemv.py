@@ -83,8 +83,9 @@ for N, K in gemv.LLM_SHAPES:
 # 4 KB and then compute for a long time do not keep that up.
 #
 # **A streaming design.** The new kernel is organised around what a warp does in one loop trip, an
-# *item*: R rows (default 2) times 32 lanes times 32 columns. Per row a lane loads 16 bytes (one
-# 128-bit load, 32 codes), so a warp reads 512 contiguous bytes of each row per item.
+# *item*: R rows (2 to start with; the default for large W, below, takes 4) times 32 lanes times
+# 32 columns. Per row a lane loads 16 bytes (one 128-bit load, 32 codes), so a warp reads 512
+# contiguous bytes of each row per item.
 #
 # - **Software pipeline in few registers.** A lane holds two items: the one it computes and the next
 #   one, whose loads are issued before the current one is computed. With R = 2 that is 2 x (8 code
@@ -102,7 +103,14 @@ for N, K in gemv.LLM_SHAPES:
 #   items j, j + S, ... of the row; at the end each warp reduces its lanes with shuffles, writes its
 #   sums to shared memory, and the team meets at a named barrier (`bar.sync id, 32*S`: only its own
 #   warps wait) before its first warp adds them up. `auto_design` picks S = 2 when the row groups are
-#   too few.
+#   too few (N = 4096).
+# - **The default, chosen by measurement.** The first H100 run of the variants (section 5) showed that for
+#   large N the rows per item matter more than the warps: 4 rows (4 loads of 512 bytes per warp in
+#   flight, each activation converted once for 4 rows, 80 registers) beat 2 rows with their 32 warps per
+#   SM wherever there are enough row groups, by far the most at 8192x28672. With N = 4096 and 4 rows the
+#   1024 row groups leave most warp slots empty, and 2 rows with split-K stayed ahead. So `auto_design`
+#   takes 4 rows when N/4 row groups fill at least half the GPU's warp slots, and 2 rows with split-K
+#   otherwise; the first default stays as the variant `auto (R2, before)` for comparison.
 # - **Cheap index arithmetic.** All indices are 32-bit (`validate` refuses N*K/8 >= 2^32); only the
 #   final offsets of a load are widened, so that consecutive 128-bit loads use immediate offsets.
 # - **x converted once per item** for all R rows (the first version: for 4 rows), and the block scale
@@ -363,13 +371,32 @@ def sms():
     return nf4lab.device_info().get("sms") or 132  # the simulator has none: plan for an H100
 
 
-def auto_design(N, M=1):
-    """The default Design for W with N rows and a batch of M: 2 rows per item (64 registers for M=1, so
+def auto_design_r2(N, M=1):
+    """The first default (kept as the variant "auto (R2, before)"): 2 rows per item (64 registers for M=1, so
     32 warps per SM); when N/2 row groups cannot give every SM its 32 warps, split K over 2 warps."""
     min_blocks = 4 if M == 1 else (3 if M <= 3 else 2)
     warps_per_sm = 8 * min_blocks
     split = 2 if -(-N // 2) < 0.75 * warps_per_sm * sms() else 1
     return Design(rows=2, split=split, m=M, min_blocks=min_blocks)
+
+
+def auto_design(N, M=1):
+    """The default Design for W with N rows and a batch of M, chosen from the H100 runs of the variants.
+
+    Batch 1: 4 rows per item (4 loads in flight per lane, x shared by 4 rows; 80 registers, 24 warps per SM)
+    won wherever its N/4 row groups give at least half of the GPU's warp slots a group (long rows and large
+    N); with fewer groups (N = 4096) the warps are too few, and 2 rows with K split over 2 warps won.
+    Batch M > 1: as before (auto_design_r2), the only design measured there."""
+    if M == 1 and -(-N // 4) >= 0.5 * 24 * sms():
+        return Design(rows=4, min_blocks=3)
+    return auto_design_r2(N, M)
+
+
+def resolve(design, N, M=1):
+    """A Design from what VARIANTS holds: None (auto_design), a function (N, M) -> Design, or a Design."""
+    if design is None:
+        return auto_design(N, M)
+    return design(N, M) if callable(design) else design
 
 
 def resident_blocks(kern, d):
@@ -412,10 +439,12 @@ def grid_size(kern, d, N, policy="balanced"):
 def launch(g, design=None, policy="balanced", kern=None):
     """Run the fused GEMV on a gemv.GemvBuffers (batch g.M <= 8), on g.stream.
 
-    ``design``: a Design (its m is set to g.M), or None for auto_design(N, M); ``kern``: a kernel
-    made by make_gemv for that design, instead of the cached one."""
+    ``design``: a Design (its m is set to g.M), a function (N, M) -> Design, None for auto_design(N, M), or
+    (one of those, grid policy); ``kern``: a kernel made by make_gemv for that design, instead of the cached one."""
     gemv.validate(g)  # dtypes, sizes, alignment, M: raises before anything is launched
-    d = design or auto_design(g.N, g.M)
+    if isinstance(design, tuple):  # (design, grid policy), as VARIANTS may hold
+        design, policy = design
+    d = resolve(design, g.N, g.M)
     if d.m != g.M:
         d = dataclasses.replace(d, m=g.M)
     kern = kern or kernel(d, g.dtype)
@@ -424,9 +453,11 @@ def launch(g, design=None, policy="balanced", kern=None):
                                        g.x_u32, g.y, g.N, g.K, g.bs_shift)
 
 
-# Variants a GPU run times side by side (tools/bench_gemv.py): the first is the notebook's default.
+# Variants a GPU run times side by side (tools/bench_gemv.py): the first is the notebook's default. A value is
+# a Design, a function (N, M) -> Design, None (auto_design), or (one of those, grid policy).
 VARIANTS = {
-    "auto": None,                                       # auto_design(N, M): R2 C32, S = 2 for short W
+    "auto": None,                                       # auto_design(N, M): R4 for large N, R2 S2 for N = 4096
+    "auto (R2, before)": auto_design_r2,                # the first default: R2 C32, S = 2 for short W
     "R2 S1 C32 W8 B4": Design(),                        # 2 loads (rows) in flight per lane, 64 registers
     "R2 S2 C32 W8 B4": Design(split=2),                 # split-K on every shape
     "R2 S1 C64 W8 B3": Design(cols=64, min_blocks=3),   # 4 loads in flight per lane, 80 registers, 24 warps/SM
@@ -435,7 +466,16 @@ VARIANTS = {
     "R1 S1 C64 W8 B4": Design(rows=1, cols=64),         # 2 loads in flight, one absmax block per lane
     "R2 S1 C32 W16 B2": Design(warps=16, min_blocks=2), # 512-thread blocks: half the table builds
     "R2 S1 C32 W8 B4 cached": Design(stream=False),     # codes through L1 (plain ld.global.nc.v4)
+    # after the first H100 run: R4 won at large N with about 16 warps per SM (the balanced grid), so
+    "R4 S2 C32 W8 B3": Design(rows=4, split=2, min_blocks=3),            # R4 with split-K: 2x the warps at N = 4096
+    "R4 S2 C32 W8 B3, full grid": (Design(rows=4, split=2, min_blocks=3), "full"),  # ... one team per group
+    "R4 S1 C32 W8 B2": Design(rows=4, min_blocks=2),    # R4 without the launch-bound squeeze: no spill, fewer instructions
+    "R4 S1 C32 W16 B2": Design(rows=4, warps=16, min_blocks=2),          # bigger blocks (64 registers: spills)
+    "R3 S1 C32 W8 B3": Design(rows=3, min_blocks=3),    # 3 loads in flight; N/3 groups fill more of 24 warps/SM
+    "R8 S1 C32 W8 B2": Design(rows=8, min_blocks=2),    # 8 loads (4 KB per warp) in flight, 128 registers
+    "R8 S2 C32 W8 B2": Design(rows=8, split=2, min_blocks=2),            # ... with split-K, enough warps at N = 8192
 }
+BATCH_VARIANTS = ("auto", "R4 S1 C32 W8 B2")  # timed at M = 2, 4, 8 (R4 M2: 128 registers, no spill)
 GRID_POLICIES = ("balanced", "resident", "full")
 
 from numba import types as T  # noqa: E402
@@ -446,7 +486,7 @@ SIG = (T.uint32[::1], T.uint8[::1], T.float32[::1], T.float32[::1], T.float32[::
 # %% [markdown]
 # ## 3. PTX and SASS evidence
 #
-# For the default design (R = 2 rows, 32 columns per lane, 8 warps, bf16) the PTX should hold: the
+# For the base design `Design()` (R = 2 rows, 32 columns per lane, 8 warps, bf16) the PTX should hold: the
 # launch bounds (`.maxntid 256`, `.minnctapersm 4`); the code loads as
 # `ld.global.nc.L1::no_allocate.v4.u32`, R per item, written twice (before the table is built, and in
 # the loop); 4 loads of x per item (`ld.global.v4.u32`, 8 activations each); one `ld.shared.v2.f32` per
@@ -615,7 +655,14 @@ if run is not None:
 # moves only 8 MB: launch and ramp-up take a large share of its few microseconds. Dequantize + matmul
 # is far behind, as the byte count predicted. The variants of `VARIANTS` answer the design questions:
 # more loads in flight per lane (C64, R4) against more warps (R1, R2 at 64 registers), split-K or not,
-# bigger blocks, and whether keeping the weights out of L1 matters.
+# bigger blocks, and whether keeping the weights out of L1 matters. After the first H100 run, which made
+# R4 the default for large N, a second set probes the remaining gap: R4 with split-K (for N = 4096, where
+# R4 alone has too few row groups), R4 allowed 128 registers (no spill, fewer instructions per weight),
+# R4 in 512-thread blocks (whose 64-register cap spills), R3 (N/3 row groups fill more warp slots than
+# N/4) and R8 (4 KB per warp in flight, with and without split-K). A plausible reading of C64's
+# slowness, not verified with a profiler: a lane's two 16-byte loads are 32 bytes apart, so each load
+# instruction of a warp uses half of every 32-byte sector it touches, and with the weights kept out of
+# L1 the second load fetches the same sectors from L2 again.
 #
 # ## 6. Batch: up to 8 rows of x
 #
@@ -640,7 +687,10 @@ for (N, K, M, dtype) in [(9, 192, 3, "bf16"), (6, 320, 8, "fp16")]:
 # %% [markdown]
 # On a GPU, `python tools/bench_gemv.py` also times M = 2, 4, 8 against bitsandbytes' `matmul_4bit`
 # (dequantize + matmul at M > 1) and `dequantize_4bit` + `torch.matmul`, and saves
-# `data/results/<gpu>/09_fused_gemv_batch.json`. The plot shows effective weight bandwidth per M.
+# `data/results/<gpu>/09_fused_gemv_batch.json`. The plot shows effective weight bandwidth per M. For
+# M > 1 `auto_design` still takes 2 rows (the only design measured there so far); `BATCH_VARIANTS` times
+# 4 rows beside it, which shares each converted activation among 4 rows and so needs fewer instructions per
+# weight (the SASS report's m > 1 rows), at 128 registers and with spills from M = 4 on.
 
 # %%
 run_b = bench.Run.load(gemv.NAME_BATCH)
