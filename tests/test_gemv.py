@@ -299,12 +299,17 @@ def test_heavy_x_fits_fp16():
 
 def test_auto_design_and_grid(nb09, monkeypatch):
     monkeypatch.setattr(nf4lab, "device_info", lambda: {"sms": 132, "smem_per_sm": 233472, "max_threads_per_sm": 2048})
-    # batch 1: R4 where it won on the H100 (N = 8192, 14336), R2 with split-K for N = 4096
-    assert nb09.auto_design(4096) == nb09.Design(rows=2, split=2) == nb09.auto_design_r2(4096)
-    assert nb09.auto_design(8192) == nb09.auto_design(14336) == nb09.Design(rows=4, min_blocks=3)
+    # batch 1, what won in the second H100 run: R4 S2 at N = 4096, R8 S2 at N = 8192, R4 (B2) at N = 14336
+    assert nb09.auto_design(4096) == nb09.Design(rows=4, split=2, min_blocks=3)
+    assert nb09.auto_design(8192) == nb09.Design(rows=8, split=2, min_blocks=2)
+    assert nb09.auto_design(14336) == nb09.Design(rows=4, min_blocks=2)
+    # batch: R4 B2 won at M = 2, 4 and 8
+    assert nb09.auto_design(8192, 8) == nb09.Design(rows=4, min_blocks=2, m=8)
+    assert nb09.auto_design(4096, 2) == nb09.Design(rows=4, min_blocks=2, m=2)
+    # the earlier defaults, kept as variants
+    assert nb09.auto_design_r2(4096) == nb09.Design(rows=2, split=2)
     assert nb09.auto_design_r2(8192).split == 1 and nb09.auto_design_r2(8192).rows == 2
-    assert nb09.auto_design(8192, 8).m == 8 and nb09.auto_design(8192, 8).min_blocks == 2
-    assert nb09.auto_design(8192, 2) == nb09.auto_design_r2(8192, 2)   # batch: unchanged (the only one measured)
+    assert nb09.auto_design_r4(8192) == nb09.Design(rows=4, min_blocks=3) and nb09.auto_design_r4(4096).rows == 2
     for key, v in nb09.VARIANTS.items():  # every variant resolves to a Design, with a known grid policy
         d, pol = v if isinstance(v, tuple) else (v, "balanced")
         assert isinstance(nb09.resolve(d, 8192), nb09.Design) and pol in nb09.GRID_POLICIES, key

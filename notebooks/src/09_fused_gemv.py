@@ -104,13 +104,13 @@ for N, K in gemv.LLM_SHAPES:
 #   sums to shared memory, and the team meets at a named barrier (`bar.sync id, 32*S`: only its own
 #   warps wait) before its first warp adds them up. `auto_design` picks S = 2 when the row groups are
 #   too few (N = 4096).
-# - **The default, chosen by measurement.** The first H100 run of the variants (section 5) showed that for
-#   large N the rows per item matter more than the warps: 4 rows (4 loads of 512 bytes per warp in
-#   flight, each activation converted once for 4 rows, 80 registers) beat 2 rows with their 32 warps per
-#   SM wherever there are enough row groups, by far the most at 8192x28672. With N = 4096 and 4 rows the
-#   1024 row groups leave most warp slots empty, and 2 rows with split-K stayed ahead. So `auto_design`
-#   takes 4 rows when N/4 row groups fill at least half the GPU's warp slots, and 2 rows with split-K
-#   otherwise; the first default stays as the variant `auto (R2, before)` for comparison.
+# - **The default, chosen by measurement.** Two H100 runs of the variants (section 5) chose it. More rows
+#   per item won on every shape: each lane has more 128-bit loads in flight and converts each activation
+#   once for more rows. How many rows, and whether to split K, depends on how many warps the row groups
+#   give the GPU: with N = 4096, 4 rows with K split over 2 warps; with N = 8192, 8 rows with K split over
+#   2 warps; otherwise (and for every batch M > 1) 4 rows without a split, at 2 blocks per SM so that the
+#   128 registers never spill. The earlier defaults stay as variants (`auto (R2, before)`,
+#   `auto (R4/R2, before)`) for comparison.
 # - **Cheap index arithmetic.** All indices are 32-bit (`validate` refuses N*K/8 >= 2^32); only the
 #   final offsets of a load are widened, so that consecutive 128-bit loads use immediate offsets.
 # - **x converted once per item** for all R rows (the first version: for 4 rows), and the block scale
@@ -380,16 +380,27 @@ def auto_design_r2(N, M=1):
     return Design(rows=2, split=split, m=M, min_blocks=min_blocks)
 
 
-def auto_design(N, M=1):
-    """The default Design for W with N rows and a batch of M, chosen from the H100 runs of the variants.
-
-    Batch 1: 4 rows per item (4 loads in flight per lane, x shared by 4 rows; 80 registers, 24 warps per SM)
-    won wherever its N/4 row groups give at least half of the GPU's warp slots a group (long rows and large
-    N); with fewer groups (N = 4096) the warps are too few, and 2 rows with K split over 2 warps won.
-    Batch M > 1: as before (auto_design_r2), the only design measured there."""
+def auto_design_r4(N, M=1):
+    """The second default (kept as the variant "auto (R4/R2, before)"): R4 for large N, else auto_design_r2."""
     if M == 1 and -(-N // 4) >= 0.5 * 24 * sms():
         return Design(rows=4, min_blocks=3)
     return auto_design_r2(N, M)
+
+
+def auto_design(N, M=1):
+    """The default Design for W with N rows and a batch of M, chosen from the second H100 run of the variants.
+
+    More rows per item won on every shape: more 128-bit loads in flight per lane and each activation
+    converted once for more rows. Which R, and whether K is split, depends on how many warps the row
+    groups give the GPU:
+    - N/4 row groups too few for half the warp slots (N = 4096): 4 rows, K split over 2 warps.
+    - R8 teams of 2 warps fitting the GPU's warp slots at 16 per SM (N = 8192): 8 rows, K split over 2.
+    - otherwise, and for every batch M > 1: 4 rows, no split, 2 blocks per SM (128 registers, no spill)."""
+    if M == 1 and -(-N // 4) < 0.5 * 24 * sms():
+        return Design(rows=4, split=2, min_blocks=3)
+    if M == 1 and 2 * -(-N // 8) <= 16 * sms():
+        return Design(rows=8, split=2, min_blocks=2)
+    return Design(rows=4, min_blocks=2, m=M)
 
 
 def resolve(design, N, M=1):
@@ -456,8 +467,9 @@ def launch(g, design=None, policy="balanced", kern=None):
 # Variants a GPU run times side by side (tools/bench_gemv.py): the first is the notebook's default. A value is
 # a Design, a function (N, M) -> Design, None (auto_design), or (one of those, grid policy).
 VARIANTS = {
-    "auto": None,                                       # auto_design(N, M): R4 for large N, R2 S2 for N = 4096
+    "auto": None,                                       # auto_design(N, M): R4 S2 / R8 S2 / R4 by N (see above)
     "auto (R2, before)": auto_design_r2,                # the first default: R2 C32, S = 2 for short W
+    "auto (R4/R2, before)": auto_design_r4,             # the second: R4 for large N, else the first
     "R2 S1 C32 W8 B4": Design(),                        # 2 loads (rows) in flight per lane, 64 registers
     "R2 S2 C32 W8 B4": Design(split=2),                 # split-K on every shape
     "R2 S1 C64 W8 B3": Design(cols=64, min_blocks=3),   # 4 loads in flight per lane, 80 registers, 24 warps/SM
@@ -475,7 +487,7 @@ VARIANTS = {
     "R8 S1 C32 W8 B2": Design(rows=8, min_blocks=2),    # 8 loads (4 KB per warp) in flight, 128 registers
     "R8 S2 C32 W8 B2": Design(rows=8, split=2, min_blocks=2),            # ... with split-K, enough warps at N = 8192
 }
-BATCH_VARIANTS = ("auto", "R4 S1 C32 W8 B2")  # timed at M = 2, 4, 8 (R4 M2: 128 registers, no spill)
+BATCH_VARIANTS = ("auto", "auto (R2, before)")  # timed at M = 2, 4, 8
 GRID_POLICIES = ("balanced", "resident", "full")
 
 from numba import types as T  # noqa: E402
@@ -688,9 +700,9 @@ for (N, K, M, dtype) in [(9, 192, 3, "bf16"), (6, 320, 8, "fp16")]:
 # On a GPU, `python tools/bench_gemv.py` also times M = 2, 4, 8 against bitsandbytes' `matmul_4bit`
 # (dequantize + matmul at M > 1) and `dequantize_4bit` + `torch.matmul`, and saves
 # `data/results/<gpu>/09_fused_gemv_batch.json`. The plot shows effective weight bandwidth per M. For
-# M > 1 `auto_design` still takes 2 rows (the only design measured there so far); `BATCH_VARIANTS` times
-# 4 rows beside it, which shares each converted activation among 4 rows and so needs fewer instructions per
-# weight (the SASS report's m > 1 rows), at 128 registers and with spills from M = 4 on.
+# M > 1 `auto_design` takes 4 rows, which shares each converted activation among 4 rows and so needs fewer
+# instructions per weight (the SASS report's m > 1 rows), at 128 registers and with spills from M = 4 on;
+# it beat 2 rows at every M in the H100 run, and `BATCH_VARIANTS` keeps the 2-row design beside it.
 
 # %%
 run_b = bench.Run.load(gemv.NAME_BATCH)
