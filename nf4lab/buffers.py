@@ -99,12 +99,11 @@ def quiet_small_grids():
     import contextlib
     import warnings
 
-    from numba.core.errors import NumbaPerformanceWarning
-
     @contextlib.contextmanager
     def ctx():
         with warnings.catch_warnings():
-            warnings.filterwarnings("ignore", message=".*under-utilization", category=NumbaPerformanceWarning)
+            # By message: numba-cuda raises its own NumbaPerformanceWarning class, not numba's.
+            warnings.filterwarnings("ignore", message=r".*Grid size \d+ will likely result in GPU under-utilization")
             yield
 
     return ctx()

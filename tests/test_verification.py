@@ -112,7 +112,8 @@ def test_verify_versions_refuses_what_is_not_a_launch(case):
 def test_small_grid_warnings_are_silenced_while_verifying():
     import warnings
 
-    from numba.core.errors import NumbaPerformanceWarning
+    import nf4lab.buffers  # noqa: F401  (nf4lab first: it decides GPU or simulator)
+    from numba.cuda.core.errors import NumbaPerformanceWarning  # numba-cuda's own class, what its launches raise
 
     from nf4lab.buffers import quiet_small_grids
 
