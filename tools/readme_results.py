@@ -50,7 +50,31 @@ def block() -> str:
                 lines.append(f"| {'x'.join(map(str, r['shape']))} | {r['dtype']} | {r['ms']:.4f} | {b['ms']:.4f} | "
                              f"{b['ms'] / r['ms']:.2f} |")
         lines += ["", f"Source: `{deq['path']}`."]
+    lines += gemv_lines(gpu)
     return "\n".join(lines)
+
+
+def gemv_lines(gpu) -> list:
+    """The capstone (notebook 09): the fused GEMV's default design against bitsandbytes' gemv_4bit."""
+    from nf4lab import results
+
+    run = results.load("09_fused_gemv", gpu)
+    if run is None:
+        return []
+    recs = run["records"]
+    lines = ["", f"Fused NF4 GEMV (notebook 09), `y = x @ W.T` with one row of x, GPU time, {results.label(run['meta'])}; "
+             "effective weight bandwidth = packed weights and scales read per second:", "",
+             "| W (N x K) | dtype | fused us | bitsandbytes gemv_4bit us | x bitsandbytes | % of copy | within tolerance |",
+             "| --- | --- | ---: | ---: | ---: | ---: | :---: |"]
+    for r in recs:
+        if r["kind"] != "kernel" or not r["name"].endswith("[auto]") or r.get("M", 1) != 1 or r.get("ms") is None:
+            continue
+        b = next((q for q in recs if q["kind"] == "baseline" and "matmul_4bit" in q["name"] and q.get("M", 1) == 1
+                  and q["shape"] == r["shape"] and q["dtype"] == r["dtype"]), None)
+        lines.append(f"| {'x'.join(map(str, r['shape']))} | {r['dtype']} | {r['ms'] * 1e3:.1f} | "
+                     f"{'' if b is None else format(b['ms'] * 1e3, '.1f')} | {r['speedup_vs_bnb']:.2f} | "
+                     f"{r['pct_copy']:.0f} | {'yes' if r.get('within_tol') else 'no'} |")
+    return lines + ["", f"Source: `{run['path']}` (every variant, batch M = 2-8 in `09_fused_gemv_batch.json`)."]
 
 
 def render(text: str) -> str:
