@@ -15,7 +15,9 @@
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import warnings
 
 import numpy as np
 
@@ -93,20 +95,14 @@ def run_and_verify(launch, case, *, name: str = "kernel", buffers: Buffers | Non
     return _verify.verify(b.result(), case, name=name)
 
 
+@contextlib.contextmanager
 def quiet_small_grids():
     """Silence numba's "Grid size N will likely result in GPU under-utilization" while
     verifying: edge cases are tiny on purpose, and the warning would bury the result."""
-    import contextlib
-    import warnings
-
-    @contextlib.contextmanager
-    def ctx():
-        with warnings.catch_warnings():
-            # By message: numba-cuda raises its own NumbaPerformanceWarning class, not numba's.
-            warnings.filterwarnings("ignore", message=r".*Grid size \d+ will likely result in GPU under-utilization")
-            yield
-
-    return ctx()
+    with warnings.catch_warnings():
+        # By message: numba-cuda raises its own NumbaPerformanceWarning class, not numba's.
+        warnings.filterwarnings("ignore", message=r".*Grid size \d+ will likely result in GPU under-utilization")
+        yield
 
 
 # Edge shapes cheap enough for the simulator (about 0.3 s per 4096 threads): tiny, odd, one
