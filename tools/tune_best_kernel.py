@@ -394,12 +394,26 @@ def make_bulk(K, T, prefetch=False):
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def nb06(dtype, threads=512, units=2, edits=()):
-    """Notebook 06's kernel cell, with textual edits (each a (old, new) pair that must match)."""
+# The commit whose notebook 06 round 5 measured (its kernel was rewritten after round 5, so that
+# round's textual edits only apply to this version).
+ROUND5_06 = "8a3ce2b"
+
+
+def nb06(dtype, threads=512, units=2, edits=(), rev=None):
+    """Notebook 06's kernel cell (of git revision ``rev``, default the checkout), with textual edits
+    (each a (old, new) pair that must match)."""
+    import subprocess
+    import tempfile
     from pathlib import Path
     from nf4lab import versions
 
-    src = "\n".join(versions.kernel_cells(Path(ROOT) / "notebooks" / "06_output_dtypes.ipynb"))
+    path = Path(ROOT) / "notebooks" / "06_output_dtypes.ipynb"
+    if rev is not None:
+        text = subprocess.run(["git", "show", f"{rev}:notebooks/06_output_dtypes.ipynb"], cwd=ROOT,
+                              capture_output=True, text=True, check=True).stdout
+        path = Path(tempfile.mkdtemp()) / path.name
+        path.write_text(text)
+    src = "\n".join(versions.kernel_cells(path))
     src = src.replace("THREADS = 512", f"THREADS = {threads}", 1).replace("UNITS = 2", f"UNITS = {units}", 1)
     for old, new in edits:
         assert old in src, old
@@ -420,15 +434,13 @@ def fastkernel_launch(dtype):
     from numba import cuda as _cuda
     from nf4lab import fastkernel
 
-    k, _ = fastkernel.get_kernel(dtype, True, "vector")
     state = {}
 
     def launch(b):
         if "offset" not in state:
             state["offset"] = _cuda.to_device(np.array([b.offset], np.float32))
-        k[fastkernel.grid_size(b.n, "vector", dtype), fastkernel.THREADS, b.stream](
-            b.packed, b.packed_u32, b.absmax_q, b.absmax2, b.code2, state["offset"], b.lut, b.out, b.out_u32,
-            np.uint64(b.n), np.uint64(b.blocksize.bit_length() - 1), np.uint64(8))
+        fastkernel.launch_arrays(b.packed, b.absmax_q, b.absmax2, b.code2, state["offset"], b.lut, b.out, n=b.n,
+                                 blocksize=b.blocksize, nested=True, dtype=dtype, stream=b.stream, path="vector")
     return launch
 
 
@@ -540,11 +552,11 @@ def variants_round4():
 
 def variants_round5_bf16():
     return {
-        "06 as in the notebook": nb06("bf16"),
-        "06 - tail code": nb06("bf16", edits=[NO_TAIL]),
-        "06 + fmul_rn": nb06("bf16", edits=[FMUL_RN, FMUL_RN2]),
-        "06 - fp32 shift": nb06("bf16", edits=[NO_SHIFT]),
-        "06 - tail - shift + fmul_rn": nb06("bf16", edits=[NO_TAIL, NO_SHIFT, FMUL_RN, FMUL_RN2]),
+        "06 as in the notebook": nb06("bf16", rev=ROUND5_06),
+        "06 - tail code": nb06("bf16", rev=ROUND5_06, edits=[NO_TAIL]),
+        "06 + fmul_rn": nb06("bf16", rev=ROUND5_06, edits=[FMUL_RN, FMUL_RN2]),
+        "06 - fp32 shift": nb06("bf16", rev=ROUND5_06, edits=[NO_SHIFT]),
+        "06 - tail - shift + fmul_rn": nb06("bf16", rev=ROUND5_06, edits=[NO_TAIL, NO_SHIFT, FMUL_RN, FMUL_RN2]),
         "nf4lab.dequantize kernel": fastkernel_launch("bf16"),
         "w2x512": make_words(2, 512),
         "w2x512 scales first": make_words_scales_first(2, 512),
@@ -557,10 +569,10 @@ def variants_round5_bf16():
 
 
 def variants_round5_fp32():
-    out = {"06 fp32 as in the notebook (2x512)": nb06("fp32")}
+    out = {"06 fp32 as in the notebook (2x512)": nb06("fp32", rev=ROUND5_06)}
     for units, threads in ((1, 256), (2, 256), (4, 256), (1, 512), (4, 512), (1, 1024), (2, 1024)):
-        out[f"06 fp32 {units}x{threads}"] = nb06("fp32", threads, units)
-    out["06 fp32 2x512 - tail"] = nb06("fp32", edits=[NO_TAIL])
+        out[f"06 fp32 {units}x{threads}"] = nb06("fp32", threads, units, rev=ROUND5_06)
+    out["06 fp32 2x512 - tail"] = nb06("fp32", rev=ROUND5_06, edits=[NO_TAIL])
     out["nf4lab.dequantize kernel fp32"] = fastkernel_launch("fp32")
     return out
 
