@@ -143,7 +143,34 @@ def _build_device_ops():
 
         return sig, codegen
 
-    return f32_from_bits, f16_to_f32, lds_pair, load_stream_u32x4, bar_sync
+    @intrinsic
+    def prmt(typingctx, a, b, sel):
+        """``prmt.b32 d, a, b, sel``: byte k of d is byte (sel >> 4k) & 7 of the 8 bytes b:a (a = bytes 0-3),
+        or its sign replicated when bit 3 of that nibble is set. One PRMT; a constant ``sel`` becomes an
+        immediate."""
+        sig = types.uint32(types.uint32, types.uint32, types.uint32)
+
+        def codegen(context, builder, sig, args):
+            vals = [context.cast(builder, v, t, types.uint32) for v, t in zip(args, sig.args)]
+            i32 = ir.IntType(32)
+            asm = ir.InlineAsm(ir.FunctionType(i32, [i32] * 3), "prmt.b32 $0, $1, $2, $3;", "=r,r,r,r")
+            return builder.call(asm, vals)
+
+        return sig, codegen
+
+    return f32_from_bits, f16_to_f32, lds_pair, load_stream_u32x4, bar_sync, prmt
+
+
+def _py_prmt(a, b, sel):
+    pool = (int(a) & 0xFFFFFFFF) | ((int(b) & 0xFFFFFFFF) << 32)
+    out = 0
+    for k in range(4):
+        s = (int(sel) >> (4 * k)) & 0xF
+        byte = (pool >> (8 * (s & 7))) & 0xFF
+        if s & 8:
+            byte = 0xFF if byte & 0x80 else 0
+        out |= byte << (8 * k)
+    return np.uint32(out)
 
 
 def _py_lds_pair(tab, off):
@@ -220,17 +247,40 @@ def _py_load_stream_u32x4(arr, i):
 
 
 # nf4lab.ptx pickles these by name, so that the PTX subprocess (compile mode) gets the device versions.
-DEVICE_OPS = ("f32_from_bits", "f16_to_f32", "lds_pair", "shfl_down_sync", "load_stream_u32x4", "bar_sync")
+DEVICE_OPS = ("f32_from_bits", "f16_to_f32", "lds_pair", "shfl_down_sync", "load_stream_u32x4", "bar_sync", "prmt")
 
 if runtime.SIMULATOR:
     f32_from_bits, f16_to_f32, lds_pair = _py_f32_from_bits, _py_f16_to_f32, _py_lds_pair
-    load_stream_u32x4, bar_sync = _py_load_stream_u32x4, _py_bar_sync
+    load_stream_u32x4, bar_sync, prmt = _py_load_stream_u32x4, _py_bar_sync, _py_prmt
     shfl_down_sync = _py_shfl_down_sync
 else:
-    f32_from_bits, f16_to_f32, lds_pair, load_stream_u32x4, bar_sync = _build_device_ops()
+    f32_from_bits, f16_to_f32, lds_pair, load_stream_u32x4, bar_sync, prmt = _build_device_ops()
     from numba import cuda as _cuda
 
     shfl_down_sync = _cuda.shfl_down_sync
+
+
+STATIC_SMEM_LIMIT = 48 * 1024  # above this a kernel must be allowed its dynamic shared memory first
+
+
+def with_dynamic_shared(kern, args, nbytes):
+    """``kern`` ready to launch on ``args`` with ``nbytes`` of dynamic shared memory.
+
+    Up to 48 KB per block needs nothing. Beyond that (an H100 gives a block up to 227 KB) CUDA wants the
+    kernel's CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES raised first, which numba does not do: so the
+    kernel is compiled for these argument types (``specialize``, cached by numba) and the attribute set on
+    it once. The simulator has no such limit: ``kern`` itself."""
+    if runtime.SIMULATOR or nbytes <= STATIC_SMEM_LIMIT:
+        return kern
+    spec = kern.specialize(*args)
+    if getattr(spec, "_nf4lab_dynamic_smem", 0) < nbytes:
+        from numba.cuda.cudadrv.driver import binding, driver
+
+        f = next(iter(spec.overloads.values()))._codelibrary.get_cufunc()
+        attr = binding.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
+        driver.cuKernelSetAttribute(attr, int(nbytes), f.handle, f.device.id)
+        spec._nf4lab_dynamic_smem = nbytes
+    return spec
 
 
 # ---------------------------------------------------------------- SASS, offline

@@ -167,6 +167,8 @@ STREAM_CASES = [
     (13, 128, "fp16", 1, {"rows": 3, "min_blocks": 3}, 1, {}),  # R3: 5 groups, the last one partial
     (10, 1088, "bf16", 1, {"rows": 8, "split": 2, "min_blocks": 2}, 1, {}),  # R8 split-K: rows past N, 2 items
     (9, 192, "bf16", 2, {"rows": 4, "min_blocks": 2}, None, {}),  # R4 batch 2 (a BATCH_VARIANTS design)
+    (7, 1088, "bf16", 1, {"rows": 4, "split": 2, "min_blocks": 3, "table": "prmt"}, 1, {"dist": "codes"}),  # PRMT table
+    (5, 192, "fp16", 2, {"rows": 2, "table": "prmt"}, None, {"dist": "heavy", "x_dist": "heavy"}),  # PRMT, batch 2
 ]
 
 
@@ -215,6 +217,19 @@ def test_lds_pair_twin_reads_the_pair_table():
     for byte, copy in [(0x00, 0), (0x7A, 5), (0xFF, 15)]:
         lo, hi = gemv._py_lds_pair(tab, (byte << 7) | (copy << 3))
         assert lo == lut[byte >> 4] and hi == lut[byte & 15]
+
+
+def test_prmt_twin_and_table_offsets():
+    """The byte-permute twin follows PTX's prmt (8 source bytes, sign replication by bit 3), and the four
+    selectors of lut8_prmt give (byte j << 8) | lane8 for every byte of a word."""
+    a, b = 0x89ABCDEF, 0x01234567
+    assert gemv._py_prmt(a, b, 0x3210) == a and gemv._py_prmt(a, b, 0x7654) == b
+    assert gemv._py_prmt(a, b, 0x0123) == 0xEFCDAB89
+    assert gemv._py_prmt(a, b, 0x8888) == 0xFFFFFFFF and gemv._py_prmt(a, b, 0x000C) == 0xEFEFEF00  # sign of 0xEF, 0x01
+    for w in (0x00000000, 0xFFFFFFFF, 0x12A5F07C):
+        for lane in (0, 17, 31):
+            for j, sel in enumerate((0x5504, 0x5514, 0x5524, 0x5534)):
+                assert gemv._py_prmt(w, lane << 3, sel) == (((w >> (8 * j)) & 0xFF) << 8) | (lane << 3)
 
 
 def _ptx(nb09, design, dtype="bf16"):

@@ -29,7 +29,7 @@ import numpy as np
 from numba import cuda, float32, uint32, uint64
 
 from nf4lab import gemv, ops
-from nf4lab.gemv import MAX_M, bar_sync, f16_to_f32, f32_from_bits, lds_pair, load_stream_u32x4, shfl_down_sync
+from nf4lab.gemv import MAX_M, bar_sync, f16_to_f32, f32_from_bits, lds_pair, load_stream_u32x4, prmt, shfl_down_sync
 
 print(nf4lab.describe())
 
@@ -130,6 +130,8 @@ for N, K in gemv.LLM_SHAPES:
 # %% tags=["kernel"]
 COPIES = 16                    # copies of the byte-pair table, one per bank pair (see lut8)
 TAB = 256 * COPIES             # table entries (8 bytes each: 32 KB)
+PCOPIES = 32                   # the "prmt" table: one copy per lane, rows of 256 bytes (see lut8_prmt)
+PTAB = 256 * PCOPIES           # its entries: 64 KB, dynamic shared memory
 
 
 @dataclasses.dataclass(frozen=True)
@@ -142,11 +144,18 @@ class Design:
     m: int = 1           # batch: rows of x, each weight read once for all of them
     min_blocks: int = 4  # launch bounds: blocks per SM ptxas must fit (caps registers at 65536 / (threads * min_blocks))
     stream: bool = True  # codes with ld.global.nc.L1::no_allocate (weights read once stay out of L1)
+    table: str = "pair"  # "pair": 32 KB table, 2 instructions per byte address; "prmt": 64 KB, one PRMT
 
     @property
     def name(self):
         s = f"R{self.rows} S{self.split} C{self.cols} W{self.warps} B{self.min_blocks}"
+        s += "" if self.table == "pair" else f" {self.table.upper()}"
         return s + (f" M{self.m}" if self.m > 1 else "") + ("" if self.stream else " cached")
+
+    @property
+    def dynamic_smem(self):
+        """Bytes of dynamic shared memory a launch asks for (the prmt table does not fit the 48 KB static limit)."""
+        return 8 * PTAB if self.table == "prmt" else 0
 
 
 @cuda.jit(device=True, inline="always")
@@ -174,6 +183,18 @@ def lut8(tab, lane8, w, L, o):
     L[o + 2], L[o + 3] = lds_pair(tab, ((w >> uint32(1)) & uint32(0x7F80)) | lane8)
     L[o + 4], L[o + 5] = lds_pair(tab, ((w >> uint32(9)) & uint32(0x7F80)) | lane8)
     L[o + 6], L[o + 7] = lds_pair(tab, ((w >> uint32(17)) & uint32(0x7F80)) | lane8)
+
+
+@cuda.jit(device=True, inline="always")
+def lut8_prmt(tab, lane8, w, L, o):
+    """lut8 with one instruction per address: byte j's pair sits at byte offset (byte << 8) | lane8 of a
+    table with 256-byte rows (32 copies, lane l reads copy l: lane8 = l << 3 < 256). A byte permute
+    builds that offset from the code word directly: result bytes (lane8, byte j, 0, 0), i.e. selector
+    nibbles 4 (lane8's low byte), j, 5, 5 (lane8's zero bytes)."""
+    L[o], L[o + 1] = lds_pair(tab, prmt(w, lane8, uint32(0x5504)))
+    L[o + 2], L[o + 3] = lds_pair(tab, prmt(w, lane8, uint32(0x5514)))
+    L[o + 4], L[o + 5] = lds_pair(tab, prmt(w, lane8, uint32(0x5524)))
+    L[o + 6], L[o + 7] = lds_pair(tab, prmt(w, lane8, uint32(0x5534)))
 
 
 @cuda.jit(device=True, inline="always")
@@ -217,6 +238,9 @@ def make_gemv(is_bf16, d=Design(), reduce=warp_sum):
     NRED = 2 * W * RM          # split-K partial sums, double-buffered
     assert LC in (32, 64) and W * 32 <= 1024 and S & (S - 1) == 0 and W % S == 0 and (S == 1 or TEAMS <= 15) and 1 <= M <= MAX_M
     load_codes = load_stream_u32x4 if d.stream else ops.load_u32x4
+    PRMT = d.table == "prmt"
+    assert d.table in ("pair", "prmt")
+    lut8_of = lut8_prmt if PRMT else lut8
 
     @cuda.jit(device=True, inline="always")
     def row_offsets(ro, g, n, kw):
@@ -276,19 +300,27 @@ def make_gemv(is_bf16, d=Design(), reduce=warp_sum):
         fetch(packed_u32, absmax_q, absmax2, nc, nq, na, ro, min(uint32(uint32(part << uint32(SSH - 3)) + lw), lwmax), ash)
         # Byte-pair table: entry (byte << 4) | copy holds lut[byte >> 4] (low 32 bits) and lut[byte & 15]
         # (high 32 bits) at byte offset (byte << 7) | (copy << 3); lane l reads copy l & 15.
-        tab = cuda.shared.array(TAB, uint64)
         code2_s = cuda.shared.array(256, float32)
         red = cuda.shared.array(NRED, float32)
         for j in range((256 + THREADS - 1) // THREADS):
             i = uint32(tid + uint32(j * THREADS))
             if i < uint32(256):
                 code2_s[i] = code2[i]
-        for j in range(TAB // THREADS):        # consecutive threads, consecutive entries: no bank conflicts
-            i = uint32(tid + uint32(j * THREADS))
-            tab[i] = (uint64(ops.float_bits(lut[i >> uint32(8)]))
-                      | (uint64(ops.float_bits(lut[(i >> uint32(4)) & uint32(15)])) << uint64(32)))
+        if PRMT:  # entry (byte << 5) | copy: byte offset (byte << 8) | (copy << 3)
+            tab = cuda.shared.array(0, uint64)
+            for j in range(PTAB // THREADS):
+                i = uint32(tid + uint32(j * THREADS))
+                tab[i] = (uint64(ops.float_bits(lut[i >> uint32(9)]))
+                          | (uint64(ops.float_bits(lut[(i >> uint32(5)) & uint32(15)])) << uint64(32)))
+            lane8 = lane << uint32(3)
+        else:
+            tab = cuda.shared.array(TAB, uint64)
+            for j in range(TAB // THREADS):        # consecutive threads, consecutive entries: no bank conflicts
+                i = uint32(tid + uint32(j * THREADS))
+                tab[i] = (uint64(ops.float_bits(lut[i >> uint32(8)]))
+                          | (uint64(ops.float_bits(lut[(i >> uint32(4)) & uint32(15)])) << uint64(32)))
+            lane8 = (tid & uint32(COPIES - 1)) << uint32(3)
         cuda.syncthreads()
-        lane8 = (tid & uint32(COPIES - 1)) << uint32(3)
         parity = uint32(0)
         while g < groups:                      # this team's row groups: g, g + nteams, ...
             gn = uint32(g + nteams)
@@ -317,7 +349,7 @@ def make_gemv(is_bf16, d=Design(), reduce=warp_sum):
                     xi = uint64(col >> uint32(1))
                     for w in range(NW):
                         for r in range(R):
-                            lut8(tab, lane8, cc[r * NW + w], L, 8 * r)
+                            lut8_of(tab, lane8, cc[r * NW + w], L, 8 * r)
                         for mm in range(M):
                             xv = load_x8(x_u32, xi + uint64(uint32(mm) * kx) + uint64(4 * w), is_bf16)
                             for r in range(R):
@@ -419,7 +451,7 @@ def resident_blocks(kern, d):
         regs = kern.get_regs_per_thread()
         regs = max(regs.values()) if isinstance(regs, dict) else regs
         smem = kern.get_shared_mem_per_block()
-        smem = max(smem.values()) if isinstance(smem, dict) else smem
+        smem = (max(smem.values()) if isinstance(smem, dict) else smem) + d.dynamic_smem
     except Exception:  # an API change: fall back to the launch bounds (correct, maybe a little slower)
         return d.min_blocks
     by_regs = 65536 // (-(-regs // 8) * 8 * 32 * d.warps)      # 64K registers, 8-register granules
@@ -459,9 +491,10 @@ def launch(g, design=None, policy="balanced", kern=None):
     if d.m != g.M:
         d = dataclasses.replace(d, m=g.M)
     kern = kern or kernel(d, g.dtype)
+    args = (g.packed_u32, g.absmax_q, g.absmax2, g.code2, g.lut, g.offset, g.x_u32, g.y, g.N, g.K, g.bs_shift)
+    kern = gemv.with_dynamic_shared(kern, args, d.dynamic_smem)
     grid = g.grid if getattr(g, "grid", None) else grid_size(kern, d, g.N, policy)
-    kern[grid, 32 * d.warps, g.stream](g.packed_u32, g.absmax_q, g.absmax2, g.code2, g.lut, g.offset,
-                                       g.x_u32, g.y, g.N, g.K, g.bs_shift)
+    kern[grid, 32 * d.warps, g.stream, d.dynamic_smem](*args)
 
 
 # Variants a GPU run times side by side (tools/bench_gemv.py): the first is the notebook's default. A value is
@@ -486,6 +519,14 @@ VARIANTS = {
     "R3 S1 C32 W8 B3": Design(rows=3, min_blocks=3),    # 3 loads in flight; N/3 groups fill more of 24 warps/SM
     "R8 S1 C32 W8 B2": Design(rows=8, min_blocks=2),    # 8 loads (4 KB per warp) in flight, 128 registers
     "R8 S2 C32 W8 B2": Design(rows=8, split=2, min_blocks=2),            # ... with split-K, enough warps at N = 8192
+    # third run: the byte-permute table (64 KB, one PRMT per byte address instead of two instructions)
+    "auto PRMT": lambda N, M=1: dataclasses.replace(auto_design(N, M), table="prmt"),
+    "R4 S2 C32 W8 B3 PRMT": Design(rows=4, split=2, min_blocks=3, table="prmt"),
+    "R4 S1 C32 W8 B3 PRMT": Design(rows=4, min_blocks=3, table="prmt"),
+    "R4 S1 C32 W8 B2 PRMT": Design(rows=4, min_blocks=2, table="prmt"),
+    "R8 S2 C32 W8 B2 PRMT": Design(rows=8, split=2, min_blocks=2, table="prmt"),
+    "R2 S1 C32 W8 B3 PRMT": Design(rows=2, min_blocks=3, table="prmt"),
+    "R4 S2 C32 W16 B1 PRMT": Design(rows=4, split=2, warps=16, min_blocks=1, table="prmt"),
 }
 BATCH_VARIANTS = ("auto", "auto (R2, before)")  # timed at M = 2, 4, 8
 GRID_POLICIES = ("balanced", "resident", "full")
