@@ -158,7 +158,16 @@ def _build_device_ops():
 
         return sig, codegen
 
-    return f32_from_bits, f16_to_f32, lds_pair, load_stream_u32x4, bar_sync, prmt
+    from numba import cuda as _cu
+
+    @_cu.jit(device=True, inline="always")
+    def shfl_idx(v, src):
+        """``shfl.sync.idx.b32`` over the full warp: ``v`` of lane ``src & 31`` (PTX uses only the low 5 bits of
+        the lane index with clamp 0x1f, so ``src`` needs no masking). numba's own shuffle: LLVM knows it is
+        convergent (an inline-asm one made ptxas wrap every shuffle in WARPSYNC.COLLECTIVE)."""
+        return _cu.shfl_sync(0xFFFFFFFF, v, src)
+
+    return f32_from_bits, f16_to_f32, lds_pair, load_stream_u32x4, bar_sync, prmt, shfl_idx
 
 
 def _py_prmt(a, b, sel):
@@ -219,6 +228,30 @@ def _py_shfl_down_sync(mask, value, delta):
     return type(value)(out) if isinstance(value, np.generic) else out
 
 
+def _py_shfl_idx(value, src):
+    """The simulator's shfl.sync.idx: the value of lane src & 31 of this warp (every lane must call it)."""
+    import threading
+
+    t = threading.current_thread()
+    bd = t._manager._block_dim
+    nthreads = int(np.prod(bd))
+    lane, w = t.thread_id % 32, t.thread_id // 32
+    n = min(32, nthreads - 32 * w)
+    key = (id(t._manager), tuple(t.blockIdx), w, n)
+    warp = _WARPS.get(key)
+    if warp is None:
+        warp = _WARPS.setdefault(key, _Warp(n))
+    warp.vals[lane] = value
+    try:
+        warp.barrier.wait()
+        s = int(src) & 31
+        out = warp.vals[s] if s < n else value
+        warp.barrier.wait()
+    except threading.BrokenBarrierError:
+        raise RuntimeError("shfl_idx: not every lane of the warp reached the shuffle") from None
+    return np.float32(out)
+
+
 _BARRIERS: dict = {}
 
 
@@ -247,14 +280,15 @@ def _py_load_stream_u32x4(arr, i):
 
 
 # nf4lab.ptx pickles these by name, so that the PTX subprocess (compile mode) gets the device versions.
-DEVICE_OPS = ("f32_from_bits", "f16_to_f32", "lds_pair", "shfl_down_sync", "load_stream_u32x4", "bar_sync", "prmt")
+DEVICE_OPS = ("f32_from_bits", "f16_to_f32", "lds_pair", "shfl_down_sync", "load_stream_u32x4", "bar_sync", "prmt",
+              "shfl_idx")
 
 if runtime.SIMULATOR:
     f32_from_bits, f16_to_f32, lds_pair = _py_f32_from_bits, _py_f16_to_f32, _py_lds_pair
-    load_stream_u32x4, bar_sync, prmt = _py_load_stream_u32x4, _py_bar_sync, _py_prmt
+    load_stream_u32x4, bar_sync, prmt, shfl_idx = _py_load_stream_u32x4, _py_bar_sync, _py_prmt, _py_shfl_idx
     shfl_down_sync = _py_shfl_down_sync
 else:
-    f32_from_bits, f16_to_f32, lds_pair, load_stream_u32x4, bar_sync, prmt = _build_device_ops()
+    f32_from_bits, f16_to_f32, lds_pair, load_stream_u32x4, bar_sync, prmt, shfl_idx = _build_device_ops()
     from numba import cuda as _cuda
 
     shfl_down_sync = _cuda.shfl_down_sync

@@ -169,6 +169,7 @@ STREAM_CASES = [
     (9, 192, "bf16", 2, {"rows": 4, "min_blocks": 2}, None, {}),  # R4 batch 2 (a BATCH_VARIANTS design)
     (7, 1088, "bf16", 1, {"rows": 4, "split": 2, "min_blocks": 3, "table": "prmt"}, 1, {"dist": "codes"}),  # PRMT table
     (5, 192, "fp16", 2, {"rows": 2, "table": "prmt"}, None, {"dist": "heavy", "x_dist": "heavy"}),  # PRMT, batch 2
+    (6, 1088, "bf16", 1, {"rows": 4, "split": 2, "min_blocks": 3, "shfl_rows": 2}, 1, {"dist": "codes"}),  # shuffles
 ]
 
 

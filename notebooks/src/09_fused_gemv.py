@@ -29,7 +29,7 @@ import numpy as np
 from numba import cuda, float32, uint32, uint64
 
 from nf4lab import gemv, ops
-from nf4lab.gemv import MAX_M, bar_sync, f16_to_f32, f32_from_bits, lds_pair, load_stream_u32x4, prmt, shfl_down_sync
+from nf4lab.gemv import MAX_M, bar_sync, f16_to_f32, f32_from_bits, lds_pair, load_stream_u32x4, prmt, shfl_down_sync, shfl_idx
 
 print(nf4lab.describe())
 
@@ -145,11 +145,13 @@ class Design:
     min_blocks: int = 4  # launch bounds: blocks per SM ptxas must fit (caps registers at 65536 / (threads * min_blocks))
     stream: bool = True  # codes with ld.global.nc.L1::no_allocate (weights read once stay out of L1)
     table: str = "pair"  # "pair": 32 KB table, 2 instructions per byte address; "prmt": 64 KB, one PRMT
+    shfl_rows: int = 0   # rows of an item (the first ones) whose NF4 values come from warp shuffles, not the table
 
     @property
     def name(self):
         s = f"R{self.rows} S{self.split} C{self.cols} W{self.warps} B{self.min_blocks}"
         s += "" if self.table == "pair" else f" {self.table.upper()}"
+        s += f" X{self.shfl_rows}" if self.shfl_rows else ""
         return s + (f" M{self.m}" if self.m > 1 else "") + ("" if self.stream else " cached")
 
     @property
@@ -198,6 +200,17 @@ def lut8_prmt(tab, lane8, w, L, o):
 
 
 @cuda.jit(device=True, inline="always")
+def lut8_shfl(t, w, L, o):
+    """lut8 without shared memory: lane l holds lut[l & 15] in ``t``, and a shuffle from lane q returns lut[q].
+    The shuffle reads only the low 5 bits of its lane index, and lanes l and l + 16 hold the same value,
+    so a nibble needs no mask: one shift (none for the lowest) and one SHFL per weight."""
+    L[o], L[o + 1] = shfl_idx(t, w >> uint32(4)), shfl_idx(t, w)
+    L[o + 2], L[o + 3] = shfl_idx(t, w >> uint32(12)), shfl_idx(t, w >> uint32(8))
+    L[o + 4], L[o + 5] = shfl_idx(t, w >> uint32(20)), shfl_idx(t, w >> uint32(16))
+    L[o + 6], L[o + 7] = shfl_idx(t, w >> uint32(28)), shfl_idx(t, w >> uint32(24))
+
+
+@cuda.jit(device=True, inline="always")
 def dot8(L, o, x, a):
     """a + sum of L[o + j] * x[j] for j < 8: eight FMAs."""
     return (a + L[o] * x[0] + L[o + 1] * x[1] + L[o + 2] * x[2] + L[o + 3] * x[3]
@@ -241,6 +254,8 @@ def make_gemv(is_bf16, d=Design(), reduce=warp_sum):
     PRMT = d.table == "prmt"
     assert d.table in ("pair", "prmt")
     lut8_of = lut8_prmt if PRMT else lut8
+    SR = d.shfl_rows
+    assert 0 <= SR <= R
 
     @cuda.jit(device=True, inline="always")
     def row_offsets(ro, g, n, kw):
@@ -321,6 +336,7 @@ def make_gemv(is_bf16, d=Design(), reduce=warp_sum):
                           | (uint64(ops.float_bits(lut[(i >> uint32(4)) & uint32(15)])) << uint64(32)))
             lane8 = (tid & uint32(COPIES - 1)) << uint32(3)
         cuda.syncthreads()
+        tl = lut[lane & uint32(15)]            # the shuffle table: lane l holds lut[l & 15]
         parity = uint32(0)
         while g < groups:                      # this team's row groups: g, g + nteams, ...
             gn = uint32(g + nteams)
@@ -343,21 +359,28 @@ def make_gemv(is_bf16, d=Design(), reduce=warp_sum):
                 fetch(packed_u32, absmax_q, absmax2, nc, nq, na, rs, min(uint32(nxt + lw), lwmax), ash)
                 # compute this item: p[r, m] = sum over the lane's LC columns of lut[q] * x[m]
                 col = uint32(uint32(s << uint32(SSH)) + lane * uint32(LC))
-                if col < k:
+                valid = col < k
+                # Shuffles need the whole warp: with SR > 0 every lane computes (lanes past K on the row's
+                # last columns, never added), so that no shuffle sits in a divergent branch.
+                if SR > 0 or valid:
                     for i in range(RM):
                         p[i] = float32(0.0)
-                    xi = uint64(col >> uint32(1))
+                    xi = uint64((col if valid else uint32(k - uint32(LC))) >> uint32(1))
                     for w in range(NW):
                         for r in range(R):
-                            lut8_of(tab, lane8, cc[r * NW + w], L, 8 * r)
+                            if r < SR:
+                                lut8_shfl(tl, cc[r * NW + w], L, 8 * r)
+                            else:
+                                lut8_of(tab, lane8, cc[r * NW + w], L, 8 * r)
                         for mm in range(M):
                             xv = load_x8(x_u32, xi + uint64(uint32(mm) * kx) + uint64(4 * w), is_bf16)
                             for r in range(R):
                                 p[r * M + mm] = dot8(L, 8 * r, xv, p[r * M + mm])
-                    for r in range(R):         # the block scale, once per LC columns
-                        sc = ops.fadd_rn(ops.fmul_rn(code2_s[cq[r]], ca[r]), offset)
-                        for mm in range(M):
-                            acc[r * M + mm] += sc * p[r * M + mm]
+                    if valid:
+                        for r in range(R):         # the block scale, once per LC columns
+                            sc = ops.fadd_rn(ops.fmul_rn(code2_s[cq[r]], ca[r]), offset)
+                            for mm in range(M):
+                                acc[r * M + mm] += sc * p[r * M + mm]
                 s = s1
             # the group's sums: over the 32 lanes (shuffles), then over the S warps of the team (shared memory)
             if S == 1:
@@ -527,6 +550,15 @@ VARIANTS = {
     "R8 S2 C32 W8 B2 PRMT": Design(rows=8, split=2, min_blocks=2, table="prmt"),
     "R2 S1 C32 W8 B3 PRMT": Design(rows=2, min_blocks=3, table="prmt"),
     "R4 S2 C32 W16 B1 PRMT": Design(rows=4, split=2, warps=16, min_blocks=1, table="prmt"),
+    # fourth run: Nsight Compute showed the L1/shared data pipe at 80-89% (the table reads are 2/3 of its
+    # wavefronts): NF4 values from warp shuffles (lane l holds lut[l & 15]) for some rows of an item
+    "R4 S2 C32 W8 B3 X2": Design(rows=4, split=2, min_blocks=3, shfl_rows=2),
+    "R4 S2 C32 W8 B3 X4": Design(rows=4, split=2, min_blocks=3, shfl_rows=4),
+    "R8 S2 C32 W8 B2 X4": Design(rows=8, split=2, min_blocks=2, shfl_rows=4),
+    "R8 S2 C32 W8 B2 X3": Design(rows=8, split=2, min_blocks=2, shfl_rows=3),
+    "R4 S1 C32 W8 B2 X2": Design(rows=4, min_blocks=2, shfl_rows=2),
+    "R4 S2 C32 W8 B3 PRMT X2": Design(rows=4, split=2, min_blocks=3, table="prmt", shfl_rows=2),
+    "R8 S2 C32 W8 B2 PRMT X4": Design(rows=8, split=2, min_blocks=2, table="prmt", shfl_rows=4),
 }
 BATCH_VARIANTS = ("auto", "auto (R2, before)")  # timed at M = 2, 4, 8
 GRID_POLICIES = ("balanced", "resident", "full")
