@@ -86,7 +86,7 @@ def _build_device_ops():
         """Two float32 at byte offset ``off`` (uint32, a multiple of 8) of a shared array: one ld.shared.v2.f32.
 
         The offset is already in bytes, so no index is widened to 64 bits or scaled per access."""
-        if not (isinstance(tab, types.Array) and tab.ndim == 1 and tab.dtype.bitwidth == 64):
+        if not (isinstance(tab, types.Array) and tab.ndim == 1):
             return None
         sig = types.UniTuple(types.float32, 2)(tab, types.uint32)
 
@@ -100,6 +100,23 @@ def _build_device_ops():
             v = builder.load(builder.bitcast(p, ir.PointerType(v2, 3)), align=8)
             return context.make_tuple(builder, sig.return_type,
                                       [builder.extract_element(v, ir.Constant(ir.IntType(32), i)) for i in (0, 1)])
+
+        return sig, codegen
+
+    @intrinsic
+    def lds_u32(typingctx, tab, off):
+        """32 bits at byte offset ``off`` (uint32, a multiple of 4) of a shared array: one ld.shared.u32."""
+        if not (isinstance(tab, types.Array) and tab.ndim == 1):
+            return None
+        sig = types.uint32(tab, types.uint32)
+
+        def codegen(context, builder, sig, args):
+            ary = context.make_array(sig.args[0])(context, builder, args[0])
+            base = builder.bitcast(ary.data, ir.IntType(8).as_pointer())
+            base = builder.addrspacecast(base, ir.PointerType(ir.IntType(8), 3))
+            o = context.cast(builder, args[1], sig.args[1], types.uint32)
+            p = builder.gep(base, [builder.zext(o, ir.IntType(64))])
+            return builder.load(builder.bitcast(p, ir.PointerType(ir.IntType(32), 3)), align=4)
 
         return sig, codegen
 
@@ -167,7 +184,7 @@ def _build_device_ops():
         convergent (an inline-asm one made ptxas wrap every shuffle in WARPSYNC.COLLECTIVE)."""
         return _cu.shfl_sync(0xFFFFFFFF, v, src)
 
-    return f32_from_bits, f16_to_f32, lds_pair, load_stream_u32x4, bar_sync, prmt, shfl_idx
+    return f32_from_bits, f16_to_f32, lds_pair, load_stream_u32x4, bar_sync, prmt, shfl_idx, lds_u32
 
 
 def _py_prmt(a, b, sel):
@@ -183,8 +200,13 @@ def _py_prmt(a, b, sel):
 
 
 def _py_lds_pair(tab, off):
-    p = int(tab[int(off) >> 3])
+    t = np.asarray(tab)
+    p = int(t.view(np.uint64)[int(off) >> 3]) if t.dtype.itemsize != 8 else int(t[int(off) >> 3])
     return _py_f32_from_bits(p & 0xFFFFFFFF), _py_f32_from_bits(p >> 32)
+
+
+def _py_lds_u32(tab, off):
+    return np.uint32(np.asarray(tab).view(np.uint32)[int(off) >> 2])
 
 
 class _Warp:
@@ -281,30 +303,30 @@ def _py_load_stream_u32x4(arr, i):
 
 # nf4lab.ptx pickles these by name, so that the PTX subprocess (compile mode) gets the device versions.
 DEVICE_OPS = ("f32_from_bits", "f16_to_f32", "lds_pair", "shfl_down_sync", "load_stream_u32x4", "bar_sync", "prmt",
-              "shfl_idx")
+              "shfl_idx", "lds_u32")
 
 if runtime.SIMULATOR:
     f32_from_bits, f16_to_f32, lds_pair = _py_f32_from_bits, _py_f16_to_f32, _py_lds_pair
     load_stream_u32x4, bar_sync, prmt, shfl_idx = _py_load_stream_u32x4, _py_bar_sync, _py_prmt, _py_shfl_idx
+    lds_u32 = _py_lds_u32
     shfl_down_sync = _py_shfl_down_sync
 else:
-    f32_from_bits, f16_to_f32, lds_pair, load_stream_u32x4, bar_sync, prmt, shfl_idx = _build_device_ops()
+    f32_from_bits, f16_to_f32, lds_pair, load_stream_u32x4, bar_sync, prmt, shfl_idx, lds_u32 = _build_device_ops()
     from numba import cuda as _cuda
 
     shfl_down_sync = _cuda.shfl_down_sync
 
 
-STATIC_SMEM_LIMIT = 48 * 1024  # above this a kernel must be allowed its dynamic shared memory first
 
 
 def with_dynamic_shared(kern, args, nbytes):
     """``kern`` ready to launch on ``args`` with ``nbytes`` of dynamic shared memory.
 
-    Up to 48 KB per block needs nothing. Beyond that (an H100 gives a block up to 227 KB) CUDA wants the
-    kernel's CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES raised first, which numba does not do: so the
+    Static and dynamic shared memory together beyond 48 KB per block (an H100 gives a block up to 227 KB) need
+    the kernel's CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES raised first, which numba does not do: so the
     kernel is compiled for these argument types (``specialize``, cached by numba) and the attribute set on
     it once. The simulator has no such limit: ``kern`` itself."""
-    if runtime.SIMULATOR or nbytes <= STATIC_SMEM_LIMIT:
+    if runtime.SIMULATOR or nbytes == 0:
         return kern
     spec = kern.specialize(*args)
     if getattr(spec, "_nf4lab_dynamic_smem", 0) < nbytes:

@@ -170,6 +170,7 @@ STREAM_CASES = [
     (7, 1088, "bf16", 1, {"rows": 4, "split": 2, "min_blocks": 3, "table": "prmt"}, 1, {"dist": "codes"}),  # PRMT table
     (5, 192, "fp16", 2, {"rows": 2, "table": "prmt"}, None, {"dist": "heavy", "x_dist": "heavy"}),  # PRMT, batch 2
     (6, 1088, "bf16", 1, {"rows": 4, "split": 2, "min_blocks": 3, "shfl_rows": 2}, 1, {"dist": "codes"}),  # shuffles
+    (9, 1088, "fp16", 2, {"rows": 4, "split": 2, "min_blocks": 3, "scale_copies": 16}, 1, {"dist": "heavy"}),  # scale copies
 ]
 
 
@@ -182,6 +183,24 @@ def test_stream_kernel_within_tolerance(nb09, N, K, dtype, M, design, grid, opts
     nb09.launch(g, design=d)
     name = f"{N}x{K} {dtype} M={M} {(d or nb09.auto_design(N, M)).name} grid {grid} {opts}"
     assert gemv.check(g.result(), gc, name=name).ok
+
+
+def test_fp16_table_experiment_is_the_rounded_dot_product(nb09):
+    """The H16 experiment computes x @ W16.T, W16 = fp16(lut)[q] * absmax: within the float32 summation tolerance
+    of that product (and not of the exact one for short rows: the rounding is what it trades)."""
+    gc, g = _case_buffers(5, 256, "bf16", seed=3, dist="codes")
+    g.grid = 1
+    nb09.launch(g, design=nb09.Design(rows=2, split=2, lut16=True, scale_copies=16))
+    q = np.empty(2 * gc.packed.size, np.int64)
+    q[0::2], q[1::2] = gc.packed >> 4, gc.packed & 15          # high nibble first
+    absmax = reference.block_absmax(gc.absmax_q, gc.absmax2, gc.code2, gc.offset)
+    lut16 = gc.lut.astype(np.float16).astype(np.float32)
+    assert (lut16 != gc.lut).sum() >= 10                       # the rounding is real
+    w16 = (lut16[q[: gc.N * gc.K]] * np.repeat(absmax, 64)[: gc.N * gc.K]).reshape(gc.N, gc.K)
+    y64 = gemv.reference_y64(gc.x, w16)
+    tol = gemv.tolerance(gc.x, w16, "bf16")
+    err = np.abs(gemv.to_f32(g.result(), "bf16").reshape(y64.shape) - y64)
+    assert (err <= tol).all(), float((err / tol).max())
 
 
 def test_variant_entries_launch(nb09):

@@ -29,7 +29,8 @@ import numpy as np
 from numba import cuda, float32, uint32, uint64
 
 from nf4lab import gemv, ops
-from nf4lab.gemv import MAX_M, bar_sync, f16_to_f32, f32_from_bits, lds_pair, load_stream_u32x4, prmt, shfl_down_sync, shfl_idx
+from nf4lab.gemv import (MAX_M, bar_sync, f16_to_f32, f32_from_bits, lds_pair, lds_u32, load_stream_u32x4, prmt,
+                         shfl_down_sync, shfl_idx)
 
 print(nf4lab.describe())
 
@@ -132,6 +133,7 @@ COPIES = 16                    # copies of the byte-pair table, one per bank pai
 TAB = 256 * COPIES             # table entries (8 bytes each: 32 KB)
 PCOPIES = 32                   # the "prmt" table: one copy per lane, rows of 256 bytes (see lut8_prmt)
 PTAB = 256 * PCOPIES           # its entries: 64 KB, dynamic shared memory
+SCALE_BYTES = 256 * 16 * 4     # the absmax code table (code2) in 16 copies: 16 KB
 
 
 @dataclasses.dataclass(frozen=True)
@@ -146,18 +148,26 @@ class Design:
     stream: bool = True  # codes with ld.global.nc.L1::no_allocate (weights read once stay out of L1)
     table: str = "pair"  # "pair": 32 KB table, 2 instructions per byte address; "prmt": 64 KB, one PRMT
     shfl_rows: int = 0   # rows of an item (the first ones) whose NF4 values come from warp shuffles, not the table
+    scale_copies: int = 1  # 16: the 256-entry absmax code table in 16 copies (bank-conflict-free reads)
+    lut16: bool = False  # experiment: table of fp16 pairs, 4 bytes per code byte (NOT exact: lut rounded to fp16)
 
     @property
     def name(self):
         s = f"R{self.rows} S{self.split} C{self.cols} W{self.warps} B{self.min_blocks}"
         s += "" if self.table == "pair" else f" {self.table.upper()}"
         s += f" X{self.shfl_rows}" if self.shfl_rows else ""
+        s += f" Q{self.scale_copies}" if self.scale_copies > 1 else ""
+        s += " H16" if self.lut16 else ""
         return s + (f" M{self.m}" if self.m > 1 else "") + ("" if self.stream else " cached")
 
     @property
     def dynamic_smem(self):
         """Bytes of dynamic shared memory a launch asks for (the prmt table does not fit the 48 KB static limit)."""
-        return 8 * PTAB if self.table == "prmt" else 0
+        if self.table == "prmt":
+            return 8 * PTAB
+        if self.lut16 or self.scale_copies > 1:  # the table (32 KB), then the scale codes' copies
+            return 8 * TAB + (SCALE_BYTES if self.scale_copies > 1 else 0)
+        return 0
 
 
 @cuda.jit(device=True, inline="always")
@@ -197,6 +207,21 @@ def lut8_prmt(tab, lane8, w, L, o):
     L[o + 2], L[o + 3] = lds_pair(tab, prmt(w, lane8, uint32(0x5514)))
     L[o + 4], L[o + 5] = lds_pair(tab, prmt(w, lane8, uint32(0x5524)))
     L[o + 6], L[o + 7] = lds_pair(tab, prmt(w, lane8, uint32(0x5534)))
+
+
+@cuda.jit(device=True, inline="always")
+def lut8_h16(tab, lane4, w, L, o):
+    """lut8 from a table of fp16 pairs: byte j's (lut[hi], lut[lo]) rounded to fp16 in one 32-bit word at
+    byte offset (byte << 7) | lane4 (32 copies, lane l reads copy l: conflict-free). Half the shared-memory
+    traffic of the float32 pairs, but the NF4 values are rounded (relative error up to 2^-11): an experiment."""
+    a = lds_u32(tab, ((w << uint32(7)) & uint32(0x7F80)) | lane4)
+    L[o], L[o + 1] = f16_to_f32(a), f16_to_f32(a >> uint32(16))
+    a = lds_u32(tab, ((w >> uint32(1)) & uint32(0x7F80)) | lane4)
+    L[o + 2], L[o + 3] = f16_to_f32(a), f16_to_f32(a >> uint32(16))
+    a = lds_u32(tab, ((w >> uint32(9)) & uint32(0x7F80)) | lane4)
+    L[o + 4], L[o + 5] = f16_to_f32(a), f16_to_f32(a >> uint32(16))
+    a = lds_u32(tab, ((w >> uint32(17)) & uint32(0x7F80)) | lane4)
+    L[o + 6], L[o + 7] = f16_to_f32(a), f16_to_f32(a >> uint32(16))
 
 
 @cuda.jit(device=True, inline="always")
@@ -256,6 +281,12 @@ def make_gemv(is_bf16, d=Design(), reduce=warp_sum):
     lut8_of = lut8_prmt if PRMT else lut8
     SR = d.shfl_rows
     assert 0 <= SR <= R
+    H16 = d.lut16
+    SQ = d.scale_copies > 1
+    DYN = H16 or SQ                   # one dynamic array: the table, then the scale codes' copies
+    assert d.scale_copies in (1, 16) and not (PRMT and DYN)
+    if H16:
+        lut8_of = lut8_h16
 
     @cuda.jit(device=True, inline="always")
     def row_offsets(ro, g, n, kw):
@@ -321,7 +352,23 @@ def make_gemv(is_bf16, d=Design(), reduce=warp_sum):
             i = uint32(tid + uint32(j * THREADS))
             if i < uint32(256):
                 code2_s[i] = code2[i]
-        if PRMT:  # entry (byte << 5) | copy: byte offset (byte << 8) | (copy << 3)
+        if DYN:
+            tab = cuda.shared.array(0, uint32)
+            for j in range(2 * TAB // THREADS):
+                i = uint32(tid + uint32(j * THREADS))
+                if H16:   # word (byte << 5) | copy: fp16(lut[byte >> 4]) | fp16(lut[byte & 15]) << 16
+                    tab[i] = (ops.to_f16_bits(lut[i >> uint32(9)])
+                              | (ops.to_f16_bits(lut[(i >> uint32(5)) & uint32(15)]) << uint32(16)))
+                else:     # the float32 pair table of the "pair" layout, one 32-bit half at a time
+                    e = i >> uint32(1)
+                    tab[i] = ops.float_bits(lut[e >> uint32(8)] if (i & uint32(1)) == 0
+                                            else lut[(e >> uint32(4)) & uint32(15)])
+            if SQ:        # code2[c] at byte 8 * TAB + (c << 6) | (copy << 2); lanes 2c', 2c'+1 read copy c' & 15
+                for j in range(SCALE_BYTES // 4 // THREADS):
+                    i = uint32(tid + uint32(j * THREADS))
+                    tab[uint32(2 * TAB) + i] = ops.float_bits(code2[i >> uint32(4)])
+            lane8 = (lane << uint32(2)) if H16 else ((tid & uint32(COPIES - 1)) << uint32(3))
+        elif PRMT:  # entry (byte << 5) | copy: byte offset (byte << 8) | (copy << 3)
             tab = cuda.shared.array(0, uint64)
             for j in range(PTAB // THREADS):
                 i = uint32(tid + uint32(j * THREADS))
@@ -378,7 +425,12 @@ def make_gemv(is_bf16, d=Design(), reduce=warp_sum):
                                 p[r * M + mm] = dot8(L, 8 * r, xv, p[r * M + mm])
                     if valid:
                         for r in range(R):         # the block scale, once per LC columns
-                            sc = ops.fadd_rn(ops.fmul_rn(code2_s[cq[r]], ca[r]), offset)
+                            if SQ:
+                                c2 = f32_from_bits(lds_u32(tab, uint32(8 * TAB) | (cq[r] << uint32(6))
+                                                           | (((lane >> uint32(1)) & uint32(15)) << uint32(2))))
+                            else:
+                                c2 = code2_s[cq[r]]
+                            sc = ops.fadd_rn(ops.fmul_rn(c2, ca[r]), offset)
                             for mm in range(M):
                                 acc[r * M + mm] += sc * p[r * M + mm]
                 s = s1
@@ -559,6 +611,15 @@ VARIANTS = {
     "R4 S1 C32 W8 B2 X2": Design(rows=4, min_blocks=2, shfl_rows=2),
     "R4 S2 C32 W8 B3 PRMT X2": Design(rows=4, split=2, min_blocks=3, table="prmt", shfl_rows=2),
     "R8 S2 C32 W8 B2 PRMT X4": Design(rows=8, split=2, min_blocks=2, table="prmt", shfl_rows=4),
+    # fifth run: shuffles share the pipe (same shared-memory wavefronts). Conflict-free scale codes, and, as an
+    # experiment on that bound, a table of fp16 pairs (half the table traffic; NOT exact)
+    "R4 S2 C32 W8 B3 Q16": Design(rows=4, split=2, min_blocks=3, scale_copies=16),
+    "R8 S2 C32 W8 B2 Q16": Design(rows=8, split=2, min_blocks=2, scale_copies=16),
+    "R4 S1 C32 W8 B2 Q16": Design(rows=4, min_blocks=2, scale_copies=16),
+    "R4 S2 C32 W8 B3 H16": Design(rows=4, split=2, min_blocks=3, lut16=True),
+    "R8 S2 C32 W8 B2 H16": Design(rows=8, split=2, min_blocks=2, lut16=True),
+    "R8 S2 C32 W8 B2 Q16 H16": Design(rows=8, split=2, min_blocks=2, lut16=True, scale_copies=16),
+    "R4 S1 C32 W8 B2 Q16 H16": Design(rows=4, min_blocks=2, lut16=True, scale_copies=16),
 }
 BATCH_VARIANTS = ("auto", "auto (R2, before)")  # timed at M = 2, 4, 8
 GRID_POLICIES = ("balanced", "resident", "full")
