@@ -339,6 +339,68 @@ def with_dynamic_shared(kern, args, nbytes):
     return spec
 
 
+# ---------------------------------------------------------------- Nsight Compute summary (tools/profile_gemv.py)
+NCU_METRICS = {  # name in the record: ncu metric
+    "time_us": "gpu__time_duration.sum",
+    "dram_pct": "dram__throughput.avg.pct_of_peak_sustained_elapsed",
+    "pipe_pct": "l1tex__data_pipe_lsu_wavefronts.avg.pct_of_peak_sustained_elapsed",
+    "pipe_wavefronts": "l1tex__data_pipe_lsu_wavefronts.sum",
+    "shared_wavefronts": "l1tex__data_pipe_lsu_wavefronts_mem_shared.sum",
+    "issue_pct": "smsp__issue_active.avg.pct_of_peak_sustained_elapsed",
+    "warps_per_sm": "sm__warps_active.avg.per_cycle_active",
+    "registers": "launch__registers_per_thread",
+    "local_loads": "smsp__inst_executed_op_local_ld.sum",
+    "sm_hz": "sm__cycles_elapsed.avg.per_second",
+}
+
+
+def ncu_summary(kernel: dict, N: int, K: int) -> dict:
+    """One profile's record (a kernel of nf4lab.profiling.parse_csv): NCU_METRICS by their short names, the
+    time in us, and the data pipe's wavefronts per 1000 weights (all, and those of shared-memory instructions)."""
+    m = kernel["metrics"]
+    rec = {k: (m.get(v) or {}).get("value") for k, v in NCU_METRICS.items()}
+    rec = {k: (v if isinstance(v, float) else None) for k, v in rec.items()}
+    if rec["time_us"] is not None:
+        rec["time_us"] /= 1e3  # ncu reports ns
+    for k in ("pipe", "shared"):
+        v = rec[f"{k}_wavefronts"]
+        rec[f"{k}_per_1k_weights"] = v / (N * K / 1000) if v is not None else None
+    return rec
+
+
+def ncu_table(run: dict) -> str:
+    """The recorded profiles as a text table."""
+    cols = (("time_us", "us", 6, ".1f"), ("dram_pct", "DRAM %", 7, ".1f"), ("pipe_pct", "pipe %", 7, ".1f"),
+            ("pipe_per_1k_weights", "pipe/1k w", 10, ".1f"), ("shared_per_1k_weights", "shared/1k w", 12, ".1f"),
+            ("issue_pct", "issue %", 8, ".1f"), ("warps_per_sm", "warps/SM", 9, ".1f"), ("registers", "regs", 5, ".0f"))
+    lines = [f"{'W (N x K)':>11}  {'variant':<22}" + "".join(f" {h:>{w}}" for _, h, w, _ in cols)]
+    for r in run["rows"]:
+        m = r["metrics"]
+        lines.append(f"{r['shape']:>11}  {r['variant']:<22}" + "".join(
+            f" {format(m[k], f) if m.get(k) is not None else '-':>{w}}" for k, _, w, f in cols))
+    return "\n".join(lines)
+
+
+def pipe_ceiling_gbps(metrics: dict, N: int, K: int, sms: int) -> float:
+    """Weight bandwidth (GB/s, bytes of :func:`weight_bytes`) at which the SM's load/store data pipe, one
+    wavefront per cycle, would be 100% busy with the wavefronts per weight that a profile measured."""
+    weights_per_s = sms * metrics["sm_hz"] / (metrics["pipe_per_1k_weights"] / 1000)
+    return weights_per_s * weight_bytes(N, K) / (N * K) / 1e9
+
+
+def load_ncu(gpu: str | None = None) -> dict | None:
+    """The recorded profiles of tools/profile_gemv.py --save (data/ncu/<gpu>/09_fused_gemv.json), or None."""
+    import json
+
+    from . import results
+
+    base = results.ROOT / "data" / "ncu"
+    found = sorted(base.glob(f"*/{NAME}.json"))
+    if gpu:
+        found = [p for p in found if p.parent.name == results.gpu_slug(gpu)]
+    return json.loads(found[0].read_text()) if found else None
+
+
 # ---------------------------------------------------------------- SASS, offline
 SASS_PTX_VERSION = "9.0"  # the highest PTX ISA version CUDA 13.0's ptxas accepts
 

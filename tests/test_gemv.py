@@ -368,3 +368,20 @@ def test_auto_design_and_grid(nb09, monkeypatch):
     assert bal * 8 * 2 >= 7168 and (bal - 1) * 8 * 2 < 7168
     ds = nb09.Design(split=2)
     assert nb09.grid_size(K(), ds, 4096, "full") == 2048 // 4  # 4 teams of 2 warps per block
+
+
+def test_ncu_summary_and_pipe_ceiling():
+    """A profile's record: time in us, wavefronts per 1000 weights, and the pipe ceiling they imply."""
+    N, K = 1024, 2048
+    vals = {"time_us": 20_000.0, "pipe_wavefronts": 64.0 * N * K / 1000, "shared_wavefronts": 32.0 * N * K / 1000,
+            "sm_hz": 2e9, "dram_pct": 50.0}
+    kernel = {"metrics": {gemv.NCU_METRICS[k]: {"value": v} for k, v in vals.items()}}
+    kernel["metrics"][gemv.NCU_METRICS["registers"]] = {"value": "n/a"}   # text: recorded as missing
+    rec = gemv.ncu_summary(kernel, N, K)
+    assert rec["time_us"] == 20.0 and rec["pipe_per_1k_weights"] == 64.0 and rec["shared_per_1k_weights"] == 32.0
+    assert rec["registers"] is None and rec["issue_pct"] is None
+    # 132 SMs x 2e9 wavefronts/s / 0.064 per weight = 4.125e12 weights/s, times the bytes per weight
+    expect = 132 * 2e9 / 0.064 * gemv.weight_bytes(N, K) / (N * K) / 1e9
+    assert gemv.pipe_ceiling_gbps(rec, N, K, 132) == pytest.approx(expect)
+    text = gemv.ncu_table({"rows": [{"shape": f"{N}x{K}", "variant": "auto", "metrics": rec}]})
+    assert "auto" in text and "64.0" in text and " -" in text

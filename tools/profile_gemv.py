@@ -1,19 +1,25 @@
-"""Nsight Compute on the fused GEMV variants of notebook 09 (GPU machine with ncu).
+"""Nsight Compute on the fused GEMV variants of notebook 09 (GPU machine with ncu): what limits them.
 
-    python tools/profile_gemv.py --shapes 8192x28672 4096x14336 --variants auto "R4 S1 C32 W8 B2"
+    python tools/profile_gemv.py --shapes 8192x28672 4096x14336 --variants auto "R8 S2 C32 W8 B2 H16"
+    python tools/profile_gemv.py --save        # the default set, recorded for notebook 09
 
 For each (shape, variant) a driver process (this file, ``drive``) quantizes a bf16 W with bitsandbytes on the
-GPU, warms the variant up, and launches it once between cudaProfilerStart/Stop; ncu profiles that launch with
-the sections below at the benchmark's clocks (``--clock-control none``). Prints ncu's details page (speed of
-light, memory and compute workload, issue slots, warp stalls, occupancy) and, when $OUT is set, writes it to
-$OUT/ncu_gemv.txt. Nothing here is recorded in data/: it answers "what limits this kernel?" while tuning.
+GPU, warms the variant up and launches it once between cudaProfilerStart/Stop; ncu profiles that launch at
+the benchmark's clocks (``--clock-control none``). Printed per profile: time, DRAM and L1/shared data-pipe
+throughput (% of peak), the pipe's wavefronts (all, and those of shared-memory instructions: table reads,
+shuffles) per 1000 weights, issue slots busy, achieved warps per SM, registers and spill requests.
+
+``--save`` writes data/ncu/<gpu>/09_fused_gemv.json (notebook 09 shows it), a copy under $OUT, and ncu's
+details pages as $OUT/ncu_gemv.txt.
 """
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -22,13 +28,9 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tools"))
 
 SECTIONS = ("SpeedOfLight", "MemoryWorkloadAnalysis", "ComputeWorkloadAnalysis", "SchedulerStats",
-            "WarpStateStats", "Occupancy", "LaunchStats", "InstructionStats")
-METRICS = ("l1tex__data_pipe_lsu_wavefronts_mem_shared.sum", "l1tex__data_pipe_lsu_wavefronts.sum",
-           "l1tex__data_pipe_lsu_wavefronts.avg.pct_of_peak_sustained_elapsed",
-           "l1tex__data_pipe_lsu_wavefronts_mem_shared.avg.pct_of_peak_sustained_elapsed",
-           "smsp__inst_executed.sum", "smsp__issue_active.avg.pct_of_peak_sustained_elapsed",
-           "sm__cycles_elapsed.avg.per_second", "dram__throughput.avg.pct_of_peak_sustained_elapsed",
-           "gpu__time_duration.sum")
+            "WarpStateStats", "Occupancy", "LaunchStats")
+DEFAULT_SHAPES = ("8192x28672", "4096x14336")
+DEFAULT_VARIANTS = ("auto", "R4 S2 C32 W8 B3", "R8 S2 C32 W8 B2 X4", "R8 S2 C32 W8 B2 Q16", "R8 S2 C32 W8 B2 H16")
 
 
 def drive(shape: str, variant: str, dtype: str = "bf16") -> None:
@@ -55,34 +57,66 @@ def drive(shape: str, variant: str, dtype: str = "bf16") -> None:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--shapes", nargs="+", default=["8192x28672", "4096x14336"])
-    ap.add_argument("--variants", nargs="+", default=["auto"])
+    ap.add_argument("--shapes", nargs="+", default=list(DEFAULT_SHAPES))
+    ap.add_argument("--variants", nargs="+", default=list(DEFAULT_VARIANTS))
     ap.add_argument("--budget-s", type=float, default=240)
+    ap.add_argument("--save", action="store_true")
     a = ap.parse_args(argv)
-    from nf4lab.profiling import find_ncu
+    import nf4lab
+    from nf4lab import results
+    from nf4lab.gemv import NAME, NCU_METRICS, ncu_summary, ncu_table
+    from nf4lab.profiling import find_ncu, parse_csv
 
     ncu = find_ncu()
-    if not ncu:
-        print("ncu not found")
+    if not ncu or not nf4lab.ON_GPU:
+        print("needs a GPU and ncu")
         return 2
-    out = []
+    run = {"meta": {**results.meta("Nsight Compute, one launch per variant after 3 warm-up launches, "
+                                   "--clock-control none, bf16, M=1; W quantized by bitsandbytes on the GPU"),
+                    "ncu": subprocess.run([ncu, "--version"], capture_output=True, text=True).stdout.strip().splitlines()[-1],
+                    "metrics": NCU_METRICS},
+           "rows": []}
+    details = []
     t0 = time.time()
+    tmp = Path(tempfile.mkdtemp(prefix="ncu_gemv_"))
     for shape in a.shapes:
+        N, K = (int(v) for v in shape.split("x"))
         for v in a.variants:
             if time.time() - t0 > a.budget_s:
-                out.append(f"skipped {shape} {v}: budget")
+                print(f"skipped {shape} [{v}]: out of budget")
                 continue
-            cmd = [ncu, "--target-processes", "all", "--clock-control", "none", "--profile-from-start", "off"]
+            rep = tmp / f"r{len(run['rows'])}.ncu-rep"
+            cmd = [ncu, "--target-processes", "all", "--clock-control", "none", "--profile-from-start", "off",
+                   "--export", str(rep), "--force-overwrite"]
             for s in SECTIONS:
                 cmd += ["--section", s]
-            cmd += ["--metrics", ",".join(METRICS), "--print-units", "base",
-                    sys.executable, __file__, "drive", shape, v]
+            cmd += ["--metrics", ",".join(NCU_METRICS.values()), sys.executable, __file__, "drive", shape, v]
             r = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
-            text = f"===== {shape} [{v}] ({time.time() - t0:.0f} s)\n" + r.stdout[-20000:] + (r.stderr[-3000:] if r.returncode else "")
-            print(text, flush=True)
-            out.append(text)
-    if os.environ.get("OUT"):
-        Path(os.environ["OUT"], "ncu_gemv.txt").write_text("\n".join(out))
+            if r.returncode or not rep.exists():
+                print(f"{shape} [{v}]: ncu failed\n{r.stdout[-2000:]}\n{r.stderr[-2000:]}")
+                continue
+            raw = subprocess.run([ncu, "--import", str(rep), "--csv", "--page", "raw", "--print-units", "base"],
+                                 capture_output=True, text=True).stdout
+            kernels = parse_csv(raw)
+            if not kernels:
+                print(f"{shape} [{v}]: no kernel in the report")
+                continue
+            run["rows"].append({"shape": shape, "variant": v, "metrics": ncu_summary(kernels[-1], N, K)})
+            det = subprocess.run([ncu, "--import", str(rep), "--page", "details"], capture_output=True, text=True).stdout
+            details.append(f"===== {shape} [{v}]\n{det}")
+            print(f"[{time.time() - t0:4.0f} s] {shape} [{v}] profiled", flush=True)
+    print(ncu_table(run))
+    print("measured on", results.label(run["meta"]))
+    out = os.environ.get("OUT")
+    if out:
+        Path(out, "ncu_gemv.txt").write_text("\n".join(details))
+    if a.save and run["rows"]:
+        path = ROOT / "data" / "ncu" / results.gpu_slug(run["meta"]["gpu"]) / f"{NAME}.json"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(run, indent=1) + "\n")
+        print("saved", path.relative_to(ROOT))
+        if out:
+            Path(out, "ncu_09_fused_gemv.json").write_text(path.read_text())
     return 0
 
 

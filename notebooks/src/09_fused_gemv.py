@@ -15,9 +15,10 @@
 # 3. PTX and SASS evidence
 # 4. Correctness: a tolerance from the summation length, and the difference from bitsandbytes
 # 5. Benchmark: effective weight bandwidth vs the copy ceiling at LLM shapes
-# 6. Batch: up to 8 rows of x
-# 7. Reading: what Marlin does beyond this
-# 8. Exercise
+# 6. What limits it: the SM's load/store data pipe (Nsight Compute)
+# 7. Batch: up to 8 rows of x
+# 8. Reading: what Marlin does beyond this
+# 9. Exercise
 
 # %%
 import nf4lab  # first: may switch numba to its simulator
@@ -116,7 +117,7 @@ for N, K in gemv.LLM_SHAPES:
 #   final offsets of a load are widened, so that consecutive 128-bit loads use immediate offsets.
 # - **x converted once per item** for all R rows (the first version: for 4 rows), and the block scale
 #   once per lane per item (a lane's 32 columns lie in one absmax block).
-# - **Batch M (section 6)** is the same kernel with M rows of x: each NF4 value read from the table
+# - **Batch M (section 7)** is the same kernel with M rows of x: each NF4 value read from the table
 #   feeds M FMAs, and a lane keeps R x M partial sums.
 #
 # The compile-time choices live in a `Design` (rows R, split S, columns per lane C, warps per block W,
@@ -594,32 +595,15 @@ VARIANTS = {
     "R3 S1 C32 W8 B3": Design(rows=3, min_blocks=3),    # 3 loads in flight; N/3 groups fill more of 24 warps/SM
     "R8 S1 C32 W8 B2": Design(rows=8, min_blocks=2),    # 8 loads (4 KB per warp) in flight, 128 registers
     "R8 S2 C32 W8 B2": Design(rows=8, split=2, min_blocks=2),            # ... with split-K, enough warps at N = 8192
-    # third run: the byte-permute table (64 KB, one PRMT per byte address instead of two instructions)
-    "auto PRMT": lambda N, M=1: dataclasses.replace(auto_design(N, M), table="prmt"),
-    "R4 S2 C32 W8 B3 PRMT": Design(rows=4, split=2, min_blocks=3, table="prmt"),
-    "R4 S1 C32 W8 B3 PRMT": Design(rows=4, min_blocks=3, table="prmt"),
-    "R4 S1 C32 W8 B2 PRMT": Design(rows=4, min_blocks=2, table="prmt"),
+    # third to fifth runs (Nsight Compute: the SM's L1/shared data pipe is the bottleneck, section 6)
+    "R4 S2 C32 W8 B3 PRMT": Design(rows=4, split=2, min_blocks=3, table="prmt"),      # one PRMT per table address
     "R8 S2 C32 W8 B2 PRMT": Design(rows=8, split=2, min_blocks=2, table="prmt"),
-    "R2 S1 C32 W8 B3 PRMT": Design(rows=2, min_blocks=3, table="prmt"),
-    "R4 S2 C32 W16 B1 PRMT": Design(rows=4, split=2, warps=16, min_blocks=1, table="prmt"),
-    # fourth run: Nsight Compute showed the L1/shared data pipe at 80-89% (the table reads are 2/3 of its
-    # wavefronts): NF4 values from warp shuffles (lane l holds lut[l & 15]) for some rows of an item
-    "R4 S2 C32 W8 B3 X2": Design(rows=4, split=2, min_blocks=3, shfl_rows=2),
-    "R4 S2 C32 W8 B3 X4": Design(rows=4, split=2, min_blocks=3, shfl_rows=4),
+    "R4 S2 C32 W8 B3 X2": Design(rows=4, split=2, min_blocks=3, shfl_rows=2),         # half the rows from shuffles
     "R8 S2 C32 W8 B2 X4": Design(rows=8, split=2, min_blocks=2, shfl_rows=4),
-    "R8 S2 C32 W8 B2 X3": Design(rows=8, split=2, min_blocks=2, shfl_rows=3),
-    "R4 S1 C32 W8 B2 X2": Design(rows=4, min_blocks=2, shfl_rows=2),
-    "R4 S2 C32 W8 B3 PRMT X2": Design(rows=4, split=2, min_blocks=3, table="prmt", shfl_rows=2),
-    "R8 S2 C32 W8 B2 PRMT X4": Design(rows=8, split=2, min_blocks=2, table="prmt", shfl_rows=4),
-    # fifth run: shuffles share the pipe (same shared-memory wavefronts). Conflict-free scale codes, and, as an
-    # experiment on that bound, a table of fp16 pairs (half the table traffic; NOT exact)
-    "R4 S2 C32 W8 B3 Q16": Design(rows=4, split=2, min_blocks=3, scale_copies=16),
+    "R4 S2 C32 W8 B3 Q16": Design(rows=4, split=2, min_blocks=3, scale_copies=16),    # conflict-free scale codes
     "R8 S2 C32 W8 B2 Q16": Design(rows=8, split=2, min_blocks=2, scale_copies=16),
-    "R4 S1 C32 W8 B2 Q16": Design(rows=4, min_blocks=2, scale_copies=16),
-    "R4 S2 C32 W8 B3 H16": Design(rows=4, split=2, min_blocks=3, lut16=True),
-    "R8 S2 C32 W8 B2 H16": Design(rows=8, split=2, min_blocks=2, lut16=True),
-    "R8 S2 C32 W8 B2 Q16 H16": Design(rows=8, split=2, min_blocks=2, lut16=True, scale_copies=16),
-    "R4 S1 C32 W8 B2 Q16 H16": Design(rows=4, min_blocks=2, lut16=True, scale_copies=16),
+    "R4 S2 C32 W8 B3 H16": Design(rows=4, split=2, min_blocks=3, lut16=True),         # experiment, NOT exact:
+    "R8 S2 C32 W8 B2 H16": Design(rows=8, split=2, min_blocks=2, lut16=True),         # fp16 table, half the traffic
 }
 BATCH_VARIANTS = ("auto", "auto (R2, before)")  # timed at M = 2, 4, 8
 GRID_POLICIES = ("balanced", "resident", "full")
@@ -808,9 +792,65 @@ if run is not None:
 # N/4) and R8 (4 KB per warp in flight, with and without split-K). A plausible reading of C64's
 # slowness, not verified with a profiler: a lane's two 16-byte loads are 32 bytes apart, so each load
 # instruction of a warp uses half of every 32-byte sector it touches, and with the weights kept out of
-# L1 the second load fetches the same sectors from L2 again.
+# L1 the second load fetches the same sectors from L2 again. The variants after those (PRMT, X, Q16,
+# H16) come from the profiling of section 6.
 #
-# ## 6. Batch: up to 8 rows of x
+# ## 6. What limits it: the SM's load/store data pipe
+#
+# The default stops at about three quarters of the copy ceiling at 8192x28672 and near half at
+# 4096x14336, while DRAM is far from busy. Nsight Compute (`python tools/profile_gemv.py --save` on a
+# GPU, recorded in `data/ncu/<gpu>/09_fused_gemv.json`) says where the time goes. The column to read is
+# the **data pipe**: every load or store that goes through an SM's L1/shared memory, the table reads
+# included, passes its data stage one *wavefront* (up to 128 bytes) per cycle. A warp's table read
+# returns 32 lanes x 8 bytes = 256 bytes, two wavefronts for 64 weights: one wavefront per 32 weights,
+# whatever the layout, because a float32 NF4 value is 4 bytes. The codes, x, the scales and any spilled
+# registers add their own. With W wavefronts per 1000 weights and one wavefront per cycle per SM, no
+# kernel that moves them can exceed `SMs x clock / W` weights per second: the *pipe ceiling* the cell
+# prints, in GB/s of weight bytes like the benchmark.
+#
+# What the profiles (table below) and the variants of section 5 show, on the H100:
+# - The default's pipe is the busiest unit (`pipe %`, well above `DRAM %`), and shared-memory instructions
+#   make most of its wavefronts (`shared/1k w` against `pipe/1k w`: the table alone is 31.25 per 1000
+#   weights). Its pipe ceiling is barely above 85% of the copy: the target would need the pipe busy
+#   nearly every cycle.
+# - **PRMT** (a 64 KB table whose rows are 256 bytes, so that one byte permute `prmt` turns a code byte into
+#   its table address): fewer SASS instructions per weight (section 3's report), and no faster.
+#   Instructions were not the limit.
+# - **X** (NF4 values from warp shuffles, lane l holding lut[l & 15], for some rows): as many
+#   shared-memory wavefronts as the table. A shuffle goes through the same pipe as a table read.
+# - **Q16** (the absmax code table in 16 copies, no bank conflicts): a few wavefronts fewer, no faster.
+# - **H16**, an experiment, *not exact*: the table holds fp16 pairs, so a read returns 4 bytes per code
+#   byte, half the traffic. Its pipe is far from full and it is the fastest variant at 8192x28672, yet
+#   still below 85%: issue slots and latency (16 warps per SM at 128 registers) take over. And its NF4
+#   values are rounded (relative error up to 2^-11): not what bitsandbytes dequantizes to.
+#
+# So with an exact float32 table this kernel is bound by the data pipe, and 85% of the copy is out of reach.
+# Beyond it (not built here): fewer non-table wavefronts (x kept in registers by giving each warp a fixed
+# slice of K, no spills, codes through the TMA), or less table traffic with approximate values, which is
+# what bitsandbytes' own GEMV does when it rounds every weight to bf16.
+
+# %%
+prof = gemv.load_ncu()
+if prof is None:
+    print("No Nsight Compute profiles recorded (data/ncu/<gpu>/09_fused_gemv.json): "
+          "`python tools/profile_gemv.py --save` on a GPU records them.")
+else:
+    print(f"Recorded profiles ({results.label(prof['meta'])}; {prof['meta'].get('ncu', 'ncu')}):\n")
+    print(gemv.ncu_table(prof))
+    copy = bench.Run.load(gemv.NAME)
+    copy_gbps = max((r["gbps"] for r in copy.records if r["name"] == gemv.COPY), default=None) if copy else None
+    print(f"\n{'W (N x K)':>11}  {'variant':<22} {'measured GB/s':>14} {'pipe ceiling GB/s':>18}"
+          + (f" {'ceiling / copy':>15}" if copy_gbps else ""))
+    for r in prof["rows"]:
+        N, K = (int(v) for v in r["shape"].split("x"))
+        m, ceil = r["metrics"], gemv.pipe_ceiling_gbps(r["metrics"], N, K, prof["meta"].get("sms") or 132)
+        print(f"{r['shape']:>11}  {r['variant']:<22} {gemv.weight_bytes(N, K) / m['time_us'] / 1e3:>14.0f} "
+              f"{ceil:>18.0f}" + (f" {ceil / copy_gbps:>15.0%}" if copy_gbps else ""))
+    if copy_gbps:
+        print(f"\n(copy ceiling: {copy_gbps:.0f} GB/s, from {copy.path}; a profiled launch runs a little "
+              "slower than the benchmark's CUDA-graph replays)")
+
+# ## 7. Batch: up to 8 rows of x
 #
 # Speculative decoding and small-batch serving multiply a few rows of activations by the same
 # weights. The kernel above takes `Design(m=M)`: per item each lane reads its codes once, looks each
@@ -819,7 +859,7 @@ if run is not None:
 # those of section 1, but the work per byte grows M-fold: converting M activations and M FMAs per
 # weight. The recorded SASS report (section 3's `data/sass/09_fused_gemv.json`, rows with m > 1) shows
 # the instructions per weight growing with M, so we expect the kernel to become bound by instructions
-# rather than bytes from M of about 2 on, which is where tensor cores take over (section 7).
+# rather than bytes from M of about 2 on, which is where tensor cores take over (section 8).
 # bitsandbytes' `matmul_4bit` does not use its GEMV kernel for M > 1: it dequantizes the whole weight
 # to bf16/fp16 and calls a matmul, so by section 1's byte model it moves about 9x our bytes.
 
@@ -849,12 +889,12 @@ else:
     gemv.plot_batch(run_b)
 
 # %% [markdown]
-# ## 7. Reading: what Marlin does beyond this
+# ## 8. Reading: what Marlin does beyond this
 #
 # For batch 1 the whole game is streaming the weights once at full bandwidth, which a kernel with
 # enough 128-bit loads in flight can do. With a batch of 16-64 tokens (speculative decoding, batched
 # serving) the same weight bytes feed M rows of activations, the arithmetic grows M-fold and
-# CUDA cores become the bottleneck, as section 6 showed already at M = 8. Marlin (Frantar, Castro et
+# CUDA cores become the bottleneck, as section 7 showed already at M = 8. Marlin (Frantar, Castro et
 # al., IST Austria, 2024, "MARLIN: Mixed-Precision Auto-Regressive Parallel Inference on Large
 # Language Models") keeps the kernel memory-bound up to batch 16-32 with:
 #
@@ -877,7 +917,7 @@ else:
 # 128x256x768 problem: `thread_k`/`thread_n` tile choice (128x128 for m <= 16, else 64x256), the
 # 16x16 tiles of `m16n8k16`, and how the stripes are assigned to SMs.
 #
-# ## 8. Exercise: the reduction is wrong
+# ## 9. Exercise: the reduction is wrong
 #
 # The kernel below is our GEMV with a different `warp_sum_ex`. Its outputs are far off. Fix the
 # reduction so that lane 0 ends up with the sum of all 32 lanes. The check runs it on a small case
