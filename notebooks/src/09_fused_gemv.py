@@ -811,8 +811,9 @@ if run is not None:
 # What the profiles (table below) and the variants of section 5 show, on the H100:
 # - The default's pipe is the busiest unit (`pipe %`, well above `DRAM %`), and shared-memory instructions
 #   make most of its wavefronts (`shared/1k w` against `pipe/1k w`: the table alone is 31.25 per 1000
-#   weights). Its pipe ceiling is barely above 85% of the copy: the target would need the pipe busy
-#   nearly every cycle.
+#   weights). Its pipe ceiling (last column) is barely above 85% of the copy at 8192x28672, where the
+#   target would need the pipe busy nearly every cycle, and below 85% at 4096x14336, where 4 rows per
+#   item load x for fewer weights than 8 rows do.
 # - **PRMT** (a 64 KB table whose rows are 256 bytes, so that one byte permute `prmt` turns a code byte into
 #   its table address): fewer SASS instructions per weight (section 3's report), and no faster.
 #   Instructions were not the limit.
