@@ -116,8 +116,8 @@ def verify_versions(versions, case, *, dtypes=None, shapes=None, extra_shapes=()
     """Verify every version bit for bit on ``case``, on edge shapes and on other distributions.
 
     ``versions``: a dict name -> ``launch(b)`` (or one ``launch``). ``case``: the notebook's main
-    case; the distributions are checked at its shape on a GPU, at a small odd shape in the
-    simulator. ``dtypes``: output dtypes to check (default: the case's). ``shapes``: default
+    case, verified first for each dtype, with verification's full report printed; the distributions
+    are checked at its shape on a GPU, at a small odd shape in the simulator. ``dtypes``: output dtypes to check (default: the case's). ``shapes``: default
     :func:`nf4lab.edge_shapes` on a GPU, :data:`SIM_EDGE_SHAPES` in the simulator; ``extra_shapes`` are added to either.
 
     Stops at the first mismatch with verification's explanation (a ``VerificationError``);
@@ -136,15 +136,18 @@ def verify_versions(versions, case, *, dtypes=None, shapes=None, extra_shapes=()
     shapes = list(shapes) if shapes is not None else (edge_shapes() if runtime.ON_GPU else SIM_EDGE_SHAPES)
     shapes += [s for s in extra_shapes if s not in shapes]
     dist_shape = case.shape if runtime.ON_GPU else SIM_DIST_SHAPE
-    todo = [(d, s, "randn") for d in dtypes for s in shapes] + [(d, dist_shape, x) for d in dtypes for x in dists]
+    main = [(d, case.shape, case.dist) for d in dtypes]
+    todo = main + [(d, s, "randn") for d in dtypes for s in shapes] + [(d, dist_shape, x) for d in dtypes for x in dists]
     passed = dict.fromkeys(versions, 0)
     for dtype, shape, dist in tqdm(todo, desc="verifying", disable=not progress or not runtime.ON_GPU):
         c = case if (shape, dist, dtype) == (case.shape, case.dist, case.dtype) else \
             make_case(shape, dtype=dtype, dist=dist)
         for name, launch in versions.items():
-            run_and_verify(launch, c, name=f"{name} [{dtype} {shape[0]}x{shape[1]} {dist}]")
+            report = run_and_verify(launch, c, name=f"{name} [{dtype} {shape[0]}x{shape[1]} {dist}]")
+            if (dtype, shape, dist) in main:
+                print(report)
             passed[name] += 1
-    what = f"{len(shapes)} edge shapes" + (f" and the {'/'.join(dists)} distributions" if dists else "")
+    what = f"the main case, {len(shapes)} edge shapes" + (f" and the {'/'.join(dists)} distributions" if dists else "")
     for name, k in passed.items():
         print(f"bit-exact: {name} ({', '.join(dtypes)}; {what}: {k} cases)")
     return passed

@@ -400,7 +400,8 @@ def recorded_gpus() -> list[str]:
 def load_recorded(gpu: str | None = None) -> dict | None:
     """Profiles committed under data/ncu/<gpu>/ (index.json + one raw CSV per version).
 
-    Returns ``{"gpu", "meta", "versions": {name: {"file", "kernels", "summary", ...}}}``
+    Returns ``{"gpu", "meta", "versions": {name: {"file", "kernels", "summary", ...}}, "dir", "dates"}``
+    (``dates``: the days the versions were profiled, each version's own date or the run's)
     or None when nothing is recorded. ``gpu`` defaults to $NF4LAB_RESULTS_GPU, then the
     folder with the most files.
     """
@@ -425,7 +426,9 @@ def load_recorded(gpu: str | None = None) -> dict | None:
         k = main_kernel(kernels)
         versions[e["name"]] = {**e, "path": str(p.relative_to(ROOT)), "kernels": kernels,
                                "summary": summarize(k) if k else None}
-    return {"gpu": gpu, "meta": index.get("meta", {}), "versions": versions, "dir": str(d.relative_to(ROOT))}
+    meta = index.get("meta", {})
+    dates = sorted({v.get("date") or meta.get("date") for v in versions.values()} - {None})
+    return {"gpu": gpu, "meta": meta, "versions": versions, "dir": str(d.relative_to(ROOT)), "dates": dates}
 
 
 def load_fixture() -> dict:

@@ -92,10 +92,14 @@ def _host_launch(skip_last_at=None):
     return launch
 
 
-def test_verify_versions_counts_every_case_of_every_version(case):
+def test_verify_versions_counts_every_case_of_every_version(case, capsys):
     passed = nf4lab.verify_versions({"a": _host_launch(), "b": _host_launch()}, case, dtypes=("bf16", "fp32"),
                                     shapes=[(1, 1), (3, 5)], dists=("codes",))
-    assert passed == {"a": 6, "b": 6}   # 2 dtypes x (2 shapes + 1 distribution)
+    assert passed == {"a": 8, "b": 8}   # 2 dtypes x (the main case + 2 shapes + 1 distribution)
+    out = capsys.readouterr().out       # the main case's full report first, once per version and dtype
+    shape = f"{case.shape[0]}x{case.shape[1]}"
+    assert out.count(f"a [bf16 {shape} {case.dist}]") == 1 and out.count(f"b [fp32 {shape} {case.dist}]") == 1
+    assert out.index(f"a [bf16 {shape}") < out.index("bit-exact: a (")
 
 
 def test_verify_versions_stops_on_the_shape_that_breaks(case):

@@ -19,6 +19,8 @@ re-building after a GPU run does not throw the recorded results away.
 from __future__ import annotations
 
 import argparse
+import collections
+import hashlib
 import json
 import re
 import sys
@@ -81,12 +83,16 @@ def build_one(src: Path, solution: bool) -> nbformat.NotebookNode:
     nb = nbformat.v4.new_notebook()
     nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
     nb.metadata["language_info"] = {"name": "python"}
+    seen = collections.Counter()
     for c in parse(src.read_text()):
         text = "\n".join(variant(c["lines"], solution))
         if c["type"] == "markdown":
             cell = nbformat.v4.new_markdown_cell(text)
         else:
             cell = nbformat.v4.new_code_cell(text)
+        # a cell's id follows from its text (nbformat's are random): rebuilding leaves unchanged cells as they were
+        seen[(c["type"], text)] += 1
+        cell.id = hashlib.sha1(f"{c['type']}\0{text}\0{seen[(c['type'], text)]}".encode()).hexdigest()[:8]
         if c["tags"]:
             cell.metadata["tags"] = c["tags"]
         nb.cells.append(cell)

@@ -310,7 +310,6 @@ assert ptx.count(naive_ptx, r"^st\.global\.(u16|b16)") == 2
 # notebook. (In the simulator we use a subset of the edge shapes to keep it fast.)
 
 # %%
-print(nf4lab.run_and_verify(launch, case, name="01 naive"))
 nf4lab.verify_versions({"01 naive": launch}, case);
 
 # %% [markdown]

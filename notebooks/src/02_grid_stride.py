@@ -186,8 +186,6 @@ assert ptx.count(gs_ptx, r"^st\.global\.u16") > 2, "expected the loop to be unro
 # We verify both versions on the default case and the edge shapes.
 
 # %%
-for name, fn in VERSIONS.items():
-    print(nf4lab.run_and_verify(fn, case, name=name))
 nf4lab.verify_versions(VERSIONS, case, extra_shapes=[(2, 16383)]);   # more weights than threads in the simulator too
 
 # %% [markdown]

@@ -346,8 +346,6 @@ ptx.check(ptx_b, present=[r"^ld\.global\.v4\.u32", r"^st\.global\.v4\.u32", r"^c
 # alignment and bounds. A mismatch raises `VerificationError` and stops the notebook.
 
 # %%
-for name, launch in VERSIONS.items():
-    print(nf4lab.run_and_verify(launch, case, name=name))
 nf4lab.verify_versions(VERSIONS, case);
 
 # %% [markdown]

@@ -272,8 +272,6 @@ for d, p in kernel_ptx.items():
 # exactly as torch's conversion does: bit-exact here means the same infinities and subnormals too.
 
 # %%
-for d, c in cases.items():
-    print(nf4lab.run_and_verify(launch, c, name=f"06 -> {d}"))
 nf4lab.verify_versions(VERSIONS, cases["bf16"], dtypes=("bf16", "fp16", "fp32"));
 
 # %% [markdown]

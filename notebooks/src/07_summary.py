@@ -197,8 +197,7 @@ rec = profiling.load_recorded()
 if rec is None:
     print("no Nsight Compute profiles recorded")
 else:
-    dates = sorted({v.get("date") or rec["meta"]["date"] for v in rec["versions"].values()})
-    print(f"Nsight Compute, {rec['meta']['gpu']}, profiled {' and '.join(dates)}, {rec['meta']['ncu']}, "
+    print(f"Nsight Compute, {rec['meta']['gpu']}, profiled {' and '.join(rec['dates'])}, {rec['meta']['ncu']}, "
           f"{'x'.join(map(str, rec['meta']['shape']))} {rec['meta']['dtype']}")
     summaries = {name: v["summary"] for name, v in rec["versions"].items()}
     print(profiling.table(summaries))

@@ -95,8 +95,7 @@ else:
 rec = profiling.load_recorded()
 if rec is not None and rec["versions"]:
     m = rec["meta"]
-    dates = sorted({v.get("date") or m.get("date") for v in rec["versions"].values()})
-    print(f"recorded profiles: {rec['dir']} -- {m.get('gpu')}, profiled {' and '.join(dates)}, ncu {m.get('ncu')}, "
+    print(f"recorded profiles: {rec['dir']} -- {m.get('gpu')}, profiled {' and '.join(rec['dates'])}, ncu {m.get('ncu')}, "
           f"numba-cuda {m.get('numba_cuda')}, case {m.get('shape')} {m.get('dtype')}")
     for name, v in rec["versions"].items():
         if v.get("lineinfo") is False:
