@@ -388,6 +388,30 @@ def pipe_ceiling_gbps(metrics: dict, N: int, K: int, sms: int) -> float:
     return weights_per_s * weight_bytes(N, K) / (N * K) / 1e9
 
 
+def read_bound_table(bound, gemv_run=None) -> str:
+    """tools/gemv_read_bound.py's run (a bench.Run) as text: per shape the read-only bound in us and GB/s, as a
+    share of that run's copy ceiling, and, from a GEMV benchmark run, the default kernel (bf16, M=1) against it."""
+    copy = max((r["gbps"] for r in bound.records if r["name"] == COPY), default=None)
+    lines = [f"{'W (N x K)':>11} {'read us':>8} {'read GB/s':>10} {'% copy':>7} {'GEMV us':>8} {'GEMV / read':>12}"
+             f"  best read config"]
+    for r in bound.records:
+        if r["kind"] != "bound":
+            continue
+        ours = None
+        if gemv_run is not None:
+            name = default_kernel(gemv_run)
+            ours = next((q for q in gemv_run.records if q["name"] == name and q["shape"] == r["shape"]
+                         and q["dtype"] == "bf16" and q.get("M", 1) == 1), None)
+        lines.append(f"{'x'.join(map(str, r['shape'])):>11} {r['ms'] * 1e3:8.1f} {r['gbps']:10.0f} "
+                     f"{(100 * r['gbps'] / copy if copy else float('nan')):6.0f}% "
+                     f"{(ours['ms'] * 1e3 if ours else float('nan')):8.1f} "
+                     f"{(100 * r['ms'] / ours['ms'] if ours else float('nan')):11.0f}%  {r.get('config', '')}")
+    if copy:
+        lines.append(f"(copy ceiling {copy:.0f} GB/s in the same run; 'GEMV / read': the GEMV's speed as a share "
+                     "of the pure read's)")
+    return "\n".join(lines)
+
+
 def load_ncu(gpu: str | None = None) -> dict | None:
     """The recorded profiles of tools/profile_gemv.py --save (data/ncu/<gpu>/09_fused_gemv.json), or None."""
     import json

@@ -385,3 +385,27 @@ def test_ncu_summary_and_pipe_ceiling():
     assert gemv.pipe_ceiling_gbps(rec, N, K, 132) == pytest.approx(expect)
     text = gemv.ncu_table({"rows": [{"shape": f"{N}x{K}", "variant": "auto", "metrics": rec}]})
     assert "auto" in text and "64.0" in text and " -" in text
+
+
+@pytest.mark.parametrize("unroll,grid,block", [(1, 1, 1), (4, 1, 1), (8, 2, 3)])
+def test_read_bound_kernel_reads_every_vector_once(unroll, grid, block):
+    """tools/gemv_read_bound.py's reader: every 16-byte vector XORed exactly once (its grid-stride loop with
+    `unroll` loads in flight and a tail), so the bound it times really reads all the weight bytes."""
+    import sys
+
+    sys.path.insert(0, str(ROOT / "tools"))
+    import gemv_read_bound as rb
+
+    rng = np.random.default_rng(unroll)
+    nvec = 37                                        # not a multiple of any unroll x threads
+    words = rng.integers(0, 2**32, size=4 * nvec, dtype=np.uint64).astype(np.uint32)
+    total = np.bitwise_xor.reduce(words)
+    words[-1] ^= total ^ np.uint32(0x9E3779B9)     # now all vectors XOR to the magic value
+    out = np.zeros(1, np.uint32)
+    kern = rb.make_reader(unroll)
+    if grid * block == 1:
+        kern[grid, block](cuda.to_device(words), nvec, (d := cuda.to_device(out)))
+        assert d.copy_to_host()[0] == 0x9E3779B9     # the one thread saw every vector once
+    else:                                             # several threads: the XOR of their partial sums is the total
+        words[-1] ^= np.uint32(0x9E3779B9)            # back to an arbitrary total: just no fault or out-of-bounds read
+        kern[grid, block](cuda.to_device(words), nvec, cuda.to_device(out))

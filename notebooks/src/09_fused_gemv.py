@@ -825,6 +825,13 @@ if run is not None:
 #   still below 85%: issue slots and latency (16 warps per SM at 128 registers) take over. And its NF4
 #   values are rounded (relative error up to 2^-11): not what bitsandbytes dequantizes to.
 #
+# A bound that holds for *any* GEMV, not just this design: it must read its weight bytes once.
+# `python tools/gemv_read_bound.py` times a kernel that does nothing else (128-bit streaming loads, up to 8
+# in flight per thread, the best of 16 configurations), exactly as the benchmark times the GEMV. The
+# second cell prints it per shape beside the copy ceiling and our default. Where even a pure read of
+# the weight stays below 85% of the copy ceiling (a 1 GiB copy), no GEMV can reach the target at that
+# shape: a few-microsecond kernel pays its launch, the first loads' latency and its tail in full.
+#
 # So with an exact float32 table this kernel is bound by the data pipe, and 85% of the copy is out of reach.
 # Beyond it (not built here): fewer non-table wavefronts (x kept in registers by giving each warp a fixed
 # slice of K, no spills, codes through the TMA), or less table traffic with approximate values, which is
@@ -850,6 +857,15 @@ else:
     if copy_gbps:
         print(f"\n(copy ceiling: {copy_gbps:.0f} GB/s, from {copy.path}; a profiled launch runs a little "
               "slower than the benchmark's CUDA-graph replays)")
+
+# %%
+bound = bench.Run.load("09_read_bound")
+if bound is None:
+    print("No read-only bound recorded (data/results/<gpu>/09_read_bound.json): "
+          "`python tools/gemv_read_bound.py` on a GPU records it.")
+else:
+    print(f"Read-only bound, {results.label(bound.meta)}:\n")
+    print(gemv.read_bound_table(bound, bench.Run.load(gemv.NAME)))
 
 # ## 7. Batch: up to 8 rows of x
 #
