@@ -62,10 +62,17 @@ def gemv_lines(gpu) -> list:
     if run is None:
         return []
     recs = run["records"]
+    bound = results.load("09_read_bound", gpu)
+    reads = {tuple(q["shape"]): q for q in (bound or {}).get("records", []) if q["kind"] == "bound"}
+    read_copy = max((q["gbps"] for q in (bound or {}).get("records", []) if q["name"] == "device copy (read + write)"),
+                    default=None)
     lines = ["", f"Fused NF4 GEMV (notebook 09), `y = x @ W.T` with one row of x, GPU time, {results.label(run['meta'])}; "
-             "effective weight bandwidth = packed weights and scales read per second:", "",
-             "| W (N x K) | dtype | fused us | bitsandbytes gemv_4bit us | x bitsandbytes | % of copy | within tolerance |",
-             "| --- | --- | ---: | ---: | ---: | ---: | :---: |"]
+             "effective weight bandwidth = packed weights and scales read per second"
+             + ("; *pure read*: a kernel that only reads the same bytes (`tools/gemv_read_bound.py`, "
+                f"{results.label(bound['meta'])}), the bound for any GEMV" if bound else "") + ":", "",
+             "| W (N x K) | dtype | fused us | bitsandbytes gemv_4bit us | x bitsandbytes | % of copy |"
+             + (" pure read us (% of copy) |" if bound else "") + " within tolerance |",
+             "| --- | --- | ---: | ---: | ---: | ---: |" + (" ---: |" if bound else "") + " :---: |"]
     for r in recs:
         if r["kind"] != "kernel" or not r["name"].endswith("[auto]") or r.get("M", 1) != 1 or r.get("ms") is None:
             continue
@@ -73,8 +80,16 @@ def gemv_lines(gpu) -> list:
                   and q["shape"] == r["shape"] and q["dtype"] == r["dtype"]), None)
         lines.append(f"| {'x'.join(map(str, r['shape']))} | {r['dtype']} | {r['ms'] * 1e3:.1f} | "
                      f"{'' if b is None else format(b['ms'] * 1e3, '.1f')} | {r['speedup_vs_bnb']:.2f} | "
-                     f"{r['pct_copy']:.0f} | {'yes' if r.get('within_tol') else 'no'} |")
+                     f"{r['pct_copy']:.0f} | " + (_read_cell(reads.get(tuple(r["shape"])), read_copy) if bound else "")
+                     + f"{'yes' if r.get('within_tol') else 'no'} |")
     return lines + ["", f"Source: `{run['path']}` (every variant, batch M = 2-8 in `09_fused_gemv_batch.json`)."]
+
+
+def _read_cell(q, copy) -> str:
+    """A pure read's time at the shape, and its bandwidth as a share of the copy ceiling of its own run."""
+    if q is None:
+        return "| "
+    return f"{q['ms'] * 1e3:.1f}" + (f" ({100 * q['gbps'] / copy:.0f}) | " if copy else " | ")
 
 
 def render(text: str) -> str:
