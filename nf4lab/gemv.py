@@ -81,6 +81,16 @@ def _build_device_ops():
 
         return sig, codegen
 
+    def shared_ptr(context, builder, sig, args, elem):
+        """Pointer to ``elem`` at byte offset args[1] (uint32) of the shared array args[0]: the array's data
+        pointer cast back to the shared window, plus the offset (no index scaling, no 64-bit index math)."""
+        ary = context.make_array(sig.args[0])(context, builder, args[0])
+        base = builder.bitcast(ary.data, ir.IntType(8).as_pointer())
+        base = builder.addrspacecast(base, ir.PointerType(ir.IntType(8), 3))
+        o = context.cast(builder, args[1], sig.args[1], types.uint32)
+        p = builder.gep(base, [builder.zext(o, ir.IntType(64))])
+        return builder.bitcast(p, ir.PointerType(elem, 3))
+
     @intrinsic
     def lds_pair(typingctx, tab, off):
         """Two float32 at byte offset ``off`` (uint32, a multiple of 8) of a shared array: one ld.shared.v2.f32.
@@ -91,13 +101,7 @@ def _build_device_ops():
         sig = types.UniTuple(types.float32, 2)(tab, types.uint32)
 
         def codegen(context, builder, sig, args):
-            ary = context.make_array(sig.args[0])(context, builder, args[0])
-            base = builder.bitcast(ary.data, ir.IntType(8).as_pointer())
-            base = builder.addrspacecast(base, ir.PointerType(ir.IntType(8), 3))  # the shared window
-            o = context.cast(builder, args[1], sig.args[1], types.uint32)
-            p = builder.gep(base, [builder.zext(o, ir.IntType(64))])
-            v2 = ir.VectorType(ir.FloatType(), 2)
-            v = builder.load(builder.bitcast(p, ir.PointerType(v2, 3)), align=8)
+            v = builder.load(shared_ptr(context, builder, sig, args, ir.VectorType(ir.FloatType(), 2)), align=8)
             return context.make_tuple(builder, sig.return_type,
                                       [builder.extract_element(v, ir.Constant(ir.IntType(32), i)) for i in (0, 1)])
 
@@ -111,12 +115,7 @@ def _build_device_ops():
         sig = types.uint32(tab, types.uint32)
 
         def codegen(context, builder, sig, args):
-            ary = context.make_array(sig.args[0])(context, builder, args[0])
-            base = builder.bitcast(ary.data, ir.IntType(8).as_pointer())
-            base = builder.addrspacecast(base, ir.PointerType(ir.IntType(8), 3))
-            o = context.cast(builder, args[1], sig.args[1], types.uint32)
-            p = builder.gep(base, [builder.zext(o, ir.IntType(64))])
-            return builder.load(builder.bitcast(p, ir.PointerType(ir.IntType(32), 3)), align=4)
+            return builder.load(shared_ptr(context, builder, sig, args, ir.IntType(32)), align=4)
 
         return sig, codegen
 
@@ -221,8 +220,9 @@ class _Warp:
 _WARPS: dict = {}
 
 
-def _py_shfl_down_sync(mask, value, delta):
-    """The simulator has no warp shuffles: exchange through a per-warp barrier.
+def _py_warp_exchange(value, source, name):
+    """The simulator has no warp shuffles: exchange through a per-warp barrier. Every lane posts ``value``
+    and gets the value of lane ``source(lane)``, or its own where that lane is past the warp's end.
 
     Every lane of the warp must call it (as on the GPU with a full mask); a lane that
     returned early makes the others wait, and after 60 s the barrier raises.
@@ -241,37 +241,22 @@ def _py_shfl_down_sync(mask, value, delta):
     warp.vals[lane] = value
     try:
         warp.barrier.wait()
-        src = lane + int(delta)
+        src = source(lane)
         out = warp.vals[src] if src < n else value
         warp.barrier.wait()
     except threading.BrokenBarrierError:
-        raise RuntimeError("shfl_down_sync: not every lane of the warp reached the shuffle (a lane "
-                           "returned early or took another branch); on a GPU that is undefined behaviour") from None
+        raise RuntimeError(f"{name}: not every lane of the warp reached the shuffle (a lane returned early or "
+                           "took another branch); on a GPU that is undefined behaviour") from None
     return type(value)(out) if isinstance(value, np.generic) else out
 
 
-def _py_shfl_idx(value, src):
-    """The simulator's shfl.sync.idx: the value of lane src & 31 of this warp (every lane must call it)."""
-    import threading
+def _py_shfl_down_sync(mask, value, delta):
+    return _py_warp_exchange(value, lambda lane: lane + int(delta), "shfl_down_sync")
 
-    t = threading.current_thread()
-    bd = t._manager._block_dim
-    nthreads = int(np.prod(bd))
-    lane, w = t.thread_id % 32, t.thread_id // 32
-    n = min(32, nthreads - 32 * w)
-    key = (id(t._manager), tuple(t.blockIdx), w, n)
-    warp = _WARPS.get(key)
-    if warp is None:
-        warp = _WARPS.setdefault(key, _Warp(n))
-    warp.vals[lane] = value
-    try:
-        warp.barrier.wait()
-        s = int(src) & 31
-        out = warp.vals[s] if s < n else value
-        warp.barrier.wait()
-    except threading.BrokenBarrierError:
-        raise RuntimeError("shfl_idx: not every lane of the warp reached the shuffle") from None
-    return np.float32(out)
+
+def _py_shfl_idx(value, src):
+    """shfl.sync.idx: the value of lane src & 31 of this warp."""
+    return np.float32(_py_warp_exchange(value, lambda lane: int(src) & 31, "shfl_idx"))
 
 
 _BARRIERS: dict = {}
