@@ -818,7 +818,9 @@ if run is not None:
 #   its table address): fewer SASS instructions per weight (section 3's report), and no faster.
 #   Instructions were not the limit.
 # - **X** (NF4 values from warp shuffles, lane l holding lut[l & 15], for some rows): as many
-#   shared-memory wavefronts as the table. A shuffle goes through the same pipe as a table read.
+#   shared-memory wavefronts as the table. A shuffle goes through the same pipe as a table read. (Section
+#   3's SASS counts for X are inflated: ptxas adds a fallback copy of the loop, each shuffle wrapped in
+#   `WARPSYNC.COLLECTIVE`, which runs only if the warp arrives diverged; `BRA.DIV` picks the path.)
 # - **Q16** (the absmax code table in 16 copies, no bank conflicts): a few wavefronts fewer, no faster.
 # - **H16**, an experiment, *not exact*: the table holds fp16 pairs, so a read returns 4 bytes per code
 #   byte, half the traffic. Its pipe is far from full and it is the fastest variant at 8192x28672, yet
