@@ -821,7 +821,8 @@ if run is not None:
 #   shared-memory wavefronts as the table. A shuffle goes through the same pipe as a table read. (Section
 #   3's SASS counts for X are inflated: ptxas adds a fallback copy of the loop, each shuffle wrapped in
 #   `WARPSYNC.COLLECTIVE`, which runs only if the warp arrives diverged; `BRA.DIV` picks the path.)
-# - **Q16** (the absmax code table in 16 copies, no bank conflicts): a few wavefronts fewer, no faster.
+# - **Q16** (the absmax code table in 16 copies, no bank conflicts): a few shared-memory wavefronts fewer,
+#   but more spilled registers (`pipe/1k w` does not drop): no faster.
 # - **H16**, an experiment, *not exact*: the table holds fp16 pairs, so a read returns 4 bytes per code
 #   byte, half the traffic. Its pipe is far from full and it is the fastest variant at 8192x28672, yet
 #   still below 85%: issue slots and latency (16 warps per SM at 128 registers) take over. And its NF4
