@@ -15,6 +15,8 @@ way. Writes data/results/<gpu>/09_read_bound.json (and a copy under $OUT).
 from __future__ import annotations
 
 import math
+import os
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -105,9 +107,6 @@ def main() -> int:
                   f"{r['gbps'] / copy:.0%} of the copy ceiling ({copy:.0f} GB/s)  [{r['config']}]")
     path = run.save(NAME)
     print("saved", path.relative_to(ROOT), "--", results.label(run.meta), f"({time.time() - t0:.0f} s)")
-    import os
-    import shutil
-
     if os.environ.get("OUT"):
         shutil.copy(path, Path(os.environ["OUT"]) / path.name)
     return 0

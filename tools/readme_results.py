@@ -56,7 +56,7 @@ def block() -> str:
 
 def gemv_lines(gpu) -> list:
     """The capstone (notebook 09): the fused GEMV's default design against bitsandbytes' gemv_4bit."""
-    from nf4lab import results
+    from nf4lab import bench, results
 
     run = results.load("09_fused_gemv", gpu)
     if run is None:
@@ -64,7 +64,7 @@ def gemv_lines(gpu) -> list:
     recs = run["records"]
     bound = results.load("09_read_bound", gpu)
     reads = {tuple(q["shape"]): q for q in (bound or {}).get("records", []) if q["kind"] == "bound"}
-    read_copy = max((q["gbps"] for q in (bound or {}).get("records", []) if q["name"] == "device copy (read + write)"),
+    read_copy = max((q["gbps"] for q in (bound or {}).get("records", []) if q["name"] == bench.COPY),
                     default=None)
     lines = ["", f"Fused NF4 GEMV (notebook 09), `y = x @ W.T` with one row of x, GPU time, {results.label(run['meta'])}; "
              "effective weight bandwidth = packed weights and scales read per second"

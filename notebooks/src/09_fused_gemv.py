@@ -279,15 +279,13 @@ def make_gemv(is_bf16, d=Design(), reduce=warp_sum):
     load_codes = load_stream_u32x4 if d.stream else ops.load_u32x4
     PRMT = d.table == "prmt"
     assert d.table in ("pair", "prmt")
-    lut8_of = lut8_prmt if PRMT else lut8
     SR = d.shfl_rows
     assert 0 <= SR <= R
     H16 = d.lut16
     SQ = d.scale_copies > 1
     DYN = H16 or SQ                   # one dynamic array: the table, then the scale codes' copies
     assert d.scale_copies in (1, 16) and not (PRMT and DYN)
-    if H16:
-        lut8_of = lut8_h16
+    lut8_of = lut8_h16 if H16 else (lut8_prmt if PRMT else lut8)
 
     @cuda.jit(device=True, inline="always")
     def row_offsets(ro, g, n, kw):
