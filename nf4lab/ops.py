@@ -13,6 +13,12 @@ and read the same in both modes.
 - ``to_bf16_bits`` / ``to_f16_bits``: float32 -> 16-bit pattern, round to nearest even.
 - ``pack_bf16x2`` / ``pack_f16x2``: two float32 -> one uint32 holding two 16-bit
   values, ``lo`` in the low half (the lower address), with one ``cvt.rn.*x2`` instruction.
+
+  The bf16 conversions and ``pack_f16x2`` need sm_80 for their one instruction. Each has a
+  second path that NVVM picks when it compiles for an older GPU (see :mod:`nf4lab.arch`):
+  bf16 rounds in integers, ``(u + 0x7FFF + ((u >> 16) & 1)) >> 16`` with NaN -> 0x7FFF as
+  ``cvt.rn.bf16.f32`` gives it; ``pack_f16x2`` converts twice with ``cvt.rn.f16.f32`` and packs.
+  Both were checked equal to the sm_80 instruction over all 2^32 float32 inputs.
 - ``store_u32x4_cs``: the same store with the streaming (evict-first) cache hint.
 - ``load_u32x4`` / ``store_u32x4``: one 128-bit global access (``ld.global.v4.u32``).
   ``i`` counts uint32 elements and must be a multiple of 4 on an array whose data
@@ -23,7 +29,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import runtime
+from . import arch, runtime
 
 __all__ = ["fmul_rn", "fadd_rn", "float_bits", "to_bf16_bits", "to_f16_bits",
            "pack_bf16x2", "pack_f16x2", "load_u32x4", "store_u32x4", "store_u32x4_cs"]
@@ -44,11 +50,14 @@ def _py_float_bits(x):
     return np.float32(x).view(np.uint32)
 
 
+BF16_NAN = 0x7FFF  # what cvt.rn.bf16.f32 gives for every NaN (torch keeps the payload instead)
+
+
 def bf16_bits_py(x):
-    """float32 -> bf16 bits with round-to-nearest-even; NaN stays a quiet NaN."""
+    """float32 -> bf16 bits as the GPU rounds them: to nearest even, every NaN -> 0x7FFF."""
     u = int(np.float32(x).view(np.uint32))
     if (u & 0x7FFFFFFF) > 0x7F800000:
-        return np.uint16((u >> 16) | 0x0040)
+        return np.uint16(BF16_NAN)
     return np.uint16(((u + 0x7FFF + ((u >> 16) & 1)) >> 16) & 0xFFFF)
 
 
@@ -171,7 +180,61 @@ def _build_device_ops():
 
         return sig, codegen
 
-    def cvt_pair(ptx):
+    def arch_at_least(builder, cc_number):
+        """An i1 that is true where the kernel compiles for __CUDA_ARCH >= cc_number (e.g. 800).
+
+        NVVM folds __nvvm_reflect to a constant for the target architecture and drops the other
+        branch, so each GPU's code holds one path. NF4LAB_ARCH caps it: then the answer is a constant.
+        """
+        cap = arch.level()
+        if cap and cap < cc_number:
+            return ir.Constant(ir.IntType(1), 0)
+        mod = builder.module
+        i8p = ir.IntType(8).as_pointer()
+        reflect = cgutils.get_or_insert_function(mod, ir.FunctionType(i32, [i8p]), "__nvvm_reflect")
+        text = bytearray(b"__CUDA_ARCH\0")
+        gv = mod.globals.get("nf4lab.cuda_arch")
+        if gv is None:
+            gv = ir.GlobalVariable(mod, ir.ArrayType(ir.IntType(8), len(text)), "nf4lab.cuda_arch", addrspace=4)
+            gv.initializer = ir.Constant(gv.type.pointee, text)
+            gv.global_constant = True
+            gv.linkage = "internal"
+        ptr = builder.addrspacecast(builder.bitcast(gv, ir.IntType(8).as_pointer(4)), i8p)
+        return builder.icmp_signed(">=", builder.call(reflect, [ptr]), ir.Constant(i32, cc_number))
+
+    def by_arch(builder, cc_number, new_path, old_path):
+        """new_path() where the target is at least cc_number, else old_path(); one value of either."""
+        cond = arch_at_least(builder, cc_number)
+        if isinstance(cond, ir.Constant):
+            return new_path() if cond.constant else old_path()
+        with builder.if_else(cond) as (then, otherwise):
+            with then:
+                a = new_path()
+                a_bb = builder.basic_block
+            with otherwise:
+                b = old_path()
+                b_bb = builder.basic_block
+        phi = builder.phi(a.type)
+        phi.add_incoming(a, a_bb)
+        phi.add_incoming(b, b_bb)
+        return phi
+
+    def cvt_f16(builder, x):
+        return builder.call(ir.InlineAsm(ir.FunctionType(i16, [f32]), "cvt.rn.f16.f32 $0, $1;", "=h,f"), [x])
+
+    def bf16_by_integers(builder, x):
+        """Round to nearest even in integer arithmetic; NaN -> 0x7FFF, as cvt.rn.bf16.f32 gives it."""
+        u = builder.bitcast(x, i32)
+        lsb = builder.and_(builder.lshr(u, ir.Constant(i32, 16)), ir.Constant(i32, 1))
+        r = builder.lshr(builder.add(builder.add(u, ir.Constant(i32, 0x7FFF)), lsb), ir.Constant(i32, 16))
+        isnan = builder.fcmp_unordered("uno", x, x)
+        return builder.trunc(builder.select(isnan, ir.Constant(i32, 0x7FFF), r), i16)
+
+    def pack16(builder, lo, hi):
+        """Two 16-bit patterns -> one uint32, lo in the low half (a mov.b32 {lo, hi} in PTX)."""
+        return builder.or_(builder.zext(lo, i32), builder.shl(builder.zext(hi, i32), ir.Constant(i32, 16)))
+
+    def cvt_pair(ptx, fallback):
         @intrinsic
         def pack(typingctx, lo, hi):
             sig = types.uint32(types.float32, types.float32)
@@ -181,13 +244,14 @@ def _build_device_ops():
                 hi_v = context.cast(builder, args[1], sig.args[1], types.float32)
                 asm = ir.InlineAsm(ir.FunctionType(i32, [f32, f32]), ptx, "=r,f,f")
                 # cvt.rn.*x2 d, a, b puts a in the upper half: pass hi first.
-                return builder.call(asm, [hi_v, lo_v])
+                return by_arch(builder, 800, lambda: builder.call(asm, [hi_v, lo_v]),
+                               lambda: pack16(builder, fallback(builder, lo_v), fallback(builder, hi_v)))
 
             return sig, codegen
 
         return pack
 
-    def cvt_one(ptx):
+    def cvt_one(ptx, fallback=None):
         @intrinsic
         def conv(typingctx, x):
             sig = types.uint16(types.float32)
@@ -195,7 +259,9 @@ def _build_device_ops():
             def codegen(context, builder, sig, args):
                 x_v = context.cast(builder, args[0], sig.args[0], types.float32)
                 asm = ir.InlineAsm(ir.FunctionType(i16, [f32]), ptx, "=h,f")
-                return builder.call(asm, [x_v])
+                if fallback is None:
+                    return builder.call(asm, [x_v])
+                return by_arch(builder, 800, lambda: builder.call(asm, [x_v]), lambda: fallback(builder, x_v))
 
             return sig, codegen
 
@@ -215,10 +281,10 @@ def _build_device_ops():
         fmul_rn=libdevice.fmul_rn,
         fadd_rn=libdevice.fadd_rn,
         float_bits=float_bits,
-        to_bf16_bits=cvt_one("cvt.rn.bf16.f32 $0, $1;"),
-        to_f16_bits=cvt_one("cvt.rn.f16.f32 $0, $1;"),
-        pack_bf16x2=cvt_pair("cvt.rn.bf16x2.f32 $0, $1, $2;"),
-        pack_f16x2=cvt_pair("cvt.rn.f16x2.f32 $0, $1, $2;"),
+        to_bf16_bits=cvt_one("cvt.rn.bf16.f32 $0, $1;", bf16_by_integers),
+        to_f16_bits=cvt_one("cvt.rn.f16.f32 $0, $1;"),     # sm_75 has this one
+        pack_bf16x2=cvt_pair("cvt.rn.bf16x2.f32 $0, $1, $2;", bf16_by_integers),
+        pack_f16x2=cvt_pair("cvt.rn.f16x2.f32 $0, $1, $2;", cvt_f16),
         load_u32x4=load_u32x4,
         store_u32x4=store_u32x4,
         store_u32x4_cs=store_u32x4_cs,

@@ -14,9 +14,9 @@ import re
 import subprocess
 import sys
 
-from . import runtime
+from . import arch, runtime
 
-DEFAULT_CC = (9, 0)  # the H100; PTX for sm_90
+DEFAULT_CC = arch.DEFAULT_CC  # without a GPU or NF4LAB_ARCH: PTX for sm_90, the H100
 
 
 def _kernel_fn(k):
@@ -91,8 +91,12 @@ sys.stdout.write(ptx)
 """
 
 
-def compile_ptx(kernel, sig, cc=DEFAULT_CC, **kwargs) -> str:
-    """PTX of ``kernel`` (a @cuda.jit kernel or plain function) for signature ``sig``."""
+def compile_ptx(kernel, sig, cc=None, **kwargs) -> str:
+    """PTX of ``kernel`` (a @cuda.jit kernel or plain function) for signature ``sig``.
+
+    ``cc`` defaults to :func:`nf4lab.arch.target_cc`: NF4LAB_ARCH, else the GPU in hand, else sm_90.
+    """
+    cc = tuple(cc) if cc is not None else arch.target_cc()
     fn = _kernel_fn(kernel)
     jit_kwargs = dict(getattr(kernel, "_nf4lab_jit_kwargs", {}) or {})
     for key in ("lineinfo", "fastmath", "debug", "opt"):
@@ -169,8 +173,44 @@ def show(ptx: str, patterns=None, limit: int = 12) -> None:
             print("   ", line)
 
 
+# Instructions that exist only from sm_80, and what stands for each in code compiled for sm_75
+# (nf4lab.ops' second paths): bf16 rounded in integers tests for NaN, packed fp16 converts twice.
+SM80_ONLY = {r"cvt\.rn\.bf16x2": r"^setp\.nan\.f32", r"cvt\.rn\.bf16": r"^setp\.nan\.f32",
+             r"cvt\.rn\.f16x2": r"^cvt\.rn\.f16\.f32"}
+
+
+def target(ptx: str) -> tuple[int, int] | None:
+    """The architecture a PTX listing was compiled for (its ``.target sm_XX``)."""
+    m = re.search(r"^\s*\.target\s+sm_(\d)(\d+)", ptx, re.M)
+    return (int(m.group(1)), int(m.group(2))) if m else None
+
+
+def sm75_paths(ptx: str) -> bool:
+    """Whether this PTX was compiled with the sm_75 code paths (an sm_75 target, or NF4LAB_ARCH=sm_75)."""
+    cc = target(ptx)
+    return cc is not None and not arch.has_cvt_bf16(cc)
+
+
+def for_target(ptx: str, pattern: str) -> str:
+    """``pattern``, or what stands for its sm_80 instruction when ``ptx`` has the sm_75 paths."""
+    if sm75_paths(ptx):
+        for only, instead in SM80_ONLY.items():
+            if only in pattern:
+                return instead
+    return pattern
+
+
 def check(ptx: str, *, present=(), absent=()) -> None:
-    """Assert that each pattern in ``present`` occurs and none in ``absent`` does."""
+    """Assert that each pattern in ``present`` occurs and none in ``absent`` does.
+
+    In code compiled with the sm_75 paths a pattern for an sm_80-only conversion is checked as
+    the instructions that replace it there (``SM80_ONLY``), and a line says so.
+    """
+    swapped = {p: for_target(ptx, p) for p in present}
+    for p, q in swapped.items():
+        if p != q:
+            print(f"({p!r} exists from sm_80; this {arch.name(target(ptx))} code has {q!r} instead)")
+    present = list(swapped.values())
     missing = [p for p in present if not grep(ptx, p)]
     found = {p: grep(ptx, p)[:3] for p in absent if grep(ptx, p)}
     msgs = []

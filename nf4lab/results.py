@@ -82,16 +82,41 @@ def gpus() -> list[str]:
     if not RESULTS_DIR.exists():
         return []
     dirs = [d for d in RESULTS_DIR.iterdir() if d.is_dir() and any(d.glob("*.json"))]
-    return [d.name for d in sorted(dirs, key=lambda d: -len(list(d.glob("*.json"))))]
+    return [d.name for d in sorted(dirs, key=lambda d: (-len(list(d.glob("*.json"))), d.name))]
+
+
+def current_gpu() -> str | None:
+    """The results folder of the GPU in hand, or None without a GPU."""
+    from . import runtime
+
+    return gpu_slug(runtime.device_info()["gpu"]) if runtime.ON_GPU else None
 
 
 def default_gpu() -> str | None:
-    """The GPU whose recorded results a GPU-less session shows (NF4LAB_RESULTS_GPU overrides)."""
+    """Whose results notebooks read, compare and plot.
+
+    On a GPU: that GPU's own, even before anything is recorded for it (a T4's first run must not
+    compare itself with an H100). Without a GPU: the recorded GPU with the most results files
+    (ties by name, so the choice is stable). ``NF4LAB_RESULTS_GPU`` overrides both.
+    """
     env = os.environ.get("NF4LAB_RESULTS_GPU")
     if env:
         return gpu_slug(env)
+    here = current_gpu()
+    if here is not None:
+        return here
     found = gpus()
     return found[0] if found else None
+
+
+def source_note(gpu: str | None = None) -> str:
+    """Says whose results are shown: this run's GPU, or a recorded one when there is no GPU here."""
+    gpu = gpu or default_gpu()
+    if gpu is None:
+        return "no results recorded for any GPU yet"
+    if gpu == current_gpu():
+        return f"results of this GPU ({gpu})"
+    return f"recorded on {gpu} (no GPU here: these are not this machine's measurements)"
 
 
 def load(name: str, gpu: str | None = None) -> dict | None:

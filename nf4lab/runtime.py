@@ -48,6 +48,35 @@ def _probe_driver() -> tuple[bool, str]:
     return True, f"{count.value} CUDA device(s)"
 
 
+def _probe_device() -> tuple[str, tuple[int, int]] | None:
+    """Name and compute capability of device 0 through the driver API, or None. Never raises."""
+    try:
+        lib = ctypes.CDLL("libcuda.so.1")
+        dev, major, minor = ctypes.c_int(0), ctypes.c_int(0), ctypes.c_int(0)
+        buf = ctypes.create_string_buffer(256)
+        if lib.cuDeviceGet(ctypes.byref(dev), 0) or lib.cuDeviceGetName(buf, 256, dev):
+            return None
+        # CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR / _MINOR
+        if lib.cuDeviceGetAttribute(ctypes.byref(major), 75, dev) or lib.cuDeviceGetAttribute(ctypes.byref(minor), 76, dev):
+            return None
+        return buf.value.decode(errors="replace"), (major.value, minor.value)
+    except Exception:
+        return None
+
+
+def _numpy_shim() -> None:
+    """numba-cuda 0.30 registers ``np.row_stack``, which numpy 2.5 removed (it was an alias of
+    ``np.vstack``): give it back before numba.cuda is imported, as a function of its own, so that
+    numba's registration does not land a second time on ``np.vstack``."""
+    import numpy as np
+
+    if not hasattr(np, "row_stack"):
+        def row_stack(tup, **kwargs):
+            return np.vstack(tup, **kwargs)
+
+        np.row_stack = row_stack
+
+
 def _decide() -> tuple[str, str]:
     forced = os.environ.get("NF4LAB_MODE", "").strip().lower()
     if forced:
@@ -66,9 +95,16 @@ def _decide() -> tuple[str, str]:
     return ("gpu" if ok else "sim"), reason
 
 
+_numpy_shim()
 MODE, REASON = _decide()
 SIMULATOR = MODE == "sim"
 ON_GPU = MODE == "gpu"
+if ON_GPU:
+    from . import arch as _arch
+
+    _dev = _probe_device()
+    if _dev is not None:
+        _arch.check_device(*_dev)   # a GPU older than sm_75, or NF4LAB_ARCH newer than it: a clear error
 
 if SIMULATOR:
     if "numba.cuda" in sys.modules and not sys.modules["numba"].config.ENABLE_CUDASIM:

@@ -121,8 +121,8 @@ from numba import cuda, float32, uint32, uint64
 
 from nf4lab import ops
 
-THREADS = 512          # threads per block
-UNITS = 2              # units of 16 output bytes per thread, at stride THREADS (tools/tune_best_kernel.py)
+THREADS = 128          # threads per block: one shape for every GPU (tools/launch_shapes.py measures it)
+UNITS = 2              # units of 16 output bytes per thread, at stride THREADS
 # Typed constants: a bare Python int is int64, and uint32 >> int64 makes numba compute in 64 bits.
 NIB, BYTE, U4, U8_32, U16_32, U24_32 = uint32(15), uint32(255), uint32(4), uint32(8), uint32(16), uint32(24)
 U0, U1, U2, U3, U7, U8 = uint64(0), uint64(1), uint64(2), uint64(3), uint64(7), uint64(8)
