@@ -140,7 +140,14 @@ def execute_notebook(path: Path, out: Path, timeout: int = 1800) -> float:
     finally:
         import shutil
 
+        from nf4lab import nbclean
+
         shutil.rmtree(client.sockets, ignore_errors=True)
+        # What is committed is what a reader should see: no colour codes, bar frames or warnings.
+        # The warnings are shown here, where the run is watched, instead of being lost.
+        for line in nbclean.clean(nb):
+            print(f"  {path.name}: {line.strip()}", file=sys.stderr)
+        nb.metadata.setdefault("nf4lab", {})["executed_on"] = runtime.describe()
         out.parent.mkdir(parents=True, exist_ok=True)
         nbformat.write(nb, out)
     return time.perf_counter() - t0

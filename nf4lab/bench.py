@@ -30,6 +30,12 @@ BNB_GPU = "bitsandbytes dequantize_4bit (out=)"
 BNB_E2E = "bitsandbytes dequantize_4bit (end to end)"
 COPY = "device copy (read + write)"
 FILL = "write-only fill"
+# The same bytes as NF4 dequantization (codes and absmax_q read, the output written, in the
+# kernels' access pattern) with no arithmetic: what any dequantization kernel can reach at best.
+BOUND = "traffic-matched bound (NF4 bytes, no arithmetic)"
+# Launch shapes the bound and the fill are timed at; the best is the ceiling (a bound timed at one
+# shape would be a property of that shape, not of the memory system).
+SHAPES = ((128, 1), (128, 2), (256, 1), (256, 2), (512, 2))
 
 
 class NoGPUError(RuntimeError):
@@ -133,11 +139,106 @@ def _copy_kernel():
     return _COPY_KERNEL
 
 
-def ceilings(nbytes: int, shape=None, dtype=None) -> list[dict]:
-    """Copy (half read, half written) and write-only fill moving ``nbytes``, timed like kernels.
+_STORE_KERNEL = None
 
-    The copy ceiling is the faster of torch's ``copy_`` and a 16-byte numba copy kernel
-    (field ``source`` says which); the fill is torch's ``fill_`` kernel.
+
+def _store_kernel():
+    """16-byte stores of a constant: a write-only ceiling that does not depend on torch's fill_
+    (on the H200 torch's uint8 fill_ ran at 80% of the copy: not a write ceiling there)."""
+    global _STORE_KERNEL
+    if _STORE_KERNEL is None:
+        from numba import cuda, uint32, uint64
+
+        from . import ops
+
+        @cuda.jit
+        def store16(dst, nvec):
+            i = uint64(cuda.grid(1))
+            if i < nvec:
+                v = uint32(0x3F803F80)
+                ops.store_u32x4(dst, i * uint64(4), v, v, v, v)
+
+        _STORE_KERNEL = store16
+    return _STORE_KERNEL
+
+
+_BOUND_KERNELS: dict = {}
+
+
+def _bound_kernel(wide: bool, threads: int, units: int):
+    """NF4's traffic without its arithmetic, in the access pattern of nf4lab.dequantize's kernel.
+
+    A unit is what one 16-byte store holds (a u32 word of codes for 16-bit output, half a word
+    for fp32); lane t of a block takes units base + t, base + t + threads, ... ; all loads first.
+    Each unit also reads its block's absmax_q byte, so every input byte the kernel needs is read.
+    The stored words are the loaded bits (no conversion): the output is garbage, the bytes are not.
+    """
+    key = (wide, threads, units)
+    if key not in _BOUND_KERNELS:
+        from numba import cuda, uint32, uint64
+
+        from . import ops
+
+        ushift = uint64(2 if wide else 3)
+
+        @cuda.jit
+        def bound(packed_u32, absmax_q, out_u32, nunits):
+            base = uint64(cuda.blockIdx.x) * uint64(threads * units) + uint64(cuda.threadIdx.x)
+            words = cuda.local.array(units, uint32)
+            for k in range(units):
+                u = base + uint64(k * threads)
+                words[k] = uint32(0)
+                if u < nunits:
+                    first = u << ushift
+                    words[k] = packed_u32[first >> uint64(3)] ^ uint32(absmax_q[first >> uint64(6)])
+            for k in range(units):
+                u = base + uint64(k * threads)
+                if u < nunits:
+                    w = words[k]
+                    ops.store_u32x4(out_u32, u << uint64(2), w, w ^ uint32(1), w ^ uint32(2), w ^ uint32(3))
+
+        _BOUND_KERNELS[key] = bound
+    return _BOUND_KERNELS[key]
+
+
+def _best(timings: dict) -> tuple[str, dict]:
+    return min(timings.items(), key=lambda kv: kv[1]["ms"])
+
+
+def bound(n: int, dtype: str, shape=None, blocksize: int = 64) -> dict:
+    """The traffic-matched bound for ``n`` weights to ``dtype``: best over ``SHAPES``, bytes by the byte model."""
+    _require_gpu()
+    import torch
+    from numba import cuda, uint64
+
+    wide = dtype == "fp32"
+    nunits = n >> (2 if wide else 3)
+    packed = torch.full((max(4, -(-n // 2)) // 4 * 4 + 16,), 0x5A, dtype=torch.uint8, device="cuda")
+    absmax_q = torch.full((-(-n // blocksize) + 16,), 3, dtype=torch.uint8, device="cuda")
+    out = torch.empty(nunits * 16 + 16, dtype=torch.uint8, device="cuda")
+    p32 = cuda.as_cuda_array(packed.view(torch.int32)).view(np.uint32)
+    o32 = cuda.as_cuda_array(out.view(torch.int32)).view(np.uint32)
+    aq = cuda.as_cuda_array(absmax_q)
+    timings = {}
+    for threads, units in SHAPES:
+        k = _bound_kernel(wide, threads, units)
+        grid = max(1, -(-nunits // (threads * units)))
+        timings[f"{threads} threads x {units}"] = gpu_time_ms(
+            lambda s, k=k, grid=grid, threads=threads: k[grid, threads, s](p32, aq, o32, uint64(nunits)))
+    best, timing = _best(timings)
+    nbytes = bytemodel.bytes_moved(n, dtype, blocksize)
+    rec = _record("bound", BOUND, shape or [], dtype, timing, nbytes, source=best,
+                  alternatives={k: bytemodel.gbps(nbytes, v["ms"]) for k, v in timings.items()})
+    del packed, absmax_q, out
+    return rec
+
+
+def ceilings(nbytes: int, shape=None, dtype=None, n: int | None = None) -> list[dict]:
+    """Copy (half read, half written) and write-only fill moving ``nbytes``, timed like kernels;
+    with ``n`` (weights) also the traffic-matched bound for NF4 -> ``dtype``.
+
+    The copy ceiling is the faster of torch's ``copy_`` and a 16-byte numba copy kernel, the fill
+    the faster of torch's ``fill_`` and a 16-byte numba store kernel (field ``source`` says which).
     """
     _require_gpu()
     import torch
@@ -158,11 +259,22 @@ def ceilings(nbytes: int, shape=None, dtype=None) -> list[dict]:
     }
     if not torch.equal(src, dst):
         raise RuntimeError("copy ceiling: the copy kernel did not copy")
-    source, copy = min(copies.items(), key=lambda kv: kv[1]["ms"])
-    fill = gpu_time_ms(lambda s: full.fill_(3))
+    source, copy = _best(copies)
+    full32 = cuda.as_cuda_array(full.view(torch.int32)).view(np.uint32)
+    nfill = full.numel() // 16
+    store = _store_kernel()
+    fills = {
+        "torch fill_": gpu_time_ms(lambda s: full.fill_(3)),
+        "numba 16-byte store kernel": gpu_time_ms(
+            lambda s: store[(nfill + 255) // 256, 256, s](full32, uint64(nfill))),
+    }
+    fill_source, fill = _best(fills)
     recs = [_record("ceiling", COPY, shape or [], dtype, copy, 2 * half, source=source,
                     alternatives={k: bytemodel.gbps(2 * half, v["ms"]) for k, v in copies.items()}),
-            _record("ceiling", FILL, shape or [], dtype, fill, full.numel(), source="torch fill_")]
+            _record("ceiling", FILL, shape or [], dtype, fill, full.numel(), source=fill_source,
+                    alternatives={k: bytemodel.gbps(full.numel(), v["ms"]) for k, v in fills.items()})]
+    if n is not None and dtype in ("bf16", "fp16", "fp32"):
+        recs.append(bound(n, dtype, shape))
     peak = runtime.device_info().get("spec_peak_gbps")
     if peak:
         recs.append({"kind": "ceiling", "name": "spec peak (datasheet)", "shape": list(shape or []),
@@ -239,11 +351,14 @@ class Run:
 
     def finalize(self) -> "Run":
         for r in self.records:
-            for key in ("pct_copy", "pct_fill", "speedup_vs_bnb", "bit_exact"):
+            for key in ("pct_copy", "pct_fill", "pct_bound", "speedup_vs_bnb", "bit_exact"):
                 r.setdefault(key, None)
             same = [q for q in self.records if q["shape"] == r["shape"] and q["dtype"] == r["dtype"]]
             copy = next((q for q in same if q["name"] == COPY), None)
             fill = next((q for q in same if q["name"] == FILL), None)
+            tb = next((q for q in same if q["name"] == BOUND), None)
+            if r.get("gbps") and tb:
+                r["pct_bound"] = 100 * r["gbps"] / tb["gbps"]
             bnb = next((q for q in same if q["name"] == BNB_GPU), None)
             if r.get("gbps") and copy:
                 r["pct_copy"] = 100 * r["gbps"] / copy["gbps"]
@@ -282,12 +397,13 @@ class Run:
             return "-" if x is None else format(x, fmt)
 
         rows = [f"{'version':<44} {'shape':>13} {'dtype':>5} {'ms':>8} {'GB/s':>7} {'%copy':>6} "
-                f"{'%fill':>6} {'x bnb':>6} {'exact':>5}"]
+                f"{'%fill':>6} {'%bound':>6} {'x bnb':>6} {'exact':>5}"]
         for r in self.records:
             shape = "x".join(map(str, r["shape"])) if r["shape"] else ""
             exact = {True: "yes", False: "NO", None: ""}[r.get("bit_exact")]
             rows.append(f"{r['name'][:44]:<44} {shape:>13} {r['dtype'] or '':>5} {f(r['ms'], '.4f'):>8} "
                         f"{f(r['gbps'], '.0f'):>7} {f(r['pct_copy'], '.0f'):>6} {f(r['pct_fill'], '.0f'):>6} "
+                        f"{f(r.get('pct_bound'), '.0f'):>6} "
                         f"{f(r['speedup_vs_bnb'], '.2f'):>6} {exact:>5}")
         if self.meta:
             rows.append(f"measured on {results.label(self.meta)}")
@@ -306,7 +422,7 @@ def run_versions(versions: dict, case, *, baselines=True, progress=True, strict=
 
     run = Run()
     nbytes = bytemodel.bytes_moved(case.n, case.dtype, case.blocksize)
-    run.add(ceilings(nbytes, case.shape, case.dtype))
+    run.add(ceilings(nbytes, case.shape, case.dtype, n=case.n))
     if baselines:
         run.add(bnb_baselines(case))
     b = make_buffers(case)

@@ -10,12 +10,16 @@ import re
 from . import bench, results
 
 CEILING_STYLE = {bench.COPY: ("tab:red", "--"), bench.FILL: ("tab:purple", ":"),
+                 bench.BOUND: ("tab:green", "-"),
                  "spec peak (datasheet)": ("black", "-.")}
 
 
 def _caption(fig, meta):
     if meta:
-        fig.text(0.01, 0.005, "measured on " + results.label(meta) + "\n" + meta.get("method", "")[:150],
+        here = results.current_gpu()
+        where = ("measured on " if here and results.gpu_slug(meta.get("gpu") or "") == here
+                 else "no GPU here: recorded on " if here is None else "recorded on another GPU, ")
+        fig.text(0.01, 0.005, where + results.label(meta) + "\n" + meta.get("method", "")[:150],
                  fontsize=7, color="0.35", va="bottom")
 
 
@@ -30,8 +34,8 @@ def bars(run, *, title=None, highlight=(), shape=None, dtype=None, ax=None):
     shape = shape or recs[0]["shape"]
     dtype = dtype or recs[0]["dtype"]
     recs = [r for r in recs if r["shape"] == list(shape) and r["dtype"] == dtype]
-    ceil = [r for r in run.records if r["kind"] == "ceiling" and r["shape"] == list(shape)
-            and r["dtype"] == dtype]
+    ceil = [r for r in run.records if r["kind"] in ("ceiling", "bound") and r["shape"] == list(shape)
+            and r["dtype"] == dtype and r.get("gbps")]
     fig = None
     if ax is None:
         fig, ax = plt.subplots(figsize=(9, 0.45 * len(recs) + 2.2))
@@ -84,12 +88,18 @@ def progress(notebook: str, gpu: str | None = None, *, shape=None, dtype="bf16")
     merged = bench.Run(meta=here.meta)
     earlier = sorted(p.stem for p in (results.RESULTS_DIR / gpu).glob("[0-9][0-9]_*.json")
                      if _step_number(p.stem) < n_here)
+    # A step re-measures its baseline (an earlier step's kernel) in its own run: that bar takes
+    # this run's number, and only the step's own kernels are highlighted.
+    mine = {r["name"] for r in here.kernels()}
+    seen = set()
     for name in earlier:
         prev = bench.Run.load(name, gpu)
-        merged.add([r for r in prev.kernels() if r["shape"] == shape and r["dtype"] == dtype])
+        recs = [r for r in prev.kernels() if r["shape"] == shape and r["dtype"] == dtype]
+        seen |= {r["name"] for r in recs}
+        merged.add([r for r in recs if r["name"] not in mine])
     merged.add([r for r in here.records if r["shape"] == shape and r["dtype"] == dtype])
     merged.finalize()
-    highlight = {r["name"] for r in here.kernels()}
+    highlight = mine - seen
     fig, ax = plt.subplots(figsize=(9, 0.45 * len(merged.records) + 2.2))
     bars(merged, highlight=highlight, shape=shape, dtype=dtype, ax=ax,
          title=f"Step by step: {'x'.join(map(str, shape))} -> {dtype} (this step in orange)")

@@ -11,7 +11,12 @@ code cell, ``# %% [markdown]`` a markdown cell whose lines are ``# ``-commented;
   student region dropped.
 
 Outputs of an existing notebook are kept when its cell source did not change, so
-re-building after a GPU run does not throw the recorded results away.
+re-building after a GPU run does not throw the recorded results away. Kept outputs are
+cleaned (nf4lab/nbclean.py: no ANSI codes, progress frames, widgets or warnings).
+
+Every notebook starts with an "Open in Colab" badge and a setup cell that, on Colab or Kaggle
+only, fetches this repository and installs what the runtime lacks (tools/setup_runtime.py);
+elsewhere the cell does nothing.
 
     python tools/build_notebooks.py          # build all
     python tools/build_notebooks.py --check  # fail if a notebook is out of date
@@ -32,6 +37,32 @@ ROOT = Path(__file__).resolve().parent.parent
 SRC = ROOT / "notebooks" / "src"
 OUT = ROOT / "notebooks"
 SOL = OUT / "solutions"
+
+# Where the Colab badges and the setup cell fetch the series from; a fork changes this line.
+REPO = "nf4lab/nf4lab"
+COLAB = "https://colab.research.google.com/github/{repo}/blob/main/{path}"
+BADGE = "https://colab.research.google.com/assets/colab-badge.svg"
+SETUP = f"""\
+# Colab / Kaggle only: fetch nf4lab and install what the runtime lacks (about a minute, once per
+# session). Anywhere else this cell does nothing. See tools/setup_runtime.py for what it installs.
+import os, subprocess, sys
+if "google.colab" in sys.modules or "KAGGLE_KERNEL_RUN_TYPE" in os.environ:
+    if not os.path.isdir("nf4lab-repo"):
+        subprocess.run(["git", "clone", "-q", "--depth", "1", "https://github.com/{REPO}", "nf4lab-repo"], check=True)
+    subprocess.run([sys.executable, "nf4lab-repo/tools/setup_runtime.py"], check=True)
+    sys.path.insert(0, os.path.abspath("nf4lab-repo"))
+    os.chdir("nf4lab-repo/notebooks")"""
+
+
+def _nbclean():
+    """nf4lab/nbclean.py loaded by path: importing the nf4lab package would start its GPU probe."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("nbclean", ROOT / "nf4lab" / "nbclean.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
 
 CELL = re.compile(r"^# %%(?P<md> \[markdown\])?(?: tags=(?P<tags>\[.*\]))?\s*$")
 
@@ -84,7 +115,10 @@ def build_one(src: Path, solution: bool) -> nbformat.NotebookNode:
     nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
     nb.metadata["language_info"] = {"name": "python"}
     seen = collections.Counter()
-    for c in parse(src.read_text()):
+    rel = target(src, solution).relative_to(ROOT).as_posix()
+    head = [{"type": "markdown", "tags": [], "lines": [f"[![Open In Colab]({BADGE})]({COLAB.format(repo=REPO, path=rel)})"]},
+            {"type": "code", "tags": ["setup"], "lines": SETUP.splitlines()}]
+    for c in head + parse(src.read_text()):
         text = "\n".join(variant(c["lines"], solution))
         if c["type"] == "markdown":
             cell = nbformat.v4.new_markdown_cell(text)
@@ -118,6 +152,7 @@ def keep_outputs(new: nbformat.NotebookNode, path: Path) -> None:
     for key in ("nf4lab",):
         if key in old.metadata:
             new.metadata[key] = old.metadata[key]
+    _nbclean().clean(new)
 
 
 def code_of(nb) -> list[tuple[str, str]]:

@@ -1,0 +1,115 @@
+"""What an executed notebook keeps: the results a reader should see, not the noise of the run.
+
+An execution leaves behind things no reader wants in a committed notebook: ANSI colour codes
+(numba colours its messages), progress-bar frames separated by ``\\r`` (tqdm's text bars),
+progress widgets (tqdm in JupyterLab), and Python warnings on stderr. :func:`clean` removes them
+from a notebook in place and returns what it removed, so the runner can print the warnings
+instead of losing them. :func:`problems` lists what is left; the tests fail on any.
+"""
+from __future__ import annotations
+
+import re
+
+ANSI = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]")
+# "path.py:12: SomeWarning: text" and the source line Python prints under it.
+WARNING = re.compile(r"^.*:\d+: \w*Warning: .*$")
+WIDGET = "application/vnd.jupyter.widget-view+json"
+
+
+def _final_frames(text: str) -> str:
+    """Each line as a terminal would show it at the end: what follows its last carriage return."""
+    return "\n".join(line.rsplit("\r", 1)[-1] for line in text.split("\n"))
+
+
+def _drop_warnings(text: str, removed: list) -> str:
+    out, lines, i = [], text.split("\n"), 0
+    while i < len(lines):
+        if WARNING.match(lines[i]):
+            removed.append(lines[i])
+            i += 1
+            # the indented source line (and a bare "warnings.warn(" line) Python prints under it
+            while i < len(lines) and lines[i].startswith("  "):
+                i += 1
+            continue
+        out.append(lines[i])
+        i += 1
+    return "\n".join(out)
+
+
+def _is_progress(text: str) -> bool:
+    """A tqdm bar's last frame, e.g. 'notebooks: 100%|#####| 9/9 [00:12<00:00, 1.3s/it]'."""
+    return bool(re.search(r"\d+%\|.*\| *\d+/\d+ \[", text))
+
+
+def clean(nb) -> list[str]:
+    """Strip ANSI codes, \\r frames, progress bars and warnings from ``nb``'s outputs, in place.
+
+    Returns the warning lines that were removed (the caller shows them where the run is watched).
+    """
+    removed: list[str] = []
+    for cell in nb.cells:
+        if cell.get("cell_type") != "code":
+            continue
+        kept = []
+        for o in cell.get("outputs", []):
+            if o.get("output_type") == "stream":
+                text = ANSI.sub("", o.get("text", ""))
+                text = _final_frames(text)
+                text = _drop_warnings(text, removed)
+                text = "\n".join(line for line in text.split("\n") if not _is_progress(line))
+                if not text.strip():
+                    continue
+                o["text"] = text
+            elif o.get("output_type") in ("display_data", "execute_result"):
+                data = o.get("data", {})
+                if WIDGET in data:          # a progress widget: it showed while running, that was its job
+                    continue
+                if "text/plain" in data:
+                    data["text/plain"] = ANSI.sub("", data["text/plain"])
+            elif o.get("output_type") == "error":
+                o["traceback"] = [ANSI.sub("", t) for t in o.get("traceback", [])]
+            kept.append(o)
+        cell["outputs"] = kept
+    nb.metadata.pop("widgets", None)
+    return removed
+
+
+def _texts(nb):
+    for i, cell in enumerate(nb.cells):
+        if cell.get("cell_type") != "code":
+            continue
+        for o in cell.get("outputs", []):
+            if o.get("output_type") == "stream":
+                yield i, o.get("text", "")
+            elif "data" in o and "text/plain" in o["data"]:
+                yield i, o["data"]["text/plain"]
+            elif o.get("output_type") == "error":
+                yield i, "\n".join(o.get("traceback", []))
+
+
+def problems(nb) -> list[str]:
+    """What a committed notebook must not show: ANSI, \\r frames, warnings, widgets, a table twice."""
+    found = []
+    tables: dict[str, int] = {}
+    for i, text in _texts(nb):
+        if ANSI.search(text) or "\x1b" in text:
+            found.append(f"cell {i}: ANSI escape codes")
+        if "\r" in text:
+            found.append(f"cell {i}: carriage-return frames (a progress bar)")
+        for line in text.split("\n"):
+            if WARNING.match(line):
+                found.append(f"cell {i}: a warning: {line.strip()[:120]}")
+            elif _is_progress(line):
+                found.append(f"cell {i}: a progress bar: {line.strip()[:80]}")
+        # a table: three or more lines in a row that look like rows (separated columns)
+        lines = [ln for ln in text.split("\n") if ln.strip()]
+        if len(lines) >= 3:
+            body = "\n".join(lines)
+            if body in tables:
+                found.append(f"cell {i}: the same {len(lines)}-line output as cell {tables[body]}")
+            tables.setdefault(body, i)
+    for i, cell in enumerate(nb.cells):
+        for o in cell.get("outputs", []) if cell.get("cell_type") == "code" else []:
+            if WIDGET in o.get("data", {}):
+                found.append(f"cell {i}: a progress widget")
+    return found

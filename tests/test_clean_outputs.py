@@ -1,0 +1,39 @@
+"""Committed notebooks show results, not the noise of their run."""
+import nbformat
+import pytest
+
+from nf4lab import nbclean
+from nf4lab.__main__ import notebook_paths
+
+
+@pytest.mark.parametrize("path", notebook_paths(solutions=True), ids=lambda p: p.stem)
+def test_committed_outputs_are_clean(path):
+    problems = nbclean.problems(nbformat.read(path, as_version=4))
+    assert not problems, "\n".join(problems[:10])
+
+
+def _nb(*texts, name="stdout"):
+    nb = nbformat.v4.new_notebook()
+    cell = nbformat.v4.new_code_cell("x")
+    cell.outputs = [nbformat.v4.new_output("stream", name=name, text=t) for t in texts]
+    nb.cells.append(cell)
+    return nb
+
+
+def test_clean_removes_ansi_frames_bars_and_warnings_and_reports_them():
+    nb = _nb("verifying:   0%|          | 0/14 [00:00<?, ?it/s]\rverifying: 100%|##########| 14/14 [00:01<00:00, 9.1it/s]\n",
+             "\x1b[1mbold\x1b[0m result 3\n",
+             "/x/dispatcher.py:748: NumbaPerformanceWarning: Grid size 65 will likely result in GPU under-utilization\n"
+             "  warn(NumbaPerformanceWarning(msg))\nkept line\n", name="stderr")
+    assert len(nbclean.problems(nb)) >= 3
+    removed = nbclean.clean(nb)
+    assert removed and "NumbaPerformanceWarning" in removed[0]
+    texts = [o["text"] for o in nb.cells[0].outputs]
+    assert texts == ["bold result 3\n", "kept line\n"]
+    assert nbclean.problems(nb) == []
+
+
+def test_a_table_printed_twice_is_found():
+    table = "a  b\n1  2\n3  4\n"
+    assert any("same 3-line output" in p for p in nbclean.problems(_nb(table, table)))
+    assert nbclean.problems(_nb(table, "a  b\n1  2\n3  5\n")) == []
