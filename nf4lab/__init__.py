@@ -24,6 +24,8 @@ _LAZY = {
     "compile_ptx": "ptx",
     "dequantize": "dequant",
     "check": "exercises",
+    "install": "bnb_backend", "uninstall": "bnb_backend", "installed": "bnb_backend", "installed_in": "bnb_backend",
+    "compile_for_decode": "bnb_backend",
 }
 
 

@@ -28,7 +28,6 @@ import numpy as np
 
 from .reference import BLOCKSIZES, FP4_LUT, NF4_LUT, QUANT_TYPES
 
-_DTYPE_NAMES = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32"}
 
 
 class _Plan:
@@ -93,8 +92,10 @@ def _plan(A, quant_state, out) -> _Plan:
         raise ValueError(f"quant_state.quant_type must be one of {QUANT_TYPES}, got {qs.quant_type!r}")
     if qs.blocksize not in BLOCKSIZES:
         raise ValueError(f"quant_state.blocksize must be one of {BLOCKSIZES}, got {qs.blocksize!r}")
-    dtype = _DTYPE_NAMES.get(str(qs.dtype).replace("torch.", ""))
-    if dtype is None or not isinstance(qs.dtype, torch.dtype):
+    # A lookup by torch.dtype, not by its str(): torch.compile traces a dict lookup, not str().
+    dtype = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}.get(qs.dtype) \
+        if isinstance(qs.dtype, torch.dtype) else None
+    if dtype is None:
         raise ValueError(f"quant_state.dtype must be torch.bfloat16, torch.float16 or torch.float32, got {qs.dtype!r}")
     try:
         shape = tuple(int(s) for s in qs.shape)
@@ -159,7 +160,18 @@ def dequantize(A, quant_state=None, out=None):
     ``quant_state.shape`` and ``quant_state.dtype`` on A's device, filled and returned.
     """
     p = _plan(A, quant_state, out)
-    if p.A.device.type == "cuda":
+    if _compiling():
+        # Under torch.compile the launch (pointers, alignment, path choice) cannot be traced:
+        # it runs inside nf4lab's custom op, which the graph sees through its fake implementation.
+        from . import torch_ops
+
+        args = torch_ops.op_args(p.A, p.qs)
+        if out is None:
+            result = _torch().ops.nf4lab.dequantize_4bit(*args)
+        else:
+            _torch().ops.nf4lab.dequantize_4bit_out(*args, out)
+            result = out
+    elif p.A.device.type == "cuda":
         result = _dequantize_cuda(p, out)
     else:
         result = _dequantize_cpu(p, out)
@@ -167,6 +179,11 @@ def dequantize(A, quant_state=None, out=None):
     if p.A.dim() >= 1 and p.A.shape[0] == 1:
         return result.t()
     return result
+
+
+def _compiling() -> bool:
+    compiler = getattr(_torch(), "compiler", None)
+    return bool(compiler is not None and compiler.is_compiling())
 
 
 # ---------------------------------------------------------------- CPU

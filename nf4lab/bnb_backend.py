@@ -1,0 +1,271 @@
+"""nf4lab.install(): bitsandbytes' 4-bit CUDA ops on nf4lab's kernels; 4-bit models compileable for decode.
+
+Public API, at the package top level (this module is ``nf4lab.bnb_backend``: a module named
+``install`` would be shadowed by the function)::
+
+    nf4lab.install(compile=False) -> bool     # True when nf4lab's kernels now serve bitsandbytes on CUDA
+    nf4lab.uninstall() -> None                # bitsandbytes exactly as it was (its own registrations back)
+    nf4lab.installed() -> bool
+    with nf4lab.installed_in():               # install() for the block, uninstall() after (if it installed)
+        ...
+    nf4lab.compile_for_decode(model) -> model  # install(), then mark a transformers bnb-4bit model compileable
+
+What install() changes: it registers nf4lab's implementation as the CUDA kernel of three of
+bitsandbytes' own torch ops (``bitsandbytes::dequantize_4bit``, ``bitsandbytes::dequantize_4bit.out``
+and ``bitsandbytes::gemm_4bit``), through a ``torch.library.Library`` it owns. Everything above the
+ops is untouched: ``bitsandbytes.functional.dequantize_4bit``, ``Linear4bit`` forward and
+backward, ``Params4bit`` dequantization and ``matmul_4bit`` all reach nf4lab through the
+dispatcher, in eager mode and under ``torch.compile`` (the ops' fake implementations are
+bitsandbytes' own, so tracing is unchanged). uninstall() destroys that Library: the dispatcher
+then serves bitsandbytes' registrations again, unchanged.
+
+What nf4lab does not handle falls through to bitsandbytes' own CUDA implementation inside the
+op (see :func:`_dequantize_handles` and :func:`_gemm_handles`), never to a different answer:
+CPU tensors are never touched (the CUDA key only), and without a GPU install() does nothing.
+"""
+from __future__ import annotations
+
+import contextlib
+import threading
+import warnings
+
+from . import dequant as _dq
+from .reference import BLOCKSIZES, QUANT_TYPES
+
+__all__ = ["install", "uninstall", "installed", "installed_in", "compile_for_decode"]
+
+_lock = threading.RLock()
+_state = {"lib": None, "ops": (), "quantizers": []}  # the Library we own, what it serves, patched quantizers
+
+
+def _torch():
+    import torch
+
+    return torch
+
+
+# ---------------------------------------------------------------- which calls nf4lab takes
+def _dequantize_handles(A, absmax, blocksize, quant_type, shape, dtype, out=None) -> bool:
+    """Everything the nf4lab kernel needs, checked without launching; False sends the call to
+    bitsandbytes (other quant_storage dtypes, non-contiguous or short tensors, other devices)."""
+    torch = _torch()
+    if not (isinstance(A, torch.Tensor) and isinstance(absmax, torch.Tensor)):
+        return False
+    if A.dtype != torch.uint8 or not A.is_contiguous() or absmax.dtype != torch.float32 or not absmax.is_contiguous():
+        return False
+    if quant_type not in QUANT_TYPES or blocksize not in BLOCKSIZES or dtype not in _DTYPES:
+        return False
+    n = 1
+    for s in shape:
+        n *= int(s)
+    if n < 0 or A.numel() < (n + 1) // 2 or absmax.numel() < -(-n // blocksize) or absmax.device != A.device:
+        return False
+    if out is not None and (not out.is_contiguous() or out.device != A.device or out.dtype != dtype
+                            or tuple(out.shape) != tuple(shape)):
+        return False
+    return True
+
+
+def _gemm_handles(A, B, shapeB, absmax, blocksize, quant_type, bias, absmax_8bit, absmax_code, absmax_offset):
+    from . import torch_ops
+
+    if absmax_8bit is None or absmax_code is None or absmax_offset is None or quant_type != "nf4":
+        return False
+    if bias is not None and (bias.dtype != A.dtype or bias.device != A.device):
+        return False
+    return torch_ops.gemv_handles(A, B, shapeB, absmax_8bit, absmax, absmax_code, blocksize)
+
+
+_DTYPES = ()  # filled on first install (torch dtypes; torch is imported lazily)
+
+
+# ---------------------------------------------------------------- the kernels registered for CUDA
+def _make_kernels(fallback):
+    """Our implementations of bitsandbytes' ops; ``fallback[name]`` is bitsandbytes' own."""
+    from . import torch_ops
+
+    torch = _torch()
+
+    def dequantize_4bit(A, absmax, blocksize, quant_type, shape, dtype):
+        if not _dequantize_handles(A, absmax, blocksize, quant_type, shape, dtype):
+            return fallback["dequantize_4bit"](A, absmax, blocksize, quant_type, shape, dtype)
+        qs = torch_ops._state(absmax, None, None, None, blocksize, 256, quant_type, shape, dtype)
+        return torch_ops._run(A, qs, None)
+
+    def dequantize_4bit_out(A, absmax, blocksize, quant_type, shape, dtype, out):
+        if not _dequantize_handles(A, absmax, blocksize, quant_type, shape, dtype, out):
+            return fallback["dequantize_4bit.out"](A, absmax, blocksize, quant_type, shape, dtype, out)
+        qs = torch_ops._state(absmax, None, None, None, blocksize, 256, quant_type, shape, dtype)
+        torch_ops._run(A, qs, out)
+
+    def gemm_4bit(A, B, shapeB, absmax, blocksize, quant_type, bias=None, absmax_8bit=None, absmax_code=None,
+                  absmax_offset=None):
+        launch = torch_ops.gemv_launcher()
+        if launch is None or not _gemm_handles(A, B, shapeB, absmax, blocksize, quant_type, bias, absmax_8bit,
+                                               absmax_code, absmax_offset):
+            return fallback["gemm_4bit"](A, B, shapeB, absmax, blocksize, quant_type, bias, absmax_8bit,
+                                         absmax_code, absmax_offset)
+        out = torch.empty((*A.shape[:-1], int(shapeB[0])), dtype=A.dtype, device=A.device)
+        # bitsandbytes' gemm_4bit passes the nested group scales as ``absmax`` and the codes as absmax_8bit.
+        launch(A, B, shapeB, absmax_8bit, absmax, absmax_code, absmax_offset, blocksize, out)
+        if bias is not None:
+            out.add_(bias)
+        return out
+
+    return {"dequantize_4bit": dequantize_4bit, "dequantize_4bit.out": dequantize_4bit_out, "gemm_4bit": gemm_4bit}
+
+
+def _bnb_cuda_fallbacks():
+    """bitsandbytes 0.50.2's CUDA implementations, called by name (its registered kernels are all
+    named ``_``): what our kernels hand a call they do not take. KeyError-free: missing names raise
+    here, at install(), and then nothing is installed."""
+    from bitsandbytes.backends.cuda import ops as c
+
+    torch = _torch()
+
+    def dequantize_4bit(A, absmax, blocksize, quant_type, shape, dtype):
+        out = torch.empty(shape, dtype=dtype, device=A.device)
+        c._dequantize_4bit_impl(A, absmax, blocksize, quant_type, dtype, out=out)
+        return out
+
+    def dequantize_4bit_out(A, absmax, blocksize, quant_type, shape, dtype, out):
+        if out.shape != tuple(shape):
+            raise ValueError(f"Expected out.shape == {shape}, got {out.shape}")
+        if out.dtype != dtype:
+            raise ValueError(f"Expected out.dtype == {dtype}, got {out.dtype}")
+        c._dequantize_4bit_impl(A, absmax, blocksize, quant_type, dtype, out=out)
+
+    names = ("_dequantize_4bit_impl", "_gemm_4bit_custom_max_m", "_gemm_4bit_use_custom_fn",
+             "_dequant_linear_fallback", "_gemm_4bit_kernel_impl")
+    missing = [n for n in names if not hasattr(c, n)]
+    if missing:
+        raise RuntimeError(f"bitsandbytes.backends.cuda.ops lacks {missing}: this bitsandbytes release is not "
+                           "the one nf4lab.install was written for (0.50.2)")
+
+    def gemm_4bit(A, B, shapeB, absmax, blocksize, quant_type, bias=None, absmax_8bit=None, absmax_code=None,
+                  absmax_offset=None):
+        # bitsandbytes 0.50.2's registered gemm_4bit CUDA kernel, statement for statement.
+        K = A.shape[-1]
+        M = A.numel() // K
+        N = shapeB[0]
+        if M > c._gemm_4bit_custom_max_m:
+            use_custom = False
+        elif K % blocksize != 0:
+            warnings.warn(f"inner dimension ({K}) is not aligned for fast kernel with blocksize={blocksize}, "
+                          "falling back to slower implementation.", UserWarning)
+            use_custom = False
+        else:
+            use_custom = c._gemm_4bit_use_custom_fn(A.device.index, A.dtype, M, N, K)
+        if not use_custom:
+            return c._dequant_linear_fallback(A, B, shapeB, absmax, blocksize, quant_type, bias,
+                                              absmax_8bit=absmax_8bit, absmax_code=absmax_code,
+                                              absmax_offset=absmax_offset)
+        return c._gemm_4bit_kernel_impl(A, B, shapeB, absmax, blocksize, quant_type, bias, absmax_8bit,
+                                        absmax_code, absmax_offset)
+
+    return {"dequantize_4bit": dequantize_4bit, "dequantize_4bit.out": dequantize_4bit_out, "gemm_4bit": gemm_4bit}
+
+
+def _register(dispatch_key: str, fallback, ops) -> None:
+    """Register our kernels for ``ops`` under ``dispatch_key`` in a Library we own (tests use the CPU key)."""
+    global _DTYPES
+    torch = _torch()
+    import bitsandbytes  # noqa: F401  (defines the ops and registers its own kernels first)
+
+    _DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+    kernels = _make_kernels(fallback)
+    lib = torch.library.Library("bitsandbytes", "IMPL")
+    try:
+        with warnings.catch_warnings():
+            # Overriding bitsandbytes' registration is the point; torch warns about it each time.
+            warnings.filterwarnings("ignore", message=".*Overriding a previously registered kernel.*")
+            warnings.filterwarnings("ignore", message=".*Warning only once for all operators.*")
+            for name in ops:
+                lib.impl(name, kernels[name], dispatch_key)
+    except Exception:
+        lib._destroy()
+        raise
+    _state["lib"], _state["ops"] = lib, tuple(ops)
+
+
+# ---------------------------------------------------------------- public API
+def install(compile: bool = False) -> bool:
+    """Serve bitsandbytes' 4-bit CUDA ops with nf4lab's kernels; returns whether they are now installed.
+
+    Harmless twice. Without a usable CUDA GPU (or in numba's simulator) it changes nothing and
+    returns False. ``compile`` is accepted for symmetry with :func:`compile_for_decode` and must
+    be a bool. The GEMV (``bitsandbytes::gemm_4bit``, M = 1..8) is taken over only where
+    :func:`nf4lab.torch_ops.gemv_launcher` finds nf4lab's fused GEMV launcher.
+    """
+    if not isinstance(compile, bool):
+        raise TypeError(f"compile must be a bool, got {type(compile).__name__}")
+    with _lock:
+        if _state["lib"] is not None:
+            return True
+        from . import runtime, torch_ops
+
+        torch = _torch()
+        if runtime.SIMULATOR or not torch.cuda.is_available():
+            return False
+        ops = ["dequantize_4bit", "dequantize_4bit.out"]
+        if torch_ops.gemv_launcher() is not None:
+            ops.append("gemm_4bit")
+        _register("CUDA", _bnb_cuda_fallbacks(), ops)
+        return True
+
+
+def uninstall() -> None:
+    """bitsandbytes exactly as before install(): our Library is destroyed, so the dispatcher serves
+    bitsandbytes' own registrations again; quantizers marked by compile_for_decode are unmarked."""
+    with _lock:
+        lib = _state["lib"]
+        if lib is not None:
+            lib._destroy()
+        _state["lib"], _state["ops"] = None, ()
+        for q, cls in _state["quantizers"]:
+            q.__class__ = cls
+        _state["quantizers"] = []
+
+
+def installed() -> bool:
+    return _state["lib"] is not None
+
+
+@contextlib.contextmanager
+def installed_in(compile: bool = False):
+    """``with nf4lab.installed_in(): ...``: installed for the block; uninstalled after, unless it
+    was installed before the block (then left as it was)."""
+    before = installed()
+    ok = install(compile=compile)
+    try:
+        yield ok
+    finally:
+        if not before:
+            uninstall()
+
+
+def compile_for_decode(model):
+    """install(), then let transformers compile a bitsandbytes-4bit model's decode step.
+
+    transformers' ``generate`` compiles the forward pass (with a static cache) only when the
+    model's quantizer says ``is_compileable``; its bitsandbytes 4-bit quantizer says False. This
+    swaps the class of that one quantizer object for a subclass whose ``is_compileable`` is True;
+    nothing else in transformers changes, and uninstall() puts the class back. Sound because every
+    4-bit step of the forward is a registered torch op with a fake implementation (bitsandbytes'
+    own ``dequantize_4bit``/``gemm_4bit``/``dequantize_blockwise``), with nf4lab's kernels (or
+    bitsandbytes') inside the op, so dynamo traces no pointer arithmetic. Returns the model.
+    Raises TypeError for a model without a bitsandbytes 4-bit quantizer.
+    """
+    q = getattr(model, "hf_quantizer", None)
+    cfg = getattr(q, "quantization_config", None)
+    if q is None or not getattr(cfg, "load_in_4bit", False):
+        raise TypeError(f"model must be a transformers model loaded with a bitsandbytes 4-bit quantization_config, "
+                        f"got {type(model).__name__} with quantizer {type(q).__name__}")
+    install(compile=True)
+    with _lock:
+        if not getattr(type(q), "_nf4lab_compileable", False):
+            cls = type(q)
+            q.__class__ = type(f"NF4Lab{cls.__name__}", (cls,),
+                               {"is_compileable": property(lambda self: True), "_nf4lab_compileable": True})
+            _state["quantizers"].append((q, cls))
+    return model
