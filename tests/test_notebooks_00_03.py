@@ -46,3 +46,34 @@ def test_student_notebook_has_no_solution_asserts(stem):
     if stem != "00_ceiling":
         assert "TODO" in text, "exercise stubs are marked TODO"
         assert "assert result" in "\n".join(c.source for c in solution.cells)
+
+
+# Where a notebook writes a helper that later notebooks import from nf4lab.lesson, the two
+# must be the same code (docstrings aside): the student reads one, the series runs the other.
+LESSON_HELPERS = {"01_naive": ("block_scale",), "02_grid_stride": ("sm_count", "blocks_per_sm", "grid_for")}
+
+
+def _functions(source: str) -> dict:
+    import ast
+
+    out = {}
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.FunctionDef):
+            body = node.body
+            if body and isinstance(body[0], ast.Expr) and isinstance(getattr(body[0], "value", None), ast.Constant):
+                body = body[1:]   # the docstring
+            out[node.name] = ast.dump(ast.Module(body=body, type_ignores=[])) + ast.dump(node.args)
+    return out
+
+
+@pytest.mark.parametrize("stem", sorted(LESSON_HELPERS))
+def test_notebook_helpers_match_nf4lab_lesson(stem):
+    import inspect
+
+    from nf4lab import lesson
+
+    cells = _functions("\n".join(versions.kernel_cells(ROOT / "notebooks" / f"{stem}.ipynb")))
+    canonical = _functions(inspect.getsource(lesson))
+    for name in LESSON_HELPERS[stem]:
+        assert name in cells, f"{stem} no longer defines {name} in a kernel cell"
+        assert cells[name] == canonical[name], f"{stem}'s {name} differs from nf4lab.lesson.{name}"
