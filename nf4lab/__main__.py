@@ -218,6 +218,11 @@ def main(argv=None) -> int:
     n.add_argument("--inplace", action="store_true", default=None,
                    help="write outputs into the notebooks (default on a GPU)")
     n.set_defaults(fn=cmd_notebooks)
+    from nf4lab import ptxall
+
+    x = sub.add_parser("ptx", help="compile every kernel to PTX and assemble it with ptxas for each architecture")
+    ptxall.add_arguments(x)
+    x.set_defaults(fn=ptxall.command)
     sub.add_parser("plot", help="write build/gbps.png from the recorded summary").set_defaults(fn=cmd_plot)
     args = ap.parse_args(argv)
     for attr in ("no_plot",):
