@@ -6,8 +6,12 @@
 # # 07 · Summary: the whole series side by side
 #
 # **Goal.** Re-run every kernel of notebooks 01-06 in one process, on the same data, beside the
-# two hardware ceilings (device copy and write-only fill) and bitsandbytes, and see how far each
-# step took us. Then sweep the size, from L2-resident tensors to the weight shapes of real LLMs.
+# hardware ceilings (device copy, write-only fill, and the traffic-matched bound: NF4's own bytes
+# moved with no arithmetic) and bitsandbytes, and see how far each step took us. Then sweep the
+# size, from L2-resident tensors to the weight shapes of real LLMs.
+#
+# Everything is read from the GPU in hand (measured now); without a GPU, from a recorded GPU's
+# results, and every table and plot says which.
 #
 # The kernels are not copied here: `nf4lab.versions` executes the cells tagged `kernel` of each
 # step notebook, so what runs is exactly what those notebooks teach.
@@ -51,48 +55,82 @@ for name, launch in VERSIONS.items():
 # ## 2. Side by side at 16384x16384, bf16 output
 #
 # GPU time without launch overhead (`bench.METHOD`), the median of repeated CUDA-graph replays;
-# ceilings and bitsandbytes measured in the same run, on the same data. 16384x16384 moves about
-# 680 MB per call, far beyond the 50 MB L2 of an H100: this is DRAM bandwidth.
+# ceilings and bitsandbytes measured in the same run, on the same data. Beside the notebook
+# versions we time `nf4lab.dequantize` (the package's drop-in, `out=` preallocated like
+# bitsandbytes' row), and the best kernel and the drop-in again with fp16 output, for the targets
+# of section 4. The cell prints how the bytes moved compare with this GPU's L2.
 
 # %%
+import torch
+
+from nf4lab import bytemodel
+
+BEST = "06 best kernel (bf16/fp16/fp32)"
+DROP_IN = "nf4lab.dequantize (out=)"
+
+
+def time_drop_in(case):
+    """nf4lab.dequantize on the case's bitsandbytes tensors, verified, then timed like the kernels."""
+    packed, qs = case.quant_state("cuda")
+    out = torch.empty(case.shape, dtype=qs.dtype, device="cuda")
+    nf4lab.dequantize(packed, qs, out=out)
+    exact = nf4lab.compare(out, case.expected, case.dtype, n=case.n, blocksize=case.blocksize).ok
+    t = bench.gpu_time_ms(lambda s: nf4lab.dequantize(packed, qs, out=out))
+    return bench._record("kernel", DROP_IN, case.shape, case.dtype, t,
+                         bytemodel.bytes_moved(case.n, case.dtype, case.blocksize), bit_exact=exact)
+
+
 if nf4lab.ON_GPU:
     big = nf4lab.make_case()
-    run = bench.run_versions(VERSIONS, big, strict=True)
+    run = bench.run_versions(VERSIONS, big, strict=True).add(time_drop_in(big))
+    fp16 = nf4lab.make_case(dtype="fp16")
+    run.add(bench.run_versions({BEST: VERSIONS[BEST]}, fp16, strict=True).records).add(time_drop_in(fp16))
     run.save("07_summary")
 else:
     run = bench.Run.load("07_summary")
-    if run is not None:
-        print(f"No GPU here: the run recorded in {run.path}")
 if run is not None:
+    GPU = run.meta.get("gpu")
+    print(results.source_note(results.gpu_slug(GPU)), "--", getattr(run, "path", None) or "measured now")
     print(bench.METHOD)
-    print("measured on", results.label(run.meta))
-    plots.bars(run, title="NF4 dequantization, 16384x16384 -> bf16: every version, ceilings, bitsandbytes",
+    mb = run.get(BEST, dtype="bf16")["bytes"] / 1e6
+    l2 = run.meta.get("l2_bytes")
+    print(f"16384x16384 -> bf16 moves {mb:.0f} MB per call; L2 of the {GPU}: "
+          + (f"{l2 / 2**20:.0f} MiB, so this is DRAM bandwidth" if l2 else "not recorded"))
+    plots.bars(run, title=f"NF4 dequantization, 16384x16384 -> bf16, {GPU}: every version, ceilings, bitsandbytes",
                highlight={k["name"] for k in run.kernels()}, dtype="bf16");
+else:
+    print(results.source_note(), "-- nothing to show")
 
 # %% [markdown]
 # <a id="table"></a>
 # ## 3. The worklog table
 #
 # Generated from the results file, never edited by hand: each step's time, effective bandwidth,
-# share of the two ceilings and speed relative to bitsandbytes' GPU time (`dequantize_4bit` with a
-# preallocated `out=`; its end-to-end time as users call it is the row below it).
+# share of the traffic-matched bound and of the copy, and speed relative to bitsandbytes' GPU time.
+# That baseline is bitsandbytes' whole `dequantize_4bit(..., out=)` call replayed in a CUDA graph:
+# with double-quantized scales, as here, it launches three kernels (the absmax dequantization,
+# adding the offset, the 4-bit dequantization), where ours do all of it in one. The row below it,
+# end to end, is the wall-clock time of back-to-back calls as users make them (host overhead and
+# the output allocation included).
 
 # %%
 from IPython.display import Markdown
 
+BOUND = bench.BOUND  # the traffic-matched bound (NF4's bytes, no arithmetic); records carry pct_bound
+
 
 def worklog(run, dtype="bf16"):
-    rows = ["| version | ms | GB/s | % of copy | % of fill | x bitsandbytes | bit-exact |",
+    rows = ["| version | ms | GB/s | % of bound | % of copy | x bitsandbytes | bit-exact |",
             "| --- | ---: | ---: | ---: | ---: | ---: | :---: |"]
     for r in run.records:
-        if r["dtype"] != dtype or r["kind"] not in ("kernel", "baseline", "ceiling") or r.get("ms") is None:
+        if r["dtype"] != dtype or r["kind"] not in ("kernel", "baseline", "ceiling", "bound") or r.get("ms") is None:
             continue
         fmt = lambda x, f: "" if x is None else format(x, f)
         exact = {True: "yes", False: "**no**", None: ""}[r.get("bit_exact")]
         rows.append(f"| {r['name']} | {fmt(r['ms'], '.4f')} | {fmt(r['gbps'], '.0f')} | "
-                    f"{fmt(r['pct_copy'], '.0f')} | {fmt(r['pct_fill'], '.0f')} | "
-                    f"{fmt(r['speedup_vs_bnb'], '.2f')} | {exact} |")
-    rows.append(f"\n*{results.label(run.meta)}*")
+                    f"{fmt(r.get('pct_bound'), '.0f')} | {fmt(r.get('pct_copy'), '.0f')} | "
+                    f"{fmt(r.get('speedup_vs_bnb'), '.2f')} | {exact} |")
+    rows.append(f"\n*{dtype} output, {results.source_note(results.gpu_slug(run.meta['gpu']))}: {results.label(run.meta)}*")
     return Markdown("\n".join(rows))
 
 
@@ -102,134 +140,198 @@ worklog(run) if run is not None else print("nothing recorded yet")
 # <a id="targets"></a>
 # ## 4. Targets
 #
-# What we set out to do, checked against the numbers above (computed here, not typed in).
-# The bar: at least 3000 GB/s effective, no slower than the device copy measured in the same run,
-# at least 1.5x bitsandbytes' GPU time, and bit-exact.
+# What we set out to do, checked against this run's numbers (computed here, not typed in). The
+# targets are relative, so that they mean the same on every GPU:
+#
+# 1. the best kernel (06) reaches at least **98% of the traffic-matched bound**: a kernel that
+#    moves exactly NF4's bytes (4-byte loads, 16-byte stores) and does no arithmetic at all. It is
+#    the fastest any kernel with this read/write mix can be on this GPU, so 98% means the
+#    dequantization itself costs almost nothing;
+# 2. `nf4lab.dequantize`, the drop-in for bitsandbytes, reaches it too;
+# 3. fp16 output runs at bf16's speed (within 2%): the same bytes, one other conversion;
+# 4. every version is bit-exact with bitsandbytes.
+#
+# The speed-up over bitsandbytes is printed, not a target: it depends on how far bitsandbytes'
+# kernel is from the bound on each GPU.
 
 # %%
-def best_kernel(run, dtype="bf16", shape=None):
-    ks = [r for r in run.kernels() if r["dtype"] == dtype and r.get("gbps")
-          and (shape is None or r["shape"] == list(shape))]
-    return max(ks, key=lambda r: r["gbps"]) if ks else None
+TARGET_PCT, SAME_SPEED = 98.0, 0.98
+
+
+def verdict(ok):
+    return "not measured in this run" if ok is None else ("met" if ok else "NOT met")
 
 
 if run is not None:
-    best = best_kernel(run)
-    copy = run.get(bench.COPY, dtype="bf16")
-    checks = {
-        "at least 3000 GB/s effective": best["gbps"] >= 3000,
-        "no slower than the device copy (same run)": best["gbps"] >= copy["gbps"],
-        "at least 1.5x bitsandbytes' GPU time": best["speedup_vs_bnb"] >= 1.5,
-        "bit-exact": best["bit_exact"] is True,
-    }
-    print(f"best: {best['name']}: {best['gbps']:.0f} GB/s, {best['pct_copy']:.0f}% of copy "
-          f"({copy['gbps']:.0f} GB/s), {best['speedup_vs_bnb']:.2f}x bitsandbytes")
+    print(f"{results.source_note(results.gpu_slug(GPU))}, 16384x16384:")
+    rec = {(n, d): run.get(n, dtype=d) for n in (BEST, DROP_IN) for d in ("bf16", "fp16")}
+    bound, copy = run.get(BOUND, dtype="bf16"), run.get(bench.COPY, dtype="bf16")
+    print("  traffic-matched bound: " + (f"{bound['gbps']:.0f} GB/s, {bound['gbps'] / copy['gbps']:.0%} of the "
+          f"copy ({copy['gbps']:.0f} GB/s)" if bound else "not recorded in this run"))
+    for (n, d), r in rec.items():
+        if r:
+            p = r.get("pct_bound")
+            print(f"  {n:<32} {d}: {r['gbps']:5.0f} GB/s, " + (f"{p:.1f}% of the bound, " if p else "")
+                  + f"{r['pct_copy']:.0f}% of copy, {r['speedup_vs_bnb']:.2f}x bitsandbytes")
+    checks = {}
+    for n in (BEST, DROP_IN):
+        p = (rec[n, "bf16"] or {}).get("pct_bound")
+        checks[f"{n}: >= {TARGET_PCT:.0f}% of the bound (bf16)"] = None if p is None else p >= TARGET_PCT
+        both = rec[n, "bf16"] and rec[n, "fp16"]
+        checks[f"{n}: fp16 within {1 - SAME_SPEED:.0%} of bf16's speed"] = (rec[n, "fp16"]["gbps"] >= SAME_SPEED * rec[n, "bf16"]["gbps"]
+                                                if both else None)
+    checks["every version bit-exact"] = all(r.get("bit_exact") is True for r in run.kernels())
     for what, ok in checks.items():
-        print(f"  [{'met' if ok else 'NOT met'}] {what}")
+        print(f"  [{verdict(ok)}] {what}")
+
+# %% [markdown]
+# **What a target not met would mean.** Below 98% of the bound, the kernel's own work (the
+# table lookup, the scale, the conversion, its index arithmetic) or its launch shape costs time
+# that the bare traffic does not: notebook 08's profiles and section 6's variants look for it.
+# fp16 slower than bf16 would point at the conversion (one instruction per pair of weights for
+# both, on sm_80 and newer). "Not measured in this run" means the results shown were recorded
+# before the target existed: run the notebook on a GPU to measure it.
+#
+# Why the bound and not the copy: a device copy reads as many bytes as it writes; NF4
+# dequantization reads one byte for every four it writes. The bound moves exactly NF4's bytes in
+# our kernel's access pattern (4-byte loads, 16-byte stores, the best of five launch shapes) and
+# computes nothing. The line above prints where it lands against the copy on this GPU: that gap
+# comes with the traffic, not with the dequantization, so no cleverer arithmetic can close it.
 
 # %% [markdown]
 # <a id="sweep"></a>
 # ## 5. Across sizes
 #
-# The same comparison from a few MB to about 1 GB of output, including the LLM weight shapes
+# The same comparison from about 1 MB to about 1 GB of output, including the LLM weight shapes
 # 4096x14336 and 8192x28672. Left of the L2 line the whole working set fits in L2 and repeated
 # calls are partly served from it: those points can exceed DRAM bandwidth and are marked `fits_l2`
-# in the results. The line plot shows where each version leaves the launch-bound regime and where
-# it settles.
+# in the results. Copy and fill (dashed) and the traffic-matched bound are measured at each size.
+# At the smallest sizes the fixed cost of a launch (start, ramp-up, the last wave) is a large
+# share of a short kernel.
 
 # %%
+from nf4lab.buffers import quiet_small_grids
+
 SWEEP = [(512, 1024), (1024, 1024), (2048, 2048), (4096, 4096), (4096, 14336), (8192, 8192), (8192, 28672),
          (16384, 16384), (16384, 32768)]   # about 1 MB to 1 GB of bf16 output
-SWEEP_VERSIONS = [n for n in VERSIONS if n[:2] in ("01", "03")] + [n for n in VERSIONS if n.startswith("06")][:1]
+SWEEP_VERSIONS = [n for n in VERSIONS if n[:2] in ("01", "03")] + [BEST]
 SWEEP_VERSIONS += [n for n in VERSIONS if n.startswith("04") and "coalesced" in n][:1]
 
 if nf4lab.ON_GPU:
     from tqdm.auto import tqdm
 
     sweep = bench.Run()
-    for shape in tqdm(SWEEP, desc="sizes"):
-        c = nf4lab.make_case(shape, cache=False)
-        sweep.add(bench.run_versions({n: VERSIONS[n] for n in SWEEP_VERSIONS}, c, progress=False,
-                                     strict=True).records)
+    # 512x1024 gives some versions fewer blocks than SMs and numba warns about it; that size is
+    # in the sweep on purpose (the launch-bound end), so the warning is expected here.
+    with quiet_small_grids():
+        for shape in tqdm(SWEEP, desc="sizes"):
+            c = nf4lab.make_case(shape, cache=False)
+            sweep.add(bench.run_versions({n: VERSIONS[n] for n in SWEEP_VERSIONS}, c, progress=False,
+                                         strict=True).records)
     sweep.finalize().save("07_sweep")
 else:
     sweep = bench.Run.load("07_sweep")
-    if sweep is not None:
-        print(f"No GPU here: the sweep recorded in {sweep.path}")
 if sweep is not None:
-    plots.sweep(sweep, dtype="bf16", names=set(SWEEP_VERSIONS) | {bench.COPY, bench.FILL, bench.BNB_GPU});
+    SWEEP_GPU = sweep.meta.get("gpu")
+    print(results.source_note(results.gpu_slug(SWEEP_GPU)), "--", getattr(sweep, "path", None) or "measured now")
+    ax = plots.sweep(sweep, dtype="bf16", names=set(SWEEP_VERSIONS) | {bench.COPY, bench.FILL, BOUND, bench.BNB_GPU})
+    ax.set_title(f"NF4 dequantization across sizes, bf16 output, {SWEEP_GPU}");
 
 # %%
 if sweep is not None:
-    best_name = best_kernel(sweep)["name"]
-    print(f"{'shape':>12} {'MB moved':>9} {'in L2':>6} {best_name[:30]:>30} {'bitsandbytes':>13} {'x bnb':>6}")
+    print(f"{BEST} vs bitsandbytes across sizes, bf16, {SWEEP_GPU}:")
+    print(f"{'shape':>12} {'MB moved':>9} {'in L2':>6} {'06 GB/s':>8} {'% bound':>8} {'bnb GB/s':>9} {'x bnb':>6}")
     for shape in SWEEP:
-        k = sweep.get(best_name, shape=shape)
+        k = sweep.get(BEST, shape=shape)
         bnb = sweep.get(bench.BNB_GPU, shape=shape)
         if k and bnb:
+            p = k.get("pct_bound")
             print(f"{'x'.join(map(str, shape)):>12} {k['bytes'] / 1e6:>9.1f} {str(k['fits_l2']):>6} "
-                  f"{k['gbps']:>25.0f} GB/s {bnb['gbps']:>8.0f} GB/s {k['speedup_vs_bnb']:>6.2f}")
+                  f"{k['gbps']:>8.0f} {'-' if p is None else format(p, '.0f'):>8} {bnb['gbps']:>9.0f} "
+                  f"{k['speedup_vs_bnb']:>6.2f}")
 
 # %% [markdown]
 # <a id="rest"></a>
 # ## 6. Where the rest of the time goes
 #
-# The best kernel is bit-exact and well ahead of bitsandbytes, but it does not reach the device
-# copy, let alone the write-only fill. Three kinds of evidence, all recorded on the H100:
+# The best kernel's distance from the device copy splits in two: the bound's distance from the
+# copy (the read/write mix: no dequantization kernel can win it back) and the kernel's distance
+# from the bound (its own work: what is ours to win). The first cell prints both from this run.
+# Two kinds of older evidence follow; each line says on which GPU it was recorded:
 #
 # 1. **Nsight Compute** (profiles of every version, `data/ncu/`, read in detail in notebook 08):
 #    DRAM throughput as a share of its peak, sectors per request (16-byte accesses by a whole warp
 #    are 16 sectors per request: fully coalesced), and what the warps wait for.
-# 2. **A bound**: `tools/tune_best_kernel.py` timed kernels with exactly the best kernel's memory
-#    traffic and no arithmetic at all (`kind: "bound"` in the results). If even they stay below the
-#    copy, the access pattern (a small read feeding four times as many written bytes), not our
-#    arithmetic, is what is left.
-# 3. **The design space around the kernel**: 1-8 words per thread, 128-1024 threads, persistent
-#    grids, contiguous chunks per block, 16-byte loads with an exchange, streaming stores, L2
-#    prefetch hints, bulk (TMA) stores: each variant verified, all timed in one run per round.
+# 2. **The design space around the kernel** (the tuning rounds of `tune_best_kernel.py`): 1-8 words per thread,
+#    128-1024 threads, persistent grids, contiguous chunks per block, 16-byte loads with an
+#    exchange, streaming stores, L2 prefetch hints, bulk (TMA) stores, each variant verified, and
+#    bounds of several access styles (`kind: "bound"`: the same traffic, no arithmetic), all timed
+#    in one run per round.
 
 # %%
-from pathlib import Path
-
 from nf4lab import profiling
+
+if run is not None:
+    best, copy, bound = (run.get(n, dtype="bf16") for n in (BEST, bench.COPY, BOUND))
+    print(f"{GPU}, 16384x16384 -> bf16: the best kernel reaches {best['pct_copy']:.1f}% of the copy")
+    if bound:
+        print(f"  the read/write mix: the bound reaches {bound['gbps'] / copy['gbps']:.1%} of the copy")
+        print(f"  the kernel's own work: the kernel reaches {best['pct_bound']:.1f}% of the bound")
+    else:
+        print("  no traffic-matched bound in this run (recorded before it was added): see the tuning rounds below")
 
 rec = profiling.load_recorded()
 if rec is None:
     print("no Nsight Compute profiles recorded")
 else:
-    print(f"Nsight Compute, {rec['meta']['gpu']}, profiled {' and '.join(rec['dates'])}, {rec['meta']['ncu']}, "
+    mine = rec["gpu"] == results.current_gpu()
+    print(f"\nNsight Compute, {'this GPU' if mine else 'recorded on ' + rec['meta']['gpu'] + ' (not this machine)'}: "
+          f"profiled {' and '.join(rec['dates'])}, {rec['meta']['ncu']}, "
           f"{'x'.join(map(str, rec['meta']['shape']))} {rec['meta']['dtype']}")
-    summaries = {name: v["summary"] for name, v in rec["versions"].items()}
-    print(profiling.table(summaries))
+    print(profiling.table({name: v["summary"] for name, v in rec["versions"].items()}))
 
 # %%
-rounds = [r for r in (bench.Run.load(f"tuning_round{i}") for i in range(1, 10)) if r is not None]
+def tuning_gpu():
+    """The GPU whose tuning rounds we show: this one's if it has any, else a recorded one."""
+    have = [g for g in [results.default_gpu()] + results.gpus()
+            if g and any((results.RESULTS_DIR / g).glob("tuning_round*.json"))]
+    return have[0] if have else None
+
+
+tgpu = tuning_gpu()
+names = sorted(p.stem for p in (results.RESULTS_DIR / tgpu).glob("tuning_round*.json")) if tgpu else []
 bounds, kernels = [], []
-for t in rounds:
-    for r in t.records:
-        if r.get("gbps") and r["kind"] in ("kernel", "bound") and r["dtype"] == "bf16":
-            (bounds if r["kind"] == "bound" else kernels).append((r, t))
+for name in names:
+    for r in bench.Run.load(name, tgpu).records:
+        if r.get("gbps") and r["kind"] in ("kernel", "bound") and r["dtype"] == "bf16" and r["shape"] == [16384, 16384]:
+            (bounds if r["kind"] == "bound" else kernels).append((r, name))
+names = sorted({name for _, name in kernels + bounds})
 if kernels:
+    print(f"tuning rounds, 16384x16384 -> bf16, {results.source_note(tgpu)}")
     gb = [r["gbps"] for r, _ in kernels]
-    print(f"{len(kernels)} verified variants in {len(rounds)} tuning rounds: {min(gb):.0f} to {max(gb):.0f} GB/s")
-    for r, t in sorted(kernels, key=lambda x: -x[0]["gbps"])[:5]:
-        print(f"   {r['gbps']:6.0f} GB/s  {r['pct_copy']:4.0f}% of copy  {r['name']}  ({Path(t.path).stem})")
+    print(f"{len(kernels)} verified variants in {len(names)} runs: {min(gb):.0f} to {max(gb):.0f} GB/s")
+    for r, name in sorted(kernels, key=lambda x: -x[0]["gbps"])[:5]:
+        print(f"   {r['gbps']:6.0f} GB/s  {r['pct_copy']:4.0f}% of copy  {r['name']}  ({name})")
     print("bounds (same traffic, no arithmetic):")
-    for r, t in sorted(bounds, key=lambda x: -x[0]["gbps"]):
-        print(f"   {r['gbps']:6.0f} GB/s  {r['pct_copy']:4.0f}% of copy  {r['name']}  ({Path(t.path).stem})")
-    print("measured on", results.label(rounds[-1].meta))
+    for r, name in sorted(bounds, key=lambda x: -x[0]["gbps"]):
+        print(f"   {r['gbps']:6.0f} GB/s  {r['pct_copy']:4.0f}% of copy  {r['name']}  ({name})")
+    if bounds:
+        top_k, top_b = max(gb), max(r["gbps"] for r, _ in bounds)
+        print(f"fastest variant: {top_k / top_b:.1%} of the fastest bound; the bounds span "
+              f"{min(r['pct_copy'] for r, _ in bounds):.0f}-{max(r['pct_copy'] for r, _ in bounds):.0f}% of copy")
+else:
+    print("no tuning rounds recorded for any GPU")
 
 # %% [markdown]
-# **Reading it.** The profiles show the best versions moving data at a large, steady share of the
-# DRAM peak with every access fully coalesced, and warps waiting mostly on memory
-# (`long_scoreboard`: a load not back yet), not on arithmetic or on the instruction pipeline. The
-# bounds with no arithmetic land within a few percent of the kernels and also below the copy.
-# The decisive one is round 6's "16B load + 4 coalesced 16B stores": the device copy's own access
-# style (one 16-byte load, 16-byte stores, each warp store 512 contiguous bytes), moving exactly
-# NF4's bytes (1 byte read for every 4 written), and nothing else. It lands where our kernel
-# lands. So neither our arithmetic nor the size of our reads is what is left: it is the mix of
-# reads and writes itself, which this GPU serves more slowly than the copy's half-and-half (the
-# write-only fill, at the other end, is the fastest of all). Designs that issue larger reads
-# (16-byte loads with an exchange, bulk stores) moved the needle by about 1%, not 5%. What is left untried here, and is the natural next step
-# for a kernel engineer: a persistent, software-pipelined kernel whose bulk (TMA) loads of several
-# KB per block run ahead of the conversion and the bulk stores.
+# **Reading it.** On the GPU the profiles were recorded on, the best versions move data at a large,
+# steady share of the DRAM peak with every access fully coalesced, and their warps wait mostly on
+# memory (`long_scoreboard`: a load not back yet), not on arithmetic or on the instruction
+# pipeline. The tuning rounds printed above test the rest: if the fastest variant lands close to
+# the fastest bound, and the bounds themselves stay below the copy, then neither our arithmetic
+# nor the size of our reads is what is left; it is the mix of one byte read for four written,
+# which the memory system serves at its own speed. Round 6's "16B load + 4 coalesced 16B stores"
+# is the device copy's own access style (one 16-byte load, 16-byte stores, each warp store 512
+# contiguous bytes) moving exactly NF4's bytes: compare its line with the kernels'. What is left
+# untried here, and is the natural next step for a kernel engineer: a persistent,
+# software-pipelined kernel whose bulk (TMA) loads of several KB per block run ahead of the
+# conversion and the bulk stores.
