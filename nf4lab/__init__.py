@@ -5,6 +5,7 @@ simulator (see :mod:`nf4lab.runtime`); import it before ``numba.cuda``.
 """
 from . import runtime  # noqa: F401  (first: may switch numba to the simulator)
 from .runtime import MODE, ON_GPU, SIMULATOR, default_shape, describe, device_info  # noqa: F401
+from . import arch  # noqa: F401,E402  (reads NF4LAB_ARCH now: a bad value fails at import, not at a launch)
 
 __version__ = "0.1.0"
 

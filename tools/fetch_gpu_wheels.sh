@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Fill .whl/ (git-ignored) with what the device tool's GPU image lacks, for cp312 manylinux:
-#   numpy 2.4.x (the image's numpy 2.5 breaks numba-cuda 0.30), bitsandbytes 0.50.2 slimmed to its
+#   bitsandbytes 0.50.2 slimmed to its
 #   CPU and CUDA 13.0 libraries (the full wheel is 43 MB of the 64 MiB a call may carry), and the
 #   Jupyter kernel stack that nbclient needs to execute notebooks (.whl/extra; no debugpy/jedi: optional).
 # Then: run(command="bash tools/gpu_notebooks.sh TAG 00 01 ...", carry=[".whl"]).
@@ -11,7 +11,8 @@ dl() { python3 -m pip download -q --no-deps --only-binary=:all: --python-version
   --platform manylinux_2_24_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
   --platform manylinux1_x86_64 --platform manylinux_2_5_x86_64 -d "$@"; }
 rm -rf .whl && mkdir -p .whl/extra
-dl .whl "numpy==2.4.6" "bitsandbytes==0.50.2"
+# numpy: the image's 2.5 is used as is (nf4lab.runtime gives numba-cuda back np.row_stack).
+dl .whl "bitsandbytes==0.50.2"
 tmp=$(mktemp -d)
 (cd "$tmp" && unzip -q "$OLDPWD"/.whl/bitsandbytes-*.whl && \
   find bitsandbytes -name 'libbitsandbytes_*.so' ! -name '*cpu*' ! -name '*cuda130*' -delete && \

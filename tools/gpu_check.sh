@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# Run on the GPU machine (device tool, carry .whl) from the repo root: bit-exactness of every code
+# path as the GPU compiles it and with NF4LAB_ARCH=sm_75 (the T4's paths), the launch-shape
+# evidence, and the GPU tests under both; packs the results this call wrote into $OUT/TAG.tgz.
+#   bash tools/gpu_check.sh TAG [exact] [shapes] [tests]
+set -uo pipefail
+tag=$1; shift
+steps=${*:-exact shapes tests}
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl .whl/extra/*.whl 2>&1 | grep -v "already exists"
+export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
+mkdir -p "$OUT"
+stamp=$(mktemp); sleep 1
+log="$OUT/$tag.log"
+python3 -c "import numpy, numba, numba_cuda, torch, bitsandbytes; print('numpy', numpy.__version__, 'numba-cuda', numba_cuda.__version__, 'torch', torch.__version__, 'bnb', bitsandbytes.__version__)" 2>&1 | tee -a "$log"
+for s in $steps; do
+  case $s in
+    exact)
+      timeout 300 python3 tools/gpu_exactness.py 2>&1 | grep -v "^ *warn\|Warning" | tee -a "$log"
+      NF4LAB_ARCH=sm_75 timeout 300 python3 tools/gpu_exactness.py 2>&1 | grep -v "^ *warn\|Warning" | tee -a "$log" ;;
+    shapes)
+      timeout 240 python3 tools/launch_shapes.py 2>&1 | tail -40 | tee -a "$log" ;;
+    tests)
+      for a in "" sm_75; do
+        echo "== pytest on the GPU, NF4LAB_ARCH=${a:-unset}" | tee -a "$log"
+        NF4LAB_ARCH=$a timeout 300 python3 -m pytest -q -x -p no:cacheprovider -m "not slow" \
+          tests/test_dequantize.py tests/test_exercises.py tests/test_ops_ptx.py tests/test_runtime.py 2>&1 | tail -15 | tee -a "$log"
+      done ;;
+  esac
+done
+tar czf "$OUT/$tag.tgz" $(find data/results -type f -newer "$stamp")
