@@ -264,3 +264,40 @@ def test_vector_kernel_ptx():
     text = ptx.compile_ptx(k, fk.signature("bf16", True))
     ptx.check(text, present=[r"^st\.global(\.cs)?\.v4", r"^cvt\.rn\.bf16x2\.f32", r"^ld\.shared"],
               absent=[r"^fma\.", r"\.f64", r"^(div|rem)\.(s|u)64"])
+
+
+# ---------------------------------------------------------------- where bitsandbytes 0.50.2 differs
+def formula_numpy(packed, absmax, blocksize, n, lut, np_dtype):
+    """The format's definition, written independently of nf4lab and bitsandbytes: weight i is
+    lut[code_i] * absmax[i // blocksize] (one float32 multiply), code_i the high nibble of byte
+    i // 2 for even i, the low one for odd i; then rounded to the output dtype (numpy: RNE)."""
+    b = np.asarray(packed, dtype=np.uint8).reshape(-1)[: (n + 1) // 2]
+    codes = np.empty(2 * b.size, np.uint8)
+    codes[0::2], codes[1::2] = b >> 4, b & 15
+    w = np.asarray(lut, np.float32)[codes[:n]] * np.asarray(absmax, np.float32)[np.arange(n) // blocksize]
+    return w.astype(np_dtype)
+
+
+@pytest.mark.parametrize("shape,bs", [((128, 96), 64), ((128, 64), 128), ((64, 48), 32), ((16, 80), 64)])
+@pytest.mark.parametrize("quant_type", ["nf4", "fp4"])
+def test_block_crossing_a_row_gives_the_formats_values(shape, bs, quant_type):
+    """A block that crosses a row (last dim not a multiple of the blocksize): nf4lab returns the
+    format's values on any CPU; where bitsandbytes 0.50.2 runs its AVX-512 kernel, it does not
+    (that kernel takes row r's scales from absmax[r * (cols // bs) + c // bs])."""
+    packed, qs = quantize(shape, "fp32", bs, quant_type, False)
+    lut = R.NF4_LUT if quant_type == "nf4" else R.FP4_LUT
+    n = math.prod(shape)
+    want = formula_numpy(packed.numpy(), qs.absmax.numpy(), bs, n, lut, np.float32)
+    got = nf4lab.dequantize(packed, qs).numpy().reshape(-1)
+    # Bits, except the sign of fp4's zero code, which depends on bitsandbytes' path (tested above).
+    assert np.array_equal(np.abs(got).view(np.int32), np.abs(want).view(np.int32))
+    fp16 = quantize(shape, "fp16", bs, quant_type, False)
+    want16 = formula_numpy(fp16[0].numpy(), fp16[1].absmax.numpy(), bs, n, lut, np.float16)
+    got16 = nf4lab.dequantize(*fp16).numpy().reshape(-1)
+    assert np.array_equal(np.abs(got16).view(np.int16), np.abs(want16).view(np.int16))
+    if dequant.bnb_cpu_path(shape, bs) == "avx512":
+        theirs = F.dequantize_4bit(packed, qs).numpy().reshape(-1)
+        # If this fails, bitsandbytes fixed its AVX-512 indexing: update README "Drop-in" and dequant.py.
+        assert not np.array_equal(theirs, want), "bitsandbytes' AVX-512 path now gives the format's values"
+        rows_ok = np.array_equal(theirs[: shape[-1]], want[: shape[-1]])
+        assert rows_ok, "row 0 is indexed the same way by both (its blocks start at 0)"
