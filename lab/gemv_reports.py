@@ -1,0 +1,233 @@
+"""Reports of the GEMV lab: Nsight Compute summaries (lab/profile_gemv.py), offline SASS (lab/sass_gemv.py),
+the read-only bound (lab/gemv_read_bound.py) and the all-records table of a benchmark run.
+
+Import it as ``lab.gemv_reports`` (the repository root on sys.path).
+"""
+from __future__ import annotations
+
+import collections
+import glob
+import os
+import re
+import shutil
+import subprocess
+
+from nf4lab import gemv
+from nf4lab.gemv import COPY, NAME, default_kernel, kernel_ptx, weight_bytes  # noqa: F401  (kernel_ptx re-exported)
+
+
+# ---------------------------------------------------------------- Nsight Compute summary (lab/profile_gemv.py)
+NCU_METRICS = {  # name in the record: ncu metric
+    "time_us": "gpu__time_duration.sum",
+    "dram_pct": "dram__throughput.avg.pct_of_peak_sustained_elapsed",
+    "pipe_pct": "l1tex__data_pipe_lsu_wavefronts.avg.pct_of_peak_sustained_elapsed",
+    "pipe_wavefronts": "l1tex__data_pipe_lsu_wavefronts.sum",
+    "shared_wavefronts": "l1tex__data_pipe_lsu_wavefronts_mem_shared.sum",
+    "issue_pct": "smsp__issue_active.avg.pct_of_peak_sustained_elapsed",
+    "warps_per_sm": "sm__warps_active.avg.per_cycle_active",
+    "registers": "launch__registers_per_thread",
+    "local_loads": "smsp__inst_executed_op_local_ld.sum",
+    "sm_hz": "sm__cycles_elapsed.avg.per_second",
+}
+
+
+def ncu_summary(kernel: dict, N: int, K: int) -> dict:
+    """One profile's record (a kernel of nf4lab.profiling.parse_csv): NCU_METRICS by their short names, the
+    time in us, and the data pipe's wavefronts per 1000 weights (all, and those of shared-memory instructions)."""
+    m = kernel["metrics"]
+    rec = {k: (m.get(v) or {}).get("value") for k, v in NCU_METRICS.items()}
+    rec = {k: (v if isinstance(v, float) else None) for k, v in rec.items()}
+    if rec["time_us"] is not None:
+        rec["time_us"] /= 1e3  # ncu reports ns
+    for k in ("pipe", "shared"):
+        v = rec[f"{k}_wavefronts"]
+        rec[f"{k}_per_1k_weights"] = v / (N * K / 1000) if v is not None else None
+    return rec
+
+
+def ncu_table(run: dict) -> str:
+    """The recorded profiles as a text table."""
+    cols = (("time_us", "us", 6, ".1f"), ("dram_pct", "DRAM %", 7, ".1f"), ("pipe_pct", "pipe %", 7, ".1f"),
+            ("pipe_per_1k_weights", "pipe/1k w", 10, ".1f"), ("shared_per_1k_weights", "shared/1k w", 12, ".1f"),
+            ("issue_pct", "issue %", 8, ".1f"), ("warps_per_sm", "warps/SM", 9, ".1f"), ("registers", "regs", 5, ".0f"))
+    lines = [f"{'W (N x K)':>11}  {'variant':<22}" + "".join(f" {h:>{w}}" for _, h, w, _ in cols)]
+    for r in run["rows"]:
+        m = r["metrics"]
+        lines.append(f"{r['shape']:>11}  {r['variant']:<22}" + "".join(
+            f" {format(m[k], f) if m.get(k) is not None else '-':>{w}}" for k, _, w, f in cols))
+    return "\n".join(lines)
+
+
+def pipe_ceiling_gbps(metrics: dict, N: int, K: int, sms: int) -> float:
+    """Weight bandwidth (GB/s, bytes of :func:`weight_bytes`) at which the SM's load/store data pipe, one
+    wavefront per cycle, would be 100% busy with the wavefronts per weight that a profile measured."""
+    weights_per_s = sms * metrics["sm_hz"] / (metrics["pipe_per_1k_weights"] / 1000)
+    return weights_per_s * weight_bytes(N, K) / (N * K) / 1e9
+
+
+def read_bound_table(bound, gemv_run=None) -> str:
+    """lab/gemv_read_bound.py's run (a bench.Run) as text: per shape the read-only bound in us and GB/s, as a
+    share of that run's copy ceiling, and, from a GEMV benchmark run, the default kernel (bf16, M=1) against it."""
+    copy = max((r["gbps"] for r in bound.records if r["name"] == COPY), default=None)
+    lines = [f"{'W (N x K)':>11} {'read us':>8} {'read GB/s':>10} {'% copy':>7} {'GEMV us':>8} {'GEMV / read':>12}"
+             f"  best read config"]
+    for r in bound.records:
+        if r["kind"] != "bound":
+            continue
+        ours = None
+        if gemv_run is not None:
+            name = default_kernel(gemv_run)
+            ours = next((q for q in gemv_run.records if q["name"] == name and q["shape"] == r["shape"]
+                         and q["dtype"] == "bf16" and q.get("M", 1) == 1), None)
+        lines.append(f"{'x'.join(map(str, r['shape'])):>11} {r['ms'] * 1e3:8.1f} {r['gbps']:10.0f} "
+                     f"{(100 * r['gbps'] / copy if copy else float('nan')):6.0f}% "
+                     f"{(ours['ms'] * 1e3 if ours else float('nan')):8.1f} "
+                     f"{(100 * r['ms'] / ours['ms'] if ours else float('nan')):11.0f}%  {r.get('config', '')}")
+    if copy:
+        lines.append(f"(copy ceiling {copy:.0f} GB/s in the same run; 'GEMV / read': the GEMV's speed as a share "
+                     "of the pure read's)")
+    return "\n".join(lines)
+
+
+def load_ncu(gpu: str | None = None) -> dict | None:
+    """The recorded profiles of lab/profile_gemv.py --save (data/ncu/<gpu>/09_fused_gemv.json), or None."""
+    import json
+
+    from nf4lab import results
+
+    base = results.ROOT / "data" / "ncu"
+    found = sorted(base.glob(f"*/{NAME}.json"))
+    if gpu:
+        found = [p for p in found if p.parent.name == results.gpu_slug(gpu)]
+    return json.loads(found[0].read_text()) if found else None
+
+
+# ---------------------------------------------------------------- SASS, offline
+SASS_PTX_VERSION = "9.0"  # the highest PTX ISA version CUDA 13.0's ptxas accepts
+
+
+def find_tool(name):
+    path = shutil.which(name)
+    if path:
+        return path
+    import site
+
+    for d in site.getsitepackages() + [site.getusersitepackages()]:
+        hits = glob.glob(os.path.join(d, "nvidia", "*", "bin", name))
+        if hits:
+            return hits[0]
+    raise FileNotFoundError(f"{name} not found (CUDA toolkit, or pip install nvidia-cuda-{name})")
+
+
+def sass_of(ptx: str, workdir, stem: str, arch="sm_90"):
+    """(ptxas -v text, SASS text) of a PTX string."""
+    ptx = re.sub(r"^\.version \d+\.\d+", f".version {SASS_PTX_VERSION}", ptx, flags=re.M)
+    p = workdir / f"{stem}.ptx"
+    p.write_text(ptx)
+    cubin = workdir / f"{stem}.cubin"
+    info = subprocess.run([find_tool("ptxas"), f"-arch={arch}", "-v", str(p), "-o", str(cubin)],
+                          capture_output=True, text=True, check=True).stderr
+    sass = subprocess.run([find_tool("cuobjdump"), "-sass", str(cubin)], capture_output=True, text=True,
+                          check=True).stdout
+    (workdir / f"{stem}.sass").write_text(sass)
+    return info, sass
+
+
+def hottest_loop(sass: str):
+    """Instructions (text) of the largest innermost loop: from a backward branch's target to the branch."""
+    ins = []
+    for line in sass.splitlines():
+        m = re.match(r"\s*/\*([0-9a-f]{4,})\*/\s+(.*?)\s*;", line)
+        if m:
+            ins.append((int(m.group(1), 16), m.group(2).strip()))
+    where = {a: i for i, (a, _) in enumerate(ins)}
+    loops = []
+    for i, (a, text) in enumerate(ins):
+        m = re.search(r"\bBRA (0x[0-9a-f]+)", text)
+        if m and int(m.group(1), 16) <= a and int(m.group(1), 16) in where:
+            s = where[int(m.group(1), 16)]
+            loops.append((i - s + 1, s, i))
+    # innermost loops (no other loop inside), the largest of them
+    inner = [lp for lp in loops if not any(o is not lp and lp[1] <= o[1] and o[2] <= lp[2] for o in loops)]
+    if not inner:
+        return []
+    _, s, e = max(inner)
+    return [t for _, t in ins[s:e + 1]]
+
+
+def opcode(text):
+    return re.sub(r"^@!?U?P[T\d]+\s+", "", text).split()[0]
+
+
+
+
+def sass_report(kernel, sig, weights_per_trip, stem="kernel", workdir=None, ptx=None):
+    """ptxas registers/spills/smem and the SASS of the hottest (innermost) loop, per weight.
+
+    Needs ptxas and cuobjdump (the CUDA toolkit, or pip install nvidia-cuda-cuobjdump); raises
+    FileNotFoundError without them."""
+    import tempfile
+    from pathlib import Path
+
+    workdir = Path(workdir) if workdir else Path(tempfile.mkdtemp())
+    workdir.mkdir(parents=True, exist_ok=True)
+    if ptx is None:
+        ptx = kernel_ptx(kernel, sig)
+    info, sass = sass_of(ptx, workdir, stem)
+    regs = re.search(r"Used (\d+) registers", info)
+    spill = re.search(r"(\d+) bytes spill stores", info)
+    smem = re.search(r"(\d+) bytes smem", info)
+    loop = hottest_loop(sass)
+    ops = collections.Counter(opcode(t) for t in loop)
+    return dict(registers=int(regs.group(1)) if regs else None, spill_bytes=int(spill.group(1)) if spill else None,
+                smem_bytes=int(smem.group(1)) if smem else None, loop_instructions=len(loop),
+                weights_per_trip=weights_per_trip, per_weight=len(loop) / weights_per_trip,
+                opcodes=dict(ops.most_common()))
+
+
+
+SASS_REPORT = "data/sass/09_fused_gemv.json"  # lab/sass_gemv.py --save writes it (relative to the repository)
+
+
+def ptxas_version() -> str:
+    out = subprocess.run([find_tool("ptxas"), "--version"], capture_output=True, text=True).stdout
+    return out.strip().splitlines()[-1] if out.strip() else "unknown"
+
+
+def load_sass_report():
+    """The offline SASS report recorded by ``lab/sass_gemv.py --save`` ({"meta", "rows"}), or None."""
+    import json
+
+    from nf4lab.results import ROOT
+
+    path = ROOT / SASS_REPORT
+    if not path.exists():
+        return None
+    data = json.loads(path.read_text())
+    data["path"] = SASS_REPORT
+    return data
+
+
+def sass_table(report, dtype="bf16", m=1) -> str:
+    rows = [r for r in report["rows"] if r["dtype"] == dtype and r.get("m", 1) == m]
+    out = [f"{'variant':<26} {'registers':>9} {'spilled B':>9} {'warps/SM':>8} {'SASS/weight':>11}"]
+    for r in rows:
+        out.append(f"{r['variant']:<26} {r['registers']:>9} {r['spill_bytes'] or 0:>9} {r.get('warps_per_sm') or '-':>8} "
+                   f"{r['per_weight']:>11.2f}")
+    return "\n".join(out)
+
+
+
+
+def table(run) -> str:
+    rows = [f"{'shape NxK':>12} {'dtype':>5} {'M':>2}  {'version':<64} {'us':>8} {'GB/s':>7} {'%copy':>6} {'x bnb':>6}"]
+    for r in run.records:
+        if r["kind"] == "ceiling" and r["name"] != COPY:
+            continue
+        f = (lambda v, fmt: "-" if v is None else format(v, fmt))
+        m = "" if r["kind"] == "ceiling" else str(r.get("M", 1))
+        rows.append(f"{'x'.join(map(str, r['shape'])):>12} {r['dtype'] or '':>5} {m:>2}  {r['name'][:64]:<64} "
+                    f"{f(r['ms'] and r['ms'] * 1e3, '.1f'):>8} {f(r['gbps'], '.0f'):>7} "
+                    f"{f(r.get('pct_copy'), '.0f'):>6} {f(r.get('speedup_vs_bnb'), '.2f'):>6}")
+    return "\n".join(rows)
+
