@@ -38,8 +38,9 @@ print(nf4lab.describe())
 # A kernel is *memory-bound* when the time to move its bytes through DRAM is larger than the
 # time to do its arithmetic. Dequantization reads half a byte per weight, looks it up in a
 # 16-entry table, multiplies by a scale and writes two bytes (bf16). That is about one
-# multiply per 2.5 bytes moved. An H100 does tens of TFLOP/s of float32 but moves only a few
-# TB/s: it needs tens of operations per byte before arithmetic matters. So the only question
+# multiply per 2.5 bytes moved. A GPU does tens of float32 operations in the time its DRAM
+# moves one byte (from a T4 to an H200), so arithmetic would matter only at tens of operations
+# per byte. So the only question
 # for speed is *how close to the memory ceiling do we get*, and the unit of progress in
 # this series is GB/s of the byte model (below), against what a plain copy reaches.
 
@@ -129,36 +130,44 @@ print(f"\n{total / 1e6:.0f} MB per call; the output alone is {100 * parts['outpu
 #
 # * **Writes dominate** (about 79% of the bytes). How we *store* bf16 values will matter more
 #   than how we read codes, which is the story of notebooks 01-06.
-# * **It does not fit in L2.** An H100 has 50 MB of L2; one call moves more than ten times
-#   that, so repeated timing runs really go to DRAM. Smaller shapes (say 4096 x 4096, about
-#   42 MB) are partly served from L2 on repeats and read *faster* than DRAM allows: results
-#   carry a `fits_l2` flag and plots mark such sizes.
+# * **It should not fit in L2.** One call moves 675 MB; a GPU's L2 holds a few MB to a few tens
+#   of MB (the cell below prints this GPU's), so repeated timing runs really go to DRAM. Sizes
+#   that fit in L2 are partly served from it on repeats and read *faster* than DRAM allows:
+#   results carry a `fits_l2` flag and plots mark such sizes.
 
 # %%
 l2 = nf4lab.device_info().get("l2_bytes")
+recorded = bench.Run.load("00_ceiling")
+if not l2 and recorded is not None and recorded.meta.get("l2_bytes"):   # no GPU here: the recorded GPU's
+    l2 = recorded.meta["l2_bytes"]
+    print(f"no GPU here: L2 of the recorded {recorded.meta['gpu']}")
 for shape in [(4096, 4096), SHAPE]:
     nb = bytemodel.bytes_moved(shape[0] * shape[1])
-    where = f"L2 here is {l2 / 1e6:.0f} MB: {'fits' if nb <= l2 else 'does not fit'}" if l2 else \
-        "no GPU here: compare with the L2 size recorded below"
+    where = f"L2 is {l2 / 1e6:.0f} MB: {'fits' if nb <= l2 else 'does not fit'}" if l2 else "L2 size unknown"
     print(f"{shape[0]}x{shape[1]}: {nb / 1e6:7.1f} MB per call ({where})")
 
 # %% [markdown]
 # <a id="measured"></a>
 # ## 4. Ceilings and the bitsandbytes baseline, measured
 #
-# Two ceilings, timed exactly like our kernels will be (`nf4lab.bench`):
+# Three ceilings, timed exactly like our kernels will be (`nf4lab.bench`):
 #
-# * **device copy**: `dst.copy_(src)`, half of the bytes read and half written, the classic
-#   "achievable bandwidth";
-# * **write-only fill**: `full.fill_(3)`. Our kernel is 79% writes, so this one is the closer
-#   ceiling (writes alone can go a bit faster than a copy).
+# * **device copy**: half of the bytes read and half written, the classic "achievable
+#   bandwidth" (the faster of torch's `copy_` and a numba kernel copying 16 bytes per thread);
+# * **write-only fill**: every byte written, none read (the faster of torch's `fill_` and a
+#   numba kernel storing 16 bytes per thread: a library's fill is not always the fastest
+#   writer). Our kernel is 79% writes; whether writes alone are faster than a copy differs
+#   from GPU to GPU, and the run below says which it is here;
+# * **traffic-matched bound**: a kernel that moves exactly NF4's bytes in the same pattern
+#   (codes and `absmax_q` read, the output written) with no arithmetic. No dequantization
+#   kernel can beat it by much, so it is the target the series measures against.
 #
 # And the **baseline**: bitsandbytes `dequantize_4bit` on the same data, with a
 # preallocated `out=` (GPU time), and end to end as a user calls it (host time, allocation
 # and launch overhead included).
 #
-# How we time (see the `nf4lab.bench` docstring): a numba launch costs about 24-70 us on the
-# host, which is a large fraction of a sub-millisecond kernel. So we capture 20 launches in a
+# How we time (see the `nf4lab.bench` docstring): a numba launch costs tens of microseconds on
+# the host, a large fraction of a sub-millisecond kernel. So we capture 20 launches in a
 # CUDA graph and replay it; a replayed launch costs about 1 us, and what we measure is GPU
 # time. Host-side cost is measured separately (`host_ms`).
 
@@ -166,7 +175,7 @@ for shape in [(4096, 4096), SHAPE]:
 if nf4lab.ON_GPU:
     big = nf4lab.make_case()                      # 16384 x 16384 bf16 on a GPU
     nbytes = bytemodel.bytes_moved(big.n, big.dtype, big.blocksize)
-    run = bench.Run().add(bench.ceilings(nbytes, big.shape, big.dtype)).add(bench.bnb_baselines(big))
+    run = bench.Run().add(bench.ceilings(nbytes, big.shape, big.dtype, n=big.n)).add(bench.bnb_baselines(big))
     path = run.save("00_ceiling")
     print(f"measured now, saved to {path}")
 else:
@@ -194,8 +203,19 @@ if run is not None:
     print(f"NF4 {'x'.join(map(str, shape))} -> {bnb['dtype']} moves {nb / 1e6:.0f} MB per call")
     print(f"at the copy ceiling ({copy['gbps']:.0f} GB/s) that takes {nb / copy['gbps'] / 1e6:.3f} ms; "
           f"at the fill ceiling ({fill['gbps']:.0f} GB/s) {nb / fill['gbps'] / 1e6:.3f} ms")
+    print(f"writes alone run at {100 * fill['gbps'] / copy['gbps']:.0f}% of the copy's speed on the {run.meta['gpu']} "
+          f"({'faster' if fill['gbps'] > copy['gbps'] else 'not faster'} than a copy; fill by "
+          f"{fill.get('source', 'torch fill_')}, copy by {copy.get('source', 'torch copy_')})")
+    tb = run.get(bench.BOUND)
+    if tb:
+        print(f"the traffic-matched bound: {tb['gbps']:.0f} GB/s = {tb['ms']:.3f} ms, "
+              f"{100 * tb['gbps'] / copy['gbps']:.0f}% of copy: the target for our kernels")
+    else:
+        print("(this recorded run predates the traffic-matched bound: re-run on a GPU to measure it)")
     print(f"bitsandbytes takes {bnb['ms']:.3f} ms of GPU time = {bnb['gbps']:.0f} GB/s "
-          f"= {bnb['pct_copy']:.0f}% of copy, {bnb['pct_fill']:.0f}% of fill; bit-exact with the case: "
+          f"= {bnb['pct_copy']:.0f}% of copy"
+          + (f", {bnb['pct_bound']:.0f}% of the bound" if bnb.get("pct_bound") else "")
+          + f"; bit-exact with the case: "
           f"{bnb['bit_exact']}")
     if e2e:
         print(f"end to end from Python (allocation + launch): {e2e['host_ms']:.3f} ms per call")
@@ -210,8 +230,9 @@ if run is not None:
 #
 # * NF4 dequantization is memory-bound by a wide margin: speed is bytes moved over time,
 #   and the byte model fixes the bytes (about 2.5 bytes per bf16 weight, four fifths of them writes).
-# * The ceilings are measured, not taken from a datasheet: a copy and a write-only fill of
-#   the same size, timed through CUDA graphs so that launch overhead does not count.
+# * The ceilings are measured, not taken from a datasheet: a copy, a write-only fill and a
+#   kernel that moves NF4's bytes without the arithmetic, timed through CUDA graphs so that
+#   launch overhead does not count. Which of them is fastest is a property of the GPU.
 # * bitsandbytes is the baseline to beat; the table above says how far it is from the ceiling.
 #   Everything we write must produce the *same bits* as it does.
 # * The formula has three separately rounded float32 operations; high nibble first; blocks of
