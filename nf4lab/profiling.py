@@ -402,8 +402,9 @@ def load_recorded(gpu: str | None = None) -> dict | None:
 
     Returns ``{"gpu", "meta", "versions": {name: {"file", "kernels", "summary", ...}}, "dir", "dates"}``
     (``dates``: the days the versions were profiled, each version's own date or the run's)
-    or None when nothing is recorded. ``gpu`` defaults to $NF4LAB_RESULTS_GPU, then the
-    folder with the most files.
+    or None when nothing is recorded. ``gpu`` defaults to results.default_gpu() (the GPU in hand,
+    or $NF4LAB_RESULTS_GPU) when it has profiles, else the folder with the most files: compare
+    ``gpu`` with results.current_gpu() before calling them this machine's.
     """
     gpus = recorded_gpus()
     if not gpus:
@@ -411,8 +412,8 @@ def load_recorded(gpu: str | None = None) -> dict | None:
     if gpu is None:
         from . import results
 
-        gpu = os.environ.get("NF4LAB_RESULTS_GPU")
-        gpu = results.gpu_slug(gpu) if gpu else max(gpus, key=lambda g: len(list((NCU_DIR / g).glob("*.csv"))))
+        want = results.default_gpu()
+        gpu = want if want in gpus else max(gpus, key=lambda g: len(list((NCU_DIR / g).glob("*.csv"))))
     d = NCU_DIR / gpu
     index = json.loads((d / "index.json").read_text()) if (d / "index.json").exists() else {}
     entries = index.get("versions") or [{"name": p.stem, "file": p.name} for p in sorted(d.glob("*.csv"))

@@ -139,6 +139,19 @@ def test_load_recorded_matches_files():
     assert rec["versions"] and all(v["summary"] for v in rec["versions"].values())
 
 
+def test_load_recorded_prefers_the_results_gpu_and_falls_back(monkeypatch):
+    if not RECORDED:
+        return
+    gpus = P.recorded_gpus()
+    # The GPU whose results are shown (NF4LAB_RESULTS_GPU stands in for the GPU in hand) wins when
+    # it has profiles; a GPU without any (an H200 today) gets another GPU's, named in rec["gpu"].
+    monkeypatch.setenv("NF4LAB_RESULTS_GPU", gpus[0])
+    assert P.load_recorded()["gpu"] == gpus[0]
+    monkeypatch.setenv("NF4LAB_RESULTS_GPU", "Some GPU with no profiles")
+    rec = P.load_recorded()
+    assert rec["gpu"] in gpus and rec["versions"]
+
+
 def test_module_cli_table_runs():
     out = subprocess.run([sys.executable, "-m", "nf4lab.profiling", "table", str(FIX / "ncu_raw_fixture.csv")],
                          capture_output=True, text=True, timeout=120, cwd=P.ROOT)

@@ -13,8 +13,9 @@
 #
 # Most machines cannot profile: `ncu` is often not installed, and cloud GPUs usually refuse
 # access to the performance counters (`ERR_NVGPUCTRPERM`). So the profiles of every version,
-# measured on an H100 by `tools/profile_all.py`, are committed under `data/ncu/<gpu>/`, and
-# this notebook reads them whenever it cannot profile itself.
+# measured by `tools/profile_all.py`, are committed under `data/ncu/<gpu>/` (today for the H100
+# only), and this notebook reads them whenever it cannot profile itself. Every table says which
+# GPU its rows come from: a profile recorded on another GPU is evidence about that GPU.
 #
 # **Contents**
 # 1. [Where the numbers come from](#source)
@@ -32,7 +33,7 @@ import nf4lab  # first: decides GPU or simulator before numba.cuda is imported
 
 import tempfile
 
-from nf4lab import bytemodel, profiling
+from nf4lab import bench, bytemodel, lesson, profiling, results
 
 print(nf4lab.describe())
 
@@ -63,8 +64,9 @@ print(" \\\n    ".join(parts + [" ".join(cur)]).replace(",", ",\\\n      "))
 # `WarpStateStats` (stall reasons) and `SourceCounters` (stall samples per instruction). ncu
 # replays the kernel once per group of counters it cannot read together, restoring memory
 # in between, so the profiled launch takes far longer than the kernel itself. The kernels are
-# compiled with `lineinfo=True` (set by the driver), which maps every SASS instruction to the
-# Python line it came from; `--clock-control none` leaves the clocks where the benchmarks ran.
+# compiled with `lineinfo=True` (set by the driver, where numba-cuda can: see section 7),
+# which maps every SASS instruction to the Python line it came from; `--clock-control none`
+# leaves the clocks where the benchmarks ran.
 #
 # Pick a version to profile live (when this machine can), then load what is recorded.
 
@@ -84,7 +86,7 @@ if nf4lab.ON_GPU:
         print(f"profiling {name!r} from {nb} with ncu (about 10-20 s) ...")
         try:
             res = profiling.profile_version(nb, name, tempfile.mkdtemp(prefix="nf4lab_ncu_"))
-            live = {"name": name, "notebook": nb, **res,
+            live = {"name": name, "notebook": nb, "gpu": nf4lab.device_info()["gpu"], **res,
                     "summary": profiling.summarize(profiling.main_kernel(res["kernels"]))}
             print(f"profiled on this GPU: {', '.join(res['files'])} written under {res['files']['raw'].rsplit('/', 1)[0]}")
         except profiling.NcuUnavailable as exc:
@@ -92,11 +94,14 @@ if nf4lab.ON_GPU:
 else:
     print("No GPU here (simulator): nothing can be profiled; reading the recorded profiles.")
 
-rec = profiling.load_recorded()
+rec = profiling.load_recorded()  # this GPU's profiles if any are recorded, else another GPU's
 if rec is not None and rec["versions"]:
     m = rec["meta"]
     print(f"recorded profiles: {rec['dir']} -- {m.get('gpu')}, profiled {' and '.join(rec['dates'])}, ncu {m.get('ncu')}, "
           f"numba-cuda {m.get('numba_cuda')}, case {m.get('shape')} {m.get('dtype')}")
+    if rec["gpu"] != results.current_gpu():
+        print(f"  recorded on {m.get('gpu')}, not on this machine"
+              + (f" ({nf4lab.device_info()['gpu']}): its own numbers may differ" if nf4lab.ON_GPU else ""))
     for name, v in rec["versions"].items():
         if v.get("lineinfo") is False:
             print(f"  {name}: profiled without line info (numba-cuda could not compile it with lineinfo=True)")
@@ -109,7 +114,11 @@ else:
 
 summaries = {name: v["summary"] for name, v in rec["versions"].items()}
 if live is not None:
-    summaries[f"{live['name']} (live, this GPU)"] = live["summary"]
+    summaries[f"{live['name']} (live)"] = live["summary"]
+# One line naming whose rows the tables below show.
+WHERE = (f"{'profiles recorded on ' + rec['meta'].get('gpu', '?') if MEASURED else 'an invented example'}"
+         + (f"; the row marked (live): profiled now on {live['gpu']}" if live else ""))
+print(WHERE)
 
 # %% [markdown]
 # <a id="table"></a>
@@ -122,7 +131,7 @@ if live is not None:
 # the three largest **stall reasons** in cycles per issued instruction.
 
 # %%
-print(("" if MEASURED else "EXAMPLE (NOT A MEASUREMENT)\n") + profiling.table(summaries))
+print(("" if MEASURED else "EXAMPLE (NOT A MEASUREMENT)\n") + WHERE + "\n" + profiling.table(summaries))
 
 # %% [markdown]
 # The same numbers as a list of dicts, one per version, for your own plots (`pandas.DataFrame(rows)`
@@ -139,9 +148,10 @@ print({k: rows[0][k] for k in ("version", "dram_pct", "achieved_occupancy", "ld_
 #
 # `dram__throughput.avg.pct_of_peak_sustained_elapsed` is the DRAM traffic over the kernel's
 # duration as a share of what the memory can sustain. A memory-bound kernel is finished when
-# this is close to 100 %: there is nothing left to win but bytes. The copy ceiling of notebook
-# 00 sits below the peak too (reads and writes share the bus, and DRAM refresh and page
-# switches take their part), which is why the best kernels stop at about the copy's share.
+# this is close to 100 %: there is nothing left to win but bytes. No real kernel gets to 100 %:
+# reads and writes share the bus, and DRAM refresh and page switches take their part, so the
+# device copy of notebook 00 sits below the peak as well. Compare the best versions' DRAM %
+# with what the copy ceiling and the traffic-matched bound (notebook 07) reach on the same GPU.
 #
 # ncu also counts the bytes DRAM really moved. Compare them with the byte model, the fewest
 # bytes any kernel must move: a ratio near 1.0 means every byte was read or written once.
@@ -150,7 +160,7 @@ print({k: rows[0][k] for k in ("version", "dram_pct", "achieved_occupancy", "ld_
 # %%
 n = 16384 * 16384
 model = bytemodel.bytes_moved(n, "bf16", 64)
-print(f"byte model for 16384x16384 bf16: {model / 1e6:.0f} MB\n")
+print(f"byte model for 16384x16384 bf16: {model / 1e6:.0f} MB; {WHERE}\n")
 print(f"{'version':<40} {'DRAM %':>7} {'DRAM MB':>9} {'/ model':>8} {'GB/s':>7}")
 for name, s in summaries.items():
     if not s or s["dram_read_bytes"] is None:
@@ -195,7 +205,7 @@ for what, w, stride in [("uint8 load, consecutive (packed codes, per byte)", 1, 
                         ("128-bit load or store, consecutive", 16, None),
                         ("128-bit stores, each lane 64 contiguous bytes (4 vectors)", 16, 64)]:
     print(f"{what:<62} {expected_sectors(w, stride):>3} sectors per request")
-print()
+print(f"\nmeasured ({WHERE}):")
 for name, s in summaries.items():
     if s:
         f = lambda x: "-" if x is None else f"{x:.1f}"
@@ -224,27 +234,30 @@ for name, s in summaries.items():
 # ## 5. Occupancy: enough warps to keep bytes in flight?
 #
 # Achieved occupancy (`sm__warps_active.avg.pct_of_peak_sustained_active`) is the average
-# number of resident warps per SM as a share of the maximum (64 on an H100); theoretical
-# occupancy is what registers, shared memory and block size allow. A memory-bound kernel
-# needs occupancy only as a means: by Little's law, the bytes in flight must equal bandwidth
-# times latency. The estimate below uses the recorded GPU's datasheet bandwidth and an assumed
-# DRAM latency (an estimate, not a measurement).
+# number of resident warps per SM as a share of the maximum (64 on an H100 or H200);
+# theoretical occupancy is what registers, shared memory and block size allow. A memory-bound
+# kernel needs occupancy only as a means: by Little's law, the bytes in flight must equal
+# bandwidth times latency. The estimate below takes the copy ceiling measured on the GPU whose
+# results this notebook shows and the series' one assumed DRAM latency
+# (`nf4lab.lesson.ASSUMED_DRAM_LATENCY_NS`): an order of magnitude, not a measurement.
 
 # %%
-from nf4lab import runtime
-
-gpu = rec["meta"].get("gpu") or ""
-peak = runtime.spec_peak_gbps(gpu) if gpu else None
-sms = rec["meta"].get("sms")
-LATENCY_NS = 700  # assumed round-trip DRAM latency under load, order of magnitude only
-if peak and sms:
-    inflight = peak * LATENCY_NS  # GB/s * ns = bytes
-    print(f"{gpu}: {peak:.0f} GB/s (datasheet) x {LATENCY_NS} ns (assumed) = {inflight / 1e6:.1f} MB in flight, "
-          f"{inflight / sms / 1024:.0f} KiB per SM")
-    print(f"  with 64 resident warps per SM that is {inflight / sms / 64:.0f} bytes per warp in flight,")
-    print(f"  i.e. {inflight / sms / 64 / 32:.1f} bytes per thread: 1-byte loads cannot get there, 16-byte ones can.")
+LATENCY_NS = lesson.ASSUMED_DRAM_LATENCY_NS  # assumed, the same figure in every notebook
+ceil = bench.Run.load("07_summary") or bench.Run.load("00_ceiling")
+copy = ceil.get(bench.COPY) if ceil is not None else None
+sms = ceil.meta.get("sms") if ceil is not None else None
+# threads per SM: the GPU in hand's; without one, 2048 (64 warps, as on the H100 and H200)
+warps = (nf4lab.device_info().get("max_threads_per_sm") or 2048) // 32
+if copy and sms:
+    inflight = copy["gbps"] * LATENCY_NS  # GB/s * ns = bytes
+    print(f"{results.source_note(results.gpu_slug(ceil.meta['gpu']))}:")
+    print(f"  copy ceiling {copy['gbps']:.0f} GB/s (measured) x {LATENCY_NS} ns (assumed) = {inflight / 1e6:.1f} MB "
+          f"in flight, {inflight / sms / 1024:.0f} KiB per SM ({sms} SMs)")
+    print(f"  with {warps} resident warps per SM that is {inflight / sms / warps:.0f} bytes per warp in flight,")
+    print(f"  i.e. {inflight / sms / warps / 32:.1f} bytes per thread: 1-byte loads cannot get there, 16-byte ones can.")
 else:
-    print("no GPU recorded: the estimate needs the profiled GPU's bandwidth and SM count")
+    print("no copy ceiling recorded for this GPU (run notebook 00 or 07 on it): no estimate")
+print(f"\noccupancy ({WHERE}):")
 for name, s in summaries.items():
     if s:
         print(f"{name[:48]:<48} achieved {s['achieved_occupancy'] or 0:>5.1f}%  theoretical "
@@ -258,7 +271,8 @@ for name, s in summaries.items():
 # small, fixed grid (notebook 02) leaves most warp slots empty however few registers the
 # kernel uses. A few points below theoretical is normal: the last wave of blocks does not fill
 # the GPU, and blocks take time to start and end. Theoretical below 100 % comes from the
-# registers: more than 32 registers per thread no longer fit 64 warps in an SM's 64K registers.
+# registers: on a GPU with 64K registers and 64 warps per SM (the H100, the H200), more than 32
+# registers per thread no longer fit all 64 warps.
 
 # %% [markdown]
 # <a id="stalls"></a>
@@ -282,6 +296,7 @@ for name, s in summaries.items():
 # Which version shows each reason most:
 
 # %%
+print(WHERE)
 for name, s in summaries.items():
     if s and s["stalls"]:
         top = ", ".join(f"{r} {v:.1f}" for r, v in s["stalls"][:4])
@@ -308,33 +323,41 @@ for reason, (name, v) in sorted(most.items(), key=lambda x: -x[1][1]):
 #
 # `tools/profile_all.py` also exports ncu's *source page* (`--page source --print-source
 # cuda,sass`): the stall samples of every SASS instruction, grouped under the Python line it
-# came from (line info). Here are the lines where the chosen version's warps spent their
-# samples, and the instruction of each line that collected most of them.
+# came from (line info). Below: the lines where a version's warps spent their samples, and the
+# instruction of each line that collected most of them. It shows the version chosen above when
+# its profile has line info; numba-cuda 0.30 cannot compile every kernel with `lineinfo=True`
+# (notebook 06's among them), so otherwise the fastest version whose recorded profile has it.
 
 # %%
-def show_lines(entry, top=6):
-    path = None
-    if entry.get("files", {}).get("source"):
-        path = entry["files"]["source"]
-    elif entry.get("source") and rec.get("dir"):
-        path = f"{profiling.ROOT}/{rec['dir']}/{entry['source']}"
-    if not path:
-        print("no source page recorded for this version")
-        return
-    for t in profiling.parse_source_csv(open(path).read(), top=top):
+def hot_lines(path, top=6):
+    """Source lines with most stall samples in an ncu source page ([] without line info)."""
+    lines = profiling.parse_source_csv(open(path).read(), top=top) if path else []
+    return lines if any(t["line"] for t in lines) else []
+
+
+def show_lines(lines):
+    for t in lines:
         print(f"{t['pct']:5.1f}%  line {t['line']:>4}: {t['source'][:72]}")
         print(f"{'':14}hottest instruction: {t['sass']}")
 
 
+lines = []
 if live is not None:
-    print(f"{live['name']} (live)")
-    show_lines(live)
-elif MEASURED:
-    name = VERSION if VERSION in rec["versions"] else list(rec["versions"])[-1]
-    print(name)
-    show_lines(rec["versions"][name])
-else:
-    print("No profile recorded yet: no source lines to show.")
+    lines = hot_lines(live["files"].get("source"))
+    print(f"{live['name']}, profiled now on {live['gpu']}"
+          + (":" if lines else ": no line info in this profile (compiled without lineinfo=True)"))
+if not lines and MEASURED:
+    found = {n: hot_lines(f"{profiling.ROOT}/{rec['dir']}/{v['source']}") if v.get("source") else []
+             for n, v in rec["versions"].items()}
+    missing = [n for n, t in found.items() if not t]
+    if missing:
+        print(f"no line info recorded for: {', '.join(missing)}")
+    fastest = sorted((v["summary"]["duration_us"], n) for n, v in rec["versions"].items() if found[n] and v["summary"])
+    pick = VERSION if found.get(VERSION) else (fastest[0][1] if fastest else None)
+    if pick:
+        print(f"{pick}, recorded on {rec['meta'].get('gpu')}:")
+        lines = found[pick]
+show_lines(lines) if lines else print("No source page with line info recorded: no source lines to show.")
 
 # %% [markdown]
 # How to read it. Instructions of device functions that numba inlines (`inline="always"`) and
