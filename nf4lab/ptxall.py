@@ -141,6 +141,7 @@ def assemble(ptxas: str, ptx_path: str, sm: str) -> str | None:
         return None
     lines = [ln.strip() for ln in (p.stderr + p.stdout).splitlines() if ln.strip()]
     first = next((ln for ln in lines if "error" in ln.lower()), lines[0] if lines else f"ptxas exit {p.returncode}")
+    first = re.sub(r"^ptxas\s+" + re.escape(ptx_path) + r",\s*", "", first)  # the temporary file's name says nothing
     if ".version" in first or "PTX version" in first or "Unsupported" in first and "version" in first:
         first += (" (this ptxas is older than the PTX ISA numba-cuda's NVVM emits: use the nvidia-cuda-nvcc "
                   "wheel of the same version as nvidia-nvvm)")
@@ -304,9 +305,9 @@ def _label_rows(prefix: str, found: list) -> list:
 
 def collect_notebook(nb: str, variant: str) -> tuple[list, list]:
     """Run a notebook source's code cells in the simulator, recording kernels. (rows, errors)."""
-    srcs = sorted(SRC.glob(f"{nb}_*.py"))
-    if not srcs:
-        return [], [(nb, f"no notebook source notebooks/src/{nb}_*.py")]
+    srcs = [Path(nb).resolve()] if nb.endswith(".py") else sorted(SRC.glob(f"{nb}_*.py"))
+    if not srcs or not srcs[0].is_file():
+        return [], [(nb, f"no notebook source {nb if nb.endswith('.py') else f'notebooks/src/{nb}_*.py'}")]
     src = srcs[0]
     import matplotlib
 
@@ -336,7 +337,8 @@ def collect_notebook(nb: str, variant: str) -> tuple[list, list]:
     found = list(rec.seen.values())
     if not solution:
         found = [f for f in found if _uses_student_code(f[0], student_lines, str(src))]
-    prefix = nb if solution else f"{nb} student"
+    prefix = src.stem if nb.endswith(".py") else nb
+    prefix = prefix if solution else f"{prefix} student"
     return _label_rows(prefix, found), errors
 
 
@@ -430,7 +432,7 @@ with open(out, "wb") as f:
 
 def _run_source(what: str, variant: str, ccs: list, ptxas: str, workdir: str) -> tuple[list, list]:
     """Collect one source's kernels (simulator subprocess), compile them (compile subprocess), assemble."""
-    tag = f"{what}_{variant}"
+    tag = re.sub(r"[^A-Za-z0-9_.-]", "_", f"{Path(what).stem if what.endswith('.py') else what}_{variant}")
     pkl = os.path.join(workdir, f"{tag}.pkl")
     p = subprocess.run([sys.executable, "-c", _COLLECT_CHILD, what, variant, pkl], capture_output=True,
                        text=True, env=_child_env("sim"), cwd=str(ROOT))
@@ -472,10 +474,12 @@ def notebooks() -> list[str]:
 
 
 def sources(only=None, variants=VARIANTS) -> list[tuple[str, str]]:
-    """(what, variant) pairs: the package, then every notebook in each variant."""
+    """(what, variant) pairs: the package, then every notebook in each variant. ``only`` picks
+    some (notebook numbers, 'package'); a path to a percent-format .py file adds that file."""
     out = [(PACKAGE, "-")] + [(nb, v) for nb in notebooks() for v in variants]
     if only:
-        out = [s for s in out if any(s[0].startswith(o) for o in only)]
+        files = [(o, v) for o in only if o.endswith(".py") for v in variants]
+        out = [s for s in out if any(s[0].startswith(o) for o in only if not o.endswith(".py"))] + files
     return out
 
 
@@ -502,15 +506,31 @@ def run(archs, only=None, variants=VARIANTS, jobs: int = 2, progress=None) -> Re
 
 
 # ---------------------------------------------------------------- README block
+def summary_table(report: Report) -> str:
+    """Markdown: one row per source (a notebook, nf4lab.dequantize, nf4lab.bench), kernels counted."""
+    groups = {}
+    for r in report.rows:
+        groups.setdefault(r.label.split()[0], []).append(r)
+    lines = ["| kernels of | kernels | " + " | ".join(report.archs) + " |",
+             "| --- | ---: |" + " :---: |" * len(report.archs)]
+    for name, rows in groups.items():
+        cells = []
+        for a in report.archs:
+            bad = sum(r.results.get(a) is not None for r in rows)
+            cells.append(f"{bad} FAIL" if bad else "ok")
+        lines.append(f"| {name} | {len(rows)} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 def readme_block(report: Report) -> str:
-    nk = len(report.rows)
     ver = sorted({r.ptx_version for r in report.rows if r.ptx_version})
     return "\n".join([
-        f"`python -m nf4lab ptx --all {' '.join('--arch ' + a for a in report.archs)}`: "
-        f"{nk} kernels (every kernel the notebooks launch or compile, solutions and exercise starting points, "
-        f"and nf4lab's own), PTX {', '.join(ver)} from numba-cuda's NVVM, assembled by {report.ptxas}. "
-        "CI runs it; a kernel that fails for one architecture fails CI.", "",
-        report.table(markdown=True)])
+        f"`python -m nf4lab ptx --all {' '.join('--arch ' + a for a in report.archs)}` compiles "
+        f"{len(report.rows)} kernels (every kernel the notebooks launch or show as PTX, solutions and exercise "
+        f"starting points, and nf4lab's own) to PTX {', '.join(ver)} with numba-cuda's NVVM for each "
+        f"architecture and assembles each with {report.ptxas}; it prints one row per kernel and exits 1 if "
+        "any fails. CI runs it. Summary of its last run:", "",
+        summary_table(report)])
 
 
 def update_readme(report: Report, check: bool = False, path: Path = ROOT / "README.md") -> bool:
@@ -533,7 +553,8 @@ def add_arguments(p) -> None:
     p.add_argument("--arch", action="append", metavar="SM",
                    help=f"architecture to assemble for, repeatable: {', '.join(arch.ARCHS)} (default: all of them)")
     p.add_argument("--all", action="store_true", help="every kernel of the notebooks and of nf4lab (required)")
-    p.add_argument("--only", nargs="*", help="sources to take: notebook numbers such as 01 06, or 'package'")
+    p.add_argument("--only", nargs="*", help="sources to take: notebook numbers such as 01 06, 'package', "
+                   "or the path of a percent-format .py file of your own kernels")
     p.add_argument("--variants", nargs="*", choices=VARIANTS, default=list(VARIANTS),
                    help="notebook variants to run (default: both; the student one adds the exercise kernels)")
     p.add_argument("--jobs", type=int, default=2, help="sources handled at once (default 2)")
