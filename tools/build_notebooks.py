@@ -89,6 +89,9 @@ def parse(text: str) -> list[dict]:
             c["lines"].pop(0)
         if c["type"] == "markdown":
             c["lines"] = [l[2:] if l.startswith("# ") else l.lstrip("#") for l in c["lines"]]
+        elif any(re.match(r"# #{1,6} \S", l) for l in c["lines"]):  # prose left in a code cell
+            head = next(l for l in c["lines"] if re.match(r"# #{1,6} \S", l))
+            raise ValueError(f"a code cell holds the markdown heading {head!r}: a '# %% [markdown]' marker is missing")
     return cells
 
 
