@@ -11,9 +11,9 @@
 # dtype, choosing the conversion at compile time: `cvt.rn.bf16x2.f32` for bf16, `cvt.rn.f16x2.f32`
 # for fp16, the float32 bits themselves for fp32. It combines what the earlier steps taught:
 # several packed words per thread, all loaded before any store, shared LUT, warp-contiguous
-# 16-byte stores. We predict it lands near the copy ceiling, like 04/05, for every dtype; the
-# plot below says how near (and whether it beats 04/05's exchange kernel: the tuning runs found
-# all these designs within a few percent of each other).
+# 16-byte stores. We predict it lands near the copy ceiling for every dtype; the benchmark says
+# how near, and whether it beats 04/05's exchange kernel is for the measurement to decide. A last
+# section shows what a T4 (sm_75), which lacks the sm_80 conversion instructions, runs instead.
 #
 # **Contents**
 # 1. [Prediction](#prediction)
@@ -22,8 +22,9 @@
 # 4. [PTX evidence, per dtype](#ptx)
 # 5. [Verification, per dtype](#verify)
 # 6. [Benchmark](#bench)
-# 7. [What we learned](#learned)
-# 8. [Exercise](#exercises)
+# 7. [Older GPUs: the sm_75 (T4) path](#sm75)
+# 8. [What we learned](#learned)
+# 9. [Exercise](#exercises)
 
 # %%
 import nf4lab  # first: decides GPU or simulator before numba.cuda is imported
@@ -31,7 +32,7 @@ import nf4lab  # first: decides GPU or simulator before numba.cuda is imported
 import numpy as np
 from numba import cuda
 
-from nf4lab import bench, bytemodel, plots, ptx
+from nf4lab import bench, bytemodel, plots, ptx, results
 
 print(nf4lab.describe())
 cases = {d: nf4lab.make_case(dtype=d) for d in ("bf16", "fp16", "fp32")}   # default shape
@@ -90,10 +91,13 @@ if copy is None:
 # * **All loads before any store.** The `UNITS` loads of a thread are issued back to back into
 #   registers (a local array that LLVM keeps in registers once the loop over `UNITS` is
 #   unrolled), so each thread has `UNITS` loads in flight before it waits for the first.
-# * **The sizes come from measurements.** `tools/tune_best_kernel.py` timed 1, 2, 4 and 8 words
-#   per thread at 128, 256, 512 and 1024 threads, persistent grids, 16-byte loads with an exchange,
-#   streaming stores, L2 prefetch hints and TMA bulk stores on the H100
-#   (`data/results/<gpu>/tuning_round*.json`): all within a few percent; 2 x 512 was among the best.
+# * **The sizes come from measurements.** The tuning script (`tune_best_kernel.py`) timed 1, 2, 4
+#   and 8 words per thread at 128 to 1024 threads, persistent grids, 16-byte loads with an
+#   exchange, streaming stores, L2 prefetch hints and TMA bulk stores on the H100
+#   (`data/results/<gpu>/tuning_round*.json`). Block sizes matter more on some GPUs than on
+#   others, so `tools/launch_shapes.py` times this kernel at several shapes on each GPU; the one
+#   shape shipped for all, 128 threads x 2 units, is checked against that record (printed below
+#   when this GPU has one).
 # * **Shared LUT** (step 05), filled once per block.
 # * **The scale once per word** (`fmul_rn`/`fadd_rn`, never an FMA), the block index a shift.
 # * **fp32** writes 32 bytes per packed word. Giving one thread the whole word would mean two
@@ -104,7 +108,7 @@ if copy is None:
 #   there are units, and no thread does anything else afterwards.
 # * **Typed constants and `fmul_rn` everywhere.** `uint32 >> 4` looks harmless, but the `4` is an
 #   int64 and numba then computes the byte extraction in 64 bits; a first version of this kernel
-#   written that way (with the tail after the loop) ran 3% slower on the H100 than the same design
+#   written that way (with the tail after the loop) ran slower on the H100 than the same design
 #   with typed constants (`data/results/<gpu>/tuning_round5.json`: "06 as in the notebook" against
 #   "nf4lab.dequantize kernel", one run). At the wall every instruction between a thread's loads
 #   and its stores costs bandwidth.
@@ -113,6 +117,17 @@ if copy is None:
 # function, closing over the constant `OUT`. numba freezes closure constants into the code, so
 # `if OUT == FP32:` is decided at compile time and each kernel contains only its own conversion
 # (the PTX below shows it). `launch(b)` picks the kernel for `b.dtype`.
+
+# %%
+shapes = bench.Run.load("launch_shapes")
+if shapes is None:
+    print("no launch-shape run recorded for this GPU (python tools/launch_shapes.py records one)")
+else:
+    print(f"this kernel at several launch shapes, 16384 x 16384 bf16 ({results.source_note()}):")
+    for k in shapes.kernels():
+        if k["shape"] == [16384, 16384] and k["dtype"] == "bf16":
+            bound = f", {k['pct_bound']:.0f}% of the traffic-matched bound" if k.get("pct_bound") else ""
+            print(f"  {k['name']}: {k['gbps']:.0f} GB/s, {k['pct_copy']:.0f}% of copy{bound}")
 
 # %% tags=["kernel"]
 import nf4lab  # noqa: F811  (this cell runs on its own in nf4lab.versions)
@@ -282,16 +297,28 @@ nf4lab.verify_versions(VERSIONS, cases["bf16"], dtypes=("bf16", "fp16", "fp32"))
 # and bitsandbytes (for the same dtype) in the same run.
 
 # %%
-run = bench.step("06_output_dtypes", {
+# Under NF4LAB_ARCH=sm_75 (section 7) these kernels carry the T4 paths: their results get a file of their own.
+SM75_RUN = nf4lab.arch.FORCED is not None and nf4lab.arch.FORCED < (8, 0)
+RESULTS_NAME = "sm_75_06_output_dtypes" if SM75_RUN else "06_output_dtypes"
+run = bench.step(RESULTS_NAME, {
     "06 best kernel -> bf16": (launch, cases["bf16"]),
     "06 best kernel -> fp16": (launch, cases["fp16"]),
     "06 best kernel -> fp32": (launch, cases["fp32"]),
 })
 if run is not None:
-    print(run.table())
+    if run.recorded:                 # on a GPU, bench.step printed this run's table already
+        print(run.table())
     for r in run.kernels():
-        print(f"{r['name']}: {r['gbps']:.0f} GB/s, {r['pct_copy']:.0f}% of copy, {r['pct_fill']:.0f}% of fill, "
-              f"{r['speedup_vs_bnb']:.2f}x bitsandbytes")
+        bound = f", {r['pct_bound']:.0f}% of the traffic-matched bound" if r.get("pct_bound") else ""
+        print(f"{r['name']}: {r['gbps']:.0f} GB/s, {r['pct_copy']:.0f}% of copy, {r['pct_fill']:.0f}% of fill"
+              f"{bound}, {r['speedup_vs_bnb']:.2f}x bitsandbytes")
+    bf = run.get("06 best kernel -> bf16")
+    for name in ("04_vector_loads", "05_shared_lut"):   # other runs: compare shares of each run's copy
+        r = bench.Run.load(name)
+        best = max(r.kernels(), key=lambda k: k["pct_copy"] or 0, default=None) if r is not None else None
+        if bf and best and best.get("pct_copy"):
+            print(f"bf16 against {best['name']!r} ({best['pct_copy']:.0f}% of copy in {name}'s run): "
+                  f"{bf['pct_copy'] / best['pct_copy']:.3f}x")
 
 # %%
 plots.progress("06_output_dtypes")
@@ -305,8 +332,89 @@ if run is not None:
             print(exc)
 
 # %% [markdown]
+# <a id="sm75"></a>
+# ## 7. Older GPUs: the sm_75 (T4) path
+#
+# Three instructions used above exist only from sm_80 (Ampere): `cvt.rn.bf16.f32`,
+# `cvt.rn.bf16x2.f32` and `cvt.rn.f16x2.f32`. A T4 (sm_75) has none of them. `nf4lab.ops` holds a
+# second path for each, and NVVM picks one *when the kernel compiles*, from the architecture it
+# compiles for (`__nvvm_reflect("__CUDA_ARCH")`, libdevice's mechanism): each GPU's code holds one.
+#
+# * **bf16, rounded in integers.** With `u` the float's bits: `(u + 0x7FFF + ((u >> 16) & 1)) >> 16`.
+#   Adding just under half a bf16 step, plus 1 when the last kept bit is odd, carries into the kept
+#   bits exactly when round-to-nearest-even rounds up. **NaN** needs its own rule: 0x7F800001 would
+#   come out as infinity (0x7F80) and 0x7FFFFFFF as -0.0 (0x8000), so every NaN becomes 0x7FFF,
+#   what `cvt.rn.bf16.f32` gives.
+# * **fp16 pairs.** `cvt.rn.f16.f32` exists on sm_75: two of them and a 32-bit pack (`mov.b32 {lo, hi}`).
+#
+# Both paths were checked equal to the sm_80 instructions over all 2^32 float32 inputs, and
+# verification is bit-exact either way. To run the T4 path on any GPU, start Python with
+# `NF4LAB_ARCH=sm_75` set (e.g. `NF4LAB_ARCH=sm_75 jupyter lab`): nf4lab reads it once, at import.
+# The cell compiles one unit of the kernel's work (a word of 8 weights to one 16-byte store, with
+# the kernel's own `weights` helper; no scale or index arithmetic) for both targets and counts.
+
+# %%
+def unit_probe(dtype):
+    """One unit of the kernel above and nothing else: a packed word (8 weights) -> one 16-byte store."""
+    OUT = OUT_KINDS[dtype]
+
+    @cuda.jit
+    def probe(packed_u32, lut, s, out_u32):
+        w = packed_u32[0]
+        a, b = weights(lut, w & BYTE, s)
+        c, d = weights(lut, (w >> U8_32) & BYTE, s)
+        e, f = weights(lut, (w >> U16_32) & BYTE, s)
+        g, h = weights(lut, w >> U24_32, s)
+        if OUT == BF16:
+            ops.store_u32x4(out_u32, U0, ops.pack_bf16x2(a, b), ops.pack_bf16x2(c, d),
+                            ops.pack_bf16x2(e, f), ops.pack_bf16x2(g, h))
+        else:
+            ops.store_u32x4(out_u32, U0, ops.pack_f16x2(a, b), ops.pack_f16x2(c, d),
+                            ops.pack_f16x2(e, f), ops.pack_f16x2(g, h))
+    return probe
+
+
+def work(p):   # the unit's instructions, without parameter loads, address conversions and ret
+    return [x for x in ptx.instructions(p) if not x.startswith(("ld.param", "cvta", "ret"))]
+
+
+count = {}
+for d in ("bf16", "fp16"):
+    for cc in ((9, 0), (7, 5)):
+        p = nf4lab.compile_ptx(unit_probe(d), "(uint32[::1], float32[::1], float32, uint32[::1])", cc=cc)
+        count[d, cc] = len(work(p))
+        if d == "bf16":
+            ins = work(p)
+            first = next(i for i, x in enumerate(ins) if x.startswith(("cvt.rn.bf16x2", "mov.b32")))
+            n = 1 if cc == (9, 0) else 16       # one pair: 1 instruction, or 2 x 8 (an or.b32 packs them later)
+            print(f"--- bf16, one pair of weights, sm_{cc[0]}{cc[1]}:\n    " + "\n    ".join(ins[first:first + n]))
+for d in ("bf16", "fp16"):
+    n90, n75 = count[d, (9, 0)], count[d, (7, 5)]
+    print(f"{d}: {n90} instructions per 8 weights on sm_90, {n75} on sm_75 ({n75 / n90:.2f}x)")
+
+# %% [markdown]
+# **Estimate, from these counts:** if the kernel were limited by issuing instructions, the T4 path
+# would cost up to the factor printed above; a kernel at the memory wall has issue slots to spare
+# and hides extra work behind memory time, so we predict a cost far below that bound, largest for
+# bf16. The measurement, when one with `NF4LAB_ARCH=sm_75` is recorded for this GPU (fp32 converts
+# nothing: its two runs differ only by run-to-run noise):
+
+# %%
+sm80 = bench.Run.load("06_output_dtypes") if SM75_RUN else run
+sm75 = run if SM75_RUN else bench.Run.load("sm_75_06_output_dtypes")
+if sm75 is None or sm80 is None:
+    print("no NF4LAB_ARCH=sm_75 run recorded for this GPU: the cost above is an estimate only")
+else:
+    print(f"sm_75 paths: {results.label(sm75.meta)}\nsm_80 paths: {results.label(sm80.meta)}")
+    for d in ("bf16", "fp16", "fp32"):
+        a, b = sm80.get(f"06 best kernel -> {d}"), sm75.get(f"06 best kernel -> {d}")
+        if a and b and a.get("pct_copy") and b.get("pct_copy"):   # two runs: shares of each one's copy
+            print(f"{d}: {a['pct_copy']:.1f}% of copy with the sm_80 instructions, {b['pct_copy']:.1f}% "
+                  f"with the sm_75 paths: {a['pct_copy'] / b['pct_copy'] - 1:+.1%} time")
+
+# %% [markdown]
 # <a id="learned"></a>
-# ## 7. What we learned
+# ## 8. What we learned
 #
 # * One source, three kernels: a factory closing over a constant lets numba compile a specialised
 #   kernel per dtype, and the PTX proves each one carries only its own conversion.
@@ -317,16 +425,19 @@ if run is not None:
 #   loads in flight per thread, nothing else on the critical path. Compare the bars with the copy
 #   ceiling; fp32 writes twice the output bytes and is compared with the fill ceiling.
 # * Near the wall, designs that look different (16-byte loads with an exchange in 04/05, u32 words
-#   here) end within a few percent of each other, and which one wins is decided by measurement,
-#   not by argument: `tools/tune_best_kernel.py` timed a bound with exactly this traffic and no
-#   arithmetic at all, and it too stayed below the copy ceiling (07 shows it).
+#   here) can end close to each other, and which one wins is decided by measurement, not by
+#   argument (the benchmark printed this run against 04's and 05's best). The traffic-matched
+#   bound (the same bytes, no arithmetic at all) is the fairer target than copy: 07 holds every
+#   kernel to it.
+# * A GPU without an instruction gets a second path chosen at compile time, not a second kernel:
+#   on sm_75 bf16 is rounded in integers, and the cost is counted in PTX and then measured.
 # * `nf4lab.dequantize` (the drop-in, `nf4lab/fastkernel.py`) uses this design.
 #
 # The summary, [07](07_summary.ipynb), puts all steps side by side and across sizes.
 
 # %% [markdown]
 # <a id="exercises"></a>
-# ## 8. Exercise: the fp16 path
+# ## 9. Exercise: the fp16 path
 #
 # A colleague wrote an fp16-only version of a simple one-word-per-thread kernel. It looks right,
 # and bf16 and fp16 "are both 16 bits". Run the check with `dtype="fp16"`, read the message
