@@ -1,0 +1,740 @@
+"""The proof on a real model: a Llama-3-8B-shaped transformers model, decode and QLoRA, bitsandbytes vs nf4lab.
+
+    python -m nf4lab models --quick          # smoke test of every code path (4 layers, 16 tokens), ~2 min
+    python -m nf4lab models                  # the benchmark (32 layers, 64 tokens), < 8 min on an H100
+    python -m nf4lab models --only bnb_eager nf4lab_eager
+    python -m nf4lab models --cpu-smoke      # no GPU: a tiny 2-layer Llama on CPU, every path that CPU allows
+
+The model: ``LlamaConfig`` with Llama-3-8B's shapes (32 layers, hidden 4096, MLP 14336, 32 heads,
+8 KV heads; vocabulary 32000), RANDOM weights (transformers' own init, seeded; nothing is
+downloaded), built in bf16 directly on the GPU. Its NF4 twin is made the way a user makes one:
+``LlamaForCausalLM.from_pretrained(None, config=cfg, state_dict=<the bf16 model's tensors>,
+quantization_config=BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4",
+bnb_4bit_use_double_quant=True, bnb_4bit_compute_dtype=torch.bfloat16))``: transformers'
+bitsandbytes quantizer replaces the Linear layers with ``bnb.nn.Linear4bit`` and quantizes each
+weight as it loads (its real loading path, with the checkpoint handed over in memory instead of
+read from disk). bnb and nf4lab variants run on that ONE quantized model: ``nf4lab.install()``
+only changes which kernel bitsandbytes' torch ops dispatch to, so both see the same bytes.
+
+Variants (``--only`` picks some; names below):
+
+    bf16_eager           generate(), DynamicCache, no compile
+    bf16_compiled        generate() with a StaticCache and CompileConfig(fullgraph=True, mode="reduce-overhead")
+    bnb_eager            the NF4 model as transformers runs it (bitsandbytes' kernels)
+    bnb_compiled_forced  as bf16_compiled; transformers refuses to compile bnb-4bit models
+                         (its quantizer says is_compileable=False): the flag is FORCED here, as in the issue
+    nf4lab_eager         the NF4 model with nf4lab.install()
+    nf4lab_compiled      nf4lab.compile_for_decode(model), then as bf16_compiled
+    qlora_bnb            one QLoRA step (peft: prepare_model_for_kbit_training + LoRA r=16 on the seven
+    qlora_nf4lab         projections, AdamW on the LoRA params), bitsandbytes' kernels / nf4lab installed
+
+Decode timing: greedy, batch 1, a random prompt. A first generate warms up (compiles, captures the
+CUDA graphs); then ``T_N`` = one generate of N new tokens and ``T_1`` = generate of 1 new token
+(prefill + first token, median of 3). decode tok/s = (N - 1) / (T_N - T_1); end-to-end tok/s = N / T_N;
+compile_s = first generate - T_N. Compiled variants reuse one StaticCache object (reset between
+calls), so the timed call neither recompiles nor re-records CUDA graphs. Inductor's FX-graph and
+AOT-autograd caches are off for the run (every compiled variant compiles in full; the nf4lab and
+bnb graphs are identical, the ops differ only below the dispatcher); Triton's kernel cache stays on.
+
+Agreement (reported, never asserted: the GEMV sums in its own order): for pairs in the same mode,
+the first step where the greedy tokens differ and the logit margin (top1 - top2) of each side at
+that step; then a teacher-forced run (a logits processor forces a fixed random token sequence, the
+raw logits are recorded) and per step max |a - b| and max |a - b| / max |a|. The first step's logits
+come from the prefill (eager in every variant); the others from the decode step of that mode.
+
+Results: ``data/results/<gpu>/models.json`` (``models_quick.json`` with --quick), also copied to $OUT
+when set; ``models_table(gpu)`` renders the markdown table.
+"""
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import gc
+import json
+import os
+import sys
+import time
+import traceback
+from pathlib import Path
+
+DECODE = ["bf16_eager", "bf16_compiled", "bnb_eager", "bnb_compiled_forced", "nf4lab_eager", "nf4lab_compiled"]
+QLORA = ["qlora_bnb", "qlora_nf4lab"]
+VARIANTS = DECODE + QLORA
+LABELS = {
+    "bf16_eager": "bf16, eager",
+    "bf16_compiled": "bf16, static cache + compiled",
+    "bnb_eager": "bitsandbytes NF4, eager",
+    "bnb_compiled_forced": "bitsandbytes NF4, compiled (forced)",
+    "nf4lab_eager": "nf4lab NF4, eager",
+    "nf4lab_compiled": "nf4lab NF4, compiled",
+    "qlora_bnb": "QLoRA step, bitsandbytes",
+    "qlora_nf4lab": "QLoRA step, nf4lab",
+}
+# Pairs compared token by token and logit by logit (same mode; the last two: references).
+PAIRS = [("bnb_eager", "nf4lab_eager"), ("bnb_compiled_forced", "nf4lab_compiled"),
+         ("bf16_eager", "bf16_compiled"), ("bnb_eager", "bnb_compiled_forced"),
+         ("nf4lab_eager", "nf4lab_compiled"), ("bf16_eager", "bnb_eager")]
+LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+
+
+@dataclasses.dataclass
+class Settings:
+    layers: int = 32
+    hidden: int = 4096
+    mlp: int = 14336
+    heads: int = 32
+    kv_heads: int = 8
+    vocab: int = 32000
+    prompt_len: int = 16
+    new_tokens: int = 64
+    t1_repeats: int = 3
+    qlora_batch: int = 2
+    qlora_seq: int = 512
+    qlora_warmup: int = 2
+    qlora_steps: int = 5
+    lora_r: int = 16
+    seed: int = 0
+    device: str = "cuda"
+    compile_on_cpu: bool = False
+
+    @classmethod
+    def full(cls):
+        return cls()
+
+    @classmethod
+    def quick(cls):
+        return cls(layers=4, new_tokens=16, qlora_warmup=1, qlora_steps=2)
+
+    @classmethod
+    def cpu_smoke(cls):
+        return cls(layers=2, hidden=128, mlp=256, heads=4, kv_heads=2, vocab=512, prompt_len=8, new_tokens=8,
+                   t1_repeats=1, qlora_batch=2, qlora_seq=32, qlora_warmup=1, qlora_steps=2, lora_r=4,
+                   device="cpu")
+
+
+# ---------------------------------------------------------------- comparison logic (pure numpy, tested on CPU)
+def first_divergence(a, b) -> int | None:
+    """Index of the first position where two token sequences differ (a length difference counts at
+    the shorter one's end), or None when they are equal."""
+    a, b = list(a), list(b)
+    for i, (x, y) in enumerate(zip(a, b)):
+        if int(x) != int(y):
+            return i
+    return None if len(a) == len(b) else min(len(a), len(b))
+
+
+def margin(row) -> float:
+    """top1 - top2 of one step's logits (NaN for fewer than two entries)."""
+    import numpy as np
+
+    row = np.asarray(row, dtype=np.float64).ravel()
+    if row.size < 2:
+        return float("nan")
+    top = np.partition(row, row.size - 2)[-2:]
+    return float(top[1] - top[0])
+
+
+def compare_free(tokens_a, logits_a, tokens_b, logits_b) -> dict:
+    """Greedy runs of two variants: where they part and how close to a tie each was there."""
+    step = first_divergence(tokens_a, tokens_b)
+    out = {"steps": int(min(len(tokens_a), len(tokens_b))), "first_divergence": step,
+           "identical": step is None}
+    if step is not None and step < min(len(logits_a), len(logits_b)):
+        out.update(token_a=int(tokens_a[step]), token_b=int(tokens_b[step]),
+                   margin_a=margin(logits_a[step]), margin_b=margin(logits_b[step]))
+    return out
+
+
+def compare_forced(logits_a, logits_b, steps: int | None = None) -> dict:
+    """Teacher-forced logits of two variants, step by step: max |a-b| and max |a-b| / max |a|."""
+    import numpy as np
+
+    a = np.asarray(logits_a, dtype=np.float64)
+    b = np.asarray(logits_b, dtype=np.float64)
+    n = min(len(a), len(b)) if steps is None else min(len(a), len(b), steps)
+    a, b = a[:n].reshape(n, -1), b[:n].reshape(n, -1)
+    diff = np.abs(a - b).max(axis=1) if n else np.zeros(0)
+    scale = np.abs(a).max(axis=1) if n else np.zeros(0)
+    rel = np.divide(diff, scale, out=np.full_like(diff, np.nan), where=scale > 0)
+    agree = (a.argmax(axis=1) == b.argmax(axis=1)) if n else np.zeros(0, bool)
+    return {"steps": int(n), "max_abs": float(diff.max()) if n else None, "max_rel": float(np.nanmax(rel)) if n else None,
+            "per_step_abs": [float(x) for x in diff], "per_step_rel": [float(x) for x in rel],
+            "argmax_agree": int(agree.sum()), "bitwise_equal_steps": int((diff == 0).sum())}
+
+
+def agreement_records(runs: dict) -> list:
+    """One record per PAIRS entry whose two variants both produced tokens and logits."""
+    recs = []
+    for a, b in PAIRS:
+        ra, rb = runs.get(a), runs.get(b)
+        if not ra or not rb or ra.get("tokens") is None or rb.get("tokens") is None:
+            continue
+        rec = {"kind": "agreement", "name": f"{LABELS[a]} vs {LABELS[b]}", "a": a, "b": b,
+               "free": compare_free(ra["tokens"], ra["logits"], rb["tokens"], rb["logits"])}
+        if ra.get("forced_logits") is not None and rb.get("forced_logits") is not None:
+            rec["forced"] = compare_forced(ra["forced_logits"], rb["forced_logits"])
+        recs.append(rec)
+    return recs
+
+
+# ---------------------------------------------------------------- models
+def bnb_config():
+    import torch
+    from transformers import BitsAndBytesConfig
+
+    return BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=True,
+                              bnb_4bit_compute_dtype=torch.bfloat16)
+
+
+def llama_config(s: Settings):
+    from transformers import LlamaConfig
+
+    return LlamaConfig(num_hidden_layers=s.layers, hidden_size=s.hidden, intermediate_size=s.mlp,
+                       num_attention_heads=s.heads, num_key_value_heads=s.kv_heads, vocab_size=s.vocab,
+                       max_position_embeddings=8192, rope_theta=500000.0, rms_norm_eps=1e-5,
+                       tie_word_embeddings=False, bos_token_id=1, eos_token_id=None, pad_token_id=0)
+
+
+def build_bf16(s: Settings):
+    """Random-init bf16 Llama (transformers' init, seeded), made directly on ``s.device``."""
+    import torch
+    from transformers import LlamaForCausalLM
+
+    torch.manual_seed(s.seed)
+    with torch.device(s.device):
+        model = LlamaForCausalLM._from_config(llama_config(s), dtype=torch.bfloat16)
+    return model.eval()
+
+
+def build_nf4(bf16_model, s: Settings):
+    """The bf16 model's weights through transformers' bitsandbytes 4-bit loading path (in memory)."""
+    import torch
+    from transformers import LlamaForCausalLM
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
+    sd = {k: v.detach() for k, v in bf16_model.state_dict().items()}
+    model = LlamaForCausalLM.from_pretrained(None, config=bf16_model.config, state_dict=sd,
+                                             quantization_config=bnb_config(), dtype=torch.bfloat16,
+                                             device_map={"": s.device})
+    del sd
+    return model.eval()
+
+
+def _free():
+    import torch
+
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+        torch.cuda.empty_cache()
+
+
+def _reset_compiled(model):
+    import torch
+
+    for attr in ("_compiled_call", "_last_compile_config"):
+        if hasattr(model, attr):
+            delattr(model, attr)
+    torch.compiler.reset()
+    _free()
+
+
+@contextlib.contextmanager
+def forced_compileable(model):
+    """transformers' bnb-4bit quantizer says is_compileable=False; swap that one object's class for a
+    subclass that says True (as the issue forced it), and put it back after."""
+    q = model.hf_quantizer
+    cls = type(q)
+    q.__class__ = type(f"Forced{cls.__name__}", (cls,), {"is_compileable": property(lambda self: True)})
+    try:
+        yield model
+    finally:
+        q.__class__ = cls
+
+
+# ---------------------------------------------------------------- decode
+def _sync(device):
+    import torch
+
+    if str(device).startswith("cuda"):
+        torch.cuda.synchronize()
+
+
+class _Forcer:
+    """A logits processor that forces ``seq[i]`` at new-token step i (teacher forcing through generate)."""
+
+    def __init__(self, prompt_len, seq):
+        self.prompt_len, self.seq = prompt_len, list(seq)
+
+    def __call__(self, input_ids, scores):
+        import torch
+
+        i = input_ids.shape[1] - self.prompt_len
+        out = torch.full_like(scores, float("-inf"))
+        out[:, self.seq[i]] = 0.0
+        return out
+
+
+def run_decode(model, s: Settings, prompt, forced_seq, compiled: bool) -> dict:
+    """Warm-up generate, timed generates, a teacher-forced generate; tokens and raw logits of both."""
+    import torch
+    from transformers import CompileConfig, LogitsProcessorList, StaticCache
+
+    kw = dict(do_sample=False, attention_mask=torch.ones_like(prompt), pad_token_id=0, eos_token_id=None,
+              return_dict_in_generate=True, output_logits=True)
+    cache = None
+    if compiled:
+        cc = CompileConfig(fullgraph=True, mode="reduce-overhead")
+        if s.device == "cpu":
+            cc._compile_all_devices = True
+        kw["compile_config"] = cc
+        cache = StaticCache(config=model.config, max_cache_len=s.prompt_len + s.new_tokens)
+
+    def gen(n, **extra):
+        if cache is not None:
+            cache.reset()
+            extra["past_key_values"] = cache
+        _sync(s.device)
+        t = time.perf_counter()
+        # generate runs under no_grad itself; not inference_mode: the StaticCache's tensors are made
+        # during the first call and zeroed between calls, which inference tensors do not allow.
+        out = model.generate(prompt, max_new_tokens=n, min_new_tokens=n, **kw, **extra)
+        _sync(s.device)
+        return out, time.perf_counter() - t
+
+    _, first = gen(s.new_tokens)
+    out, t_n = gen(s.new_tokens)
+    t_1 = sorted(gen(1)[1] for _ in range(s.t1_repeats))[s.t1_repeats // 2]
+    forced, _ = gen(s.new_tokens, logits_processor=LogitsProcessorList([_Forcer(s.prompt_len, forced_seq)]))
+    tokens = out.sequences[0, s.prompt_len:].tolist()
+    assert forced.sequences[0, s.prompt_len:].tolist() == list(forced_seq), "teacher forcing did not hold"
+    n = s.new_tokens
+    return {"tokens": tokens, "logits": torch.stack(out.logits).float().cpu().reshape(n, -1).numpy(),
+            "forced_logits": torch.stack(forced.logits).float().cpu().reshape(n, -1).numpy(),
+            "first_generate_s": first, "generate_s": t_n, "prefill_s": t_1,
+            "compile_s": (first - t_n) if compiled else None,
+            "tok_s": (n - 1) / (t_n - t_1) if n > 1 and t_n > t_1 else None, "e2e_tok_s": n / t_n}
+
+
+# ---------------------------------------------------------------- QLoRA
+def make_peft(nf4_model, s: Settings):
+    from peft import LoraConfig, get_peft_model, prepare_model_for_kbit_training
+
+    model = prepare_model_for_kbit_training(nf4_model, use_gradient_checkpointing=True,
+                                            gradient_checkpointing_kwargs={"use_reentrant": False})
+    model = get_peft_model(model, LoraConfig(r=s.lora_r, lora_alpha=2 * s.lora_r, lora_dropout=0.0,
+                                             target_modules=LORA_TARGETS, task_type="CAUSAL_LM"))
+    model.train()
+    return model
+
+
+def qlora_batch(s: Settings):
+    import torch
+
+    g = torch.Generator().manual_seed(s.seed + 2)
+    return torch.randint(2, s.vocab, (s.qlora_batch, s.qlora_seq), generator=g).to(s.device)
+
+
+def qlora_grads(model, ids) -> tuple:
+    """Loss and LoRA gradients of one forward+backward (no step): the same state under both backends."""
+    loss = model(input_ids=ids, labels=ids).loss
+    loss.backward()
+    grads = {n: p.grad.detach().float().clone() for n, p in model.named_parameters() if p.requires_grad
+             and p.grad is not None}
+    model.zero_grad(set_to_none=True)
+    return float(loss.detach()), grads
+
+
+def qlora_time(model, ids, s: Settings) -> dict:
+    import torch
+
+    params = [p for p in model.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(params, lr=1e-4)
+    times, losses = [], []
+    for i in range(s.qlora_warmup + s.qlora_steps):
+        _sync(s.device)
+        t = time.perf_counter()
+        loss = model(input_ids=ids, labels=ids).loss
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        _sync(s.device)
+        if i >= s.qlora_warmup:
+            times.append((time.perf_counter() - t) * 1e3)
+        losses.append(float(loss.detach()))
+    del opt
+    times_sorted = sorted(times)
+    return {"ms": times_sorted[len(times) // 2], "ms_all": times, "losses": losses,
+            "trainable_params": int(sum(p.numel() for p in params))}
+
+
+# ---------------------------------------------------------------- the run
+def _versions() -> dict:
+    from importlib import metadata
+
+    out = {}
+    for p in ("transformers", "accelerate", "peft", "bitsandbytes", "torch", "numba-cuda", "numpy"):
+        try:
+            out[p] = metadata.version(p)
+        except Exception:
+            out[p] = None
+    return out
+
+
+def _err(exc) -> str:
+    tb = traceback.format_exception(type(exc), exc, exc.__traceback__)
+    return f"{type(exc).__name__}: {str(exc).strip()[:2000]}\n" + "".join(tb[-3:])[-2000:]
+
+
+def _served_ops():
+    try:
+        from . import bnb_backend
+
+        return list(bnb_backend._state.get("ops", ()))
+    except Exception:
+        return None
+
+
+def run(s: Settings, only=None, log=print) -> dict:
+    """Every selected variant in one process; returns {"meta", "records"} (not yet saved)."""
+    import numpy as np
+    import torch
+
+    import nf4lab
+
+    t_start = time.perf_counter()
+    want = [v for v in VARIANTS if not only or v in only]
+    if not want:
+        raise ValueError(f"--only {only} selects none of {VARIANTS}")
+    torch.backends.cuda.matmul.allow_tf32 = False
+    try:  # every compiled variant compiles in full (see the module docstring)
+        import torch._functorch.config as fconf
+        import torch._inductor.config as iconf
+
+        iconf.fx_graph_cache = False
+        fconf.enable_autograd_cache = False
+    except Exception:
+        pass
+
+    g = torch.Generator().manual_seed(s.seed + 1)
+    prompt = torch.randint(2, s.vocab, (1, s.prompt_len), generator=g).to(s.device)
+    forced_seq = torch.randint(2, s.vocab, (s.new_tokens,), generator=g).tolist()
+
+    records, runs, phases = [], {}, {}
+
+    def phase(name, t0):
+        phases[name] = round(time.perf_counter() - t0, 2)
+
+    def decode(variant, model, compiled):
+        log(f"[{time.perf_counter() - t_start:6.1f} s] {variant} ...")
+        rec = {"kind": "decode", "name": LABELS[variant], "variant": variant, "compiled": compiled,
+               "forced": variant == "bnb_compiled_forced", "new_tokens": s.new_tokens, "batch": 1,
+               "prompt_len": s.prompt_len}
+        if variant.startswith("nf4lab"):
+            rec["nf4lab_ops"] = _served_ops()
+        try:
+            r = run_decode(model, s, prompt, forced_seq, compiled)
+            runs[variant] = r
+            rec.update({k: v for k, v in r.items() if k not in ("logits", "forced_logits")})
+            rec["tokens"] = r["tokens"]
+            log(f"    decode {_fmt(r['tok_s'], '.1f')} tok/s, e2e {r['e2e_tok_s']:.1f} tok/s"
+                + (f", compile {r['compile_s']:.1f} s" if compiled else ""))
+        except Exception as exc:
+            rec["error"] = _err(exc)
+            log(f"    FAILED: {rec['error'].splitlines()[0]}")
+        finally:
+            if compiled:
+                _reset_compiled(model)
+        records.append(rec)
+
+    def nf4lab_on(compiled_model=None):
+        if compiled_model is not None:
+            nf4lab.compile_for_decode(compiled_model)
+            ok = nf4lab.installed()
+        else:
+            ok = nf4lab.install()
+        if not ok:
+            raise RuntimeError("nf4lab.install() returned False (no usable CUDA GPU, or the simulator): "
+                               "nothing would run on nf4lab's kernels")
+
+    bf16 = nf4 = None
+    try:
+        t0 = time.perf_counter()
+        bf16 = build_bf16(s)
+        phase("build_bf16_s", t0)
+        for v, comp in (("bf16_eager", False), ("bf16_compiled", True)):
+            if v in want:
+                decode(v, bf16, comp)
+        need_nf4 = any(v in want for v in DECODE[2:] + QLORA)
+        if need_nf4:
+            t0 = time.perf_counter()
+            nf4 = build_nf4(bf16, s)
+            phase("build_nf4_s", t0)
+        del bf16
+        bf16 = None
+        _free()
+        if nf4 is not None:
+            nf4lab.uninstall()
+            if "bnb_eager" in want:
+                decode("bnb_eager", nf4, False)
+            if "bnb_compiled_forced" in want:
+                with forced_compileable(nf4):
+                    decode("bnb_compiled_forced", nf4, True)
+            for v, comp in (("nf4lab_eager", False), ("nf4lab_compiled", True)):
+                if v not in want:
+                    continue
+                try:
+                    nf4lab_on(nf4 if comp else None)
+                except Exception as exc:
+                    records.append({"kind": "decode", "name": LABELS[v], "variant": v, "compiled": comp,
+                                    "error": _err(exc)})
+                    log(f"[{time.perf_counter() - t_start:6.1f} s] {v} FAILED: {exc}")
+                    continue
+                decode(v, nf4, comp)
+            nf4lab.uninstall()  # also gives the quantizer its class back
+            if any(v in want for v in QLORA):
+                records += _qlora(nf4, s, want, log, t_start)
+    finally:
+        nf4lab.uninstall()
+        del bf16, nf4
+        _free()
+
+    for rec in agreement_records(runs):
+        records.append(rec)
+    phases["total_s"] = round(time.perf_counter() - t_start, 2)
+    meta = _meta(s, phases)
+    return {"meta": meta, "records": records}
+
+
+def _qlora(nf4, s: Settings, want, log, t_start) -> list:
+    import nf4lab
+
+    recs = []
+    log(f"[{time.perf_counter() - t_start:6.1f} s] QLoRA: peft ...")
+    try:
+        model = make_peft(nf4, s)
+    except Exception as exc:
+        return [{"kind": "qlora", "name": LABELS[v], "variant": v, "error": _err(exc)} for v in QLORA if v in want]
+    ids = qlora_batch(s)
+    base = {"kind": "qlora", "batch": s.qlora_batch, "seq": s.qlora_seq, "lora_r": s.lora_r,
+            "targets": LORA_TARGETS, "gradient_checkpointing": "use_reentrant=False",
+            "steps_timed": s.qlora_steps, "warmup": s.qlora_warmup}
+    # Same state (LoRA B = 0, no step yet) under both backends: loss and LoRA gradients.
+    grads = {}
+    for v in QLORA:
+        if v not in want:
+            continue
+        try:
+            if v == "qlora_nf4lab" and not nf4lab.install():
+                raise RuntimeError("nf4lab.install() returned False")
+            if v == "qlora_bnb":
+                nf4lab.uninstall()
+            grads[v] = qlora_grads(model, ids)
+        except Exception as exc:
+            grads[v] = exc
+        finally:
+            nf4lab.uninstall()
+    for v in QLORA:
+        if v not in want:
+            continue
+        log(f"[{time.perf_counter() - t_start:6.1f} s] {v} ...")
+        rec = dict(base, name=LABELS[v], variant=v)
+        if v == "qlora_nf4lab":
+            rec["nf4lab_ops"] = None
+        try:
+            if isinstance(grads.get(v), Exception):
+                raise grads[v]
+            if v == "qlora_nf4lab":
+                if not nf4lab.install():
+                    raise RuntimeError("nf4lab.install() returned False")
+                rec["nf4lab_ops"] = _served_ops()
+            rec["loss_at_start"] = grads[v][0]
+            rec.update(qlora_time(model, ids, s))
+            log(f"    {rec['ms']:.1f} ms/step")
+        except Exception as exc:
+            rec["error"] = _err(exc)
+            log(f"    FAILED: {rec['error'].splitlines()[0]}")
+        finally:
+            nf4lab.uninstall()
+        recs.append(rec)
+    a, b = grads.get("qlora_bnb"), grads.get("qlora_nf4lab")
+    if isinstance(a, tuple) and isinstance(b, tuple):
+        diffs = [float((a[1][k] - b[1][k]).abs().max()) for k in a[1] if k in b[1]]
+        scale = max((float(t.abs().max()) for t in a[1].values()), default=0.0)
+        recs.append({"kind": "qlora_agreement", "name": "QLoRA loss and LoRA grads, bitsandbytes vs nf4lab "
+                     "(same state, before any step)", "loss_bnb": a[0], "loss_nf4lab": b[0],
+                     "loss_equal": a[0] == b[0], "grad_tensors": len(diffs),
+                     "grad_max_abs": max(diffs, default=None), "grad_max_abs_ref": scale,
+                     "grad_tensors_bitwise_equal": sum(d == 0 for d in diffs)})
+    del model
+    _free()
+    return recs
+
+
+def _meta(s: Settings, phases) -> dict:
+    from . import results, runtime
+
+    method = ("greedy decode, batch 1, random prompt: decode tok/s = (N-1)/(T_N - T_1) with T_N one generate "
+              "of N new tokens and T_1 the median generate of 1 new token, after a warm-up generate "
+              "(compile_s = warm-up - T_N); QLoRA: median ms of forward+backward+AdamW step after warm-up; "
+              "random-weight Llama, NF4 via transformers' bitsandbytes quantizer (from_pretrained, "
+              "state_dict in memory)")
+    if runtime.ON_GPU:
+        meta = results.meta(method)
+    else:
+        import datetime as _dt
+
+        meta = {"gpu": None, "date": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+                "method": method}
+    meta["versions"] = _versions()
+    meta["settings"] = dataclasses.asdict(s)
+    meta["model"] = (f"Llama, {s.layers} layers, hidden {s.hidden}, MLP {s.mlp}, {s.heads} heads, "
+                     f"{s.kv_heads} KV heads, vocabulary {s.vocab}, random weights (seed {s.seed})")
+    meta["quantization"] = ("BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type='nf4', "
+                            "bnb_4bit_use_double_quant=True, bnb_4bit_compute_dtype=torch.bfloat16)")
+    meta["phases"] = phases
+    try:
+        import torch
+
+        if torch.cuda.is_available():
+            meta["max_memory_allocated_gb"] = round(torch.cuda.max_memory_allocated() / 2**30, 2)
+    except Exception:
+        pass
+    return meta
+
+
+# ---------------------------------------------------------------- tables and files
+def _fmt(x, fmt):
+    return "" if x is None else format(x, fmt)
+
+
+def table(data: dict) -> str:
+    """Markdown: decode tok/s and compile time, QLoRA ms/step, agreement."""
+    recs = data["records"]
+    meta = data["meta"]
+    lines = [f"{meta.get('model')}; {meta.get('gpu')}, {meta.get('date')}; "
+             + ", ".join(f"{k} {v}" for k, v in (meta.get("versions") or {}).items() if v), ""]
+    dec = [r for r in recs if r["kind"] == "decode"]
+    if dec:
+        ref = {r["variant"]: r.get("tok_s") for r in dec}
+        lines += [f"| decode, batch 1, {meta['settings']['new_tokens']} new tokens | tok/s | end-to-end tok/s | "
+                  "compile s | x bitsandbytes (same mode) |", "| --- | ---: | ---: | ---: | ---: |"]
+        for r in dec:
+            if r.get("error"):
+                lines.append(f"| {r['name']} | failed: {r['error'].splitlines()[0][:80]} | | | |")
+                continue
+            base = ref.get("bnb_compiled_forced" if r.get("compiled") else "bnb_eager")
+            x = r["tok_s"] / base if r["variant"].startswith("nf4lab") and base and r.get("tok_s") else None
+            lines.append(f"| {r['name']} | {_fmt(r.get('tok_s'), '.1f')} | {_fmt(r.get('e2e_tok_s'), '.1f')} | "
+                         f"{_fmt(r.get('compile_s'), '.0f')} | {_fmt(x, '.2f')} |")
+    ql = [r for r in recs if r["kind"] == "qlora"]
+    if ql:
+        q0 = ql[0]
+        lines += ["", f"| QLoRA step, batch {q0['batch']} x {q0['seq']}, LoRA r={q0['lora_r']} on 7 projections | "
+                  "ms/step | x bitsandbytes |", "| --- | ---: | ---: |"]
+        bms = next((r.get("ms") for r in ql if r["variant"] == "qlora_bnb"), None)
+        for r in ql:
+            if r.get("error"):
+                lines.append(f"| {r['name']} | failed: {r['error'].splitlines()[0][:80]} | |")
+                continue
+            x = bms / r["ms"] if bms and r["variant"] == "qlora_nf4lab" else None
+            lines.append(f"| {r['name']} | {r['ms']:.1f} | {_fmt(x, '.2f')} |")
+    ag = [r for r in recs if r["kind"] == "agreement"]
+    if ag:
+        lines += ["", "| agreement | greedy tokens: first diverging step (margin a / b) | teacher-forced: max abs "
+                  "logit diff | max rel | argmax agrees |", "| --- | --- | ---: | ---: | ---: |"]
+        for r in ag:
+            f = r["free"]
+            if f["identical"]:
+                div = f"identical ({f['steps']} steps)"
+            else:
+                div = (f"step {f['first_divergence']} of {f['steps']} ({_fmt(f.get('margin_a'), '.3g')} / "
+                       f"{_fmt(f.get('margin_b'), '.3g')})")
+            fo = r.get("forced") or {}
+            lines.append(f"| {r['name']} | {div} | {_fmt(fo.get('max_abs'), '.3g')} | {_fmt(fo.get('max_rel'), '.2g')} | "
+                         f"{fo.get('argmax_agree', '')}/{fo.get('steps', '')} |")
+    qa = [r for r in recs if r["kind"] == "qlora_agreement"]
+    for r in qa:
+        lines += ["", f"{r['name']}: loss {r['loss_bnb']:.6g} vs {r['loss_nf4lab']:.6g} "
+                  f"({'equal' if r['loss_equal'] else 'different'}); LoRA grads max abs diff "
+                  f"{_fmt(r['grad_max_abs'], '.3g')} (largest grad {_fmt(r['grad_max_abs_ref'], '.3g')}), "
+                  f"{r['grad_tensors_bitwise_equal']} of {r['grad_tensors']} tensors bitwise equal."]
+    return "\n".join(lines)
+
+
+def models_table(gpu: str | None = None, name: str = "models") -> str:
+    """The recorded run's markdown table (for tools/readme_results.py), or '' when none is recorded."""
+    from . import results
+
+    data = results.load(name, gpu)
+    if data is None:
+        return ""
+    return table(data) + f"\n\nSource: `{data['path']}`."
+
+
+def save(data: dict, name: str) -> Path:
+    from . import results
+
+    path = results.save(data, name)
+    out = os.environ.get("OUT")
+    if out:
+        dst = Path(out) / "data" / "results" / path.parent.name / path.name
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        dst.write_text(path.read_text())
+    return path
+
+
+# ---------------------------------------------------------------- command line
+def add_arguments(p) -> None:
+    p.add_argument("--quick", action="store_true", help="4 layers, 16 tokens, fewer QLoRA steps: a smoke test")
+    p.add_argument("--only", nargs="*", choices=VARIANTS, help="variants to run (default: all)")
+    p.add_argument("--cpu-smoke", action="store_true", help="no GPU: a tiny 2-layer Llama on CPU")
+    p.add_argument("--cpu-compile", action="store_true", help="with --cpu-smoke: also the compiled variants")
+    p.add_argument("--layers", type=int, help="override the number of layers")
+    p.add_argument("--new-tokens", type=int, help="override the number of new tokens")
+    p.add_argument("--no-save", action="store_true", help="print only")
+
+
+def main(args) -> int:
+    from . import runtime
+
+    if args.cpu_smoke:
+        s = Settings.cpu_smoke()
+        s.compile_on_cpu = bool(args.cpu_compile)
+    elif not runtime.ON_GPU:
+        print(f"nf4lab models: no usable CUDA GPU here ({runtime.REASON}); use --cpu-smoke for the CPU code "
+              "paths.", file=sys.stderr)
+        return 2
+    else:
+        s = Settings.quick() if args.quick else Settings.full()
+    if args.layers:
+        s.layers = args.layers
+    if args.new_tokens:
+        s.new_tokens = args.new_tokens
+    only = args.only
+    if args.cpu_smoke and not args.cpu_compile:
+        only = [v for v in (only or VARIANTS) if v not in ("bf16_compiled", "bnb_compiled_forced", "nf4lab_compiled")]
+    data = run(s, only=only)
+    print()
+    print(table(data))
+    bad = [r["variant"] for r in data["records"] if r.get("error")]
+    if args.cpu_smoke:
+        out = Path(__file__).resolve().parent.parent / "build" / "models_cpu_smoke.json"
+        out.parent.mkdir(exist_ok=True)
+        out.write_text(json.dumps(data, indent=1, default=str) + "\n")
+        print(f"\nresults (CPU smoke, not a measurement): {out}")
+    elif not args.no_save:
+        path = save(data, "models_quick" if args.quick else "models")
+        print(f"\nresults: {path}")
+    if bad:
+        print("failed: " + ", ".join(bad), file=sys.stderr)
+    return 1 if bad and not args.cpu_smoke else 0
+
+
+if __name__ == "__main__":
+    import argparse
+
+    ap = argparse.ArgumentParser(prog="python -m nf4lab.models")
+    add_arguments(ap)
+    sys.exit(main(ap.parse_args()))
