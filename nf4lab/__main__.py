@@ -224,6 +224,11 @@ def main(argv=None) -> int:
     ptxall.add_arguments(x)
     x.set_defaults(fn=ptxall.command)
     sub.add_parser("plot", help="write build/gbps.png from the recorded summary").set_defaults(fn=cmd_plot)
+    from nf4lab import models as _models  # light: imports torch/transformers only when run
+
+    m = sub.add_parser("models", help="Llama-3-8B-shaped model: decode and QLoRA, bitsandbytes vs nf4lab (GPU)")
+    _models.add_arguments(m)
+    m.set_defaults(fn=_models.main)
     args = ap.parse_args(argv)
     for attr in ("no_plot",):
         if not hasattr(args, attr):
