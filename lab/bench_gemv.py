@@ -1,22 +1,22 @@
 """Benchmark the fused NF4 GEMV of notebook 09 against bitsandbytes, on a GPU, in one call.
 
-Runs the kernel cell (tag "kernel") of notebooks/src/09_fused_gemv.py, then, in one run:
+Loads the design family (lab/gemv_variants.py), then, in one run:
 bitsandbytes matmul_4bit (its fused 4-bit GEMV at M=1; dequantize + matmul for M>1),
 dequantize_4bit + torch.matmul, and our kernels, with the copy ceiling. Checks every output
 against a float64 reference, prints tables, and writes
 
 - data/results/<gpu>/09_fused_gemv.json: batch 1, every variant of the notebook's VARIANTS (the first,
   "auto", is the notebook's default), the default's other grid policies ("auto, resident grid", ...) and the
-  first version of the kernel ("v1", nf4lab.gemv_v1), at the LLM shapes;
+  first version of the kernel ("v1", lab/gemv_v1.py), at the LLM shapes;
 - data/results/<gpu>/09_fused_gemv_batch.json: batch M = 2, 4, 8 (the default and the notebook's
   BATCH_VARIANTS),
 
 and copies of both under $OUT when that variable is set. Kernel records are named
 "fused NF4 gemv (numba) [variant]".
 
-    python tools/bench_gemv.py                      # everything, within --budget-s (default 170 s)
-    python tools/bench_gemv.py --shapes 4096x14336 --dtypes bf16 --ms 1 --no-save
-    python tools/bench_gemv.py --variants auto v1   # only these variants
+    python lab/bench_gemv.py                      # everything, within --budget-s (default 170 s)
+    python lab/bench_gemv.py --shapes 4096x14336 --dtypes bf16 --ms 1 --no-save
+    python lab/bench_gemv.py --variants auto v1   # only these variants
 
 Variants after the first are timed on --variant-dtypes only (default bf16), to keep the run short:
 each variant is a separate compile (a few seconds each; v1 about 25 s).
@@ -34,40 +34,26 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "tools"))
+sys.path.insert(0, str(ROOT / "tools"))  # build_notebooks
 
 import nf4lab  # noqa: E402  (first: decides GPU or simulator)
+import nf4lab.gemv  # noqa: E402
 
 T0 = time.time()
 TARGET_SHAPES = ((4096, 14336), (8192, 28672))  # the issue's target shapes
 
 
-def load_kernel(src=ROOT / "notebooks" / "src" / "09_fused_gemv.py"):
-    """The notebook's imports and kernel cell(s), executed as a module."""
-    try:
-        import nbformat  # noqa: F401  (build_notebooks imports it; parse/variant do not need it)
-    except ImportError:
-        sys.modules["nbformat"] = types.ModuleType("nbformat")
-    import build_notebooks as bn
+def load_kernel(src=None):
+    """The design family (lab/gemv_variants.py): Design, make_gemv, VARIANTS, launch, ..."""
+    from lab import gemv_variants
 
-    mod = types.ModuleType("nf4lab_nb_09")
-    mod.__file__ = str(src)
-    code = [c for c in bn.parse(src.read_text()) if c["type"] == "code"]
-    # registered while the cells run (dataclasses look their module up), not after: nf4lab.compile_ptx
-    # pickles the kernels by value, which cloudpickle does only for modules it cannot import
-    sys.modules[mod.__name__] = mod
-    try:
-        for c in code[:1] + [c for c in code[1:] if "kernel" in c["tags"]]:  # the imports, then the kernel
-            exec(compile("\n".join(bn.variant(c["lines"], True)), str(src), "exec"), mod.__dict__)
-    finally:
-        del sys.modules[mod.__name__]
-    return mod
+    return gemv_variants
 
 
 def variant_launches(mod, names=None, policies=None) -> dict:
     """{variant name: launch(g)}: the notebook's VARIANTS (the first is its default), its other grid
     policies for the default ("auto, resident grid"), and the first version ("v1")."""
-    from nf4lab import gemv_v1
+    from lab import gemv_v1
 
     out = {}
     variants = getattr(mod, "VARIANTS", {"auto": None})
@@ -75,6 +61,7 @@ def variant_launches(mod, names=None, policies=None) -> dict:
     for key, design in variants.items():  # a Design, a function (N, M) -> Design, None, or (one of those, policy)
         d, p = design if isinstance(design, tuple) else (design, "balanced")
         out[key] = (lambda g, d=d, p=p: mod.launch(g, design=d, policy=p))
+    out[first] = nf4lab.gemv.launch  # the default: the shipped kernel itself (the family's auto design, same PTX)
     pols = list(getattr(mod, "GRID_POLICIES", ())) if policies is None else list(policies)
     for p in pols[1:]:
         out[f"{first}, {p} grid"] = (lambda g, p=p: mod.launch(g, design=variants[first], policy=p))
@@ -119,7 +106,9 @@ def _save(run, name, save):
 
 
 def _report(run, gemv):
-    print(gemv.table(run))
+    from lab import gemv_reports
+
+    print(gemv_reports.table(run))
     for c in run.meta["checks"]:
         print(f"  {c['name']:<58} {'x'.join(map(str, c['shape'])):>11} {c['dtype']} M={c.get('M', 1)}: within "
               f"tolerance {c['ok']} (worst error/tolerance {c['worst_ratio']:.2g}), max |ours - bnb| "

@@ -10,7 +10,7 @@ SM); the best per shape is the bound. The 1 GiB copy ceiling is measured in the 
 A GEMV must at least read its weight once, so no GEMV at that shape can beat this bound, measured the same
 way. Writes data/results/<gpu>/09_read_bound.json (and a copy under $OUT).
 
-    python tools/gemv_read_bound.py
+    python lab/gemv_read_bound.py
 """
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """Nsight Compute on the fused GEMV variants of notebook 09 (GPU machine with ncu): what limits them.
 
-    python tools/profile_gemv.py --shapes 8192x28672 4096x14336 --variants auto "R8 S2 C32 W8 B2 H16"
-    python tools/profile_gemv.py --save        # the default set, recorded for notebook 09
+    python lab/profile_gemv.py --shapes 8192x28672 4096x14336 --variants auto "R8 S2 C32 W8 B2 H16"
+    python lab/profile_gemv.py --save        # the default set, recorded for notebook 09
 
 For each (shape, variant) a driver process (this file, ``drive``) quantizes a bf16 W with bitsandbytes on the
 GPU, warms the variant up and launches it once between cudaProfilerStart/Stop; ncu profiles that launch at
@@ -25,7 +25,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "tools"))
+sys.path.insert(0, str(ROOT / "tools"))  # build_notebooks
 
 SECTIONS = ("SpeedOfLight", "MemoryWorkloadAnalysis", "ComputeWorkloadAnalysis", "SchedulerStats",
             "WarpStateStats", "Occupancy", "LaunchStats")
@@ -37,7 +37,7 @@ def drive(shape: str, variant: str, dtype: str = "bf16") -> None:
     import torch
     from numba import cuda
 
-    import bench_gemv
+    from lab import bench_gemv, gemv_reports  # noqa: F401
     from nf4lab import gemv
 
     N, K = (int(v) for v in shape.split("x"))
@@ -64,7 +64,8 @@ def main(argv=None) -> int:
     a = ap.parse_args(argv)
     import nf4lab
     from nf4lab import results
-    from nf4lab.gemv import NAME, NCU_METRICS, ncu_summary, ncu_table
+    from nf4lab.gemv import NAME
+    from lab.gemv_reports import NCU_METRICS, ncu_summary, ncu_table
     from nf4lab.profiling import find_ncu, parse_csv
 
     ncu = find_ncu()

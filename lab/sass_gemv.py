@@ -7,11 +7,11 @@ and counts the instructions of the kernel's hottest loop (the innermost loop wit
 instructions: one item of the streaming kernel), per weight: loop instructions / weights one lane
 handles per trip (rows x columns per lane; for a batch of M, each weight counts once, not M times).
 
-    python tools/sass_gemv.py                       # the default design, bf16 and fp16
-    python tools/sass_gemv.py --all --v1            # every variant of VARIANTS, and the first version
-    python tools/sass_gemv.py --variants "R2 S1 C32 W8 B4" --m 1 2 4 8 --dtypes bf16
-    python tools/sass_gemv.py --keep /tmp/sass      # also keep .ptx/.cubin/.sass
-    python tools/sass_gemv.py --all --v1 --batch --save   # record data/sass/09_fused_gemv.json (notebook 09 prints it)
+    python lab/sass_gemv.py                       # the default design, bf16 and fp16
+    python lab/sass_gemv.py --all --v1            # every variant of VARIANTS, and the first version
+    python lab/sass_gemv.py --variants "R2 S1 C32 W8 B4" --m 1 2 4 8 --dtypes bf16
+    python lab/sass_gemv.py --keep /tmp/sass      # also keep .ptx/.cubin/.sass
+    python lab/sass_gemv.py --all --v1 --batch --save   # record data/sass/09_fused_gemv.json (notebook 09 prints it)
 
 Needs ptxas (CUDA toolkit) and cuobjdump (the toolkit's, or ``pip install nvidia-cuda-cuobjdump``).
 """
@@ -24,7 +24,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "tools"))
+sys.path.insert(0, str(ROOT / "tools"))  # build_notebooks
 
 import nf4lab  # noqa: E402,F401  (first: decides GPU or simulator)
 
@@ -43,14 +43,14 @@ def main(argv=None) -> int:
     ap.add_argument("--variants", nargs="*", help="names from the notebook's VARIANTS (default: the default design)")
     ap.add_argument("--all", action="store_true", help="every variant of VARIANTS")
     ap.add_argument("--m", nargs="*", type=int, default=[1], help="batch sizes (default 1)")
-    ap.add_argument("--v1", action="store_true", help="also the first version (nf4lab.gemv_v1)")
+    ap.add_argument("--v1", action="store_true", help="also the first version (lab/gemv_v1.py)")
     ap.add_argument("--batch", action="store_true",
                     help="also auto_design for M = 2, 4, 8 (short and long W) and the notebook's BATCH_VARIANTS")
     ap.add_argument("--keep", help="folder to keep the .ptx/.cubin/.sass files in")
     ap.add_argument("--save", action="store_true", help="write the report to data/sass/09_fused_gemv.json")
     ap.add_argument("--src", default=str(ROOT / "notebooks" / "src" / "09_fused_gemv.py"))
     args = ap.parse_args(argv)
-    import bench_gemv
+    from lab import bench_gemv, gemv_reports  # noqa: F401
     from nf4lab import gemv
 
     mod = bench_gemv.load_kernel(Path(args.src))
@@ -76,7 +76,7 @@ def main(argv=None) -> int:
             wpt = dm.rows * dm.cols
             for dtype in args.dtypes:
                 k = mod.kernel(dm, dtype)
-                r = gemv.sass_report(k, mod.SIG, wpt, f"gemv_{dm.name.replace(' ', '_')}_{dtype}", args.keep)
+                r = gemv_reports.sass_report(k, mod.SIG, wpt, f"gemv_{dm.name.replace(' ', '_')}_{dtype}", args.keep)
                 if r["registers"]:
                     r["warps_per_sm"] = min(64, 65536 // (-(-r["registers"] // 8) * 8 * 32 * dm.warps) * dm.warps)
                 print(_line(f"{dm.name} {dtype}", r, wpt))
@@ -92,22 +92,22 @@ def main(argv=None) -> int:
                     continue
                 seen.add(dm)
                 for dtype in args.dtypes:
-                    r = gemv.sass_report(mod.kernel(dm, dtype), mod.SIG, dm.rows * dm.cols,
+                    r = gemv_reports.sass_report(mod.kernel(dm, dtype), mod.SIG, dm.rows * dm.cols,
                                          f"gemv_{dm.name.replace(' ', '_')}_{dtype}", args.keep)
                     if r["registers"]:
                         r["warps_per_sm"] = min(64, 65536 // (-(-r["registers"] // 8) * 8 * 32 * dm.warps) * dm.warps)
                     print(_line(f"{dm.name} {dtype}", r, dm.rows * dm.cols))
                     rows.append(dict(r, variant=dm.name, dtype=dtype, m=m))
     if args.v1:
-        from nf4lab import gemv_v1
+        from lab import gemv_v1
 
         wpt = gemv_v1.ROWS * gemv_v1.LANE_COLS
         for dtype in args.dtypes:
-            r = gemv.sass_report(gemv_v1.GEMV[dtype], gemv_v1.SIG, wpt, f"gemv_v1_{dtype}", args.keep)
+            r = gemv_reports.sass_report(gemv_v1.GEMV[dtype], gemv_v1.SIG, wpt, f"gemv_v1_{dtype}", args.keep)
             if r["registers"]:
                 r["warps_per_sm"] = min(64, 65536 // (-(-r["registers"] // 8) * 8 * 32 * gemv_v1.WARPS) * gemv_v1.WARPS)
             print(_line(f"v1 {dtype}", r, wpt))
-            rows.append(dict(r, variant="v1 (nf4lab.gemv_v1)", dtype=dtype, m=1))
+            rows.append(dict(r, variant="v1 (lab/gemv_v1.py)", dtype=dtype, m=1))
     if args.save:
         import datetime
         import json
@@ -115,11 +115,11 @@ def main(argv=None) -> int:
         from nf4lab import runtime
 
         meta = dict(date=datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"), arch="sm_90",
-                    ptxas=gemv.ptxas_version(), numba=runtime.versions()["numba"],
-                    numba_cuda=runtime.versions()["numba_cuda"], command="python tools/sass_gemv.py " + " ".join(
+                    ptxas=gemv_reports.ptxas_version(), numba=runtime.versions()["numba"],
+                    numba_cuda=runtime.versions()["numba_cuda"], command="python lab/sass_gemv.py " + " ".join(
                         argv if argv is not None else sys.argv[1:]),
                     note="offline: ptxas -arch=sm_90 -v and cuobjdump -sass of the PTX numba compiles; no GPU")
-        path = ROOT / gemv.SASS_REPORT
+        path = ROOT / gemv_reports.SASS_REPORT
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps({"meta": meta, "rows": rows}, indent=1) + "\n")
         print("saved", path.relative_to(ROOT))

@@ -774,6 +774,29 @@ def buffers_from_torch(packed, qs, x, y) -> GemvBuffers:
 
 
 
+_LUT = {}
+
+
+def launch_torch(x, packed, shape, absmax_q, absmax2, code2, offset, blocksize, out):
+    """y = x @ W.T into ``out`` (M, N) on torch's current stream, W (N, K) = ``shape`` in NF4 with nested
+    statistics; all CUDA tensors, x/out bf16 or fp16, x and packed 16-byte aligned (validate checks)."""
+    import torch
+
+    N, K = shape
+    dev = x.device.index or 0
+    if dev not in _LUT:
+        _LUT[dev] = cuda.to_device(reference.NF4_LUT.astype(np.float32))
+    arr = lambda t: cuda.as_cuda_array(t.reshape(-1))  # noqa: E731
+    g = GemvBuffers(packed_u32=arr(packed.reshape(-1).view(torch.int32)).view(np.uint32), absmax_q=arr(absmax_q),
+                    absmax2=arr(absmax2), code2=arr(code2), lut=_LUT[dev], offset=np.float32(offset),
+                    x_u32=arr(x.reshape(-1).view(torch.int32)).view(np.uint32),
+                    y=arr(out.reshape(-1).view(torch.int16)).view(np.uint16), N=int(N), K=int(K),
+                    M=x.numel() // K, bs_shift=int(blocksize).bit_length() - 1,
+                    dtype={torch.bfloat16: "bf16", torch.float16: "fp16"}[x.dtype],
+                    stream=cuda.external_stream(torch.cuda.current_stream(x.device).cuda_stream))
+    launch(g)
+
+
 # ---------------------------------------------------------------- the byte model and the benchmark (GPU)
 def weight_bytes(N, K, blocksize=64) -> int:
     """Bytes a GEMV must read for the weight: packed codes + absmax_q + absmax2 + code2 (x, y not counted)."""
@@ -981,7 +1004,7 @@ def _bench_one(run, launches, keys, names, N, K, dtype, M, l2, ceil, bnb, F, tor
 
 
 # ---------------------------------------------------------------- showing a run
-def _rec(run, name, shape, dtype, M=1):
+def find_record(run, name, shape, dtype, M=1):
     return next((r for r in run.records if r["name"] == name and list(r["shape"]) == list(shape)
                  and r["dtype"] == dtype and r.get("M", 1) == M), None)
 
@@ -998,7 +1021,7 @@ def summary(run, bound=None) -> str:
         if r["name"] != ours:
             continue
         M, key = r.get("M", 1), (tuple(r["shape"]), r["dtype"], r.get("M", 1))
-        b = _rec(run, bnb_name(M), r["shape"], r["dtype"], M)
+        b = find_record(run, bnb_name(M), r["shape"], r["dtype"], M)
         rb = bound and next((q for q in bound.records if q["kind"] == "bound" and q["shape"] == r["shape"]), None)
         lines.append(f"{'x'.join(map(str, r['shape'])):>11} {r['dtype']:>5} {M:>2} {r['ms'] * 1e3:8.1f} "
                      f"{b['ms'] * 1e3 if b else float('nan'):7.1f} {b['ms'] / r['ms'] if b else float('nan'):6.2f} "
@@ -1006,6 +1029,20 @@ def summary(run, bound=None) -> str:
                      f"{100 * rb['ms'] / r['ms'] if rb else float('nan'):8.0f}%  "
                      f"{ok.get((ours, *key))}, {ok.get((bnb_name(M), *key))}")
     return "\n".join(lines)
+
+
+def check_exercise(launch_fn, name="exercise: warp reduction") -> bool:
+    """Grade a GEMV launch function on a small case against the float64 reference; prints the verdict."""
+    gc = make_gemv_case(16, 128, "bf16", seed=3)
+    g = make_gemv_buffers(gc)
+    try:
+        launch_fn(g)
+        rep = compare(g.result(), gc, name=name)
+    except Exception as exc:  # a broken kernel must not stop the notebook
+        print(f"NOT PASSED: the kernel raised {type(exc).__name__}: {exc}")
+        return False
+    print(("PASSED: " if rep.ok else "NOT PASSED (not solved yet): ") + str(rep))
+    return rep.ok
 
 
 def plot(run, batch=False):
@@ -1035,7 +1072,7 @@ def plot(run, batch=False):
     else:
         names = [BNB_DQ_MM, BNB_GEMV, ours]
         for j, name in enumerate(names):
-            pts = [(i + (j - 1) * 0.27, r["gbps"]) for i, k in enumerate(keys) if (r := _rec(run, name, *k))]
+            pts = [(i + (j - 1) * 0.27, r["gbps"]) for i, k in enumerate(keys) if (r := find_record(run, name, *k))]
             if pts:
                 ax.bar(*zip(*pts), 0.27, label=name + (" (default)" if name == ours else ""))
         ax.set_xticks(range(len(keys)), [f"{s[0]}x{s[1]}\n{d}" for s, d in keys], fontsize=8)

@@ -7,7 +7,7 @@
                   "bit_exact", ...}]}
 
 Besides the three kinds above, ``bound`` marks a timing of the same memory traffic without
-the arithmetic (tools/tune_best_kernel.py) and ``exactness`` a bit-exactness case with no
+the arithmetic (lab/tune_best_kernel.py) and ``exactness`` a bit-exactness case with no
 timing (tools/bench_dequantize.py). Notebooks and plots read these files; nothing is typed
 in by hand.
 """

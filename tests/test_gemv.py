@@ -133,18 +133,15 @@ def test_notebook_runs_in_the_simulator(variant, tmp_path):
     assert time.time() - t0 < 120
 
 
-def _load_kernel():
-    import sys
-
-    sys.path.insert(0, str(ROOT / "tools"))
-    import bench_gemv
-
-    return bench_gemv.load_kernel()
-
-
 @pytest.fixture(scope="module")
 def nb09():
-    return _load_kernel()
+    """The design family of the lab (lab/gemv_variants.py)."""
+    import sys
+
+    sys.path.insert(0, str(ROOT))
+    from lab import gemv_variants
+
+    return gemv_variants
 
 
 def _case_buffers(N, K, dtype, M=1, seed=5, **kw):
@@ -152,37 +149,51 @@ def _case_buffers(N, K, dtype, M=1, seed=5, **kw):
     return gc, gemv.make_gemv_buffers(gc)
 
 
-# Small adversarial shapes for the streaming kernel (K a multiple of 64, as _check_layout requires), each
-# a few seconds in the simulator: (N, K, dtype, M, Design fields, grid, case options)
+D = gemv.Design
+# The shipped kernel (nf4lab.gemv.launch) on small adversarial shapes (K a multiple of 64, as _check_layout
+# requires): (N, K, dtype, M, Design or None for auto_design, grid, case options)
+SHIPPED_CASES = [
+    (40, 128, "bf16", 1, D(rows=4, min_blocks=2), 1, {}),         # one block: 10 row groups over 8 warps (grid stride)
+    (20, 128, "fp16", 1, D(rows=4, split=2, min_blocks=3), 1, {}),  # split-K teams, 2 rounds: the double buffer flips
+    (6, 2112, "bf16", 1, None, None, {}),                           # K = 2048 + 64: 2 lanes work in a row's last item
+    (5, 64, "fp16", 1, D(rows=8, split=2), None, {}),              # rows past N, K = one block
+    (10, 1088, "bf16", 1, D(rows=8, split=2, min_blocks=2), 1, {}),  # R8 split-K (the N = 8192 design)
+    (11, 256, "bf16", 1, None, None, {"dist": "heavy", "x_dist": "heavy"}),  # heavy tails
+    (6, 256, "fp16", 1, None, None, {"blocksize": 128}),            # blocksize 128
+    (3, 1088, "bf16", 2, D(rows=4, split=2, min_blocks=3), 2, {}),  # batch 2, split, an idle team
+] + [(7, 192, ("bf16", "fp16")[m % 2], m, None, None, {}) for m in range(1, 9)]   # every batch M = 1..8
+
+
+@pytest.mark.parametrize("N,K,dtype,M,design,grid,opts", SHIPPED_CASES,
+                         ids=[f"{c[0]}x{c[1]}-{c[2]}-M{c[3]}-{i}" for i, c in enumerate(SHIPPED_CASES)])
+def test_shipped_kernel_within_tolerance(N, K, dtype, M, design, grid, opts):
+    gc, g = _case_buffers(N, K, dtype, M=M, **opts)
+    g.grid = grid
+    gemv.launch(g, design=design)
+    name = f"{N}x{K} {dtype} M={M} {(design or gemv.auto_design(N, M)).name} grid {grid} {opts}"
+    assert gemv.check(g.result(), gc, name=name).ok
+
+
+# The lab's other designs (lab/gemv_variants.py): (N, K, dtype, M, Design fields, grid, case options)
 STREAM_CASES = [
-    (40, 128, "bf16", 1, {}, 1, {}),                    # one block: 20 row groups over 8 warps (grid stride)
-    (20, 128, "fp16", 1, {"split": 2}, 1, {}),          # split-K teams, 3 rounds: the double-buffered sums flip
-    (6, 2112, "bf16", 1, {}, None, {}),                 # K = 2048 + 64: 2 lanes of 32 work in a row's last item
-    (5, 64, "bf16", 1, {"rows": 4, "split": 4, "cols": 64, "min_blocks": 3}, None, {}),  # rows past N, one block
-    (7, 192, "fp16", 3, {"min_blocks": 3}, None, {}),   # batch of 3
-    (4, 320, "bf16", 8, {"rows": 1, "min_blocks": 2}, None, {"dist": "heavy", "x_dist": "heavy"}),  # batch of 8
-    (11, 256, "bf16", 1, None, None, {"dist": "heavy", "x_dist": "heavy"}),  # auto_design, heavy tails
-    (6, 256, "fp16", 1, {"cols": 64, "stream": False}, None, {"blocksize": 128}),  # blocksize 128, cached loads
-    (3, 1088, "bf16", 2, {"rows": 1, "split": 2}, 2, {}),  # batch 2, split, grid of 2 with an idle team
-    (13, 128, "fp16", 1, {"rows": 3, "min_blocks": 3}, 1, {}),  # R3: 5 groups, the last one partial
-    (10, 1088, "bf16", 1, {"rows": 8, "split": 2, "min_blocks": 2}, 1, {}),  # R8 split-K: rows past N, 2 items
-    (9, 192, "bf16", 2, {"rows": 4, "min_blocks": 2}, None, {}),  # R4 batch 2 (a BATCH_VARIANTS design)
-    (7, 1088, "bf16", 1, {"rows": 4, "split": 2, "min_blocks": 3, "table": "prmt"}, 1, {"dist": "codes"}),  # PRMT table
-    (5, 192, "fp16", 2, {"rows": 2, "table": "prmt"}, None, {"dist": "heavy", "x_dist": "heavy"}),  # PRMT, batch 2
-    (6, 1088, "bf16", 1, {"rows": 4, "split": 2, "min_blocks": 3, "shfl_rows": 2}, 1, {"dist": "codes"}),  # shuffles
-    (9, 1088, "fp16", 2, {"rows": 4, "split": 2, "min_blocks": 3, "scale_copies": 16}, 1, {"dist": "heavy"}),  # scale copies
+    (5, 64, "bf16", 1, {"rows": 4, "split": 4, "cols": 64, "min_blocks": 3}, None, {}),
+    (4, 320, "bf16", 8, {"rows": 1, "min_blocks": 2}, None, {"dist": "heavy", "x_dist": "heavy"}),
+    (6, 256, "fp16", 1, {"cols": 64, "stream": False}, None, {"blocksize": 128}),
+    (13, 128, "fp16", 1, {"rows": 3, "min_blocks": 3}, 1, {}),
+    (7, 1088, "bf16", 1, {"rows": 4, "split": 2, "min_blocks": 3, "table": "prmt"}, 1, {"dist": "codes"}),
+    (6, 1088, "bf16", 1, {"rows": 4, "split": 2, "min_blocks": 3, "shfl_rows": 2}, 1, {"dist": "codes"}),
+    (9, 1088, "fp16", 2, {"rows": 4, "split": 2, "min_blocks": 3, "scale_copies": 16}, 1, {"dist": "heavy"}),
 ]
 
 
 @pytest.mark.parametrize("N,K,dtype,M,design,grid,opts", STREAM_CASES,
                          ids=[f"{c[0]}x{c[1]}-{c[2]}-M{c[3]}-{i}" for i, c in enumerate(STREAM_CASES)])
-def test_stream_kernel_within_tolerance(nb09, N, K, dtype, M, design, grid, opts):
+def test_lab_variants_within_tolerance(nb09, N, K, dtype, M, design, grid, opts):
     gc, g = _case_buffers(N, K, dtype, M=M, **opts)
     g.grid = grid
-    d = nb09.Design(m=M, **design) if design is not None else None
+    d = nb09.Design(m=M, **design)
     nb09.launch(g, design=d)
-    name = f"{N}x{K} {dtype} M={M} {(d or nb09.auto_design(N, M)).name} grid {grid} {opts}"
-    assert gemv.check(g.result(), gc, name=name).ok
+    assert gemv.check(g.result(), gc, name=f"{N}x{K} {dtype} M={M} {d.name} grid {grid} {opts}").ok
 
 
 def test_fp16_table_experiment_is_the_rounded_dot_product(nb09):
@@ -205,8 +216,8 @@ def test_fp16_table_experiment_is_the_rounded_dot_product(nb09):
 
 def test_variant_entries_launch(nb09):
     """VARIANTS entries that are not a plain Design (a function of N, a (design, grid policy) pair) launch as
-    tools/bench_gemv.py launches them, and R4 with 16 warps per block (512 threads) is correct."""
-    import bench_gemv
+    lab/bench_gemv.py launches them, and R4 with 16 warps per block (512 threads) is correct."""
+    from lab import bench_gemv
 
     launches = bench_gemv.variant_launches(nb09, ["auto (R2, before)", "R4 S2 C32 W8 B3, full grid",
                                                   "R4 S1 C32 W16 B2"], policies=[])
@@ -216,8 +227,8 @@ def test_variant_entries_launch(nb09):
         assert gemv.check(g.result(), gc, name=key).ok
 
 
-def test_first_version_still_runs():
-    from nf4lab import gemv_v1
+def test_first_version_still_runs(nb09):
+    from lab import gemv_v1
 
     gc, g = _case_buffers(9, 128, "bf16")
     g.grid = 1
@@ -239,41 +250,55 @@ def test_lds_pair_twin_reads_the_pair_table():
         assert lo == lut[byte >> 4] and hi == lut[byte & 15]
 
 
-def test_prmt_twin_and_table_offsets():
+def test_prmt_twin_and_table_offsets(nb09):
     """The byte-permute twin follows PTX's prmt (8 source bytes, sign replication by bit 3), and the four
     selectors of lut8_prmt give (byte j << 8) | lane8 for every byte of a word."""
     a, b = 0x89ABCDEF, 0x01234567
-    assert gemv._py_prmt(a, b, 0x3210) == a and gemv._py_prmt(a, b, 0x7654) == b
-    assert gemv._py_prmt(a, b, 0x0123) == 0xEFCDAB89
-    assert gemv._py_prmt(a, b, 0x8888) == 0xFFFFFFFF and gemv._py_prmt(a, b, 0x000C) == 0xEFEFEF00  # sign of 0xEF, 0x01
+    assert nb09._py_prmt(a, b, 0x3210) == a and nb09._py_prmt(a, b, 0x7654) == b
+    assert nb09._py_prmt(a, b, 0x0123) == 0xEFCDAB89
+    assert nb09._py_prmt(a, b, 0x8888) == 0xFFFFFFFF and nb09._py_prmt(a, b, 0x000C) == 0xEFEFEF00  # sign of 0xEF, 0x01
     for w in (0x00000000, 0xFFFFFFFF, 0x12A5F07C):
         for lane in (0, 17, 31):
             for j, sel in enumerate((0x5504, 0x5514, 0x5524, 0x5534)):
-                assert gemv._py_prmt(w, lane << 3, sel) == (((w >> (8 * j)) & 0xFF) << 8) | (lane << 3)
+                assert nb09._py_prmt(w, lane << 3, sel) == (((w >> (8 * j)) & 0xFF) << 8) | (lane << 3)
 
 
-def _ptx(nb09, design, dtype="bf16"):
-    return gemv.kernel_ptx(nb09.kernel(design, dtype), nb09.SIG)
+def _norm_ptx(p):
+    """PTX without names and comments, the operands of commutative min.u32 sorted."""
+    import re
+
+    p = re.sub(r"//.*", "", re.sub(r"_Z\w+", "NAME", p))
+    p = re.sub(r"(min\.u32\s+%r\d+), (%r\d+), (%r\d+)", lambda m: m.group(1) + ", " + ", ".join(sorted(m.group(2, 3))), p)
+    return [line.rstrip() for line in p.splitlines() if line.strip()]
 
 
-def test_ptx_default_design(nb09):
-    d = nb09.Design()
-    ptx = _ptx(nb09, d, "fp16")
+@pytest.mark.slow
+@pytest.mark.parametrize("fields,dtype", [(dict(rows=4, split=2, min_blocks=3), "bf16"), (dict(rows=4, min_blocks=2, m=2), "fp16")])
+def test_shipped_kernel_is_the_labs_design(nb09, fields, dtype):
+    """The shipped kernel is the lab family's design of the same name, instruction for instruction: the lab's
+    recorded numbers for it are the shipped kernel's numbers."""
+    ours = gemv.kernel_ptx(gemv.kernel(gemv.Design(**fields), dtype))
+    lab = gemv.kernel_ptx(nb09.kernel(nb09.Design(**fields), dtype), nb09.SIG)
+    assert _norm_ptx(ours) == _norm_ptx(lab)
+
+
+def test_ptx_default_design():
+    d = gemv.auto_design(4096)
+    ptx = gemv.kernel_ptx(gemv.kernel(d, "fp16"))
     nf4lab.ptx.check(ptx, present=[r"^ld\.global\.nc\.L1::no_allocate\.v4\.u32", r"^ld\.global\.v4\.u32",
-                                   r"^shfl\.sync\.down", r"^ld\.shared\.v2\.f32", r"^cvt\.f32\.f16"],
-                     absent=[r"^ld\.local", r"^st\.local", r"\.f64", r"^(div|rem)\.(s|u)64", r"^bar\.sync 1"])
+                                   r"^shfl\.sync\.down", r"^ld\.shared\.v2\.f32", r"^cvt\.f32\.f16", r"^bar\.sync"],
+                     absent=[r"^ld\.local", r"^st\.local", r"\.f64", r"^(div|rem)\.(s|u)64"])
     assert nf4lab.ptx.count(ptx, r"^ld\.global\.nc\.L1::no_allocate\.v4") == 2 * d.rows
     assert nf4lab.ptx.count(ptx, r"^ld\.shared\.v2\.f32") == d.rows * 16
     assert nf4lab.ptx.count(ptx, r"^shfl\.sync\.down") == 5 * d.rows
-    assert ".maxntid 256, 1, 1" in ptx and ".minnctapersm 4" in ptx
+    assert ".maxntid 256, 1, 1" in ptx and ".minnctapersm 3" in ptx
 
 
-def test_ptx_split_and_batch(nb09):
-    d = nb09.Design(rows=2, split=2, m=8, min_blocks=2)
-    ptx = _ptx(nb09, d)
-    nf4lab.ptx.check(ptx, present=[r"^bar\.sync", r"^ld\.global\.nc\.L1::no_allocate\.v4\.u32"],
-                     absent=[r"^ld\.local", r"^st\.local", r"\.f64", r"^(div|rem)\.(s|u)64"])
-    assert nf4lab.ptx.count(ptx, r"^bar\.sync\s+%r") == 1    # the team's named barrier (id and count in registers)
+def test_ptx_batch():
+    d = gemv.Design(rows=4, m=8, min_blocks=2)
+    ptx = gemv.kernel_ptx(gemv.kernel(d, "bf16"))
+    nf4lab.ptx.check(ptx, present=[r"^ld\.global\.nc\.L1::no_allocate\.v4\.u32"],
+                     absent=[r"^ld\.local", r"^st\.local", r"\.f64", r"^(div|rem)\.(s|u)64", r"^bar\.sync"])
     assert nf4lab.ptx.count(ptx, r"^shfl\.sync\.down") == 5 * d.rows * d.m   # one reduction per row and batch row
     assert nf4lab.ptx.count(ptx, r"^ld\.global\.v4\.u32") == 4 * d.m         # x: 4 loads per batch row per item
     assert nf4lab.ptx.count(ptx, r"^ld\.shared\.v2\.f32") == d.rows * 16      # the table read once for all M
@@ -281,12 +306,12 @@ def test_ptx_split_and_batch(nb09):
 
 # ---------------------------------------------------------------- bad input: refused before any launch
 @pytest.fixture
-def no_launch(nb09, monkeypatch):
+def no_launch(monkeypatch):
     def refuse(*a, **k):
         raise AssertionError("a kernel was fetched for launching despite bad input")
 
-    monkeypatch.setattr(nb09, "kernel", refuse)
-    return nb09
+    monkeypatch.setattr(gemv, "kernel", refuse)
+    return gemv
 
 
 def _misaligned(arr):
@@ -332,69 +357,47 @@ def test_heavy_x_fits_fp16():
     assert np.isfinite(x).all() and np.abs(x).max() > 100
 
 
-def test_auto_design_and_grid(nb09, monkeypatch):
-    monkeypatch.setattr(nf4lab, "device_info", lambda: {"sms": 132, "smem_per_sm": 233472, "max_threads_per_sm": 2048})
-    # batch 1, what won in the second H100 run: R4 S2 at N = 4096, R8 S2 at N = 8192, R4 (B2) at N = 14336
-    assert nb09.auto_design(4096) == nb09.Design(rows=4, split=2, min_blocks=3)
-    assert nb09.auto_design(8192) == nb09.Design(rows=8, split=2, min_blocks=2)
-    assert nb09.auto_design(14336) == nb09.Design(rows=4, min_blocks=2)
-    # batch: R4 B2 won at M = 2, 4 and 8
-    assert nb09.auto_design(8192, 8) == nb09.Design(rows=4, min_blocks=2, m=8)
-    assert nb09.auto_design(4096, 2) == nb09.Design(rows=4, min_blocks=2, m=2)
-    # the earlier defaults, kept as variants
-    assert nb09.auto_design_r2(4096) == nb09.Design(rows=2, split=2)
-    assert nb09.auto_design_r2(8192).split == 1 and nb09.auto_design_r2(8192).rows == 2
-    assert nb09.auto_design_r4(8192) == nb09.Design(rows=4, min_blocks=3) and nb09.auto_design_r4(4096).rows == 2
-    for key, v in nb09.VARIANTS.items():  # every variant resolves to a Design, with a known grid policy
-        d, pol = v if isinstance(v, tuple) else (v, "balanced")
-        assert isinstance(nb09.resolve(d, 8192), nb09.Design) and pol in nb09.GRID_POLICIES, key
-    assert all(k in nb09.VARIANTS for k in nb09.BATCH_VARIANTS)
-
-    class K:  # a compiled kernel as numba reports it
-        overloads = {"sig": None}
-
-        def get_regs_per_thread(self):
-            return 64
-
-        def get_shared_mem_per_block(self):
-            return 34000
-
-    d = nb09.Design()
-    assert nb09.resident_blocks(K(), d) == 4             # 65536 // (64 * 256)
-    assert nb09.grid_size(K(), d, 8192, "full") == 8192 // 2 // 8
-    assert nb09.grid_size(K(), d, 8192, "resident") == 512   # all 512 blocks fit at once (528 would)
-    assert nb09.grid_size(K(), d, 14336, "resident") == 4 * 132
-    bal = nb09.grid_size(K(), d, 14336, "balanced")      # 7168 groups, 4224 resident warps: 2 rounds
-    assert bal * 8 * 2 >= 7168 and (bal - 1) * 8 * 2 < 7168
-    ds = nb09.Design(split=2)
-    assert nb09.grid_size(K(), ds, 4096, "full") == 2048 // 4  # 4 teams of 2 warps per block
+def test_auto_design_and_grid(monkeypatch):
+    monkeypatch.setattr(nf4lab.runtime, "device_info", lambda: {"sms": 132})
+    # batch 1, what won on the H100: R4 S2 at N = 4096, R8 S2 at N = 8192, R4 (B2) at N = 14336; every batch R4 B2
+    assert gemv.auto_design(4096) == D(rows=4, split=2, min_blocks=3)
+    assert gemv.auto_design(8192) == D(rows=8, split=2, min_blocks=2)
+    assert gemv.auto_design(14336) == D(rows=4, min_blocks=2)
+    assert gemv.auto_design(8192, 8) == D(rows=4, min_blocks=2, m=8)
+    assert gemv.auto_design(4096, 2) == D(rows=4, min_blocks=2, m=2)
+    # 14336 rows: 3584 groups, 8 teams per block, 2 blocks per SM: 2112 resident teams, 2 rounds
+    bal = gemv.grid_size(D(rows=4, min_blocks=2), 14336)
+    assert bal * 8 * 2 >= 3584 and (bal - 1) * 8 * 2 < 3584
+    assert gemv.grid_size(D(rows=4, split=2, min_blocks=3), 4096) == 1024 // 4   # one round: one team per group
 
 
-def test_ncu_summary_and_pipe_ceiling():
+def test_ncu_summary_and_pipe_ceiling(nb09):
     """A profile's record: time in us, wavefronts per 1000 weights, and the pipe ceiling they imply."""
+    from lab import gemv_reports as rep_mod
+
     N, K = 1024, 2048
     vals = {"time_us": 20_000.0, "pipe_wavefronts": 64.0 * N * K / 1000, "shared_wavefronts": 32.0 * N * K / 1000,
             "sm_hz": 2e9, "dram_pct": 50.0}
-    kernel = {"metrics": {gemv.NCU_METRICS[k]: {"value": v} for k, v in vals.items()}}
-    kernel["metrics"][gemv.NCU_METRICS["registers"]] = {"value": "n/a"}   # text: recorded as missing
-    rec = gemv.ncu_summary(kernel, N, K)
+    kernel = {"metrics": {rep_mod.NCU_METRICS[k]: {"value": v} for k, v in vals.items()}}
+    kernel["metrics"][rep_mod.NCU_METRICS["registers"]] = {"value": "n/a"}   # text: recorded as missing
+    rec = rep_mod.ncu_summary(kernel, N, K)
     assert rec["time_us"] == 20.0 and rec["pipe_per_1k_weights"] == 64.0 and rec["shared_per_1k_weights"] == 32.0
     assert rec["registers"] is None and rec["issue_pct"] is None
     # 132 SMs x 2e9 wavefronts/s / 0.064 per weight = 4.125e12 weights/s, times the bytes per weight
     expect = 132 * 2e9 / 0.064 * gemv.weight_bytes(N, K) / (N * K) / 1e9
-    assert gemv.pipe_ceiling_gbps(rec, N, K, 132) == pytest.approx(expect)
-    text = gemv.ncu_table({"rows": [{"shape": f"{N}x{K}", "variant": "auto", "metrics": rec}]})
+    assert rep_mod.pipe_ceiling_gbps(rec, N, K, 132) == pytest.approx(expect)
+    text = rep_mod.ncu_table({"rows": [{"shape": f"{N}x{K}", "variant": "auto", "metrics": rec}]})
     assert "auto" in text and "64.0" in text and " -" in text
 
 
 @pytest.mark.parametrize("unroll,grid,block", [(1, 1, 1), (4, 1, 1), (8, 2, 3)])
 def test_read_bound_kernel_reads_every_vector_once(unroll, grid, block):
-    """tools/gemv_read_bound.py's reader: every 16-byte vector XORed exactly once (its grid-stride loop with
+    """lab/gemv_read_bound.py's reader: every 16-byte vector XORed exactly once (its grid-stride loop with
     `unroll` loads in flight and a tail), so the bound it times really reads all the weight bytes."""
     import sys
 
-    sys.path.insert(0, str(ROOT / "tools"))
-    import gemv_read_bound as rb
+    sys.path.insert(0, str(ROOT))
+    from lab import gemv_read_bound as rb
 
     rng = np.random.default_rng(unroll)
     nvec = 37                                        # not a multiple of any unroll x threads

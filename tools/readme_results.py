@@ -68,7 +68,7 @@ def gemv_lines(gpu) -> list:
                     default=None)
     lines = ["", f"Fused NF4 GEMV (notebook 09), `y = x @ W.T` with one row of x, GPU time, {results.label(run['meta'])}; "
              "effective weight bandwidth = packed weights and scales read per second"
-             + ("; *pure read*: a kernel that only reads the same bytes (`tools/gemv_read_bound.py`, "
+             + ("; *pure read*: a kernel that only reads the same bytes (`lab/gemv_read_bound.py`, "
                 f"{results.label(bound['meta'])}), the bound for any GEMV" if bound else "") + ":", "",
              "| W (N x K) | dtype | fused us | bitsandbytes gemv_4bit us | x bitsandbytes | % of copy |"
              + (" pure read us (% of copy) |" if bound else "") + " within tolerance |",
