@@ -36,6 +36,14 @@ __all__ = ["install", "uninstall", "installed", "installed_in", "compile_for_dec
 
 _lock = threading.RLock()
 _state = {"lib": None, "ops": (), "quantizers": []}  # the Library we own, what it serves, patched quantizers
+# Calls our registered kernels took ("nf4lab") and handed to bitsandbytes ("bitsandbytes"), per op:
+# the GPU test run reports them, so that "all passed" cannot hide "nf4lab never ran".
+calls: dict = {}
+
+
+def _count(op: str, who: str) -> None:
+    key = (op, who)
+    calls[key] = calls.get(key, 0) + 1
 
 
 def _torch():
@@ -88,13 +96,17 @@ def _make_kernels(fallback):
 
     def dequantize_4bit(A, absmax, blocksize, quant_type, shape, dtype):
         if not _dequantize_handles(A, absmax, blocksize, quant_type, shape, dtype):
+            _count("dequantize_4bit", "bitsandbytes")
             return fallback["dequantize_4bit"](A, absmax, blocksize, quant_type, shape, dtype)
+        _count("dequantize_4bit", "nf4lab")
         qs = torch_ops._state(absmax, None, None, None, blocksize, 256, quant_type, shape, dtype)
         return torch_ops._run(A, qs, None)
 
     def dequantize_4bit_out(A, absmax, blocksize, quant_type, shape, dtype, out):
         if not _dequantize_handles(A, absmax, blocksize, quant_type, shape, dtype, out):
+            _count("dequantize_4bit.out", "bitsandbytes")
             return fallback["dequantize_4bit.out"](A, absmax, blocksize, quant_type, shape, dtype, out)
+        _count("dequantize_4bit.out", "nf4lab")
         qs = torch_ops._state(absmax, None, None, None, blocksize, 256, quant_type, shape, dtype)
         torch_ops._run(A, qs, out)
 
@@ -103,8 +115,10 @@ def _make_kernels(fallback):
         launch = torch_ops.gemv_launcher()
         if launch is None or not _gemm_handles(A, B, shapeB, absmax, blocksize, quant_type, bias, absmax_8bit,
                                                absmax_code, absmax_offset):
+            _count("gemm_4bit", "bitsandbytes")
             return fallback["gemm_4bit"](A, B, shapeB, absmax, blocksize, quant_type, bias, absmax_8bit,
                                          absmax_code, absmax_offset)
+        _count("gemm_4bit", "nf4lab")
         out = torch.empty((*A.shape[:-1], int(shapeB[0])), dtype=A.dtype, device=A.device)
         # bitsandbytes' gemm_4bit passes the nested group scales as ``absmax`` and the codes as absmax_8bit.
         launch(A, B, shapeB, absmax_8bit, absmax, absmax_code, absmax_offset, blocksize, out)

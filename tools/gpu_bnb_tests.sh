@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# bitsandbytes' own 4-bit tests, run with nf4lab installed (GPU machine, device tool, repo root).
+#
+#   bash tools/gpu_bnb_tests.sh [quick|compile|all] [--baseline]
+#
+# Only CUDA-device tests (-k 'not cpu'): nf4lab installs on the CUDA key only.
+# quick   : test_functional, test_ops, test_autograd 4-bit tests and test_linear4bit without torch.compile
+# compile : test_linear4bit's torch.compile tests (the 64 that failed when nf4lab.dequantize was swapped in)
+# all     : both (may pass 4 minutes on a cold machine)
+# --baseline: the same selection without nf4lab.install() (bitsandbytes alone), for comparison.
+#
+# Needs, carried with the device tool's `carry` (both git-ignored):
+#   .whl/       bash tools/fetch_gpu_wheels.sh   (numpy < 2.5, bitsandbytes 0.50.2)
+#   .bnbtests/  bitsandbytes' tests of tag 0.50.1 (commit 37d2a938; the library files of the installed
+#               0.50.2 are identical to that tag's): bash tools/fetch_bnb_tests.sh MIRROR
+# Writes data/results/<gpu>/bnb_tests_<mode>[_baseline].json (and $OUT/) through tools/bnb_nf4lab_plugin.py.
+set -uo pipefail
+mode=${1:-quick}
+baseline=${2:-}
+root=$PWD
+if [ ! -f .bnbtests/tests/test_linear4bit.py ]; then
+  echo "no .bnbtests/: run tools/fetch_bnb_tests.sh and carry .bnbtests" >&2; exit 2
+fi
+if ls .whl/*.whl >/dev/null 2>&1; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
+    .whl/*.whl .whl/extra/*.whl 2>&1 | grep -v "already exists"
+fi
+export PYTHONPATH=/tmp/site:$root:$root/tools PYTHONUNBUFFERED=1
+export NF4LAB_INSTALL=1 NF4LAB_BNB_TAG=bnb_tests_$mode
+if [ "$baseline" = "--baseline" ]; then export NF4LAB_INSTALL=0 NF4LAB_BNB_TAG=bnb_tests_${mode}_baseline; fi
+four='4bit or fp4 or nf4'
+case $mode in
+  quick)   files="tests/test_functional.py tests/test_ops.py tests/test_autograd.py tests/test_linear4bit.py"
+           sel="($four or test_linear4bit) and not compile and not bench and not cpu" ;;
+  compile) files="tests/test_linear4bit.py"; sel="compile and not cpu" ;;
+  all)     files="tests/test_functional.py tests/test_ops.py tests/test_autograd.py tests/test_linear4bit.py"
+           sel="($four or test_linear4bit) and not bench and not cpu" ;;
+  *) echo "mode: quick, compile or all" >&2; exit 2 ;;
+esac
+export NF4LAB_BNB_SELECTION="$files -k '$sel'"
+mkdir -p "${OUT:-/tmp/out}"
+cd .bnbtests
+# -p: our plugin installs nf4lab before bitsandbytes' tests are imported; -m: bitsandbytes' own default filter
+python3 -m pytest -p bnb_nf4lab_plugin $files -k "$sel" -m "not slow and not benchmark and not deprecated" \
+  -q -rf --maxfail=100 -o addopts="" -p no:cacheprovider 2>&1 | tail -60
