@@ -121,7 +121,7 @@ def _make_kernels(fallback):
         _count("gemm_4bit", "nf4lab")
         out = torch.empty((*A.shape[:-1], int(shapeB[0])), dtype=A.dtype, device=A.device)
         # bitsandbytes' gemm_4bit passes the nested group scales as ``absmax`` and the codes as absmax_8bit.
-        launch(A, B, shapeB, absmax_8bit, absmax, absmax_code, absmax_offset, blocksize, out)
+        launch(A, B, shapeB, absmax_8bit, absmax, absmax_code, torch_ops.offset_value(absmax_offset), blocksize, out)
         if bias is not None:
             out.add_(bias)
         return out

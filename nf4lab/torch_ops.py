@@ -123,6 +123,26 @@ def gemv_launcher():
     return getattr(gemv, "launch_torch", None)
 
 
+_OFFSETS: dict = {}  # id(tensor) -> (weakref to it, its _version, value as a float)
+
+
+def offset_value(offset) -> float:
+    """A nested state's offset as a Python float, read from the device once per tensor (and again
+    only if it is modified in place). A fresh ``float(offset)`` per call would synchronize the
+    stream every call and cannot run inside CUDA-graph capture."""
+    if not isinstance(offset, torch.Tensor):
+        return float(offset)
+    key = id(offset)
+    hit = _OFFSETS.get(key)
+    if hit is not None and hit[0]() is offset and hit[1] == offset._version:
+        return hit[2]
+    import weakref
+
+    value = float(offset.reshape(-1)[0].item())
+    _OFFSETS[key] = (weakref.ref(offset, lambda _, k=key: _OFFSETS.pop(k, None)), offset._version, value)
+    return value
+
+
 def gemv_handles(x, packed, shape, absmax_q, absmax2, code2, blocksize) -> bool:
     """True where the fused GEMV applies: CUDA, 1..8 rows, bf16/fp16, nf4 nested 8-bit stats, 256 per
     group, blocksize >= 64, K a multiple of 64, contiguous, 16-byte aligned x and packed weight."""
@@ -132,8 +152,10 @@ def gemv_handles(x, packed, shape, absmax_q, absmax2, code2, blocksize) -> bool:
     M = x.numel() // K if K else 0
     from . import gemv
 
-    return (K > 0 and x.shape[-1] == K and 1 <= M <= gemv.MAX_M and K % 64 == 0 and blocksize >= 64
+    return (K > 0 and x.shape[-1] == K and 1 <= M <= gemv.MAX_M and K % 64 == 0 and 64 <= blocksize <= 4096
             and blocksize & (blocksize - 1) == 0 and absmax_q.dtype == torch.uint8
+            and packed.dtype == torch.uint8 and packed.numel() >= N * K // 2
+            and absmax_q.numel() >= -(-N * K // blocksize) and absmax2.is_contiguous()
             and absmax2.dtype == torch.float32 and code2.dtype == torch.float32 and code2.numel() >= 256
             and x.is_contiguous() and packed.is_contiguous() and absmax_q.is_contiguous()
             and x.data_ptr() % 16 == 0 and packed.data_ptr() % 16 == 0 and N * K // 8 < 1 << 32
@@ -153,7 +175,7 @@ def gemv_4bit(x: torch.Tensor, packed: torch.Tensor, shape: list[int], absmax_q:
     launch = gemv_launcher()
     if launch is not None and gemv_handles(x, packed, shape, absmax_q, absmax2, code2, blocksize):
         out = torch.empty((*x.shape[:-1], int(shape[0])), dtype=x.dtype, device=x.device)
-        launch(x, packed, shape, absmax_q, absmax2, code2, offset, blocksize, out)
+        launch(x, packed, shape, absmax_q, absmax2, code2, offset_value(offset), blocksize, out)
         return out
     return _gemv_reference(x, packed, shape, absmax_q, absmax2, code2, offset, blocksize)
 

@@ -121,3 +121,15 @@ def test_dequantize_plan_traces_without_str_of_dtype():
     qs.dtype = torch.int32
     with pytest.raises(ValueError, match="quant_state.dtype"):
         dequant.dequantize(packed, qs)
+
+
+def test_offset_value_is_read_once_and_again_after_an_inplace_change(monkeypatch):
+    off = torch.tensor(0.25)
+    assert torch_ops.offset_value(off) == 0.25
+    reads = []
+    real_item = torch.Tensor.item
+    monkeypatch.setattr(torch.Tensor, "item", lambda self: reads.append(1) or real_item(self))
+    assert torch_ops.offset_value(off) == 0.25 and not reads  # cached: no device read (no sync)
+    off.add_(1.0)
+    assert torch_ops.offset_value(off) == 1.25 and len(reads) == 1  # modified in place: read again
+    assert torch_ops.offset_value(torch.tensor(0.25)) == 0.25  # another tensor, even at a reused id
