@@ -1,0 +1,121 @@
+"""What one eager call costs: nf4lab against bitsandbytes, as users call them (GPU only).
+
+At 4096x4096 (bf16, NF4, nested statistics, blocksize 64), for dequantize and the M=1 GEMV:
+
+- ``host us``: time for the call to return to Python (GPU work queued, not awaited): the launch cost;
+- ``per call us``: a loop of calls then one synchronize, divided by the calls: what a decode loop pays,
+  the larger of host cost and GPU time.
+
+Each figure: median of REPS loops of CALLS calls, after a warm-up. Calls timed:
+
+dequantize  bitsandbytes F.dequantize_4bit; nf4lab.dequantize; F.dequantize_4bit after nf4lab.install()
+            (bitsandbytes' Python, nf4lab's kernel); torch.ops.nf4lab.dequantize_4bit (the custom op, eager)
+gemv M=1    bitsandbytes matmul_4bit (no grad); the same after nf4lab.install(); torch.ops.nf4lab.gemv_4bit;
+            nf4lab.gemv.launch_torch directly; torch bf16 ``x @ w.t()`` (the unquantized reference)
+
+Writes data/results/<gpu>/launch_cost.json (and $OUT/) through nf4lab.results.
+
+    python tools/bench_launch.py [--calls 200] [--reps 7]
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+import nf4lab  # noqa: E402  (first: decides GPU or simulator)
+
+
+def timed(fn, calls, reps, torch):
+    fn()
+    torch.cuda.synchronize()
+    host, total = [], []
+    for _ in range(reps):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        t1 = time.perf_counter()
+        torch.cuda.synchronize()
+        t2 = time.perf_counter()
+        host.append((t1 - t0) / calls * 1e6)
+        total.append((t2 - t0) / calls * 1e6)
+    return statistics.median(host), statistics.median(total)
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--calls", type=int, default=200)
+    ap.add_argument("--reps", type=int, default=7)
+    ap.add_argument("--no-save", action="store_true")
+    a = ap.parse_args(argv)
+    if not nf4lab.ON_GPU:
+        sys.exit("bench_launch needs a CUDA GPU (nf4lab is in simulator mode)")
+    import bitsandbytes as bnb
+    import bitsandbytes.functional as F
+    import torch
+
+    from nf4lab import gemv, results, torch_ops
+
+    N = K = 4096
+    g = torch.Generator(device="cuda").manual_seed(0)
+    w = torch.randn(N, K, generator=g, device="cuda").to(torch.bfloat16)
+    packed, qs = F.quantize_4bit(w, blocksize=64, quant_type="nf4", compress_statistics=True)
+    x = torch.randn(1, K, generator=g, device="cuda").to(torch.bfloat16)
+    wd = F.dequantize_4bit(packed, qs)
+    y = torch.empty(1, N, dtype=torch.bfloat16, device="cuda")
+    dq_args = torch_ops.op_args(packed, qs)
+    gv_args = (packed, list(qs.shape), qs.absmax, qs.state2.absmax, qs.state2.code, qs.offset, qs.blocksize)
+    off = torch_ops.offset_value(qs.offset)
+    nf4lab.uninstall()
+
+    def bnb_mm():
+        with torch.no_grad():
+            return bnb.matmul_4bit(x, packed.t(), quant_state=qs)
+
+    cases = [
+        ("dequantize", "bitsandbytes F.dequantize_4bit", lambda: F.dequantize_4bit(packed, qs), False),
+        ("dequantize", "nf4lab.dequantize", lambda: nf4lab.dequantize(packed, qs), False),
+        ("dequantize", "F.dequantize_4bit after nf4lab.install()", lambda: F.dequantize_4bit(packed, qs), True),
+        ("dequantize", "torch.ops.nf4lab.dequantize_4bit (eager)", lambda: torch.ops.nf4lab.dequantize_4bit(*dq_args),
+         False),
+        ("gemv M=1", "bitsandbytes matmul_4bit", bnb_mm, False),
+        ("gemv M=1", "matmul_4bit after nf4lab.install()", bnb_mm, True),
+        ("gemv M=1", "torch.ops.nf4lab.gemv_4bit (eager)", lambda: torch.ops.nf4lab.gemv_4bit(x, *gv_args), False),
+        ("gemv M=1", "nf4lab.gemv.launch_torch", lambda: gemv.launch_torch(x, packed, qs.shape, qs.absmax,
+                                                                          qs.state2.absmax, qs.state2.code, off,
+                                                                          qs.blocksize, y), False),
+        ("gemv M=1", "torch bf16 x @ w.t() (unquantized)", lambda: x @ wd.t(), False),
+    ]
+    records = []
+    for op, name, fn, inst in cases:
+        if inst:
+            nf4lab.install()
+        try:
+            host, per = timed(fn, a.calls, a.reps, torch)
+        finally:
+            if inst:
+                nf4lab.uninstall()
+        records.append({"kind": "launch", "op": op, "name": name, "shape": [N, K], "dtype": "bf16",
+                        "host_us": round(host, 2), "per_call_us": round(per, 2), "installed": inst})
+        print(f"{op:11s} {name:45s} host {host:7.1f} us   per call {per:7.1f} us")
+    meta = results.meta(f"eager calls: median of {a.reps} loops of {a.calls} calls after a warm-up; host_us = "
+                        "time to return (work queued), per_call_us = loop then one synchronize, per call")
+    data = {"meta": meta, "records": records}
+    if not a.no_save:
+        path = results.save(data, "launch_cost")
+        print("wrote", path)
+        import os
+        import shutil
+
+        if os.environ.get("OUT"):
+            shutil.copy(path, Path(os.environ["OUT"]) / path.name)
+
+
+if __name__ == "__main__":
+    main()
