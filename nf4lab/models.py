@@ -152,7 +152,7 @@ def compare_forced(logits_a, logits_b, steps: int | None = None) -> dict:
     a = np.asarray(logits_a, dtype=np.float64)
     b = np.asarray(logits_b, dtype=np.float64)
     n = min(len(a), len(b)) if steps is None else min(len(a), len(b), steps)
-    a, b = a[:n].reshape(n, -1), b[:n].reshape(n, -1)
+    a, b = a[:n].reshape(n, a[0].size if len(a) else 0), b[:n].reshape(n, b[0].size if len(b) else 0)
     diff = np.abs(a - b).max(axis=1) if n else np.zeros(0)
     scale = np.abs(a).max(axis=1) if n else np.zeros(0)
     rel = np.divide(diff, scale, out=np.full_like(diff, np.nan), where=scale > 0)
@@ -387,6 +387,29 @@ def _err(exc) -> str:
     return f"{type(exc).__name__}: {str(exc).strip()[:2000]}\n" + "".join(tb[-3:])[-2000:]
 
 
+class _Records(list):
+    """The run's records; each one added is also written to $OUT/models_partial.json (when $OUT is
+    set), so that a run killed half way (time limit, a dead CUDA context) still says how far it got."""
+
+    def _dump(self):
+        out = os.environ.get("OUT")
+        if out:
+            try:
+                Path(out).mkdir(parents=True, exist_ok=True)
+                (Path(out) / "models_partial.json").write_text(json.dumps(list(self), indent=1, default=str))
+            except OSError:
+                pass
+
+    def append(self, rec):
+        super().append(rec)
+        self._dump()
+
+    def __iadd__(self, recs):
+        super().extend(recs)
+        self._dump()
+        return self
+
+
 def _served_ops():
     try:
         from . import bnb_backend
@@ -407,7 +430,6 @@ def run(s: Settings, only=None, log=print) -> dict:
     want = [v for v in VARIANTS if not only or v in only]
     if not want:
         raise ValueError(f"--only {only} selects none of {VARIANTS}")
-    torch.backends.cuda.matmul.allow_tf32 = False
     try:  # every compiled variant compiles in full (see the module docstring)
         import torch._functorch.config as fconf
         import torch._inductor.config as iconf
@@ -421,7 +443,7 @@ def run(s: Settings, only=None, log=print) -> dict:
     prompt = torch.randint(2, s.vocab, (1, s.prompt_len), generator=g).to(s.device)
     forced_seq = torch.randint(2, s.vocab, (s.new_tokens,), generator=g).tolist()
 
-    records, runs, phases = [], {}, {}
+    records, runs, phases = _Records(), {}, {}
 
     def phase(name, t0):
         phases[name] = round(time.perf_counter() - t0, 2)
@@ -504,7 +526,8 @@ def run(s: Settings, only=None, log=print) -> dict:
         records.append(rec)
     phases["total_s"] = round(time.perf_counter() - t_start, 2)
     meta = _meta(s, phases)
-    return {"meta": meta, "records": records}
+    log(f"[{phases['total_s']:6.1f} s] done")
+    return {"meta": meta, "records": list(records)}
 
 
 def _qlora(nf4, s: Settings, want, log, t_start) -> list:

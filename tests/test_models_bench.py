@@ -1,0 +1,161 @@
+"""nf4lab.models: the CPU-testable logic of the model benchmark (comparisons, records, table).
+
+The benchmark itself needs a GPU; the one end-to-end test here builds a tiny Llama on CPU and
+runs the bf16 eager path, and skips cleanly where transformers is not installed (CI)."""
+import json
+import math
+
+import numpy as np
+import pytest
+
+from nf4lab import models
+
+
+def test_first_divergence():
+    assert models.first_divergence([1, 2, 3], [1, 2, 3]) is None
+    assert models.first_divergence([1, 2, 3], [1, 5, 3]) == 1
+    assert models.first_divergence([9, 2], [1, 2]) == 0
+    assert models.first_divergence([1, 2], [1, 2, 3]) == 2  # a length difference counts at the end
+    assert models.first_divergence(np.array([4, 4]), [4, 4]) is None
+
+
+def test_margin():
+    assert models.margin([0.0, 3.0, 1.0, 2.5]) == pytest.approx(0.5)
+    assert models.margin(np.array([[2.0, 2.0, -1.0]])) == 0.0  # a tie
+    assert math.isnan(models.margin([1.0]))
+
+
+def _logits(steps=5, vocab=11, seed=0):
+    return np.random.default_rng(seed).standard_normal((steps, vocab)).astype(np.float32)
+
+
+def test_compare_free_reports_step_and_both_margins():
+    la = _logits()
+    lb = la.copy()
+    ta = la.argmax(1).tolist()
+    # Make b pick its runner-up at step 3 (a near tie there), then go on differently.
+    lb[3, ta[3]] -= 10.0
+    tb = lb.argmax(1).tolist()
+    r = models.compare_free(ta, la, tb, lb)
+    assert r["first_divergence"] == 3 and not r["identical"] and r["steps"] == 5
+    assert r["token_a"] == ta[3] and r["token_b"] == tb[3] != ta[3]
+    assert r["margin_a"] == pytest.approx(models.margin(la[3]))
+    assert r["margin_b"] == pytest.approx(models.margin(lb[3]))
+    same = models.compare_free(ta, la, ta, la)
+    assert same["identical"] and same["first_divergence"] is None and "margin_a" not in same
+
+
+def test_compare_forced_abs_rel_and_argmax():
+    la = _logits(4, 7)
+    lb = la.copy()
+    lb[1, 2] += 0.25
+    lb[2] = -lb[2]  # argmax changes at step 2
+    r = models.compare_forced(la, lb)
+    assert r["steps"] == 4 and r["bitwise_equal_steps"] == 2
+    assert r["per_step_abs"][0] == 0 and r["per_step_abs"][1] == pytest.approx(0.25)
+    assert r["per_step_rel"][1] == pytest.approx(0.25 / np.abs(la[1]).max())
+    assert r["max_abs"] == pytest.approx(2 * np.abs(la[2]).max())
+    assert r["max_rel"] == pytest.approx(2.0)
+    assert r["argmax_agree"] == 3
+    assert models.compare_forced(la, lb, steps=2)["steps"] == 2
+    assert models.compare_forced(la[:0], lb[:0])["max_abs"] is None
+
+
+def _synthetic_run():
+    la, lf = _logits(6, 13, 1), _logits(6, 13, 2)
+    runs = {
+        "bnb_eager": {"tokens": la.argmax(1).tolist(), "logits": la, "forced_logits": lf},
+        "nf4lab_eager": {"tokens": la.argmax(1).tolist(), "logits": la, "forced_logits": lf + 1e-3},
+        "bf16_eager": {"tokens": [0] * 6, "logits": la, "forced_logits": lf},
+        "bnb_compiled_forced": {"tokens": None},  # failed: no pair with it
+    }
+    return runs
+
+
+def test_agreement_records_pairs_and_format():
+    recs = models.agreement_records(_synthetic_run())
+    pairs = {(r["a"], r["b"]) for r in recs}
+    assert pairs == {("bnb_eager", "nf4lab_eager"), ("bf16_eager", "bnb_eager")}
+    r = next(r for r in recs if r["b"] == "nf4lab_eager")
+    assert r["kind"] == "agreement" and r["free"]["identical"]
+    assert r["forced"]["max_abs"] == pytest.approx(1e-3, rel=1e-3) and r["forced"]["argmax_agree"] == 6
+    json.dumps(recs)  # records are plain JSON
+
+
+def test_table_and_record_format():
+    recs = [
+        {"kind": "decode", "name": models.LABELS["bnb_eager"], "variant": "bnb_eager", "compiled": False,
+         "tok_s": 20.0, "e2e_tok_s": 18.0, "compile_s": None},
+        {"kind": "decode", "name": models.LABELS["nf4lab_eager"], "variant": "nf4lab_eager", "compiled": False,
+         "tok_s": 30.0, "e2e_tok_s": 27.0, "compile_s": None},
+        {"kind": "decode", "name": models.LABELS["nf4lab_compiled"], "variant": "nf4lab_compiled", "compiled": True,
+         "error": "RuntimeError: boom\n  File x"},
+        {"kind": "qlora", "name": models.LABELS["qlora_bnb"], "variant": "qlora_bnb", "ms": 300.0, "batch": 2,
+         "seq": 512, "lora_r": 16},
+        {"kind": "qlora", "name": models.LABELS["qlora_nf4lab"], "variant": "qlora_nf4lab", "ms": 250.0, "batch": 2,
+         "seq": 512, "lora_r": 16},
+        {"kind": "qlora_agreement", "name": "QLoRA", "loss_bnb": 10.5, "loss_nf4lab": 10.5, "loss_equal": True,
+         "grad_tensors": 4, "grad_max_abs": 0.0, "grad_max_abs_ref": 1.0, "grad_tensors_bitwise_equal": 4},
+    ] + models.agreement_records(_synthetic_run())
+    data = {"meta": {"gpu": "Test GPU", "date": "2026-01-01 00:00 UTC", "model": "Llama, tiny",
+                     "versions": {"torch": "x"}, "settings": {"new_tokens": 6}}, "records": recs}
+    text = models.table(data)
+    assert "| nf4lab NF4, eager | 30.0 | 27.0 |  | 1.50 |" in text
+    assert "failed: RuntimeError: boom" in text
+    assert "| QLoRA step, nf4lab | 250.0 | 1.20 |" in text
+    assert "identical (6 steps)" in text and "Test GPU" in text
+    json.dumps(data)
+
+
+def test_forced_compileable_restores_class():
+    class Quantizer:
+        @property
+        def is_compileable(self):
+            return False
+
+    class Model:
+        hf_quantizer = Quantizer()
+
+    m = Model()
+    with models.forced_compileable(m):
+        assert m.hf_quantizer.is_compileable is True
+        assert isinstance(m.hf_quantizer, Quantizer)
+    assert type(m.hf_quantizer) is Quantizer and m.hf_quantizer.is_compileable is False
+
+
+def test_cli_wired():
+    from nf4lab.__main__ import main
+
+    with pytest.raises(SystemExit) as e:
+        main(["models", "--help"])
+    assert e.value.code == 0
+
+
+def test_tiny_llama_every_eager_path_on_cpu(monkeypatch):
+    """Every eager variant and the QLoRA step on a 2-layer Llama on CPU. Without a GPU install() does
+    nothing, so it is faked here: the 'nf4lab' variants then run bitsandbytes' CPU kernels, and the
+    plumbing must report them identical to the bitsandbytes variants, bit for bit."""
+    pytest.importorskip("transformers")
+    pytest.importorskip("peft")
+    import nf4lab
+
+    monkeypatch.setattr(nf4lab, "install", lambda compile=False: True, raising=False)
+    s = models.Settings.cpu_smoke()
+    s.new_tokens, s.prompt_len, s.qlora_seq, s.qlora_steps = 4, 4, 16, 1
+    data = models.run(s, only=["bf16_eager", "bnb_eager", "nf4lab_eager", "qlora_bnb", "qlora_nf4lab"],
+                      log=lambda *a: None)
+    by = {r.get("variant"): r for r in data["records"] if r["kind"] in ("decode", "qlora")}
+    assert set(by) == {"bf16_eager", "bnb_eager", "nf4lab_eager", "qlora_bnb", "qlora_nf4lab"}
+    for r in by.values():
+        assert not r.get("error"), r.get("error")
+    assert len(by["bnb_eager"]["tokens"]) == 4 and by["bnb_eager"]["e2e_tok_s"] > 0
+    assert by["qlora_bnb"]["ms"] > 0 and by["qlora_bnb"]["trainable_params"] > 0
+    ag = {(r["a"], r["b"]): r for r in data["records"] if r["kind"] == "agreement"}
+    same = ag[("bnb_eager", "nf4lab_eager")]
+    assert same["free"]["identical"] and same["forced"]["max_abs"] == 0
+    assert ("bf16_eager", "bnb_eager") in ag
+    (qa,) = [r for r in data["records"] if r["kind"] == "qlora_agreement"]
+    assert qa["loss_equal"] and qa["grad_max_abs"] == 0
+    assert data["meta"]["settings"]["layers"] == 2
+    json.dumps(data, default=str)
+    assert "QLoRA step, nf4lab" in models.table(data)
