@@ -119,6 +119,7 @@ import numpy as np
 from numba import cuda, uint32, uint64
 
 from nf4lab import ops
+from nf4lab.lesson import block_scale   # 01's scale, both operations rounded (never an FMA)
 
 NIB = uint32(15)   # typed constants: `x & 15` with a literal would be int64
 U1 = uint64(1)
@@ -139,12 +140,6 @@ def check_vector_buffers(b):
     for name in ("packed_u32", "out_u32"):
         if address(getattr(b, name)) % 16:
             raise ValueError(f"b.{name} is not 16-byte aligned: no vector access allowed")
-
-
-@cuda.jit(device=True, inline="always")
-def block_scale(absmax_q, absmax2, code2, offset, blk):
-    """code2[absmax_q[blk]] * absmax2[group] + offset, both operations rounded (never an FMA)."""
-    return ops.fadd_rn(ops.fmul_rn(code2[absmax_q[blk]], absmax2[blk >> 8]), offset)
 
 
 @cuda.jit(device=True, inline="always")

@@ -96,6 +96,7 @@ import numpy as np
 from numba import cuda, float32, uint32, uint64
 
 from nf4lab import ops
+from nf4lab.lesson import block_scale   # 01's scale, both operations rounded (never an FMA)
 from nf4lab.reference import NF4_LUT
 
 NIB = uint32(15)
@@ -155,11 +156,6 @@ def select_lookup(table, q):
 
 
 # ---- the step-04 kernel (version B), with the table plugged in
-@cuda.jit(device=True, inline="always")
-def block_scale(absmax_q, absmax2, code2, offset, blk):
-    return ops.fadd_rn(ops.fmul_rn(code2[absmax_q[blk]], absmax2[blk >> 8]), offset)
-
-
 @cuda.jit(device=True, inline="always")
 def padded(k):
     return k + (k >> 5)

@@ -135,20 +135,15 @@ import numpy as np
 from numba import cuda, float32, uint32, uint64
 
 from nf4lab import ops
+from nf4lab.lesson import block_scale   # 01's scale, both operations rounded (never an FMA)
 
 THREADS = 128          # threads per block: one shape for every GPU (tools/launch_shapes.py measures it)
 UNITS = 2              # units of 16 output bytes per thread, at stride THREADS
 # Typed constants: a bare Python int is int64, and uint32 >> int64 makes numba compute in 64 bits.
 NIB, BYTE, U4, U8_32, U16_32, U24_32 = uint32(15), uint32(255), uint32(4), uint32(8), uint32(16), uint32(24)
-U0, U1, U2, U3, U7, U8 = uint64(0), uint64(1), uint64(2), uint64(3), uint64(7), uint64(8)
+U0, U1, U2, U3, U7 = uint64(0), uint64(1), uint64(2), uint64(3), uint64(7)
 BF16, FP16, FP32 = 0, 1, 2
 OUT_KINDS = {"bf16": BF16, "fp16": FP16, "fp32": FP32}
-
-
-@cuda.jit(device=True, inline="always")
-def block_scale(absmax_q, absmax2, code2, offset, blk):
-    """code2[absmax_q[blk]] * absmax2[group] + offset, both operations rounded (never an FMA)."""
-    return ops.fadd_rn(ops.fmul_rn(code2[absmax_q[blk]], absmax2[blk >> U8]), offset)
 
 
 @cuda.jit(device=True, inline="always")
@@ -379,6 +374,8 @@ def work(p):   # the unit's instructions, without parameter loads, address conve
 
 
 count = {}
+if SM75_RUN:
+    print("NF4LAB_ARCH=sm_75 caps every compilation at the sm_75 paths: both columns below are sm_75 code")
 for d in ("bf16", "fp16"):
     for cc in ((9, 0), (7, 5)):
         p = nf4lab.compile_ptx(unit_probe(d), "(uint32[::1], float32[::1], float32, uint32[::1])", cc=cc)
