@@ -421,12 +421,13 @@ def _served_ops():
 
 def run(s: Settings, only=None, log=print) -> dict:
     """Every selected variant in one process; returns {"meta", "records"} (not yet saved)."""
-    import numpy as np
     import torch
 
     import nf4lab
 
     t_start = time.perf_counter()
+    # Nothing is downloaded: random weights, the config in code (the GPU machines have no network).
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
     want = [v for v in VARIANTS if not only or v in only]
     if not want:
         raise ValueError(f"--only {only} selects none of {VARIANTS}")
@@ -741,6 +742,7 @@ def main(args) -> int:
     data = run(s, only=only)
     print()
     print(table(data))
+    print(f"\nphases (s): {data['meta']['phases']}; peak GPU memory: {data['meta'].get('max_memory_allocated_gb')} GB")
     bad = [r["variant"] for r in data["records"] if r.get("error")]
     if args.cpu_smoke:
         out = Path(__file__).resolve().parent.parent / "build" / "models_cpu_smoke.json"
