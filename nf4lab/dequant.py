@@ -275,6 +275,9 @@ def _device_lut(quant_type, device):
     if t is None:
         from .fastkernel import LUTS_CUDA
 
+        if _torch().cuda.is_current_stream_capturing():
+            raise RuntimeError("nf4lab: the first CUDA call on a device copies its table there, which stream "
+                               "capture forbids; run one call eagerly before capturing a CUDA graph")
         t = _LUT_CACHE[key] = _torch().from_numpy(LUTS_CUDA[quant_type].copy()).to(device)
     return t
 
@@ -388,7 +391,9 @@ def _lean(dtype, nested, path):
     key = (dtype, bool(nested), path)
     try:
         launcher = fk.lean_launcher(dtype, nested, path)
-        if key not in _lean_checked:
+        # The self-check synchronizes, which stream capture forbids: a variant first met while a
+        # CUDA graph is being captured is launched unchecked and checked at its next eager call.
+        if key not in _lean_checked and not _torch().cuda.is_current_stream_capturing():
             with _lock:
                 if key not in _lean_checked:
                     _self_check(launcher, dtype, nested, path)

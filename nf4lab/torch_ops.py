@@ -112,17 +112,6 @@ def op_args(A, qs):
 
 
 # ---------------------------------------------------------------- GEMV
-def gemv_launcher():
-    """nf4lab's fused-GEMV launcher for torch tensors, from :mod:`nf4lab.gemv`, or None.
-
-    Looked up by name, so that this module follows gemv.py as it is restructured:
-    ``nf4lab.gemv.launch_torch(x, packed, shape, absmax_q, absmax2, code2, offset, blocksize, out)``.
-    Without it the op computes dequantize + matmul (still correct, not fused)."""
-    from . import gemv
-
-    return getattr(gemv, "launch_torch", None)
-
-
 _OFFSETS: dict = {}  # id(tensor) -> (weakref to it, its _version, value as a float)
 
 
@@ -141,6 +130,124 @@ def offset_value(offset) -> float:
     value = float(offset.reshape(-1)[0].item())
     _OFFSETS[key] = (weakref.ref(offset, lambda _, k=key: _OFFSETS.pop(k, None)), offset._version, value)
     return value
+
+
+class _GemvLean:
+    """Launch a compiled fused-GEMV kernel with ``cuLaunchKernel`` from raw pointers (as
+    :class:`nf4lab.fastkernel.LeanLauncher` does for dequantize): numba's dispatcher plus seven
+    ``cuda.as_cuda_array`` conversions cost far more host time than the kernel takes at decode
+    sizes. Parameter layout numba uses: per 1-D array 7 slots of 8 bytes (meminfo, parent,
+    nitems, itemsize, data, shape[0], strides[0]), one slot per scalar (the float32 offset in
+    the low 4 bytes). Real sizes are written, so the kernel may read shapes."""
+
+    ITEMSIZES = (4, 1, 4, 4, 4, 4, 2)  # packed_u32, absmax_q, absmax2, code2, lut, x_u32, y
+
+    def __init__(self, compiled):
+        import threading
+
+        import numpy as np
+        from cuda.bindings import driver as cu
+
+        self._cu = cu
+        self._func = int(compiled._codelibrary.get_cufunc().handle)
+        n = 7 * 7 + 4
+        self._slots = np.zeros(n, dtype=np.int64)
+        self._f32 = self._slots.view(np.float32)
+        self._params = np.arange(n, dtype=np.uint64) * np.uint64(8) + np.uint64(self._slots.ctypes.data)
+        self._params_addr = int(self._params.ctypes.data)
+        # argument order: packed_u32 absmax_q absmax2 code2 lut | offset | x_u32 y | N K bs_shift
+        self._array_base = (0, 7, 14, 21, 28, 36, 43)
+        self._offset_slot = 35
+        for base, size in zip(self._array_base, self.ITEMSIZES):
+            self._slots[base + 3] = size
+            self._slots[base + 6] = size
+        self._lock = threading.Lock()
+
+    def __call__(self, stream, grid, threads, ptrs, counts, offset, N, K, bs_shift):
+        s = self._slots
+        with self._lock:
+            for base, ptr, count in zip(self._array_base, ptrs, counts):
+                s[base + 2] = count
+                s[base + 4] = ptr
+                s[base + 5] = count
+            s[self._offset_slot] = 0
+            self._f32[2 * self._offset_slot] = offset  # little-endian: the low 4 bytes of the slot
+            s[50], s[51], s[52] = N, K, bs_shift
+            err, = self._cu.cuLaunchKernel(self._func, grid, 1, 1, threads, 1, 1, 0, stream, self._params_addr, 0)
+        if int(err) != 0:
+            raise RuntimeError(f"cuLaunchKernel failed: {err}")
+
+
+_GEMV_LEAN: dict = {}  # (Design, dtype) -> _GemvLean, or False once it disagreed with the dispatcher
+
+
+def gemv_launch(x, packed, shape, absmax_q, absmax2, code2, offset, blocksize, out):
+    """``y = x @ W.T`` into ``out`` through nf4lab.gemv's kernel, on torch's current stream.
+
+    The first call of a (design, dtype, device) goes through :func:`nf4lab.gemv.launch_torch`
+    (numba compiles there), then once through the lean launcher into a scratch tensor, compared
+    bit for bit (same kernel, same grid: the same summation order); from then on the lean
+    launcher serves alone. Under stream capture nothing is checked: an unchecked variant takes
+    numba's path."""
+    from . import gemv
+
+    N, K = int(shape[0]), int(shape[1])
+    M = x.numel() // K
+    d = gemv.auto_design(N, M)
+    if d.m != M:  # as gemv.launch does
+        import dataclasses
+
+        d = dataclasses.replace(d, m=M)
+    dtype = "bf16" if x.dtype == torch.bfloat16 else "fp16"
+    key = (d, dtype, x.device.index)
+    state = _GEMV_LEAN.get(key)
+    if isinstance(state, _GemvLean):
+        _gemv_lean_launch(state, x, packed, absmax_q, absmax2, code2, offset, blocksize, out, d, N, K, M)
+        return
+    gemv.launch_torch(x, packed, shape, absmax_q, absmax2, code2, offset, blocksize, out)
+    kern = gemv.kernel(d, dtype)
+    if state is None and len(kern.overloads) == 1 and not torch.cuda.is_current_stream_capturing():
+        compiled = next(iter(kern.overloads.values()))
+        _check_gemv_lean(key, compiled, x, packed, absmax_q, absmax2, code2, offset, blocksize, out, d, N, K, M)
+
+
+def _gemv_lean_launch(lean, x, packed, absmax_q, absmax2, code2, offset, blocksize, out, d, N, K, M):
+    from . import gemv
+
+    lut = _dq._device_lut("nf4", x.device)
+    ptrs = (packed.data_ptr(), absmax_q.data_ptr(), absmax2.data_ptr(), code2.data_ptr(), lut.data_ptr(),
+            x.data_ptr(), out.data_ptr())
+    counts = (N * K // 8, absmax_q.numel(), absmax2.numel(), code2.numel(), 16, M * K // 2, M * N)
+    lean(_dq._raw_stream(x.device), gemv.grid_size(d, N), getattr(gemv, "THREADS", 256), ptrs, counts,
+         float(offset), N, K, int(blocksize).bit_length() - 1)
+
+
+def _check_gemv_lean(key, compiled, x, packed, absmax_q, absmax2, code2, offset, blocksize, out, d, N, K, M):
+    import warnings
+
+    try:
+        lean = _GemvLean(compiled)
+        scratch = torch.full_like(out, float("nan"))
+        _gemv_lean_launch(lean, x, packed, absmax_q, absmax2, code2, offset, blocksize, scratch, d, N, K, M)
+        torch.cuda.synchronize(x.device)
+        same = torch.equal(scratch.view(torch.int16), out.view(torch.int16))
+    except Exception as exc:  # an ABI surprise in a numba/cuda-bindings release: stay correct, be slow
+        same, why = False, f"{type(exc).__name__}: {exc}"
+    else:
+        why = "its output differed from numba's launch"
+    if same:
+        _GEMV_LEAN[key] = lean
+    else:
+        _GEMV_LEAN[key] = False
+        warnings.warn(f"nf4lab GEMV: lean launch unavailable ({why}); using numba's dispatcher (correct, slower)",
+                      RuntimeWarning, stacklevel=3)
+
+
+def gemv_launcher():
+    """The GEMV launch the op and install() use, or None where :mod:`nf4lab.gemv` has no torch launcher."""
+    from . import gemv
+
+    return gemv_launch if hasattr(gemv, "launch_torch") else None
 
 
 def gemv_handles(x, packed, shape, absmax_q, absmax2, code2, blocksize) -> bool:
