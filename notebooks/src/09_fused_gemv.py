@@ -33,17 +33,15 @@ from nf4lab.gemv import (MAX_M, Design, auto_design, bar_sync, f16_to_f32, f32_f
                          load_stream_u32x4, shfl_down_sync)
 
 print(nf4lab.describe())
-RECORDED = bench.Run.load(gemv.NAME)          # the lab's run of every variant (lab/bench_gemv.py), or None
-BOUND = bench.Run.load("09_read_bound")       # a kernel that only reads the weight bytes (lab/gemv_read_bound.py)
+RECORDED, BOUND = bench.Run.load(gemv.NAME), bench.Run.load("09_read_bound")  # lab/bench_gemv.py, gemv_read_bound.py
 
 # %% [markdown]
 # <a id="bytes"></a>
 # ## 1. The byte count: a prediction
 #
-# A GEMV does 2 flops per weight and reads each weight once: it is bound by memory bandwidth. Dequantizing
-# first writes W in 16 bits and reads it back: 0.5 + 2 + 2 bytes per weight. A fused kernel reads 0.5 byte
-# per weight plus the scales (1 byte per 64 weights, a float per 16384). From `gemv`'s byte model, and the
-# time each would take at the copy ceiling recorded for this GPU (a prediction, not a measurement):
+# A GEMV does 2 flops per weight read once: memory-bound. Dequantize + matmul moves 0.5 + 2 + 2 bytes per
+# weight; fused, 0.5 plus the scales. From the byte model, and the time at the recorded copy ceiling (a
+# prediction, not a measurement):
 
 # %%
 copy = next((r for r in RECORDED.records if r["name"] == gemv.COPY), None) if RECORDED else None
@@ -53,43 +51,32 @@ for N, K in gemv.LLM_SHAPES:
     f, u = gemv.weight_bytes(N, K), gemv.unfused_bytes(N, K)
     print(f"{N:>5} x {K:<5} {f / 1e6:>9.1f} MB {u / 1e6:>14.1f} MB {u / f:>6.1f}"
           + (f" {f / copy['gbps'] / 1e3:>23.1f}" if copy else ""))
-if copy:
-    print(f"(copy ceiling {copy['gbps']:.0f} GB/s, {results.label(RECORDED.meta)})")
+print(f"(copy ceiling {copy['gbps']:.0f} GB/s, {results.label(RECORDED.meta)})" if copy else "")
 
 # %% [markdown]
-# How many bytes must be *in flight* to sustain that? Little's law: bandwidth = bytes in flight / latency.
-# With an assumed DRAM latency of 600 ns under load, 3 TB/s needs about 1.8 MB in flight, some 14 KB per
-# SM of an H100: every SM must keep many 128-bit loads outstanding at every moment. That is the design goal.
+# Little's law: bandwidth = bytes in flight / latency. Assuming 600 ns DRAM latency, 3 TB/s needs about
+# 1.8 MB in flight (14 KB per H100 SM): many 128-bit loads outstanding at every moment, the design goal.
 #
 # <a id="kernel"></a>
 # ## 2. The kernel
 #
-# W is quantized flat (index `row*K + col`, high nibble first, blocks of 64, an absmax2 group every 256
-# blocks). A warp's loop trip, an **item**, is R rows x 32 lanes x 32 columns: per row each lane loads 16
-# bytes (one 128-bit load, 32 codes), so the warp reads 512 contiguous bytes of each row.
+# W is flat (`row*K + col`, high nibble first, blocks of 64). A warp's loop trip, an **item**, is R rows x
+# 32 lanes x 32 columns: one 128-bit load (32 codes) per lane and row, 512 contiguous bytes per warp and row.
 #
-# - **Byte-pair table.** A code byte holds two weights, so a 256-entry table of pairs
-#   `(lut[byte >> 4], lut[byte & 15])` gives both with one 64-bit shared read (`lds_pair`: `ld.shared.v2.f32`).
-#   16 copies (32 KB), lane `l` reading copy `l & 15`, make every read conflict-free; the address
-#   `(byte << 7) | lane8` is one shift and one and-or of the code word.
-# - **The scale out of the inner sum.** A lane's 32 columns lie in one absmax block:
-#   `acc += scale * sum lut[q] x`, one FMA per weight, one scale per lane per item.
-# - **Software pipeline.** A lane holds two items: the one it computes and the next, whose loads are issued
-#   first. After a row group's last item comes the next group's first, so the pipe never drains.
-# - **Weights bypass L1** (`load_stream_u32x4`: `ld.global.nc.L1::no_allocate.v4.u32`): read once, they
-#   leave L1 to x and the scales.
-# - **Split-K teams.** When N/R row groups are too few to fill the GPU, S warps share a group, each taking
-#   every S-th item; they add their sums through shared memory after a named barrier (`bar_sync`).
-# - **The launch bounds** (`cuda.jit(launch_bounds=(256, B))`) ask ptxas to fit B blocks per SM.
+# - **Byte-pair table**: 256 pairs `(lut[byte >> 4], lut[byte & 15])`, one 64-bit shared read per code byte
+#   (`lds_pair`); 16 copies (32 KB), lane `l` reading copy `l & 15`: no bank conflicts.
+# - **The scale out of the inner sum**: a lane's 32 columns share one absmax block, one scale per item.
+# - **Software pipeline**: a lane computes one item while the next one's loads fly, across row groups too.
+# - **Weights bypass L1** (`load_stream_u32x4`: `ld.global.nc.L1::no_allocate.v4.u32`): read once.
+# - **Split-K teams**: with too few row groups, S warps share one and add their sums after a named barrier.
+# - **Launch bounds** (`cuda.jit(launch_bounds=(256, B))`) ask ptxas to fit B blocks per SM.
 #
-# `auto_design(N, M)` picks R, S and B (chosen by measurement, section 7): R4 S2 B3 when N/4 groups are
-# too few (N = 4096), R8 S2 B2 when 8-row teams fit (N = 8192), else R4 S1 B2 (and for every batch M > 1).
-# First the device functions, one job each:
+# `auto_design(N, M)` (measured, section 7): R4 S2 B3 at N = 4096, R8 S2 B2 at N = 8192, else (and every
+# batch) R4 S1 B2. First the device functions, one job each:
 
 # %%
 @cuda.jit(device=True, inline="always")
 def x_pair(u, is_bf16):
-    """Two activations (one uint32 of x: column 2i low, 2i+1 high) as float32."""
     if is_bf16:  # bf16 -> float32 is a 16-bit shift of the bits
         return f32_from_bits(u << uint32(16)), f32_from_bits(u & uint32(0xFFFF0000))
     return f16_to_f32(u), f16_to_f32(u >> uint32(16))
@@ -97,7 +84,6 @@ def x_pair(u, is_bf16):
 
 @cuda.jit(device=True, inline="always")
 def load_x8(x_u32, i, is_bf16):
-    """8 activations (x words i..i+3: one 128-bit load) as float32."""
     a = ops.load_u32x4(x_u32, i)
     return x_pair(a[0], is_bf16) + x_pair(a[1], is_bf16) + x_pair(a[2], is_bf16) + x_pair(a[3], is_bf16)
 
@@ -113,7 +99,6 @@ def lut8(tab, lane8, w, L, o):
 
 @cuda.jit(device=True, inline="always")
 def dot8(L, o, x, a):
-    """a + sum of L[o + j] * x[j] for j < 8: eight FMAs."""
     return (a + L[o] * x[0] + L[o + 1] * x[1] + L[o + 2] * x[2] + L[o + 3] * x[3]
             + L[o + 4] * x[4] + L[o + 5] * x[5] + L[o + 6] * x[6] + L[o + 7] * x[7])
 
@@ -137,8 +122,7 @@ def store(y, i, v, is_bf16):
         y[i] = ops.to_f16_bits(v)
 
 # %% [markdown]
-# The kernel factory: every size is a compile-time constant of the Design, and local arrays are indexed
-# only by loop variables of `range(constant)`, which NVVM unrolls, so they live in registers.
+# The factory: sizes are compile-time constants; local arrays indexed by unrolled loops live in registers.
 
 # %%
 def make_gemv(is_bf16, d=Design(), reduce=warp_sum):
@@ -265,10 +249,8 @@ def make_gemv(is_bf16, d=Design(), reduce=warp_sum):
     return gemv_kernel
 
 # %% [markdown]
-# The launcher: validate the buffers (dtypes, sizes, 16-byte alignment: a misaligned 128-bit load kills
-# the CUDA context), pick the Design, compile once per (Design, dtype), size the grid (`gemv.grid_size`:
-# the fewest rounds of resident teams) and launch 256-thread blocks. `nf4lab.gemv.launch` is this same
-# launcher around the same kernel (the tests compare their PTX).
+# The launcher: validate (a misaligned 128-bit load kills the context), compile once per Design, size the
+# grid (`grid_size`: fewest rounds of resident teams). `nf4lab.gemv.launch` ships the same (tests compare PTX).
 
 # %%
 KERNELS = {}
@@ -289,11 +271,9 @@ def launch(g, design=None, reduce=warp_sum):
 # <a id="evidence"></a>
 # ## 3. PTX and SASS evidence
 #
-# For the N = 4096 design (R4 S2 B3, bf16) the PTX must hold the launch bounds, R streaming 128-bit code
-# loads per item (twice: before the table is built, and in the loop), 4 loads of x, one `ld.shared.v2.f32`
-# per code byte (R x 16), five shuffles per row, the team's named barrier, and no local memory, no float64,
-# no 64-bit division. The SASS (ptxas for sm_90, recorded offline by `lab/sass_gemv.py`) gives registers
-# and spills, which decide how many warps an SM holds.
+# PTX of the N = 4096 design (R4 S2 B3): launch bounds, R streaming code loads (prologue + loop), 4 x loads,
+# R x 16 pair reads, 5 shuffles per row, the named barrier; no local memory, float64 or 64-bit division.
+# SASS (sm_90, recorded offline by `lab/sass_gemv.py`): registers and spills, which set warps per SM.
 
 # %%
 D = auto_design(4096)
@@ -318,18 +298,15 @@ for d in [auto_design(4096), auto_design(8192), auto_design(14336)] + [auto_desi
     assert r["registers"] <= 65536 // (256 * d.min_blocks)   # the launch bounds held
 
 # %% [markdown]
-# The PTX has no local memory; ptxas still spills a few registers where R x M partial sums do not fit the
-# cap (R8, and batches from M = 4): the price of more loads in flight, which measured faster (section 7).
+# No local memory in the PTX; ptxas still spills where R x M sums exceed the cap (R8; M >= 4): measured faster.
 #
 # <a id="correctness"></a>
 # ## 4. Correctness: a tolerance, not bits
 #
-# The kernel sums K float32 products in its own order, bitsandbytes in another: no two are bit-exact, and
-# none is wrong. We compare with the exact value in float64, `y64 = x @ W.T` (W: bitsandbytes' float32
-# dequantization), and allow what any float32 summation of K terms may err (Higham §3.1),
-# `K * eps32 * sum|x w|`, plus the final rounding `u_out * |y|` (2^-8 bf16, 2^-11 fp16). The shapes: odd N
-# (a partial row group), K not a multiple of an item's 1024 columns, two absmax2 groups, both dtypes, both
-# split-K and plain designs, and a batch; bitsandbytes' own error on the same case beside ours.
+# Each kernel sums in its own order: none is bit-exact with another, none is wrong. We compare with float64
+# `y64 = x @ W.T` and allow any float32 summation's error (Higham §3.1), `K * eps32 * sum|x w|`, plus the
+# output rounding `u_out * |y|`. Shapes: odd N, K not a multiple of 1024, two absmax2 groups, both dtypes,
+# split-K and plain designs, a batch; bitsandbytes' own error on each case beside ours.
 
 # %%
 SHAPES = [((24, 192), "bf16", 1, Design(rows=4, min_blocks=2)), ((53, 320), "fp16", 1, None),
@@ -345,10 +322,8 @@ for (N, K), dtype, M, design in SHAPES:
           f"({'within' if theirs.ok else 'OUTSIDE'} the float32 tolerance)")
 
 # %% [markdown]
-# What these ratios say is printed, not assumed: ours stays well inside the bound; bitsandbytes rounds each
-# dequantized weight to 16 bits before multiplying, an extra error the float32 bound does not budget for,
-# so its ratio is larger (whether it crosses 1 depends on the case: the GPU run's checks in section 5 say).
-# Does the tolerance catch real bugs? Planted mistakes, in numpy, on the last case:
+# bitsandbytes rounds each weight to 16 bits before multiplying, an error the float32 bound does not budget:
+# read its ratios above (and the GPU checks of section 5). Does the bound catch bugs? Planted ones:
 
 # %%
 absmax = reference.block_absmax(gc.absmax_q, gc.absmax2, gc.code2, gc.offset)
@@ -365,12 +340,10 @@ for name, y_bug in bugs.items():
 # <a id="benchmark"></a>
 # ## 5. Benchmark: against bitsandbytes and the read bound
 #
-# `gemv.benchmark` times, in one run on the same weights: bitsandbytes `matmul_4bit(x, W.t(), state)`
-# (its fused `gemv_4bit` at M = 1), `dequantize_4bit` + `torch.matmul`, and our kernel, at four LLM
-# shapes, bf16 and fp16, beside the device copy ceiling. GPU time comes from CUDA-graph replays; every
-# timed function cycles over weight copies totalling more than 4x L2, so weights come from DRAM, as in a
-# decoding step. Effective bandwidth = weight bytes (section 1) / time. The *read bound* is a kernel that
-# only reads those bytes (`lab/gemv_read_bound.py`, best of 16 configurations): no GEMV can beat it.
+# `gemv.benchmark`, one run, same weights: bitsandbytes `matmul_4bit` (`gemv_4bit` at M = 1),
+# `dequantize_4bit` + `torch.matmul`, ours; 4 LLM shapes, bf16/fp16, the copy ceiling; CUDA-graph GPU
+# time, weights cycled over > 4x L2 (from DRAM, as in decoding); GB/s = weight bytes / time. The *read
+# bound*: a kernel that only reads those bytes (`lab/gemv_read_bound.py`): no GEMV can beat it.
 
 # %%
 if nf4lab.ON_GPU:
@@ -389,16 +362,13 @@ if run is not None:
     gemv.plot(run)
 
 # %% [markdown]
-# Read the table by its last columns: the share of the read bound says how much of the remaining gap any
-# GEMV could close at that shape; small W (4096x4096 moves a few MB) pays launch and ramp-up in full.
+# The share of the read bound says how much of the gap any GEMV could still close at that shape.
 #
 # <a id="batch"></a>
 # ## 6. Batch: up to 8 rows of x
 #
-# Speculative decoding and small-batch serving multiply a few rows of x by the same weights. `Design(m=M)`
-# reads each code once, looks each byte pair up once, and does M FMAs with it into R x M sums: the bytes
-# stay those of section 1, the arithmetic grows M-fold. bitsandbytes' `matmul_4bit` runs its fused
-# `gemm_4bit` kernel for M > 1. Section 4 checked M = 3 in the simulator; the recorded run (M = 2, 4, 8):
+# `Design(m=M)` reads each code and table pair once and does M FMAs with it: same bytes, M-fold arithmetic.
+# bitsandbytes' `matmul_4bit` runs its fused `gemm_4bit` for M > 1. Section 4 checked M = 3; recorded:
 
 # %%
 run_b = bench.Run.load(gemv.NAME_BATCH)
@@ -413,18 +383,14 @@ else:
 # <a id="road"></a>
 # ## 7. The road here: what lost, and why
 #
-# The lab (`lab/`, not shown here) timed a family of designs on the same data in one run. Each row below:
-# what the variant changed, and its speed relative to today's default, read from that run (bf16, M = 1).
+# The lab (`lab/`) timed a family of designs in one run; per variant, its speed relative to the default
+# (bf16, M = 1), read from that run:
 
 # %%
 ROAD = {
     "v1": "first version: 4 rows x 64 columns per lane, ~170 registers, 8 warps per SM",
     "auto (R2, before)": "first streaming default: 2 rows per item, 64 registers, 32 warps per SM",
-    "R1 S1 C32 W8 B4": "1 row per item: most warps, one load in flight per lane",
-    "R2 S1 C64 W8 B3": "64 columns per lane: two loads 32 bytes apart, sectors fetched twice",
     "R4 S1 C32 W8 B3": "4 rows, no split-K: too few row groups at N = 4096",
-    "R8 S1 C32 W8 B2": "8 rows, no split-K",
-    "R2 S1 C32 W8 B4 cached": "codes through L1 (no no_allocate)",
     "R4 S2 C32 W8 B3 PRMT": "byte-permute table (64 KB): fewer instructions, same data-pipe traffic",
     "R4 S2 C32 W8 B3 X2": "NF4 values from warp shuffles: same pipe as the table, more instructions",
     "R4 S2 C32 W8 B3 Q16": "absmax code table in 16 copies: fewer bank conflicts, more spills",
@@ -441,29 +407,23 @@ if RECORDED is not None:
     print(f"(speed relative to the default; {results.label(RECORDED.meta)})")
 
 # %% [markdown]
-# The Nsight Compute profiles the lab recorded (`lab/profile_gemv.py`) say why the survivors stop short of
-# the copy ceiling: the SM's load/store data pipe, which every table read and every load passes through,
-# is the busiest unit, far busier than DRAM. An exact float32 table costs one pipe wavefront per 32 weights.
+# The lab's Nsight Compute profiles (`lab/profile_gemv.py`): the SM's load/store data pipe, which every
+# table read passes, is busier than DRAM; an exact float32 table costs one wavefront per 32 weights.
 #
 # <a id="reading"></a>
 # ## 8. Reading: Marlin and FLUTE
 #
-# - **Marlin** (Frantar, Castro et al., "MARLIN: Mixed-Precision Auto-Regressive Parallel Inference on
-#   Large Language Models", arXiv 2408.11743; code: github.com/IST-DASLab/marlin) stays memory-bound up to
-#   batch 16-32: tensor cores (`mma.sync m16n8k16`) fed by weights reshuffled offline so one 128-bit load
-#   gives a thread its fragments, dequantized with `lop3` bit tricks instead of a table; `cp.async`
-#   multi-stage pipelines with evict-first hints on weights; striped partitioning over SMs with a serial
-#   global reduction for split-K (our teams do it in shared memory).
-# - **FLUTE** ("Fast Matrix Multiplications for Lookup Table-Quantized LLMs", arXiv 2407.10960) handles
-#   table formats like NF4: it restructures the weights offline and *vectorizes and duplicates the lookup
-#   table* in shared memory to cut bank conflicts, the problem our 16 table copies address.
+# - **Marlin** (Frantar, Castro et al., arXiv 2408.11743; github.com/IST-DASLab/marlin) stays memory-bound
+#   to batch 16-32: tensor cores fed by weights reshuffled offline, `lop3` dequantization instead of a table,
+#   `cp.async` multi-stage pipelines, striped partitioning with a global split-K reduction.
+# - **FLUTE** (arXiv 2407.10960) serves lookup-table formats like NF4: weights restructured offline, the
+#   table vectorized and duplicated in shared memory against bank conflicts (our 16 copies).
 #
 # <a id="exercise"></a>
 # ## 9. Exercise: the reduction is wrong
 #
-# The kernel below is our GEMV with a different warp reduction, and its outputs are far off. Fix
-# `warp_sum_ex` so that lane 0 ends up with the sum of all 32 lanes (about 2 lines). The grader runs it on a
-# small case against the float64 reference and the tolerance of section 4.
+# Our GEMV with a different warp reduction gives outputs far off. Fix `warp_sum_ex` so that lane 0 ends up
+# with the sum of all 32 lanes (about 2 lines); the grader checks a small case against section 4's bound.
 
 # %%
 @cuda.jit(device=True, inline="always")
@@ -486,5 +446,5 @@ assert result
 ### END SOLUTION
 
 # %% [markdown]
-# **Hint.** `shfl_down_sync(mask, v, d)` gives lane i the value of lane i + d. Adding it with d = 16 folds
-# 32 lanes onto 16; how many folds does lane 0 need before it has seen all 32?
+# **Hint.** `shfl_down_sync(mask, v, d)` gives lane i the value of lane i + d; d = 16 folds 32 lanes onto
+# 16. How many folds until lane 0 has seen all 32?
