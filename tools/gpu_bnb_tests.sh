@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # bitsandbytes' own 4-bit tests, run with nf4lab installed (GPU machine, device tool, repo root).
 #
-#   bash tools/gpu_bnb_tests.sh [quick|compile|all] [--baseline]
+#   bash tools/gpu_bnb_tests.sh [ours|quick|compile|all] [--baseline]
 #
 # Only CUDA-device tests (-k 'not cpu'): nf4lab installs on the CUDA key only.
-# quick   : test_functional, test_ops, test_autograd 4-bit tests and test_linear4bit without torch.compile
+# ours    : nf4lab's own GPU tests of the ops and install() (tests/test_install.py -k gpu), about a minute
+# quick   : ours, then test_functional, test_ops, test_autograd 4-bit tests and test_linear4bit without torch.compile
 # compile : test_linear4bit's torch.compile tests (the 64 that failed when nf4lab.dequantize was swapped in)
 # all     : both (may pass 4 minutes on a cold machine)
 # --baseline: the same selection without nf4lab.install() (bitsandbytes alone), for comparison.
@@ -18,9 +19,6 @@ set -uo pipefail
 mode=${1:-quick}
 baseline=${2:-}
 root=$PWD
-if [ ! -f .bnbtests/tests/test_linear4bit.py ]; then
-  echo "no .bnbtests/: run tools/fetch_bnb_tests.sh and carry .bnbtests" >&2; exit 2
-fi
 if ls .whl/*.whl >/dev/null 2>&1; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
     .whl/*.whl .whl/extra/*.whl 2>&1 | grep -v "already exists"
@@ -29,13 +27,20 @@ export PYTHONPATH=/tmp/site:$root:$root/tools PYTHONUNBUFFERED=1
 export NF4LAB_INSTALL=1 NF4LAB_BNB_TAG=bnb_tests_$mode
 if [ "$baseline" = "--baseline" ]; then export NF4LAB_INSTALL=0 NF4LAB_BNB_TAG=bnb_tests_${mode}_baseline; fi
 four='4bit or fp4 or nf4'
+if [ -z "$baseline" ] && { [ "$mode" = ours ] || [ "$mode" = quick ] || [ "$mode" = all ]; }; then
+  NF4LAB_MODE=gpu python3 -m pytest tests/test_install.py -k gpu -q -rf -p no:cacheprovider 2>&1 | tail -25
+  [ "$mode" = ours ] && exit 0
+fi
+if [ ! -f .bnbtests/tests/test_linear4bit.py ]; then
+  echo "no .bnbtests/: run tools/fetch_bnb_tests.sh and carry .bnbtests" >&2; exit 2
+fi
 case $mode in
   quick)   files="tests/test_functional.py tests/test_ops.py tests/test_autograd.py tests/test_linear4bit.py"
            sel="($four or test_linear4bit) and not compile and not bench and not cpu" ;;
   compile) files="tests/test_linear4bit.py"; sel="compile and not cpu" ;;
   all)     files="tests/test_functional.py tests/test_ops.py tests/test_autograd.py tests/test_linear4bit.py"
            sel="($four or test_linear4bit) and not bench and not cpu" ;;
-  *) echo "mode: quick, compile or all" >&2; exit 2 ;;
+  *) echo "mode: ours, quick, compile or all" >&2; exit 2 ;;
 esac
 export NF4LAB_BNB_SELECTION="$files -k '$sel'"
 mkdir -p "${OUT:-/tmp/out}"
