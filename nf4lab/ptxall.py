@@ -282,24 +282,42 @@ def _has_contents(cell) -> bool:
         return False
 
 
+def _closure_values(fn) -> dict:
+    """What a kernel made by a factory closes over, as short text (numbers, strings, the names of
+    functions): what sets it apart from its siblings."""
+    out = {}
+    for name, cell in zip(fn.__code__.co_freevars, fn.__closure__ or ()):
+        if not _has_contents(cell):
+            continue
+        v = cell.cell_contents
+        if isinstance(v, (bool, int, float, str)):
+            out[name] = repr(v)
+        elif callable(v) and getattr(v, "__name__", None):
+            out[name] = v.__name__
+    return out
+
+
 def _label_rows(prefix: str, found: list) -> list:
-    """(label, fn, sig, options): kernel name, and what tells apart entries that share a name."""
+    """(label, fn, sig, options): the kernel's name, and what tells apart entries that share it (the
+    values a factory closed over and/or the argument types, else a number)."""
     by_name = {}
     for fn, sig, opts, how in found:
         by_name.setdefault(fn.__name__, []).append((fn, sig, opts))
     out = []
     for name, entries in by_name.items():
-        fns = []
-        for fn, _, _ in entries:
-            if all(fn is not f for f in fns):
-                fns.append(fn)
-        for fn, sig, opts in entries:
-            parts = []
-            if len({s for _, s, _ in entries}) > 1:
-                parts.append(", ".join(_short(t) for t in sig))
-            if len(fns) > 1:
-                parts.append(f"variant {next(k for k, f in enumerate(fns, 1) if f is fn)}")
-            out.append((f"{prefix} {name}" + (f" ({'; '.join(parts)})" if parts else ""), fn, sig, opts))
+        values = [_closure_values(fn) for fn, _, _ in entries]
+        keys = sorted({k for v in values for k in v if len({w.get(k) for w in values}) > 1})
+        by_closure = [" ".join(f"{k}={v.get(k)}" for k in keys) for v in values]
+        sigs = [s for _, s, _ in entries]
+        by_sig = [", ".join(_short(t) for t in s) if len(set(sigs)) > 1 else "" for s in sigs]
+        numbers = [f"variant {k}" for k in range(1, len(entries) + 1)]
+        candidates = [[""] * len(entries), by_closure, by_sig,
+                      ["; ".join(filter(None, p)) for p in zip(by_closure, by_sig)], numbers]
+        for parts in candidates:
+            labels = [f"{prefix} {name}" + (f" ({p})" if p else "") for p in parts]
+            if len(set(labels)) == len(labels) and max(map(len, labels)) <= 80:
+                break
+        out += [(label, fn, sig, opts) for label, (fn, sig, opts) in zip(labels, entries)]
     return out
 
 
