@@ -268,18 +268,23 @@ def compile_for_decode(model):
     4-bit step of the forward is a registered torch op with a fake implementation (bitsandbytes'
     own ``dequantize_4bit``/``gemm_4bit``/``dequantize_blockwise``), with nf4lab's kernels (or
     bitsandbytes') inside the op, so dynamo traces no pointer arithmetic. Returns the model.
-    Raises TypeError for a model without a bitsandbytes 4-bit quantizer.
+    Raises TypeError for a model without a bitsandbytes 4-bit quantizer; without a GPU (install()
+    returns False) the model is returned unchanged.
     """
     q = getattr(model, "hf_quantizer", None)
     cfg = getattr(q, "quantization_config", None)
     if q is None or not getattr(cfg, "load_in_4bit", False):
         raise TypeError(f"model must be a transformers model loaded with a bitsandbytes 4-bit quantization_config, "
                         f"got {type(model).__name__} with quantizer {type(q).__name__}")
-    install(compile=True)
+    if install(compile=True):  # without a GPU nothing is nf4lab-backed: the model is left as it is
+        _mark_compileable(q)
+    return model
+
+
+def _mark_compileable(q) -> None:
     with _lock:
         if not getattr(type(q), "_nf4lab_compileable", False):
             cls = type(q)
             q.__class__ = type(f"NF4Lab{cls.__name__}", (cls,),
                                {"is_compileable": property(lambda self: True), "_nf4lab_compileable": True})
             _state["quantizers"].append((q, cls))
-    return model

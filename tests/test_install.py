@@ -75,6 +75,23 @@ def test_compile_for_decode_rejects_a_model_without_bnb_4bit():
         nf4lab.compile_for_decode(torch.nn.Linear(2, 2))
 
 
+def test_compileable_mark_is_one_object_and_uninstall_removes_it():
+    tq = pytest.importorskip("transformers.quantizers.quantizer_bnb_4bit")
+    from transformers import BitsAndBytesConfig
+
+    q, other = (tq.Bnb4BitHfQuantizer(BitsAndBytesConfig(load_in_4bit=True)) for _ in range(2))
+    model = type("M", (), {"hf_quantizer": q})()
+    assert nf4lab.compile_for_decode(model) is model and q.is_compileable is False  # no GPU: unchanged
+    bnb_backend._mark_compileable(q)
+    bnb_backend._mark_compileable(q)  # twice: one subclass, not two
+    assert q.is_compileable is True and isinstance(q, tq.Bnb4BitHfQuantizer)
+    assert type(q).__mro__[1] is tq.Bnb4BitHfQuantizer
+    assert other.is_compileable is False and tq.Bnb4BitHfQuantizer(BitsAndBytesConfig(load_in_4bit=True)) \
+        .is_compileable is False  # the class itself is untouched
+    bnb_backend.uninstall()
+    assert type(q) is tq.Bnb4BitHfQuantizer and q.is_compileable is False
+
+
 @pytest.mark.parametrize("shape,bs", [((128, 96), 64), ((128, 64), 128), ((33, 64), 64)])
 def test_registered_kernel_serves_bitsandbytes_then_uninstall_restores(on_cpu_key, shape, bs):
     ours, fell = on_cpu_key
