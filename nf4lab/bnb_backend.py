@@ -61,7 +61,8 @@ def _dequantize_handles(A, absmax, blocksize, quant_type, shape, dtype, out=None
         return False
     if A.dtype != torch.uint8 or not A.is_contiguous() or absmax.dtype != torch.float32 or not absmax.is_contiguous():
         return False
-    if quant_type not in QUANT_TYPES or blocksize not in BLOCKSIZES or dtype not in _DTYPES:
+    if quant_type not in QUANT_TYPES or blocksize not in BLOCKSIZES or \
+            dtype not in (torch.bfloat16, torch.float16, torch.float32):
         return False
     n = 1
     for s in shape:
@@ -74,6 +75,26 @@ def _dequantize_handles(A, absmax, blocksize, quant_type, shape, dtype, out=None
     return True
 
 
+class _PlainState:
+    """What the CUDA launch reads of a QuantState for plain statistics (bitsandbytes' op hands
+    nf4lab a float32 absmax; nested statistics were already expanded by its Python)."""
+
+    __slots__ = ("absmax",)
+
+    def __init__(self, absmax):
+        self.absmax = absmax
+
+
+def _run_checked(A, absmax, blocksize, quant_type, shape, dtype, out):
+    if A.device.type != "cuda":  # the CPU key (tests): the checked path
+        from . import torch_ops
+
+        qs = torch_ops._state(absmax, None, None, None, blocksize, 256, quant_type, shape, dtype)
+        return torch_ops._run(A, qs, out)
+    p = _dq.plan_checked(A, absmax, blocksize, quant_type, shape, dtype, _PlainState(absmax))
+    return _dq._dequantize_cuda(p, out)
+
+
 def _gemm_handles(A, B, shapeB, absmax, blocksize, quant_type, bias, absmax_8bit, absmax_code, absmax_offset):
     from . import torch_ops
 
@@ -82,9 +103,6 @@ def _gemm_handles(A, B, shapeB, absmax, blocksize, quant_type, bias, absmax_8bit
     if bias is not None and (bias.dtype != A.dtype or bias.device != A.device):
         return False
     return torch_ops.gemv_handles(A, B, shapeB, absmax_8bit, absmax, absmax_code, blocksize)
-
-
-_DTYPES = ()  # filled on first install (torch dtypes; torch is imported lazily)
 
 
 # ---------------------------------------------------------------- the kernels registered for CUDA
@@ -99,16 +117,14 @@ def _make_kernels(fallback):
             _count("dequantize_4bit", "bitsandbytes")
             return fallback["dequantize_4bit"](A, absmax, blocksize, quant_type, shape, dtype)
         _count("dequantize_4bit", "nf4lab")
-        qs = torch_ops._state(absmax, None, None, None, blocksize, 256, quant_type, shape, dtype)
-        return torch_ops._run(A, qs, None)
+        return _run_checked(A, absmax, blocksize, quant_type, shape, dtype, None)
 
     def dequantize_4bit_out(A, absmax, blocksize, quant_type, shape, dtype, out):
         if not _dequantize_handles(A, absmax, blocksize, quant_type, shape, dtype, out):
             _count("dequantize_4bit.out", "bitsandbytes")
             return fallback["dequantize_4bit.out"](A, absmax, blocksize, quant_type, shape, dtype, out)
         _count("dequantize_4bit.out", "nf4lab")
-        qs = torch_ops._state(absmax, None, None, None, blocksize, 256, quant_type, shape, dtype)
-        torch_ops._run(A, qs, out)
+        _run_checked(A, absmax, blocksize, quant_type, shape, dtype, out)
 
     def gemm_4bit(A, B, shapeB, absmax, blocksize, quant_type, bias=None, absmax_8bit=None, absmax_code=None,
                   absmax_offset=None):
@@ -182,11 +198,9 @@ def _bnb_cuda_fallbacks():
 
 def _register(dispatch_key: str, fallback, ops) -> None:
     """Register our kernels for ``ops`` under ``dispatch_key`` in a Library we own (tests use the CPU key)."""
-    global _DTYPES
     torch = _torch()
     import bitsandbytes  # noqa: F401  (defines the ops and registers its own kernels first)
 
-    _DTYPES = (torch.bfloat16, torch.float16, torch.float32)
     kernels = _make_kernels(fallback)
     lib = torch.library.Library("bitsandbytes", "IMPL")
     try:

@@ -152,6 +152,23 @@ def _plan(A, quant_state, out) -> _Plan:
     return p
 
 
+_DTYPE_OF = {}  # torch dtype -> "bf16" | "fp16" | "fp32", filled on first use (torch is imported lazily)
+
+
+def plan_checked(A, absmax, blocksize, quant_type, shape, dtype, qs) -> _Plan:
+    """A plan for plain (float32 absmax) statistics whose every check the caller has already made
+    (nf4lab.install's kernel for bitsandbytes' op, see bnb_backend._dequantize_handles): the
+    eager path there pays for its checks once, not twice."""
+    if not _DTYPE_OF:
+        torch = _torch()
+        _DTYPE_OF.update({torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"})
+    p = _Plan()
+    n = math.prod(shape)
+    p.A, p.qs, p.shape, p.n, p.nbytes, p.dtype, p.tdtype = A, qs, tuple(shape), n, (n + 1) // 2, _DTYPE_OF[dtype], dtype
+    p.blocksize, p.nested, p.nblocks, p.gsize, p.quant_type = blocksize, False, -(-n // blocksize), 0, quant_type
+    return p
+
+
 def dequantize(A, quant_state=None, out=None):
     """Dequantize packed 4-bit weights exactly as ``bitsandbytes.functional.dequantize_4bit``.
 

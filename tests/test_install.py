@@ -303,3 +303,19 @@ def test_gpu_bad_input_raises_before_launch(clean):
     with pytest.raises(ValueError, match="quant_state.blocksize"):
         torch.ops.nf4lab.dequantize_4bit(*args)
     torch.cuda.synchronize()  # the context is alive
+
+
+@pytest.mark.parametrize("shape,bs,dtype", [((33, 96), 64, torch.bfloat16), ((300,), 128, torch.float32),
+                                            ((7, 18), 32, torch.float16)])
+def test_checked_plan_equals_the_validated_plan(shape, bs, dtype):
+    """The installed CUDA kernel skips re-validation (its handles check came first): its plan must be
+    the one nf4lab.dequantize's validation builds, field for field."""
+    from nf4lab import dequant
+
+    packed, qs = quantize(shape, dtype=dtype, bs=bs, nested=False)
+    assert bnb_backend._dequantize_handles(packed, qs.absmax, bs, "nf4", list(shape), dtype)
+    full = dequant._plan(packed, qs, None)
+    fast = dequant.plan_checked(packed, qs.absmax, bs, "nf4", list(shape), dtype, bnb_backend._PlainState(qs.absmax))
+    for f in ("shape", "n", "nbytes", "dtype", "tdtype", "blocksize", "nested", "nblocks", "gsize", "quant_type"):
+        assert getattr(fast, f) == getattr(full, f), f
+    assert fast.qs.absmax is full.qs.absmax and fast.A is full.A
