@@ -13,7 +13,8 @@ Where the kernels come from:
   argument. The solution variant gives every kernel; the student variant adds the exercise kernels
   that differ from their solution (the ones a student starts from).
 - the package: ``nf4lab.dequantize``'s kernels (``fastkernel``: every dtype x nested x path, with
-  their declared signatures) and the benchmark's kernels (``bench``).
+  their declared signatures), the fused GEMV's designs that ``gemv.auto_design`` picks, and the
+  benchmark's kernels (``bench``).
 
 Each recorded (function, argument types) is compiled the way :func:`nf4lab.compile_ptx` compiles
 it (cloudpickled to a subprocess with the real numba.cuda and NVVM): lowered once, then given to
@@ -383,6 +384,16 @@ def collect_package() -> tuple[list, list]:
             for threads, units in getattr(bench, "SHAPES", ()):
                 rows.append((f"nf4lab.bench bound {'fp32' if wide else '16-bit'} {threads}x{units}",
                              bench._bound_kernel(wide, threads, units), (arr(u32), arr(u8), arr(u32), u64), {}))
+    from . import gemv
+
+    if hasattr(gemv, "kernel") and hasattr(gemv, "Design"):
+        # The designs gemv.auto_design picks (launch_torch, the torch ops): two at M = 1, one per batch size.
+        designs = [gemv.Design(rows=4, split=2, min_blocks=3), gemv.Design(rows=8, split=2, min_blocks=2)]
+        designs += [gemv.Design(rows=4, min_blocks=2, m=m) for m in range(1, gemv.MAX_M + 1)]
+        for d in designs:
+            for dtype in ("bf16", "fp16"):
+                rows.append((f"nf4lab.gemv R{d.rows} S{d.split} M{d.m} {dtype}", gemv.kernel(d, dtype),
+                             tuple(gemv.signature()), {}))
     from .ptx import _kernel_fn
 
     return [(label, _kernel_fn(k), sig, dict(getattr(k, "_nf4lab_jit_kwargs", {}) or {}))
