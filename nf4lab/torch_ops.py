@@ -19,8 +19,10 @@ so bit for bit the same). ``absmax2``/``code2``/``offset`` are given for nested 
 ``A.shape[0] == 1`` shim of bitsandbytes stays in traced Python (:func:`nf4lab.dequantize`).
 
 ``gemv_4bit`` is ``y = x @ W.T`` for x of 1..8 rows (nested NF4 statistics, blocksize >= 64,
-K a multiple of 64, bf16/fp16), on nf4lab's fused GEMV where :mod:`nf4lab.gemv` provides a
-launcher (see :func:`gemv_launcher`); otherwise, and on CPU, it dequantizes and multiplies.
+K a multiple of 64, bf16/fp16, 16-byte aligned x and weight: :func:`gemv_handles`), on
+nf4lab.gemv's fused kernel, launched by :func:`gemv_launch` (lean ``cuLaunchKernel`` after a
+bit-for-bit check against ``nf4lab.gemv.launch_torch``); otherwise, and on CPU, it dequantizes
+and multiplies.
 It is not bit-exact with anything (a sum in its own order); the tolerance is
 :func:`nf4lab.gemv.tolerance`.
 
