@@ -153,6 +153,16 @@ def execute_notebook(path: Path, out: Path, timeout: int = 1800) -> float:
     return time.perf_counter() - t0
 
 
+def record_time(notebook: str, secs: float) -> None:
+    """How long a notebook takes on this GPU, for the instructor's guide (data/results/<gpu>/notebook_times.json)."""
+    data = results.load("notebook_times", results.current_gpu()) or {"records": []}
+    recs = [r for r in data["records"] if r["name"] != notebook]
+    recs.append({"kind": "time", "name": notebook, "seconds": round(secs, 1)})
+    results.save({"meta": results.meta("wall time of one headless execution (nbclient), kernel start "
+                                       "and JIT compilation included"), "records": sorted(recs, key=lambda r: r["name"])},
+                 "notebook_times")
+
+
 def cmd_notebooks(args) -> int:
     """Execute notebooks headless: in place on a GPU (their outputs are the record), else into build/."""
     from tqdm.auto import tqdm
@@ -166,6 +176,8 @@ def cmd_notebooks(args) -> int:
         try:
             secs = execute_notebook(p, out)
             tqdm.write(f"ok     {p.relative_to(ROOT)}  ({secs:.0f} s)")
+            if runtime.ON_GPU:
+                record_time(p.stem, secs)
         except Exception as exc:
             failed.append(p)
             msg = str(exc).strip().splitlines()
