@@ -91,10 +91,10 @@ if copy is None:
 # * **All loads before any store.** The `UNITS` loads of a thread are issued back to back into
 #   registers (a local array that LLVM keeps in registers once the loop over `UNITS` is
 #   unrolled), so each thread has `UNITS` loads in flight before it waits for the first.
-# * **The sizes come from measurements.** The tuning script (`tune_best_kernel.py`) timed 1, 2, 4
+# * **The sizes come from measurements.** The tuning script (`lab/tune_best_kernel.py`) timed 1, 2, 4
 #   and 8 words per thread at 128 to 1024 threads, persistent grids, 16-byte loads with an
 #   exchange, streaming stores, L2 prefetch hints and TMA bulk stores on the H100
-#   (`data/results/<gpu>/tuning_round*.json`). Block sizes matter more on some GPUs than on
+#   (`data/results/NVIDIA_H100_80GB_HBM3/tuning_round*.json`). Block sizes matter more on some GPUs than on
 #   others, so `tools/launch_shapes.py` times this kernel at several shapes on each GPU; the one
 #   shape shipped for all, 128 threads x 2 units, is checked against that record (printed below
 #   when this GPU has one).
@@ -109,7 +109,7 @@ if copy is None:
 # * **Typed constants and `fmul_rn` everywhere.** `uint32 >> 4` looks harmless, but the `4` is an
 #   int64 and numba then computes the byte extraction in 64 bits; a first version of this kernel
 #   written that way (with the tail after the loop) ran slower on the H100 than the same design
-#   with typed constants (`data/results/<gpu>/tuning_round5.json`: "06 as in the notebook" against
+#   with typed constants (`data/results/NVIDIA_H100_80GB_HBM3/tuning_round5.json`: "06 as in the notebook" against
 #   "nf4lab.dequantize kernel", one run). At the wall every instruction between a thread's loads
 #   and its stores costs bandwidth.
 #
@@ -391,10 +391,11 @@ for d in ("bf16", "fp16"):
 
 # %% [markdown]
 # **Estimate, from these counts:** if the kernel were limited by issuing instructions, the T4 path
-# would cost up to the factor printed above; a kernel at the memory wall has issue slots to spare
-# and hides extra work behind memory time, so we predict a cost far below that bound, largest for
-# bf16. The measurement, when one with `NF4LAB_ARCH=sm_75` is recorded for this GPU (fp32 converts
-# nothing: its two runs differ only by run-to-run noise):
+# would cost up to the factor printed above; a kernel at the memory wall may have issue slots to
+# spare and hide part of the extra work behind memory time, so we predict a cost below that bound,
+# largest for bf16; how far below is for the measurement to say. The measurement, when one with
+# `NF4LAB_ARCH=sm_75` is recorded for this GPU (fp32 converts nothing: its two runs differ only
+# by run-to-run noise):
 
 # %%
 sm80 = bench.Run.load("06_output_dtypes") if SM75_RUN else run
@@ -421,9 +422,9 @@ else:
 # * At the wall, what is left is the access pattern: warp-contiguous loads and stores, several
 #   loads in flight per thread, nothing else on the critical path. Compare the bars with the copy
 #   ceiling; fp32 writes twice the output bytes and is compared with the fill ceiling.
-# * Near the wall, designs that look different (16-byte loads with an exchange in 04/05, u32 words
-#   here) can end close to each other, and which one wins is decided by measurement, not by
-#   argument (the benchmark printed this run against 04's and 05's best). The traffic-matched
+# * Designs that look different (16-byte loads with an exchange in 04/05, u32 words here) are
+#   compared by measurement, not by argument: the benchmark printed this kernel's bf16 against
+#   04's and 05's best, each as a share of its own run's copy. The traffic-matched
 #   bound (the same bytes, no arithmetic at all) is the fairer target than copy: 07 holds every
 #   kernel to it.
 # * A GPU without an instruction gets a second path chosen at compile time, not a second kernel:

@@ -10,8 +10,9 @@
 # moved with no arithmetic) and bitsandbytes, and see how far each step took us. Then sweep the
 # size, from L2-resident tensors to the weight shapes of real LLMs.
 #
-# Everything is read from the GPU in hand (measured now); without a GPU, from a recorded GPU's
-# results, and every table and plot says which.
+# Sections 1-5 are measured on the GPU in hand; without a GPU, they show a recorded GPU's
+# results. Section 6 adds older recorded evidence (profiles, tuning rounds), possibly from another
+# GPU. Every table and plot says which.
 #
 # The kernels are not copied here: `nf4lab.versions` executes the cells tagged `kernel` of each
 # step notebook, so what runs is exactly what those notebooks teach.
@@ -145,7 +146,7 @@ worklog(run) if run is not None else print("nothing recorded yet")
 #
 # 1. the best kernel (06) reaches at least **98% of the traffic-matched bound**: a kernel that
 #    moves exactly NF4's bytes (4-byte loads, 16-byte stores) and does no arithmetic at all. It is
-#    the fastest any kernel with this read/write mix can be on this GPU, so 98% means the
+#    what this read/write mix costs in our access pattern on this GPU, so 98% means the
 #    dequantization itself costs almost nothing;
 # 2. `nf4lab.dequantize`, the drop-in for bitsandbytes, reaches it too;
 # 3. fp16 output runs at bf16's speed (within 2%): the same bytes, one other conversion;
@@ -262,7 +263,7 @@ if sweep is not None:
 # 1. **Nsight Compute** (profiles of every version, `data/ncu/`, read in detail in notebook 08):
 #    DRAM throughput as a share of its peak, sectors per request (16-byte accesses by a whole warp
 #    are 16 sectors per request: fully coalesced), and what the warps wait for.
-# 2. **The design space around the kernel** (the tuning rounds of `tune_best_kernel.py`): 1-8 words per thread,
+# 2. **The design space around the kernel** (the tuning rounds of `lab/tune_best_kernel.py`): 1-8 words per thread,
 #    128-1024 threads, persistent grids, contiguous chunks per block, 16-byte loads with an
 #    exchange, streaming stores, L2 prefetch hints, bulk (TMA) stores, each variant verified, and
 #    bounds of several access styles (`kind: "bound"`: the same traffic, no arithmetic), all timed
@@ -307,7 +308,8 @@ for name in names:
             (bounds if r["kind"] == "bound" else kernels).append((r, name))
 names = sorted({name for _, name in kernels + bounds})
 if kernels:
-    print(f"tuning rounds, 16384x16384 -> bf16, {results.source_note(tgpu)}")
+    print(f"tuning rounds, 16384x16384 -> bf16, recorded on {tgpu}"
+          + ("" if tgpu == results.current_gpu() else " (not this machine's measurements)"))
     gb = [r["gbps"] for r, _ in kernels]
     print(f"{len(kernels)} verified variants in {len(names)} runs: {min(gb):.0f} to {max(gb):.0f} GB/s")
     for r, name in sorted(kernels, key=lambda x: -x[0]["gbps"])[:5]:

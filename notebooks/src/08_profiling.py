@@ -217,9 +217,10 @@ for name, s in summaries.items():
 # - **Per byte (01).** The packed code is a `uint8` load: consecutive lanes, 1 sector. Each
 #   thread stores `out[2i]` and `out[2i+1]` as two 16-bit stores: a warp's first store
 #   covers every other element of 128 bytes, so it touches 4 sectors while writing only 64
-#   bytes; the second store touches the same 4 again. The average over all loads is a little
-#   above 1 because the scale loads (`absmax_q`, `code2`, `absmax2`) are the same address for
-#   all lanes of a block: 1 sector each.
+#   bytes; the second store touches the same 4 again. The scale loads (`absmax_q`, `code2`,
+#   `absmax2`) are one address for all lanes of a warp: 1 sector each. The average over all
+#   loads is a little above 1 because of the table lookups: 32 lanes read the 16-float table,
+#   64 bytes, spread over 2 sectors.
 # - **Packed 32-bit stores (03).** One `uint32` per lane holding two bf16: 4 sectors for 128
 #   bytes, every byte used.
 # - **16-byte accesses (04-06).** 16 sectors per request is the ideal for 128-bit accesses:
@@ -254,7 +255,10 @@ if copy and sms:
     print(f"  copy ceiling {copy['gbps']:.0f} GB/s (measured) x {LATENCY_NS} ns (assumed) = {inflight / 1e6:.1f} MB "
           f"in flight, {inflight / sms / 1024:.0f} KiB per SM ({sms} SMs)")
     print(f"  with {warps} resident warps per SM that is {inflight / sms / warps:.0f} bytes per warp in flight,")
-    print(f"  i.e. {inflight / sms / warps / 32:.1f} bytes per thread: 1-byte loads cannot get there, 16-byte ones can.")
+    per_thread = inflight / sms / warps / 32
+    print(f"  i.e. {per_thread:.1f} bytes per thread: 1-byte loads "
+          + ("cannot get there" if per_thread > 1 else "can get there")
+          + (", 16-byte ones can." if per_thread <= 16 else ", nor can one 16-byte load per thread."))
 else:
     print("no copy ceiling recorded for this GPU (run notebook 00 or 07 on it): no estimate")
 print(f"\noccupancy ({WHERE}):")

@@ -40,8 +40,8 @@ RECORDED, BOUND = bench.Run.load(gemv.NAME), bench.Run.load("09_read_bound")  # 
 # ## 1. The byte count: a prediction
 #
 # A GEMV does 2 flops per weight read once: memory-bound. Dequantize + matmul moves 0.5 + 2 + 2 bytes per
-# weight; fused, 0.5 plus the scales. From the byte model, and the time at the recorded copy ceiling (a
-# prediction, not a measurement):
+# weight; fused, 0.5 plus the scales. From the byte model, and, where a GEMV run is recorded for this GPU,
+# the time at its copy ceiling (a prediction, not a measurement):
 
 # %%
 copy = next((r for r in RECORDED.records if r["name"] == gemv.COPY), None) if RECORDED else None
@@ -51,11 +51,13 @@ for N, K in gemv.LLM_SHAPES:
     f, u = gemv.weight_bytes(N, K), gemv.unfused_bytes(N, K)
     print(f"{N:>5} x {K:<5} {f / 1e6:>9.1f} MB {u / 1e6:>14.1f} MB {u / f:>6.1f}"
           + (f" {f / copy['gbps'] / 1e3:>23.1f}" if copy else ""))
-print(f"(copy ceiling {copy['gbps']:.0f} GB/s, {results.label(RECORDED.meta)})" if copy else "")
+print(f"(copy ceiling {copy['gbps']:.0f} GB/s, {results.label(RECORDED.meta)})" if copy
+      else "(no GEMV run recorded for this GPU: no copy ceiling to time against)")
 
 # %% [markdown]
-# Little's law: bandwidth = bytes in flight / latency. Assuming 600 ns DRAM latency, 3 TB/s needs about
-# 1.8 MB in flight (14 KB per H100 SM): many 128-bit loads outstanding at every moment, the design goal.
+# Little's law: bandwidth = bytes in flight / latency. With the series' assumed 700 ns DRAM latency
+# (`nf4lab.lesson.ASSUMED_DRAM_LATENCY_NS`), 3 TB/s (about an H100's copy) needs about 2.1 MB in flight
+# (16 KB per SM of its 132): many 128-bit loads outstanding at every moment, the design goal.
 #
 # <a id="kernel"></a>
 # ## 2. The kernel
@@ -71,8 +73,9 @@ print(f"(copy ceiling {copy['gbps']:.0f} GB/s, {results.label(RECORDED.meta)})" 
 # - **Split-K teams**: with too few row groups, S warps share one and add their sums after a named barrier.
 # - **Launch bounds** (`cuda.jit(launch_bounds=(256, B))`) ask ptxas to fit B blocks per SM.
 #
-# `auto_design(N, M)` (measured, section 7): R4 S2 B3 at N = 4096, R8 S2 B2 at N = 8192, else (and every
-# batch) R4 S1 B2. First the device functions, one job each:
+# `auto_design(N, M)` (chosen by the lab's measurements on the H100, section 7) goes by how many warps the
+# row groups give the GPU's SMs; with 132 SMs (H100, H200): R4 S2 B3 at N = 4096, R8 S2 B2 at N = 8192,
+# else (and every batch) R4 S1 B2. First the device functions, one job each:
 
 # %%
 @cuda.jit(device=True, inline="always")
@@ -271,8 +274,9 @@ def launch(g, design=None, reduce=warp_sum):
 # <a id="evidence"></a>
 # ## 3. PTX and SASS evidence
 #
-# PTX of the N = 4096 design (R4 S2 B3): launch bounds, R streaming code loads (prologue + loop), 4 x loads,
-# R x 16 pair reads, 5 shuffles per row, the named barrier; no local memory, float64 or 64-bit division.
+# PTX of the design `auto_design` picks at N = 4096 (printed below; R4 S2 B3 with 132 SMs): launch bounds,
+# R streaming code loads (prologue + loop), 4 x loads, R x 16 pair reads, 5 shuffles per row, the named
+# barrier of split-K; no local memory, float64 or 64-bit division.
 # SASS (sm_90, recorded offline by `lab/sass_gemv.py`): registers and spills, which set warps per SM.
 
 # %%
@@ -298,7 +302,9 @@ for d in [auto_design(4096), auto_design(8192), auto_design(14336)] + [auto_desi
     assert r["registers"] <= 65536 // (256 * d.min_blocks)   # the launch bounds held
 
 # %% [markdown]
-# No local memory in the PTX; ptxas still spills where R x M sums exceed the cap (R8; M >= 4): measured faster.
+# This design's PTX has no local memory (checked above). The batch designs (M = 4 and up) do: their PTX has
+# `ld.local`, and ptxas spills where R x M sums exceed the register cap (R8; M >= 4, in the table above);
+# the lab kept them because they timed faster on the H100 than its alternatives.
 #
 # <a id="correctness"></a>
 # ## 4. Correctness: a tolerance, not bits
@@ -362,13 +368,15 @@ if run is not None:
     gemv.plot(run)
 
 # %% [markdown]
-# The share of the read bound says how much of the gap any GEMV could still close at that shape.
+# Where a read bound is recorded for this GPU, its share says how much of the gap any GEMV could still close
+# at that shape (without one, that column reads nan).
 #
 # <a id="batch"></a>
 # ## 6. Batch: up to 8 rows of x
 #
 # `Design(m=M)` reads each code and table pair once and does M FMAs with it: same bytes, M-fold arithmetic.
-# bitsandbytes' `matmul_4bit` runs its fused `gemm_4bit` for M > 1. Section 4 checked M = 3; recorded:
+# bitsandbytes' `matmul_4bit` runs its fused `gemm_4bit` for M > 1. Section 4 checked a batch (M = 4 on a GPU,
+# M = 3 in the simulator); recorded:
 
 # %%
 run_b = bench.Run.load(gemv.NAME_BATCH)
@@ -405,10 +413,12 @@ if RECORDED is not None:
         print(f"{v:<26}" + "".join(f" {auto[s]['ms'] / c['ms']:>10.2f}x" if c and auto[s] else f" {'-':>11}"
                                     for s, c in zip(shapes, cells)) + f"  {why}")
     print(f"(speed relative to the default; {results.label(RECORDED.meta)})")
+else:
+    print("No lab run recorded for this GPU (lab/bench_gemv.py on a GPU records one).")
 
 # %% [markdown]
-# The lab's Nsight Compute profiles (`lab/profile_gemv.py`): the SM's load/store data pipe, which every
-# table read passes, is busier than DRAM; an exact float32 table costs one wavefront per 32 weights.
+# The lab's Nsight Compute profiles (`lab/profile_gemv.py`, on the H100): the SM's load/store data pipe,
+# which every table read passes, was busier than DRAM; an exact float32 table costs one wavefront per 32 weights.
 #
 # <a id="reading"></a>
 # ## 8. Reading: Marlin and FLUTE
