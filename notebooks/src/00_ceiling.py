@@ -38,9 +38,9 @@ print(nf4lab.describe())
 # A kernel is *memory-bound* when the time to move its bytes through DRAM is larger than the
 # time to do its arithmetic. Dequantization reads half a byte per weight, looks it up in a
 # 16-entry table, multiplies by a scale and writes two bytes (bf16). That is about one
-# multiply per 2.5 bytes moved. A GPU does tens of float32 operations in the time its DRAM
-# moves one byte (from a T4 to an H200), so arithmetic would matter only at tens of operations
-# per byte. So the only question
+# multiply per 2.5 bytes moved. A GPU does more than ten float32 operations in the time its
+# DRAM moves one byte (on every GPU from a T4 to an H200), so arithmetic would matter only at
+# more than ten operations per byte. So the only question
 # for speed is *how close to the memory ceiling do we get*, and the unit of progress in
 # this series is GB/s of the byte model (below), against what a plain copy reaches.
 
@@ -160,7 +160,7 @@ for shape in [(4096, 4096), SHAPE]:
 #   from GPU to GPU, and the run below says which it is here;
 # * **traffic-matched bound**: a kernel that moves exactly NF4's bytes in the same pattern
 #   (codes and `absmax_q` read, the output written) with no arithmetic. No dequantization
-#   kernel can beat it by much, so it is the target the series measures against.
+#   kernel should beat it by much, so it is the target the series measures against.
 #
 # And the **baseline**: bitsandbytes `dequantize_4bit` on the same data, with a
 # preallocated `out=` (GPU time), and end to end as a user calls it (host time, allocation
@@ -168,7 +168,7 @@ for shape in [(4096, 4096), SHAPE]:
 #
 # How we time (see the `nf4lab.bench` docstring): a numba launch costs tens of microseconds on
 # the host, a large fraction of a sub-millisecond kernel. So we capture 20 launches in a
-# CUDA graph and replay it; a replayed launch costs about 1 us, and what we measure is GPU
+# CUDA graph and replay it: one host call per 20 launches, and what we measure is GPU
 # time. Host-side cost is measured separately (`host_ms`).
 
 # %%

@@ -42,9 +42,10 @@ SIG = "(uint8[::1], float32[::1], uint8[::1], float32[::1], float32[::1], float3
 # * **Fewer blocks to schedule, less setup per byte.** Instead of hundreds of thousands of
 #   short-lived blocks, each SM keeps the same few resident blocks for the whole kernel, and
 #   each thread does its setup (index arithmetic, parameter loads) once for hundreds of bytes
-#   instead of once per byte. If waiting on DRAM is all that limits 01, that saves little; if
-#   01's threads are so short that their fixed costs show, it saves more. Our prediction: **a
-#   small gain, possibly none**. The measurement decides, on the GPU in hand.
+#   or more (section 2 prints how many on this GPU) instead of once per byte. If waiting on
+#   DRAM is all that limits 01, that saves little; if 01's threads are so short that their
+#   fixed costs show, it saves more. Our prediction: **a small gain, possibly none**. The
+#   measurement decides, on the GPU in hand.
 # * **The grid size now matters.** A memory-bound kernel is fast only with enough bytes in
 #   flight to cover DRAM latency (Little's law: bytes in flight = bandwidth x latency). With one
 #   block of 256 threads per SM, each thread having one iteration's loads in flight, there is
@@ -170,8 +171,8 @@ print(f"each thread handles about {nb / (grid_for(nb, THREADS, blocks_per_sm(THR
 # per byte; the loop is **unrolled four times** (eight 16-bit stores in the main loop plus the
 # remainder); and numba computes the trip count of `range(start, stop, step)` with a **64-bit
 # division** (`div.s64`), once per thread before the loop. One division per thread is cheap
-# here (a thread runs hundreds of iterations on 16384 x 16384); a division *inside* a loop would
-# not be. Exercise 1 removes it.
+# here (a thread runs hundreds of iterations or more on 16384 x 16384, printed above); a
+# division *inside* a loop would not be. Exercise 1 removes it.
 
 # %%
 gs_ptx = nf4lab.compile_ptx(dequant_grid_stride, SIG)
@@ -226,14 +227,17 @@ if base and full and one:
     print(f"full occupancy: {full['gbps']:.0f} GB/s vs 01's {base['gbps']:.0f} GB/s: {change:+.0f}% "
           f"({full['pct_copy']:.0f}% vs {base['pct_copy']:.0f}% of copy)")
     if change >= NOISE_PCT:
-        print(f"  a gain of {change:.0f}%: most likely the fixed costs of 01's one-byte threads (setup, launching "
-              "and retiring blocks) were not negligible on this GPU; the loop pays them once per thread.")
+        verdict = "the small gain we predicted" if change < 10 else "more than the small gain we predicted"
+        print(f"  a gain of {change:.0f}%, {verdict}: most likely the fixed costs of 01's one-byte threads "
+              "(setup, launching and retiring blocks) were not negligible on this GPU; the loop pays them "
+              "once per thread.")
     elif change <= -NOISE_PCT:
-        print(f"  a loss of {-change:.0f}%: most likely the loop's own work (the trip count, the counter) cost "
-              "more on this GPU than the block scheduling it saved.")
+        print(f"  a loss of {-change:.0f}% (we predicted a small gain or none): most likely the loop's own work "
+              "(the trip count, the counter) cost more on this GPU than the block scheduling it saved.")
     else:
-        print("  no measurable change: DRAM waits were all that limited 01 on this GPU, and block scheduling "
-              "kept up. That is a result too: here the loop buys flexibility, not speed.")
+        print("  no measurable change (the 'possibly none' of the prediction): most likely DRAM waits were all "
+              "that limited 01 on this GPU, and block scheduling kept up. That is a result too: here the loop "
+              "buys flexibility, not speed.")
     print(f"1 block per SM: {one['gbps']:.0f} GB/s, {one['gbps'] / full['gbps']:.2f}x full occupancy "
           f"({'much slower, as predicted' if one['gbps'] < 0.5 * full['gbps'] else 'not much slower: the prediction failed here'})")
 else:

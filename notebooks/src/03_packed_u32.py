@@ -212,18 +212,26 @@ for name, nb, base_name in (PAIRS if run is not None else ()):
     change = 100 * (r["gbps"] / base["gbps"] - 1)
     changes.append(change)
     print(f"{name}: {r['gbps']:.0f} GB/s vs {base_name}: {base['gbps']:.0f} GB/s, {change:+.0f}%{note}")
+gains = [c for c in changes if c >= NOISE_PCT]
+losses = [c for c in changes if c <= -NOISE_PCT]
 if not changes:
     print("no recorded runs of 01, 02 and 03 to compare yet")
-elif max(changes) >= 10:
-    print(f"a clear gain from the packed store (up to {max(changes):.0f}%): on this GPU, issuing the stores "
+elif gains and losses:
+    print(f"mixed: the packed store gained up to {max(gains):.0f}% in one comparison and lost up to "
+          f"{-min(losses):.0f}% in another on this GPU: the store alone does not decide the speed here.")
+elif losses:
+    print(f"no gain from the packed store on this GPU: {len(losses)} of {len(changes)} comparisons slower by "
+          f"{NOISE_PCT}% or more (up to {-min(losses):.0f}%)"
+          + ("" if len(losses) == len(changes) else ", the others within the margin")
+          + ". One possible reason: the pack (cvt.rn.bf16x2) sits on the path of every store; the threads "
+          "wait on their one-byte loads either way. 04 widens the loads.")
+elif gains and max(gains) >= 10:
+    print(f"a clear gain from the packed store (up to {max(gains):.0f}%): on this GPU, issuing the stores "
           "was a real part of what limited one byte per thread.")
-elif max(changes) >= NOISE_PCT:
-    print(f"a small gain from the packed store (up to {max(changes):.0f}%): the store instructions were a "
+elif gains:
+    print(f"a small gain from the packed store (up to {max(gains):.0f}%): the store instructions were a "
           "small part of the limit on this GPU; most of the time still goes to waiting for one-byte loads, "
           "and DRAM sees the same bytes (L2 had merged 01's 16-bit stores into the same lines). 04 widens the loads.")
-elif min(changes) <= -NOISE_PCT:
-    print("the packed store made things slower: most likely the pack (cvt.rn.bf16x2) sits on the path of every "
-          "store and costs more here than the instruction it saves.")
 else:
     print("no measurable gain from the packed store on this GPU: DRAM sees the same bytes (L2 had merged 01's "
           "16-bit stores into the same lines), and the store instructions were not the limit; the threads "

@@ -59,10 +59,10 @@ SIG = ("(uint8[::1], uint32[::1], float32[::1], uint8[::1], float32[::1], float3
 # %%
 N_BIG = 16384 * 16384
 moved = bytemodel.bytes_moved(N_BIG)
-print(f"16384 x 16384 -> bf16: {moved / 1e6:.0f} MB to move ({bytemodel.breakdown(N_BIG)})")
-print(f"  step 03: {N_BIG // 2:,} threads, 1 load + 1 store each -> {N_BIG // 2 * 2 / 1e6:.0f} M memory instructions "
-      f"(per thread), {moved / (N_BIG // 2):.1f} bytes moved per thread")
-print(f"  step 04: {N_BIG // 32:,} threads, 1 load + 4 stores each -> {N_BIG // 32 * 5 / 1e6:.0f} M, "
+print(f"16384 x 16384 -> bf16: {moved / 1e6:.0f} MB to move")
+print(f"  step 03: {N_BIG // 2:,} threads, 1 code load + 1 store each -> {N_BIG // 2 * 2 / 1e6:.0f} M "
+      f"instructions for codes and outputs (thread level), {moved / (N_BIG // 2):.1f} bytes moved per thread")
+print(f"  step 04: {N_BIG // 32:,} threads, 1 code load + 4 stores each -> {N_BIG // 32 * 5 / 1e6:.0f} M, "
       f"{moved / (N_BIG // 32):.1f} bytes moved per thread")
 r00, r03 = bench.Run.load("00_ceiling"), bench.Run.load("03_packed_u32")
 c = r00.get(bench.COPY) if r00 is not None else None
@@ -375,9 +375,15 @@ if run is not None:
             if k["shape"] == a["shape"] and k["dtype"] == a["dtype"] and k.get("pct_copy"):
                 print(f"against {k['name']!r} ({k['pct_copy']:.0f}% of copy in 03's run): "
                       f"A {a['pct_copy'] / k['pct_copy']:.2f}x, B {b_['pct_copy'] / k['pct_copy']:.2f}x")
+        best03 = max((k["pct_copy"] for k in (r03.kernels() if r03 is not None else [])
+                      if k["name"].startswith("03") and k["shape"] == a["shape"] and k.get("pct_copy")), default=None)
+        if best03:
+            ratio = a["pct_copy"] / best03
+            print(f"the prediction (A gains little or nothing over 03): A is {ratio:.2f}x the faster 03 kernel, "
+                  + ("more than predicted" if ratio >= 1.1 else "as predicted" if ratio >= 0.95 else "even a loss"))
 
 # %%
-plots.progress("04_vector_loads")
+plots.progress("04_vector_loads");
 
 # %% [markdown]
 # <a id="learned"></a>
