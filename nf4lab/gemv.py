@@ -430,7 +430,7 @@ def auto_design(N, M=1):
         return Design(rows=4, split=2, min_blocks=3)
     if M == 1 and 2 * -(-N // 8) <= 16 * sms():       # R8 teams of 2 warps fit at 16 warps per SM (N = 8192)
         return Design(rows=8, split=2, min_blocks=2)
-    return Design(rows=4, min_blocks=2, m=M)         # otherwise, and every batch: 128 registers, no spill
+    return Design(rows=4, min_blocks=2, m=M)         # otherwise, and every batch (128 registers; M >= 4 spills)
 
 
 def grid_size(d, N):
@@ -876,8 +876,8 @@ def benchmark(launch, shapes=LLM_SHAPES, dtypes=("bf16", "fp16"), ms=(1,), *, va
 
     ``launch``: a launch function (``launch(g)``, ``g`` a :class:`GemvBuffers`, on ``g.stream``) or a dict
     {variant: launch} timed side by side, each recorded as ``kernel_name(variant)``; the first is the
-    default (``run.meta["default_kernel"]``). ``ms``: batch sizes (rows of x); for M > 1 bitsandbytes'
-    ``matmul_4bit`` dequantizes and multiplies (:data:`BNB_MATMUL`). ``variant_dtypes``: dtypes on which
+    default (``run.meta["default_kernel"]``). ``ms``: batch sizes (rows of x); bitsandbytes' ``matmul_4bit``
+    without grad is its fused ``gemv_4bit`` at M = 1 and ``gemm_4bit`` for M > 1 (:data:`BNB_GEMV`, :data:`BNB_GEMM`). ``variant_dtypes``: dtypes on which
     the variants after the first are timed (default: all). ``deadline``: a ``time.time()`` after which no
     new (shape, dtype, M) is started (``meta["incomplete"]`` says so), to keep a GPU session in budget.
     To keep repeated launches from reading the weights out of L2 (50 MB on an H100), every timed function
@@ -1025,9 +1025,9 @@ def summary(run, bound=None) -> str:
         rb = bound and next((q for q in bound.records if q["kind"] == "bound" and q["shape"] == r["shape"]), None)
         lines.append(f"{'x'.join(map(str, r['shape'])):>11} {r['dtype']:>5} {M:>2} {r['ms'] * 1e3:8.1f} "
                      f"{b['ms'] * 1e3 if b else float('nan'):7.1f} {b['ms'] / r['ms'] if b else float('nan'):6.2f} "
-                     f"{100 * r['gbps'] / copy['gbps'] if copy else float('nan'):6.0f}% "
-                     f"{100 * rb['ms'] / r['ms'] if rb else float('nan'):8.0f}%  "
-                     f"{ok.get((ours, *key))}, {ok.get((bnb_name(M), *key))}")
+                     + (f"{100 * r['gbps'] / copy['gbps']:6.0f}% " if copy else f"{'-':>7} ")
+                     + (f"{100 * rb['ms'] / r['ms']:8.0f}%  " if rb else f"{'-':>9}  ")
+                     + f"{ok.get((ours, *key))}, {ok.get((bnb_name(M), *key))}")
     return "\n".join(lines)
 
 

@@ -88,15 +88,18 @@ def progress(notebook: str, gpu: str | None = None, *, shape=None, dtype="bf16")
     merged = bench.Run(meta=here.meta)
     earlier = sorted(p.stem for p in (results.RESULTS_DIR / gpu).glob("[0-9][0-9]_*.json")
                      if _step_number(p.stem) < n_here)
-    # A step re-measures its baseline (an earlier step's kernel) in its own run: that bar takes
-    # this run's number, and only the step's own kernels are highlighted.
+    # Steps re-measure their baselines (earlier steps' kernels) in their own runs: each kernel gets
+    # one bar, from the latest run that measured it, in the order the steps introduced them; only
+    # the step's own kernels are highlighted.
     mine = {r["name"] for r in here.kernels()}
-    seen = set()
+    latest: dict = {}
     for name in earlier:
         prev = bench.Run.load(name, gpu)
-        recs = [r for r in prev.kernels() if r["shape"] == shape and r["dtype"] == dtype]
-        seen |= {r["name"] for r in recs}
-        merged.add([r for r in recs if r["name"] not in mine])
+        for r in prev.kernels():
+            if r["shape"] == shape and r["dtype"] == dtype:
+                latest[r["name"]] = r   # a re-measurement keeps the first one's place in the dict
+    seen = set(latest)
+    merged.add([r for n, r in latest.items() if n not in mine])
     merged.add([r for r in here.records if r["shape"] == shape and r["dtype"] == dtype])
     merged.finalize()
     highlight = mine - seen

@@ -3,12 +3,13 @@
     {"meta": {"gpu", "driver", "clocks", "date", "numba", "numba_cuda", "bitsandbytes",
               "torch", "method", ...},
      "records": [{"kind": "kernel" | "ceiling" | "baseline", "name", "shape": [rows, cols],
-                  "dtype", "ms", "gbps", "pct_copy", "pct_fill", "speedup_vs_bnb",
-                  "bit_exact", ...}]}
+                  "dtype", "ms", "gbps", "pct_copy", "pct_fill", "pct_bound",
+                  "speedup_vs_bnb", "bit_exact", ...}]}
 
 Besides the three kinds above, ``bound`` marks a timing of the same memory traffic without
-the arithmetic (lab/tune_best_kernel.py) and ``exactness`` a bit-exactness case with no
-timing (tools/bench_dequantize.py). Notebooks and plots read these files; nothing is typed
+the arithmetic (nf4lab.bench.bound, lab/tune_best_kernel.py), ``exactness`` a bit-exactness
+check with no timing (tools/bench_dequantize.py, tools/gpu_exactness.py) and ``time`` a
+notebook's execution time (python -m nf4lab notebooks). Notebooks and plots read these files; nothing is typed
 in by hand.
 """
 from __future__ import annotations
@@ -114,9 +115,12 @@ def source_note(gpu: str | None = None) -> str:
     gpu = gpu or default_gpu()
     if gpu is None:
         return "no results recorded for any GPU yet"
-    if gpu == current_gpu():
+    here = current_gpu()
+    if gpu == here:
         return f"results of this GPU ({gpu})"
-    return f"recorded on {gpu} (no GPU here: these are not this machine's measurements)"
+    if here is None:
+        return f"recorded on {gpu} (no GPU here: these are not this machine's measurements)"
+    return f"recorded on {gpu}, not on this GPU ({here})"
 
 
 def load(name: str, gpu: str | None = None) -> dict | None:

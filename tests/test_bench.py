@@ -59,9 +59,13 @@ def test_committed_results_have_the_documented_fields():
         for key in ("gpu", "driver", "clocks", "date", "numba", "numba_cuda", "bitsandbytes", "torch", "method"):
             assert key in data["meta"], (p, key)
         for r in data["records"]:
-            assert r["kind"] in ("kernel", "ceiling", "baseline", "bound", "exactness"), p
-            if r["kind"] == "exactness":  # a bit-exactness case, no timing
-                assert r["bit_exact"] in (True, False) and "shape" in r and "dtype" in r, p
+            assert r["kind"] in ("kernel", "ceiling", "baseline", "bound", "exactness", "time"), p
+            if r["kind"] == "exactness":  # a bit-exactness check, no timing: a case, an op or a notebook's version
+                assert r["bit_exact"] in (True, False) and r.get("name"), p
+                assert ("shape" in r and "dtype" in r) or "inputs" in r or "notebook" in r, p
+                continue
+            if r["kind"] == "time":  # how long a notebook took to execute
+                assert r["seconds"] > 0 and r.get("name"), p
                 continue
             for key in ("kind", "name", "shape", "dtype", "ms", "gbps"):
                 assert key in r, (p, key)
