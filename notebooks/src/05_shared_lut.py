@@ -390,7 +390,7 @@ assert result
 ### END SOLUTION
 
 # %% [markdown]
-# *What to notice:* the shared-memory kernel served fp4 without a change, because it copies
-# whatever table the caller passes; constant memory and instruction constants are baked in at
+# *What to notice:* the shared-memory kernel serves fp4 without a change (its launch function
+# accepts fp4 cases; no cell above runs it on one), because it copies whatever table the caller passes; constant memory and instruction constants are baked in at
 # compile time. Flexibility is an argument for shared (or global) memory that holds whatever the
 # measured speed.

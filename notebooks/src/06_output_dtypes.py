@@ -246,8 +246,9 @@ VERSIONS = {"06 best kernel (bf16/fp16/fp32)": launch}
 # <a id="ptx"></a>
 # ## 4. PTX evidence, per dtype
 #
-# Each kernel contains only its own conversion: bf16 `cvt.rn.bf16x2.f32` and no `f16x2`, fp16 the
-# reverse, fp32 neither (the float32 bits go straight into the stores). All three: `UNITS`
+# Each kernel contains only its own conversion: compiled for sm_80 or newer, bf16 `cvt.rn.bf16x2.f32`
+# and no `f16x2`, fp16 the reverse, fp32 neither (the float32 bits go straight into the stores); for
+# sm_75 (a T4, or `NF4LAB_ARCH=sm_75`) the check prints which instructions stand in (section 7). All three: `UNITS`
 # 32-bit loads one after another at a stride of `THREADS` words (the loop unrolled, the local
 # arrays in registers: no `ld.local`), 16-byte stores (one per unit), shared LUT, no FMA,
 # no float64.
@@ -394,8 +395,8 @@ for d in ("bf16", "fp16"):
 # would cost up to the factor printed above; a kernel at the memory wall may have issue slots to
 # spare and hide part of the extra work behind memory time, so we predict a cost below that bound,
 # largest for bf16; how far below is for the measurement to say. The measurement, when one with
-# `NF4LAB_ARCH=sm_75` is recorded for this GPU (fp32 converts nothing: its two runs differ only
-# by run-to-run noise):
+# `NF4LAB_ARCH=sm_75` is recorded for this GPU (fp32 converts nothing: we expect its two runs to
+# differ only by run-to-run noise):
 
 # %%
 sm80 = bench.Run.load("06_output_dtypes") if SM75_RUN else run
@@ -428,7 +429,8 @@ else:
 #   bound (the same bytes, no arithmetic at all) is the fairer target than copy: 07 holds every
 #   kernel to it.
 # * A GPU without an instruction gets a second path chosen at compile time, not a second kernel:
-#   on sm_75 bf16 is rounded in integers, and the cost is counted in PTX and then measured.
+#   on sm_75 bf16 is rounded in integers; the cost is counted in PTX, and measured where an
+#   `NF4LAB_ARCH=sm_75` run is recorded for the GPU (the cell above says whether one is).
 # * `nf4lab.dequantize` (the drop-in, `nf4lab/fastkernel.py`) uses this design.
 #
 # The summary, [07](07_summary.ipynb), puts all steps side by side and across sizes.

@@ -10,8 +10,8 @@
 # moved with no arithmetic) and bitsandbytes, and see how far each step took us. Then sweep the
 # size, from L2-resident tensors to the weight shapes of real LLMs.
 #
-# Sections 1-5 are measured on the GPU in hand; without a GPU, they show a recorded GPU's
-# results. Section 6 adds older recorded evidence (profiles, tuning rounds), possibly from another
+# Sections 2-5 are measured on the GPU in hand; without a GPU, they show a recorded GPU's
+# results (section 1 verifies on whatever runs the notebook: the GPU or the simulator). Section 6 adds older recorded evidence (profiles, tuning rounds), possibly from another
 # GPU. Every table and plot says which.
 #
 # The kernels are not copied here: `nf4lab.versions` executes the cells tagged `kernel` of each
@@ -205,8 +205,9 @@ if run is not None:
 #
 # The same comparison from about 1 MB to about 1 GB of output, including the LLM weight shapes
 # 4096x14336 and 8192x28672. Left of the L2 line the whole working set fits in L2 and repeated
-# calls are partly served from it: those points can exceed DRAM bandwidth and are marked `fits_l2`
-# in the results. Copy and fill (dashed) and the traffic-matched bound are measured at each size.
+# calls are partly served from it: those points are not a DRAM measurement (they are marked
+# `fits_l2` in the results), and whether the L2 lifts them above DRAM bandwidth or the launch cost
+# below holds them under it, the table after the plot shows. Copy and fill (dashed) and the traffic-matched bound are measured at each size.
 # At the smallest sizes the fixed cost of a launch (start, ramp-up, the last wave) is a large
 # share of a short kernel.
 

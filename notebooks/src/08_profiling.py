@@ -290,12 +290,12 @@ for name, s in summaries.items():
 # | --- | --- | --- |
 # | `long_scoreboard` | a result from global (or local) memory | the packed codes, then the dependent `code2[absmax_q[b]]`: a load whose address needs another load |
 # | `lg_throttle` | room in the queue of global memory instructions | a thread issuing several memory instructions back to back, e.g. four 16-byte stores in a row |
-# | `mio_throttle`, `short_scoreboard` | the MIO unit: shared memory, and constant-cache accesses whose lanes read different addresses | the LUT in shared or constant memory (05) |
+# | `mio_throttle`, `short_scoreboard` | the MIO unit: shared memory, and constant-cache accesses whose lanes read different addresses | the LUT in constant memory (05); shared-memory reads (LUT, exchange) rarely reach the top three |
 # | `barrier` | the other warps of the block at `cuda.syncthreads()` | kernels that stage data in shared memory |
 # | `math_pipe_throttle` | a busy arithmetic pipe | many instructions per weight, e.g. the LUT as a tree of selects (05) |
 # | `drain` | its stores to leave, at exit | store-heavy kernels: 4 bytes out for every byte in |
 # | `wait` | a fixed-latency dependency | plain arithmetic |
-# | `not_selected` | nothing: it was ready but another warp issued | a healthy sign: more ready warps than the scheduler needs |
+# | `not_selected` | nothing: it was ready but another warp issued | more ready warps than the scheduler needs: harmless beside memory waits; on top (the select tree, 05), the schedulers issue every cycle they can and instructions are the limit |
 #
 # Which version shows each reason most:
 
@@ -408,6 +408,6 @@ show_lines(lines) if lines else print("No source page with line info recorded: n
 # - Occupancy is a means: what a memory-bound kernel needs is bytes in flight, and wider
 #   accesses supply them with fewer warps.
 # - `long_scoreboard` comes first in the memory-bound versions: the warps wait on memory. Any
-#   other reason on top (`lg_throttle`, `mio_throttle`, `math_pipe_throttle`) names what holds
-#   a version back before DRAM does.
+#   other reason on top (`lg_throttle`, `mio_throttle`, `math_pipe_throttle`, or `not_selected`
+#   in an instruction-bound kernel) names what holds a version back before DRAM does.
 # - With `lineinfo=True`, stalls land on Python lines, which is where a fix is written.

@@ -74,8 +74,9 @@ print(f"(copy ceiling {copy['gbps']:.0f} GB/s, {results.label(RECORDED.meta)})" 
 # - **Launch bounds** (`cuda.jit(launch_bounds=(256, B))`) ask ptxas to fit B blocks per SM.
 #
 # `auto_design(N, M)` (chosen by the lab's measurements on the H100, section 7) goes by how many warps the
-# row groups give the GPU's SMs; with 132 SMs (H100, H200): R4 S2 B3 at N = 4096, R8 S2 B2 at N = 8192,
-# else (and every batch) R4 S1 B2. First the device functions, one job each:
+# row groups give the GPU's SMs; with 132 SMs (H100, H200): R4 S2 B3 for N up to about 6300 (N = 4096, and
+# the small shapes of section 4), R8 S2 B2 up to about 8400 (N = 8192), else (N = 14336, and every batch)
+# R4 S1 B2. First the device functions, one job each:
 
 # %%
 @cuda.jit(device=True, inline="always")
@@ -375,7 +376,8 @@ if run is not None:
 # ## 6. Batch: up to 8 rows of x
 #
 # `Design(m=M)` reads each code and table pair once and does M FMAs with it: same bytes, M-fold arithmetic.
-# bitsandbytes' `matmul_4bit` runs its fused `gemm_4bit` for M > 1. Section 4 checked a batch (M = 4 on a GPU,
+# bitsandbytes' `matmul_4bit` runs its `gemm_4bit` op for M > 1, which picks per GPU and shape between its
+# fused kernel and `dequantize_4bit` + `F.linear`. Section 4 checked a batch (M = 4 on a GPU,
 # M = 3 in the simulator); recorded:
 
 # %%
