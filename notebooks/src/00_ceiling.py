@@ -18,9 +18,9 @@
 # 4. [Ceilings and the bitsandbytes baseline, measured](#measured)
 # 5. [What we learned](#learned)
 #
-# Every number in this notebook is either computed from the byte model or measured and
-# recorded under `data/results/` (with GPU, date and versions). On a machine without a GPU
-# the notebook shows the recorded measurements and says where they come from.
+# Every byte count and speed in this notebook is either computed from the byte model or
+# measured and recorded under `data/results/` (with GPU, date and versions). On a machine
+# without a GPU the notebook shows the recorded measurements and says where they come from.
 
 # %%
 import nf4lab  # first: decides GPU or simulator before numba.cuda is imported

@@ -9,7 +9,8 @@
 # packed byte, the block scale read from global memory by every thread, two 16-bit stores.
 # "Correct" means *bit-exact* with bitsandbytes, and on the way there numba sets two traps
 # that every later kernel must avoid: it **fuses `a * b + c` into one FMA** (which changes the
-# result), and **signed indices** make it emit wraparound code and float64 comparisons.
+# result), and **signed indices** make it emit wraparound code (and, half-fixed, float64
+# comparisons).
 #
 # **Contents**
 # 1. [Prediction](#prediction)
@@ -182,11 +183,13 @@ print(f"FMA scales on the main case ({case.n:,} weights), bf16 output: {n_bf16:,
 
 # %% [markdown]
 # With float32 output the weights of an affected block are off by an ulp or two. With bf16 output
-# the 16 low bits are rounded away, so most of the damage hides: a scale that is one float32
-# ulp off changes a bf16 result only when the product lands within that ulp of a bf16 rounding
-# boundary. On a small case that may be no output at all; the last line above counts it on the
-# main case (268 million weights on a GPU, a small case in the simulator). A small bf16 test
-# alone can let this bug through: that is why the series checks the PTX *and* verifies on
+# the 16 low bits are rounded away, so most or all of the damage hides: a scale that is one
+# float32 ulp off changes a bf16 result only when the product lands within that ulp of a bf16
+# rounding boundary. A case has few distinct scales (`absmax_q` takes at most 256 values per
+# group), so there are few distinct products to land there: on a small case that may be no
+# output at all, and the last line above counts it on the main case (268 million weights on a
+# GPU, a small case in the simulator), where it can be none as well. A bf16 test alone, small
+# or large, can let this bug through: that is why the series checks the PTX *and* verifies on
 # several dtypes and distributions.
 #
 # **The fix:** `nf4lab.ops.fmul_rn` / `fadd_rn` (libdevice `__fmul_rn` / `__fadd_rn` on the GPU,
@@ -335,9 +338,12 @@ nf4lab.verify_versions({"01 naive": launch}, case);
 #
 # On a GPU, `bench.step` verifies the kernel once more on 16384 x 16384, times it through a
 # CUDA graph (GPU time, launch overhead excluded) next to the ceilings of 00 (copy, fill, the
-# traffic-matched bound) and bitsandbytes, all in the same run, and records the run. It also measures the host time per call (`host_ms`): a
-# numba launch from Python costs tens of microseconds, which is why GPU time is measured
-# with CUDA graphs. In the simulator it shows the recorded run.
+# traffic-matched bound) and bitsandbytes, all in the same run, and records the run. It also
+# measures the host time per call (`host_ms`: calls back to back, synchronised at the end). A
+# numba launch from Python costs tens of microseconds, which is why GPU time is measured with
+# CUDA graphs; back to back, those launches overlap with the kernels already queued, so on a
+# kernel that runs longer than a launch takes, `host_ms` is close to the GPU time and does not
+# show the launch cost. In the simulator it shows the recorded run.
 
 # %%
 run = bench.step("01_naive", VERSIONS)

@@ -7,8 +7,9 @@
 #
 # **Goal.** Four fifths of the bytes we move are writes, and the kernels so far write them
 # two bytes at a time: two `st.global.u16` per packed byte. The two weights of a byte are
-# adjacent in the output, so they fit in one 32-bit word. Here we convert both with one
-# instruction (`cvt.rn.bf16x2.f32`) and write them with one `st.global.u32`, halving the
+# adjacent in the output, so they fit in one 32-bit word. Here we convert both at once
+# (`ops.pack_bf16x2`: one `cvt.rn.bf16x2.f32` on compute capability 8.0 and newer, integer
+# rounding on a T4) and write them with one `st.global.u32`, halving the
 # store instructions, and handle the one case where that would be wrong: the last byte of
 # an odd-length tensor, which holds a single weight.
 #
@@ -50,12 +51,13 @@ for name, width in (("01/02: two 16-bit stores per byte", 2), ("03: one 32-bit s
           f"{32 * width} bytes per warp store")
 
 # %% [markdown]
-# Half the store instructions, each warp store covering 128 contiguous bytes (a full cache
-# line) instead of 64. The memory system merges the two 16-bit stores of 01 in L2 anyway, so
-# the DRAM traffic is the same; what we save is instruction issue and load/store-unit work per
-# byte. Our prediction: **some gain if those instructions were part of the limit, none if DRAM
-# latency was all of it**; and not the ceiling either way, because each thread still has a
-# single byte's loads in flight. The benchmark measures 01 and 02 in the same run, so that each
+# Half the store instructions, each warp store writing 128 contiguous bytes (a full cache
+# line) instead of 64 bytes in every other 2-byte slot of the same 128. L2 should merge the two
+# 16-bit stores of 01 into the same lines before they reach DRAM, so the DRAM traffic should
+# be the same; what we save is instruction issue and load/store-unit work per byte. Our
+# prediction: **some gain if those instructions were part of the limit, none if DRAM latency
+# was all of it**; and not the ceiling either way, because each thread still has a single
+# byte's loads in flight. The benchmark measures 01 and 02 in the same run, so that each
 # 03 version is compared with the kernel it differs from by the store alone.
 #
 # Bit order: `out[2j]` (the high nibble) is at the lower address, and on a little-endian GPU the
@@ -143,7 +145,8 @@ VERSIONS = {
 #
 # One `cvt.rn.bf16x2.f32` and one `st.global.u32` for the main path; the single
 # `st.global.u16` (with its `cvt.rn.bf16.f32`) is the odd-n tail, on the other side of the
-# branch. Still no `fma`, no float64.
+# branch. Still no `fma`, no float64. (The two `cvt` exist from compute capability 8.0; PTX for
+# a T4, sm_75, rounds in integer instructions instead, and the check below says so.)
 
 # %%
 u32_ptx = nf4lab.compile_ptx(dequant_u32, SIG)
@@ -246,13 +249,14 @@ else:
 #   the bytes. Whether that is faster depends on what limits the kernel: the like-with-like
 #   comparison above says what it bought on this GPU. An optimization that gains nothing is a
 #   measurement worth keeping: it says where the limit is *not*.
-# * `cvt.rn.bf16x2.f32` converts two floats with round-to-nearest-even in one instruction;
-#   mind which half is which (the lower address is the low half).
+# * `cvt.rn.bf16x2.f32` (compute capability 8.0 and newer) converts two floats with
+#   round-to-nearest-even in one instruction; `ops.pack_bf16x2` falls back to integer rounding
+#   on a T4. Either way, mind which half is which (the lower address is the low half).
 # * Wider stores bring a tail: whenever a store covers more than one output, the end of the
 #   tensor needs a narrower store, or the kernel writes past `n`. Poisoned guard regions in the
 #   verification catch it.
-# * Each thread still reads one byte per iteration. The next notebooks widen the loads and
-#   stores further (a 32-bit word of codes per thread, then 128-bit accesses) and move the LUT.
+# * Each thread still reads one byte per iteration. 04 widens the loads and stores further
+#   (one 128-bit load of codes and 128-bit stores per thread), and 05 moves the LUT.
 #
 # Next, [04 · vector loads](04_vector_loads.ipynb).
 

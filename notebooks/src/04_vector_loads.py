@@ -107,7 +107,7 @@ if best:
 # Thread `c` loads chunk `c` (packed bytes `16c .. 16c+15`, weights `32c .. 32c+31`). With blocks
 # of 64 weights (or any of bitsandbytes' block sizes, all >= 32), a 16-byte-aligned chunk lies in
 # one block, so **the scale is computed once per 32 weights**. Each of the 4 words holds 4 bytes =
-# 8 weights = 4 output words of 2 bf16 (`cvt.rn.bf16x2.f32`), stored with one 128-bit store.
+# 8 weights = 4 output words of 2 bf16 (`ops.pack_bf16x2`), stored with one 128-bit store.
 #
 # A numba typing detail shows up in the index code: `uint64 * 32` or `uint64 + 1` with a
 # *literal* is typed as int64, and int64 mixed with uint64 becomes **float64**. Shifts keep the
@@ -321,7 +321,8 @@ VERSIONS = {"04 16B loads, scattered stores": launch_a, "04 16B loads, coalesced
 # ## 6. PTX evidence
 #
 # Both versions: one `ld.global.v4.u32`, `st.global.v4.u32` for the stores, `cvt.rn.bf16x2.f32`
-# for the conversion, separately rounded `mul.rn.f32`/`add.rn.f32` for the scale and no `fma`,
+# for the conversion (from compute capability 8.0; a T4's sm_75 code rounds in integers, and
+# the check says so), separately rounded `mul.rn.f32`/`add.rn.f32` for the scale and no `fma`,
 # no float64. Version A has its four vector stores in a row; version B has one inside the loop
 # over `j`, plus the shared-memory exchange (`st.shared`, `bar.sync`, `ld.shared`). The
 # `st.global.u16` are the scalar tail.
