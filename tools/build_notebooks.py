@@ -47,11 +47,12 @@ SETUP = f"""\
 # session). Anywhere else this cell does nothing. See tools/setup_runtime.py for what it installs.
 import os, subprocess, sys
 if "google.colab" in sys.modules or "KAGGLE_KERNEL_RUN_TYPE" in os.environ:
-    if not os.path.isdir("nf4lab-repo"):
-        subprocess.run(["git", "clone", "-q", "--depth", "1", "https://github.com/{REPO}", "nf4lab-repo"], check=True)
-    subprocess.run([sys.executable, "nf4lab-repo/tools/setup_runtime.py"], check=True)
-    sys.path.insert(0, os.path.abspath("nf4lab-repo"))
-    os.chdir("nf4lab-repo/notebooks")"""
+    repo = os.path.expanduser("~/nf4lab-repo")   # one fixed place: running this cell again reuses it
+    if not os.path.isdir(repo):
+        subprocess.run(["git", "clone", "-q", "--depth", "1", "https://github.com/{REPO}", repo], check=True)
+    subprocess.run([sys.executable, os.path.join(repo, "tools", "setup_runtime.py")], check=True)
+    sys.path.insert(0, repo)
+    os.chdir(os.path.join(repo, "notebooks"))"""
 
 
 def _nbclean():
