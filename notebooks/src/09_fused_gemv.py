@@ -1,5 +1,4 @@
 # Capstone: a fused NF4 GEMV for decoding (percent-format source of notebooks/09_fused_gemv.ipynb)
-
 # %% [markdown]
 # # 09 · Capstone: fuse NF4 dequantization into the matrix-vector product
 #
@@ -39,9 +38,8 @@ RECORDED, BOUND = bench.Run.load(gemv.NAME), bench.Run.load("09_read_bound")  # 
 # <a id="bytes"></a>
 # ## 1. The byte count: a prediction
 #
-# A GEMV does 2 flops per weight read once: memory-bound. Dequantize + matmul moves 0.5 + 2 + 2 bytes per
-# weight; fused, 0.5 plus the scales. From the byte model, and, where a GEMV run is recorded for this GPU,
-# the time at its copy ceiling (a prediction, not a measurement):
+# A GEMV does 2 flops per weight read once: memory-bound. Dequantize + matmul moves 0.5 + 2 + 2 bytes per weight;
+# fused, 0.5 plus the scales. With a GEMV run recorded for this GPU, the time at its copy ceiling (a prediction):
 
 # %%
 copy = next((r for r in RECORDED.records if r["name"] == gemv.COPY), None) if RECORDED else None
@@ -55,9 +53,8 @@ print(f"(copy ceiling {copy['gbps']:.0f} GB/s, {results.label(RECORDED.meta)})" 
       else "(no GEMV run recorded for this GPU: no copy ceiling to time against)")
 
 # %% [markdown]
-# Little's law: bandwidth = bytes in flight / latency. With the series' assumed 700 ns DRAM latency
-# (`nf4lab.lesson.ASSUMED_DRAM_LATENCY_NS`), 3 TB/s (about an H100's copy) needs about 2.1 MB in flight
-# (16 KB per SM of its 132): many 128-bit loads outstanding at every moment, the design goal.
+# Little's law: bandwidth = bytes in flight / latency. With the series' assumed 700 ns DRAM latency, 3 TB/s
+# (about an H100's copy) needs about 2.1 MB in flight (16 KB per SM of its 132): many 128-bit loads outstanding.
 #
 # <a id="kernel"></a>
 # ## 2. The kernel
@@ -69,14 +66,13 @@ print(f"(copy ceiling {copy['gbps']:.0f} GB/s, {results.label(RECORDED.meta)})" 
 #   (`lds_pair`); 16 copies (32 KB), lane `l` reading copy `l & 15`: no bank conflicts.
 # - **The scale out of the inner sum**: a lane's 32 columns share one absmax block, one scale per item.
 # - **Software pipeline**: a lane computes one item while the next one's loads fly, across row groups too.
-# - **Weights bypass L1** (`load_stream_u32x4`: `ld.global.nc.L1::no_allocate.v4.u32`): read once.
+# - **Weights bypass L1** (`load_stream_u32x4`: `ld.global.nc.L1::no_allocate.v4.u32`): read once. **Launch
+#   bounds** (`cuda.jit(launch_bounds=(256, B))`) ask ptxas to fit B blocks per SM.
 # - **Split-K teams**: with too few row groups, S warps share one and add their sums after a named barrier.
-# - **Launch bounds** (`cuda.jit(launch_bounds=(256, B))`) ask ptxas to fit B blocks per SM.
 #
-# `auto_design(N, M)` (chosen by the lab's measurements on the H100, section 7) goes by how many warps the
-# row groups give the GPU's SMs; with 132 SMs (H100, H200): R4 S2 B3 for N up to about 6300 (N = 4096, and
-# the small shapes of section 4), R8 S2 B2 up to about 8400 (N = 8192), else (N = 14336, and every batch)
-# R4 S1 B2. First the device functions, one job each:
+# `auto_design(N, M)` (the lab's H100 measurements, section 7) goes by how many warps the row groups give the
+# SMs; with 132 (H100, H200): R4 S2 B3 for N up to about 6300 (N = 4096, section 4's small shapes), R8 S2 B2 up
+# to about 8400 (N = 8192), else (N = 14336, every batch) R4 S1 B2. First the device functions, one job each:
 
 # %%
 @cuda.jit(device=True, inline="always")
@@ -275,10 +271,9 @@ def launch(g, design=None, reduce=warp_sum):
 # <a id="evidence"></a>
 # ## 3. PTX and SASS evidence
 #
-# PTX of the design `auto_design` picks at N = 4096 (printed below; R4 S2 B3 with 132 SMs): launch bounds,
-# R streaming code loads (prologue + loop), 4 x loads, R x 16 pair reads, 5 shuffles per row, the named
-# barrier of split-K; no local memory, float64 or 64-bit division.
-# SASS (sm_90, recorded offline by `lab/sass_gemv.py`): registers and spills, which set warps per SM.
+# PTX of the design `auto_design` picks at N = 4096 (R4 S2 B3 with 132 SMs): launch bounds, R streaming code loads,
+# 4 x loads, R x 16 pair reads, 5 shuffles per row, split-K's named barrier; no local memory, float64, 64-bit
+# division. SASS (sm_90, recorded offline by `lab/sass_gemv.py`): registers and spills, which set warps per SM.
 
 # %%
 D = auto_design(4096)
@@ -303,17 +298,16 @@ for d in [auto_design(4096), auto_design(8192), auto_design(14336)] + [auto_desi
     assert r["registers"] <= 65536 // (256 * d.min_blocks)   # the launch bounds held
 
 # %% [markdown]
-# This design's PTX has no local memory (checked above). The batch designs (M = 4 and up) do: their PTX has
-# `ld.local`, and ptxas spills where R x M sums exceed the register cap (R8; M >= 4, in the table above);
-# the lab kept them because they timed faster on the H100 than its alternatives.
+# The batch designs (M = 4 and up) do have `ld.local`, and ptxas spills where R x M sums exceed the register
+# cap (R8; M >= 4, table above): the lab kept them, as they timed faster on the H100 than the alternatives.
 #
 # <a id="correctness"></a>
 # ## 4. Correctness: a tolerance, not bits
 #
 # Each kernel sums in its own order: none is bit-exact with another, none is wrong. We compare with float64
-# `y64 = x @ W.T` and allow any float32 summation's error (Higham §3.1), `K * eps32 * sum|x w|`, plus the
-# output rounding `u_out * |y|`. Shapes: odd N, K not a multiple of 1024, two absmax2 groups, both dtypes,
-# split-K and plain designs, a batch; bitsandbytes' own error on each case beside ours.
+# `y64 = x @ W.T`, allowing any float32 summation's error (Higham §3.1) `K * eps32 * sum|x w|` plus the output
+# rounding `u_out * |y|`. Odd N, K not a multiple of 1024, two absmax2 groups, both dtypes, split-K and plain
+# designs, a batch; bitsandbytes' own error on each case beside ours.
 
 # %%
 SHAPES = [((24, 192), "bf16", 1, Design(rows=4, min_blocks=2)), ((53, 320), "fp16", 1, None),
@@ -329,8 +323,7 @@ for (N, K), dtype, M, design in SHAPES:
           f"({'within' if theirs.ok else 'OUTSIDE'} the float32 tolerance)")
 
 # %% [markdown]
-# bitsandbytes rounds each weight to 16 bits before multiplying, an error the float32 bound does not budget:
-# read its ratios above (and the GPU checks of section 5). Does the bound catch bugs? Planted ones:
+# bitsandbytes rounds weights to 16 bits first, an error the bound does not budget (ratios above). Planted bugs:
 
 # %%
 absmax = reference.block_absmax(gc.absmax_q, gc.absmax2, gc.code2, gc.offset)
@@ -347,10 +340,9 @@ for name, y_bug in bugs.items():
 # <a id="benchmark"></a>
 # ## 5. Benchmark: against bitsandbytes and the read bound
 #
-# `gemv.benchmark`, one run, same weights: bitsandbytes `matmul_4bit` (`gemv_4bit` at M = 1),
-# `dequantize_4bit` + `torch.matmul`, ours; 4 LLM shapes, bf16/fp16, the copy ceiling; CUDA-graph GPU
-# time, weights cycled over > 4x L2 (from DRAM, as in decoding); GB/s = weight bytes / time. The *read
-# bound*: a kernel that only reads those bytes (`lab/gemv_read_bound.py`): no GEMV can beat it.
+# One run, same weights: bitsandbytes `matmul_4bit` (`gemv_4bit` at M = 1), `dequantize_4bit` + `torch.matmul`,
+# ours; 4 LLM shapes, bf16/fp16, the copy ceiling; CUDA-graph GPU time, weights cycled over > 4x L2 (from
+# DRAM, as in decoding); GB/s = weight bytes / time. The *read bound* (`lab/gemv_read_bound.py`) only reads.
 
 # %%
 if nf4lab.ON_GPU:
@@ -370,7 +362,7 @@ if run is not None:
 
 # %% [markdown]
 # Where a read bound is recorded for this GPU, its share says how much of the gap any GEMV could still close
-# at that shape (without one, that column reads nan).
+# at that shape (without one, that column reads -).
 #
 # <a id="batch"></a>
 # ## 6. Batch: up to 8 rows of x
@@ -393,8 +385,7 @@ else:
 # <a id="road"></a>
 # ## 7. The road here: what lost, and why
 #
-# The lab (`lab/`) timed a family of designs in one run; per variant, its speed relative to the default
-# (bf16, M = 1), read from that run:
+# The lab (`lab/`) timed a family of designs in one run; each variant's speed relative to the default (bf16, M = 1):
 
 # %%
 ROAD = {
@@ -425,17 +416,18 @@ else:
 # <a id="reading"></a>
 # ## 8. Reading: Marlin and FLUTE
 #
-# - **Marlin** (Frantar, Castro et al., arXiv 2408.11743; github.com/IST-DASLab/marlin) stays memory-bound
-#   to batch 16-32: tensor cores fed by weights reshuffled offline, `lop3` dequantization instead of a table,
-#   `cp.async` multi-stage pipelines, striped partitioning with a global split-K reduction.
-# - **FLUTE** (arXiv 2407.10960) serves lookup-table formats like NF4: weights restructured offline, the
-#   table vectorized and duplicated in shared memory against bank conflicts (our 16 copies).
+# - **Marlin** (arXiv 2408.11743, github.com/IST-DASLab/marlin): memory-bound to batch 16-32 with tensor cores
+#   on offline-reshuffled weights, `lop3` dequantization, `cp.async` pipelines, global split-K reduction.
+# - **FLUTE** (arXiv 2407.10960): lookup-table formats like NF4, the table vectorized and duplicated in shared
+#   memory against bank conflicts (our 16 copies).
 #
 # <a id="exercise"></a>
 # ## 9. Exercise: the reduction is wrong
 #
 # Our GEMV with a different warp reduction gives outputs far off. Fix `warp_sum_ex` so that lane 0 ends up
 # with the sum of all 32 lanes (about 2 lines); the grader checks a small case against section 4's bound.
+# **Hint.** `shfl_down_sync(mask, v, d)` gives lane i the value of lane i + d; d = 16 folds 32 lanes onto
+# 16. How many folds until lane 0 has seen all 32?
 
 # %%
 @cuda.jit(device=True, inline="always")
@@ -456,7 +448,3 @@ result = gemv.check_exercise(lambda g: launch(g, Design(rows=4, min_blocks=2), r
 ### BEGIN SOLUTION
 assert result
 ### END SOLUTION
-
-# %% [markdown]
-# **Hint.** `shfl_down_sync(mask, v, d)` gives lane i the value of lane i + d; d = 16 folds 32 lanes onto
-# 16. How many folds until lane 0 has seen all 32?
