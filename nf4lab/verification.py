@@ -99,6 +99,11 @@ def _ulp_distance(a_bits, b_bits, dtype):
     return np.abs(a_ord - b_ord)
 
 
+# Differences this small come from rounding, not indexing: a scale rounded once (FMA) instead of twice is
+# off by an ulp, and lut[q] * scale then by up to two.
+ROUNDING_ULPS = 2
+
+
 def _hints(idx, exp_bits, act_bits, exp_f, act_f, ulp, n, dtype, blocksize):
     hints = []
     poison = POISON[dtype]
@@ -126,23 +131,23 @@ def _hints(idx, exp_bits, act_bits, exp_f, act_f, ulp, n, dtype, blocksize):
         hints.append("only every second element is wrong: look at how the two nibbles of a byte are split "
                      "(high nibble first) and where the second one is stored")
     u = ulp[written]
-    if u.max() == 1:
+    if u.max() <= ROUNDING_ULPS:
         toward_zero = np.abs(act_f[iw]) < np.abs(exp_f[iw])
-        if toward_zero.all() and dtype != "fp32":
+        if u.max() == 1 and toward_zero.all() and dtype != "fp32":
             hints.append("all differences are 1 ulp toward zero: the float32 -> 16-bit conversion truncates; "
                          "round to nearest even (add 0x7FFF + lsb before the shift, or cvt.rn)")
         else:
-            hints.append("differences of 1 ulp: the compiler probably fused a*b+c into one FMA (fma.rn.f32), "
+            hints.append(f"differences of at most {u.max()} ulp: the compiler probably fused a*b+c into one FMA (fma.rn.f32), "
                          "which rounds once where bitsandbytes rounds twice; use fmul_rn/fadd_rn from "
                          "nf4lab.ops, and check the rounding mode of the conversion")
     blocks = np.unique(iw // blocksize)
     nblocks = -(-n // blocksize)
     group = blocksize * reference.NESTED_BLOCKSIZE
     first_bad = int(iw.min())
-    if u.max() > 1 and 0 < first_bad and first_bad % group == 0:
+    if u.max() > ROUNDING_ULPS and 0 < first_bad and first_bad % group == 0:
         hints.append(f"right up to index {first_bad}, the start of absmax2 group {first_bad // group}, wrong "
                      f"from there: the group index should be block // 256 ({group} weights per group)")
-    elif u.max() > 1 and blocks.size < nblocks:
+    elif u.max() > ROUNDING_ULPS and blocks.size < nblocks:
         hints.append(f"{blocks.size} of {nblocks} blocks are wrong, the others right: a block's scale comes from "
                      "the wrong block; check block = weight_index // blocksize (byte_index // (blocksize // 2)) "
                      "and the absmax_q / absmax2 indices")
