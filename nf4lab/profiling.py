@@ -375,8 +375,10 @@ def rows(summaries: dict) -> list[dict]:
     return out
 
 
-def table(summaries: dict, *, width: int = 34) -> str:
-    """A fixed-width text table of summaries (name -> summarize(...)), versions as rows."""
+def table(summaries: dict, *, width: int | None = None) -> str:
+    """A fixed-width text table of summaries (name -> summarize(...)), versions as rows; the name column is
+    as wide as the longest name (so a marker such as "(live)" at its end stays readable)."""
+    width = width or max([len("version")] + [len(str(k)) for k in summaries])
     head = f"{'version':<{width}} " + " ".join(f"{h:>10}" for h, _, _ in _COLUMNS) + "  top stalls"
     lines = [head, "-" * len(head)]
     for r in rows(summaries):
