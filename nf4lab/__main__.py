@@ -196,7 +196,7 @@ def cmd_plot(args) -> int:
     matplotlib.use("Agg")
     from nf4lab import plots
 
-    gpu = results.default_gpu() if not runtime.ON_GPU else results.gpu_slug(runtime.device_info()["gpu"])
+    gpu = results.default_gpu()   # this GPU's own on a GPU, else a recorded one
     run = bench.Run.load("07_summary", gpu) if gpu else None
     if run is None:
         print("no summary results recorded yet (run notebooks/07_summary.ipynb on a GPU)")

@@ -14,6 +14,7 @@ from L2 on repeats and read higher than DRAM allows; plots mark them.
 """
 from __future__ import annotations
 
+import functools
 import statistics
 import time
 
@@ -113,58 +114,46 @@ def _record(kind, name, shape, dtype, timing, nbytes, **extra) -> dict:
     return rec
 
 
-_COPY_KERNEL = None
-
-
+@functools.lru_cache(maxsize=None)
 def _copy_kernel():
     """A 16-byte-per-thread copy kernel: the SM-driven copy our kernels compete with.
 
     torch's ``copy_`` of same-dtype tensors becomes a memcpy node in a CUDA graph, served
     by the copy engines, which on the H100 reached less than an SM-driven copy.
     """
-    global _COPY_KERNEL
-    if _COPY_KERNEL is None:
-        from numba import cuda, uint64
+    from numba import cuda, uint64
 
-        from . import ops
+    from . import ops
 
-        @cuda.jit
-        def copy16(src, dst, nvec):
-            i = uint64(cuda.grid(1))
-            if i < nvec:
-                a, b, c, d = ops.load_u32x4(src, i * uint64(4))
-                ops.store_u32x4(dst, i * uint64(4), a, b, c, d)
+    @cuda.jit
+    def copy16(src, dst, nvec):
+        i = uint64(cuda.grid(1))
+        if i < nvec:
+            a, b, c, d = ops.load_u32x4(src, i * uint64(4))
+            ops.store_u32x4(dst, i * uint64(4), a, b, c, d)
 
-        _COPY_KERNEL = copy16
-    return _COPY_KERNEL
+    return copy16
 
 
-_STORE_KERNEL = None
-
-
+@functools.lru_cache(maxsize=None)
 def _store_kernel():
     """16-byte stores of a constant: a write-only ceiling that does not depend on torch's fill_
     (on the H200 torch's uint8 fill_ ran at 80% of the copy: not a write ceiling there)."""
-    global _STORE_KERNEL
-    if _STORE_KERNEL is None:
-        from numba import cuda, uint32, uint64
+    from numba import cuda, uint32, uint64
 
-        from . import ops
+    from . import ops
 
-        @cuda.jit
-        def store16(dst, nvec):
-            i = uint64(cuda.grid(1))
-            if i < nvec:
-                v = uint32(0x3F803F80)
-                ops.store_u32x4(dst, i * uint64(4), v, v, v, v)
+    @cuda.jit
+    def store16(dst, nvec):
+        i = uint64(cuda.grid(1))
+        if i < nvec:
+            v = uint32(0x3F803F80)
+            ops.store_u32x4(dst, i * uint64(4), v, v, v, v)
 
-        _STORE_KERNEL = store16
-    return _STORE_KERNEL
+    return store16
 
 
-_BOUND_KERNELS: dict = {}
-
-
+@functools.lru_cache(maxsize=None)
 def _bound_kernel(wide: bool, threads: int, units: int):
     """NF4's traffic without its arithmetic, in the access pattern of nf4lab.dequantize's kernel.
 
@@ -173,32 +162,29 @@ def _bound_kernel(wide: bool, threads: int, units: int):
     Each unit also reads its block's absmax_q byte, so every input byte the kernel needs is read.
     The stored words are the loaded bits (no conversion): the output is garbage, the bytes are not.
     """
-    key = (wide, threads, units)
-    if key not in _BOUND_KERNELS:
-        from numba import cuda, uint32, uint64
+    from numba import cuda, uint32, uint64
 
-        from . import ops
+    from . import ops
 
-        ushift = uint64(2 if wide else 3)
+    ushift = uint64(2 if wide else 3)
 
-        @cuda.jit
-        def bound(packed_u32, absmax_q, out_u32, nunits):
-            base = uint64(cuda.blockIdx.x) * uint64(threads * units) + uint64(cuda.threadIdx.x)
-            words = cuda.local.array(units, uint32)
-            for k in range(units):
-                u = base + uint64(k * threads)
-                words[k] = uint32(0)
-                if u < nunits:
-                    first = u << ushift
-                    words[k] = packed_u32[first >> uint64(3)] ^ uint32(absmax_q[first >> uint64(6)])
-            for k in range(units):
-                u = base + uint64(k * threads)
-                if u < nunits:
-                    w = words[k]
-                    ops.store_u32x4(out_u32, u << uint64(2), w, w ^ uint32(1), w ^ uint32(2), w ^ uint32(3))
+    @cuda.jit
+    def bound(packed_u32, absmax_q, out_u32, nunits):
+        base = uint64(cuda.blockIdx.x) * uint64(threads * units) + uint64(cuda.threadIdx.x)
+        words = cuda.local.array(units, uint32)
+        for k in range(units):
+            u = base + uint64(k * threads)
+            words[k] = uint32(0)
+            if u < nunits:
+                first = u << ushift
+                words[k] = packed_u32[first >> uint64(3)] ^ uint32(absmax_q[first >> uint64(6)])
+        for k in range(units):
+            u = base + uint64(k * threads)
+            if u < nunits:
+                w = words[k]
+                ops.store_u32x4(out_u32, u << uint64(2), w, w ^ uint32(1), w ^ uint32(2), w ^ uint32(3))
 
-        _BOUND_KERNELS[key] = bound
-    return _BOUND_KERNELS[key]
+    return bound
 
 
 def _best(timings: dict) -> tuple[str, dict]:

@@ -16,7 +16,6 @@ import sys
 
 from . import arch, runtime
 
-DEFAULT_CC = arch.DEFAULT_CC  # without a GPU or NF4LAB_ARCH: PTX for sm_90, the H100
 
 
 def _kernel_fn(k):

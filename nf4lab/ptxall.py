@@ -377,23 +377,20 @@ def collect_package() -> tuple[list, list]:
                 rows.append((f"nf4lab.dequantize {dtype} {'nested' if nested else 'plain'} {path}", k,
                              tuple(fastkernel.signature(dtype, nested)), {}))
     rows.append(("nf4lab.bench copy16", bench._copy_kernel(), (arr(u32), arr(u32), u64), {}))
-    if hasattr(bench, "_store_kernel"):
-        rows.append(("nf4lab.bench store16", bench._store_kernel(), (arr(u32), u64), {}))
-    if hasattr(bench, "_bound_kernel"):
-        for wide in (False, True):
-            for threads, units in getattr(bench, "SHAPES", ()):
-                rows.append((f"nf4lab.bench bound {'fp32' if wide else '16-bit'} {threads}x{units}",
-                             bench._bound_kernel(wide, threads, units), (arr(u32), arr(u8), arr(u32), u64), {}))
+    rows.append(("nf4lab.bench store16", bench._store_kernel(), (arr(u32), u64), {}))
+    for wide in (False, True):
+        for threads, units in bench.SHAPES:
+            rows.append((f"nf4lab.bench bound {'fp32' if wide else '16-bit'} {threads}x{units}",
+                         bench._bound_kernel(wide, threads, units), (arr(u32), arr(u8), arr(u32), u64), {}))
     from . import gemv
 
-    if hasattr(gemv, "kernel") and hasattr(gemv, "Design"):
-        # The designs gemv.auto_design picks (launch_torch, the torch ops): two at M = 1, one per batch size.
-        designs = [gemv.Design(rows=4, split=2, min_blocks=3), gemv.Design(rows=8, split=2, min_blocks=2)]
-        designs += [gemv.Design(rows=4, min_blocks=2, m=m) for m in range(1, gemv.MAX_M + 1)]
-        for d in designs:
-            for dtype in ("bf16", "fp16"):
-                rows.append((f"nf4lab.gemv R{d.rows} S{d.split} M{d.m} {dtype}", gemv.kernel(d, dtype),
-                             tuple(gemv.signature()), {}))
+    # The designs gemv.auto_design picks (launch_torch, the torch ops): two at M = 1, one per batch size.
+    designs = [gemv.Design(rows=4, split=2, min_blocks=3), gemv.Design(rows=8, split=2, min_blocks=2)]
+    designs += [gemv.Design(rows=4, min_blocks=2, m=m) for m in range(1, gemv.MAX_M + 1)]
+    for d in designs:
+        for dtype in ("bf16", "fp16"):
+            rows.append((f"nf4lab.gemv R{d.rows} S{d.split} M{d.m} {dtype}", gemv.kernel(d, dtype),
+                         tuple(gemv.signature()), {}))
     from .ptx import _kernel_fn
 
     return [(label, _kernel_fn(k), sig, dict(getattr(k, "_nf4lab_jit_kwargs", {}) or {}))

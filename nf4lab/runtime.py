@@ -23,16 +23,19 @@ import warnings
 MODES = ("gpu", "sim", "compile")
 
 
-def _probe_driver() -> tuple[bool, str]:
-    """Return (usable, reason). Never raises."""
-    names = ["libcuda.so.1", "libcuda.so", ctypes.util.find_library("cuda")]
-    lib = None
-    for name in filter(None, names):
+def _libcuda():
+    """The CUDA driver library, or None."""
+    for name in filter(None, ["libcuda.so.1", "libcuda.so", ctypes.util.find_library("cuda")]):
         try:
-            lib = ctypes.CDLL(name)
-            break
+            return ctypes.CDLL(name)
         except OSError:
             continue
+    return None
+
+
+def _probe_driver() -> tuple[bool, str]:
+    """Return (usable, reason). Never raises."""
+    lib = _libcuda()
     if lib is None:
         return False, "no CUDA driver (libcuda) found"
     try:
@@ -49,9 +52,10 @@ def _probe_driver() -> tuple[bool, str]:
 
 
 def _probe_device() -> tuple[str, tuple[int, int]] | None:
-    """Name and compute capability of device 0 through the driver API, or None. Never raises."""
+    """Name and compute capability of device 0 through the driver API (after _probe_driver's cuInit),
+    or None. Never raises."""
     try:
-        lib = ctypes.CDLL("libcuda.so.1")
+        lib = _libcuda()
         dev, major, minor = ctypes.c_int(0), ctypes.c_int(0), ctypes.c_int(0)
         buf = ctypes.create_string_buffer(256)
         if lib.cuDeviceGet(ctypes.byref(dev), 0) or lib.cuDeviceGetName(buf, 256, dev):

@@ -21,8 +21,9 @@ def kernel_cells(path: Path) -> list[str]:
     return [c.source for c in nb.cells if c.cell_type == "code" and "kernel" in c.metadata.get("tags", [])]
 
 
-def load(notebook: str | Path) -> dict:
-    """VERSIONS of one notebook (a stem like '03_packed_u32' or a path)."""
+def load_module(notebook: str | Path) -> types.ModuleType:
+    """The kernel cells of one notebook (a stem like '03_packed_u32' or a path), run as a fresh module:
+    its kernels, launch functions, constants and ``VERSIONS``."""
     path = Path(notebook)
     if not path.suffix:
         path = NOTEBOOKS / f"{notebook}.ipynb"
@@ -30,7 +31,12 @@ def load(notebook: str | Path) -> dict:
     mod.__file__ = str(path)
     for src in kernel_cells(path):
         exec(compile(src, f"<{path.name}>", "exec"), mod.__dict__)
-    return dict(getattr(mod, "VERSIONS", {}))
+    return mod
+
+
+def load(notebook: str | Path) -> dict:
+    """VERSIONS of one notebook (a stem like '03_packed_u32' or a path)."""
+    return dict(getattr(load_module(notebook), "VERSIONS", {}))
 
 
 def load_all(upto: int = 6) -> dict:

@@ -11,7 +11,6 @@ this file is the evidence that it is at the bound on the GPU it ran on.
 from __future__ import annotations
 
 import sys
-import types
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -26,9 +25,7 @@ PAIRS = [(128, 1), (128, 2), (128, 4), (256, 2), (512, 2), (1024, 2)]
 
 def notebook06(threads: int, units: int):
     """Notebook 06's kernel cell, run as a module with its launch shape set before anything compiles."""
-    mod = types.ModuleType(f"nb06_{threads}x{units}")
-    for src in versions.kernel_cells(versions.NOTEBOOKS / "06_output_dtypes.ipynb"):
-        exec(compile(src, "<06_output_dtypes>", "exec"), mod.__dict__)
+    mod = versions.load_module("06_output_dtypes")
     mod.THREADS, mod.UNITS = threads, units
     mod.KERNELS = {d: mod.make_kernel(d) for d in mod.OUT_KINDS}   # read THREADS/UNITS when they compile
     return mod.launch
