@@ -65,20 +65,27 @@ def gpu_section(gpu: str) -> str:
     return "\n".join(lines)
 
 
-def exactness_lines(gpu) -> list:
-    """tools/gpu_exactness.py's runs: the GPU's own code paths, and the T4's forced with NF4LAB_ARCH=sm_75."""
+# tools/gpu_exactness.py's two runs: the GPU's own code paths, and the T4's forced with NF4LAB_ARCH=sm_75.
+EXACTNESS_RUNS = (("exactness", "own paths", "as compiled for this GPU"),
+                  ("exactness_sm75", "sm_75 paths", "with NF4LAB_ARCH=sm_75 (a T4's code paths)"))
+
+
+def exactness_runs(gpu):
+    """(short label, long label, results file, checks passed, checks) for each exactness run recorded."""
     from nf4lab import results
 
-    out = []
-    for name, paths in (("exactness", "as compiled for this GPU"), ("exactness_sm75", "with NF4LAB_ARCH=sm_75 (a T4's code paths)")):
+    for name, short, long in EXACTNESS_RUNS:
         data = results.load(name, gpu)
-        if data is None:
-            continue
-        recs = data["records"]
-        ok = sum(bool(r.get("bit_exact")) for r in recs)
-        out.append(f"- bit-exactness {paths}: {ok} of {len(recs)} checks (conversions over "
-                   f"{recs[0].get('inputs', 0):,} float32 inputs, every notebook 01-06 kernel, nf4lab.dequantize's "
-                   f"matrix), {data['meta'].get('date')}; `{data['path']}`")
+        if data is not None:
+            recs = data["records"]
+            yield short, long, data, sum(bool(r.get("bit_exact")) for r in recs), len(recs)
+
+
+def exactness_lines(gpu) -> list:
+    out = [f"- bit-exactness {long}: {ok} of {total} checks (conversions over "
+           f"{data['records'][0].get('inputs', 0):,} float32 inputs, every notebook 01-06 kernel, nf4lab.dequantize's "
+           f"matrix), {data['meta'].get('date')}; `{data['path']}`"
+           for _, long, data, ok, total in exactness_runs(gpu)]
     return ([""] + out) if out else []
 
 
@@ -132,11 +139,9 @@ def guide_block() -> str:
     lines = ["GPUs the series was run on (every notebook executed headless; exactness as in the README):", ""]
     for g in gpus:
         t = results.load("notebook_times", g)
-        ex = {n: results.load(n, g) for n in ("exactness", "exactness_sm75")}
-        names[g] = (t or next((d for d in ex.values() if d), None) or {"meta": {"gpu": g}})["meta"].get("gpu") or g
-        status = ", ".join(f"{'sm_75 paths' if n.endswith('sm75') else 'own paths'} "
-                           f"{sum(bool(r.get('bit_exact')) for r in d['records'])}/{len(d['records'])} bit-exact"
-                           for n, d in ex.items() if d)
+        ex = list(exactness_runs(g))
+        names[g] = (t or (ex[0][2] if ex else {"meta": {"gpu": g}}))["meta"].get("gpu") or g
+        status = ", ".join(f"{short} {ok}/{total} bit-exact" for short, _, _, ok, total in ex)
         lines.append(f"- {names[g]}: {status or 'no exactness run recorded'}"
                      + (f"; notebooks timed {t['meta'].get('date')}" if t else ""))
         for r in (t or {}).get("records", []):
