@@ -19,11 +19,8 @@ set -uo pipefail
 mode=${1:-quick}
 baseline=${2:-}
 root=$PWD
-if ls .whl/*.whl >/dev/null 2>&1; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
-    .whl/*.whl .whl/extra/*.whl 2>&1 | grep -v "already exists"
-fi
-export PYTHONPATH=/tmp/site:$root:$root/tools PYTHONUNBUFFERED=1
+source tools/gpu_env.sh
+export PYTHONPATH=$PYTHONPATH:$root/tools
 export NF4LAB_INSTALL=1 NF4LAB_BNB_TAG=bnb_tests_$mode
 if [ "$baseline" = "--baseline" ]; then export NF4LAB_INSTALL=0 NF4LAB_BNB_TAG=bnb_tests_${mode}_baseline; fi
 four='4bit or fp4 or nf4'

@@ -6,9 +6,10 @@
 set -uo pipefail
 tag=$1; shift
 steps=${*:-exact shapes tests}
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl .whl/extra/*.whl 2>&1 | grep -v "already exists"
-export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
-mkdir -p "$OUT"
+for s in $steps; do   # an unknown step is a typo: stop before any device time is spent on the others
+  case $s in exact|shapes|tests) ;; *) echo "gpu_check.sh: unknown step '$s' (exact, shapes, tests)" >&2; exit 2 ;; esac
+done
+source tools/gpu_env.sh
 stamp=$(mktemp); sleep 1
 log="$OUT/$tag.log"
 python3 -c "import numpy, numba, numba_cuda, torch, bitsandbytes; print('numpy', numpy.__version__, 'numba-cuda', numba_cuda.__version__, 'torch', torch.__version__, 'bnb', bitsandbytes.__version__)" 2>&1 | tee -a "$log"
