@@ -533,26 +533,11 @@ def _lineinfo_on():
     cuda.jit = jit
 
 
-def kernel_cells(path) -> list[str]:
-    """Sources of the cells tagged "kernel" (plain JSON: GPU images may lack nbformat)."""
-    nb = json.loads(Path(path).read_text())
-    out = []
-    for c in nb.get("cells", []):
-        if c.get("cell_type") == "code" and "kernel" in c.get("metadata", {}).get("tags", []):
-            src = c.get("source", "")
-            out.append("".join(src) if isinstance(src, list) else src)
-    return out
-
-
 def notebook_versions(path) -> list[str]:
     """Version names a step notebook defines (executes its kernel cells, compiles nothing)."""
-    import types
+    from . import versions as _versions
 
-    mod = types.ModuleType(f"nf4lab_nb_{Path(path).stem}")
-    mod.__file__ = str(path)
-    for src in kernel_cells(path):
-        exec(compile(src, f"<{Path(path).name}>", "exec"), mod.__dict__)
-    return list(getattr(mod, "VERSIONS", {}))
+    return list(_versions.load(path))
 
 
 def step_versions(first: int = 1, last: int = 6) -> list[tuple]:
@@ -574,21 +559,9 @@ def step_versions(first: int = 1, last: int = 6) -> list[tuple]:
 def load_versions_with_source(notebook: str, srcdir: Path) -> dict:
     """VERSIONS of one notebook, with each kernel cell compiled from a real file under
     ``srcdir`` (so that line info points at text ncu can show)."""
-    import types
-
     from . import versions as _versions
 
-    path = Path(notebook)
-    if not path.suffix:
-        path = _versions.NOTEBOOKS / f"{notebook}.ipynb"
-    mod = types.ModuleType(f"nf4lab_nb_{path.stem}")
-    mod.__file__ = str(path)
-    srcdir.mkdir(parents=True, exist_ok=True)
-    for i, src in enumerate(kernel_cells(path)):
-        f = srcdir / f"{path.stem}_cell{i}.py"
-        f.write_text(src)
-        exec(compile(src, str(f), "exec"), mod.__dict__)
-    return dict(getattr(mod, "VERSIONS", {}))
+    return dict(getattr(_versions.load_module(notebook, srcdir), "VERSIONS", {}))
 
 
 DEMO = "demo: per-byte reference kernel"

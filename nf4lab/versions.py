@@ -2,11 +2,13 @@
 
 A step notebook marks the cells that define its kernels with the tag ``kernel``;
 together they define ``VERSIONS``, a dict from version name to ``launch(b)``.
-The summary notebook and ``python -m nf4lab bench`` execute those cells (and only
-those) of every notebook in order.
+The summary notebook, ``python -m nf4lab bench``, the profiler (nf4lab.profiling), the GPU tools
+and the lab execute those cells (and only those) through :func:`load_module` / :func:`load`: the
+one way a notebook's kernels are reused, with no edit of their source.
 """
 from __future__ import annotations
 
+import json
 import types
 from pathlib import Path
 
@@ -15,22 +17,34 @@ NOTEBOOKS = ROOT / "notebooks"
 
 
 def kernel_cells(path: Path) -> list[str]:
-    import nbformat
+    """Sources of the cells tagged "kernel" (plain JSON: GPU images may lack nbformat)."""
+    nb = json.loads(Path(path).read_text())
+    out = []
+    for c in nb.get("cells", []):
+        if c.get("cell_type") == "code" and "kernel" in c.get("metadata", {}).get("tags", []):
+            src = c.get("source", "")
+            out.append("".join(src) if isinstance(src, list) else src)
+    return out
 
-    nb = nbformat.read(path, as_version=4)
-    return [c.source for c in nb.cells if c.cell_type == "code" and "kernel" in c.metadata.get("tags", [])]
 
-
-def load_module(notebook: str | Path) -> types.ModuleType:
+def load_module(notebook: str | Path, srcdir: Path | None = None) -> types.ModuleType:
     """The kernel cells of one notebook (a stem like '03_packed_u32' or a path), run as a fresh module:
-    its kernels, launch functions, constants and ``VERSIONS``."""
+    its kernels, launch functions, constants and ``VERSIONS``. With ``srcdir`` each cell is compiled
+    from a real file there, so that line info (the profiler's source view) points at text."""
     path = Path(notebook)
     if not path.suffix:
         path = NOTEBOOKS / f"{notebook}.ipynb"
     mod = types.ModuleType(f"nf4lab_nb_{path.stem}")
     mod.__file__ = str(path)
-    for src in kernel_cells(path):
-        exec(compile(src, f"<{path.name}>", "exec"), mod.__dict__)
+    if srcdir is not None:
+        srcdir.mkdir(parents=True, exist_ok=True)
+    for i, src in enumerate(kernel_cells(path)):
+        filename = f"<{path.name}>"
+        if srcdir is not None:
+            f = srcdir / f"{path.stem}_cell{i}.py"
+            f.write_text(src)
+            filename = str(f)
+        exec(compile(src, filename, "exec"), mod.__dict__)
     return mod
 
 
