@@ -35,7 +35,7 @@ from .reference import BLOCKSIZES, QUANT_TYPES
 __all__ = ["install", "uninstall", "installed", "installed_in", "compile_for_decode"]
 
 _lock = threading.RLock()
-_state = {"lib": None, "ops": (), "quantizers": []}  # the Library we own, what it serves, patched quantizers
+_state = {"lib": None, "ops": (), "held": set(), "quantizers": []}  # the Library we own, what it serves, patched quantizers
 # Calls our registered kernels took ("nf4lab") and handed to bitsandbytes ("bitsandbytes"), per op:
 # the GPU test run reports them, so that "all passed" cannot hide "nf4lab never ran".
 calls: dict = {}
@@ -203,17 +203,35 @@ def _register(dispatch_key: str, fallback, ops) -> None:
 
     kernels = _make_kernels(fallback)
     lib = torch.library.Library("bitsandbytes", "IMPL")
+    # bitsandbytes registers its kernels from Python (torch.library.register_kernel), and torch keeps
+    # a set of such registrations. torch 2.11's Library.impl refuses a key in that set unless told
+    # allow_override=True (newer torch allows it by default); the dispatcher itself stacks the two
+    # registrations, so destroying ours serves bitsandbytes' again. Destroying ours also drops the
+    # key from torch's set, though, so the keys bitsandbytes held are put back at uninstall().
+    keys = {f"bitsandbytes/{name}/{dispatch_key}" for name in ops}
+    held = keys & torch.library._impls
     try:
         with warnings.catch_warnings():
             # Overriding bitsandbytes' registration is the point; torch warns about it each time.
             warnings.filterwarnings("ignore", message=".*Overriding a previously registered kernel.*")
             warnings.filterwarnings("ignore", message=".*Warning only once for all operators.*")
+            kw = _override_kw(lib)
+            if not kw:  # a torch without the flag checks the set only: step past it
+                torch.library._impls.difference_update(held)
             for name in ops:
-                lib.impl(name, kernels[name], dispatch_key)
+                lib.impl(name, kernels[name], dispatch_key, **kw)
     except Exception:
+        lib._op_impls.difference_update(held)
         lib._destroy()
+        torch.library._impls.update(held)
         raise
-    _state["lib"], _state["ops"] = lib, tuple(ops)
+    _state["lib"], _state["ops"], _state["held"] = lib, tuple(ops), held
+
+
+def _override_kw(lib) -> dict:
+    import inspect
+
+    return {"allow_override": True} if "allow_override" in inspect.signature(lib.impl).parameters else {}
 
 
 # ---------------------------------------------------------------- public API
@@ -248,8 +266,13 @@ def uninstall() -> None:
     with _lock:
         lib = _state["lib"]
         if lib is not None:
+            held = _state["held"]
+            # Both _destroy() and the Library's finalizer (when it is collected) remove the keys in
+            # its _op_impls from torch's set: keep bitsandbytes' out of it, then put them back.
+            lib._op_impls.difference_update(held)
             lib._destroy()
-        _state["lib"], _state["ops"] = None, ()
+            _torch().library._impls.update(held)
+        _state["lib"], _state["ops"], _state["held"] = None, (), set()
         for q, cls in _state["quantizers"]:
             q.__class__ = cls
         _state["quantizers"] = []

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import nf4lab
-from nf4lab import bnb_backend, torch_ops
+from nf4lab import bnb_backend, runtime, torch_ops
 
 F = pytest.importorskip("bitsandbytes.functional")
 bnb = pytest.importorskip("bitsandbytes")
@@ -55,7 +55,8 @@ def on_cpu_key(monkeypatch):
         bnb_backend.uninstall()
 
 
-def test_install_without_gpu_changes_nothing():
+@pytest.mark.skipif(runtime.ON_GPU, reason="install() takes over bitsandbytes' CUDA ops where a GPU is")
+def test_install_without_a_device_changes_nothing():
     packed, qs = quantize((16, 96))
     before = bits(F.dequantize_4bit(packed, qs))
     assert nf4lab.install() is False and not nf4lab.installed()
@@ -141,6 +142,46 @@ def test_linear4bit_forward_backward_compiled_through_installed_ops(on_cpu_key):
     assert ours and not fell
     assert torch.equal(y, torch.nn.functional.linear(x.detach(), w))
     assert torch.equal(x.grad, torch.ones(4, 32) @ w)
+
+
+@pytest.fixture
+def strict_library_impl(monkeypatch):
+    """torch's Library.impl as torch 2.11 has it: a key that a Python registration already holds
+    (bitsandbytes registers its CUDA and CPU kernels from Python) is refused unless allow_override.
+    Newer torch allows overriding by default, which once hid that install() failed on the GPU."""
+    import torch
+
+    real = torch.library.Library.impl
+
+    def impl(self, op_name, fn, dispatch_key="", *, with_keyset=False, allow_override=False):
+        key = f"{self.ns}/{op_name.split('::')[-1]}/{dispatch_key or self.dispatch_key}"
+        if not allow_override and key in torch.library._impls:
+            raise RuntimeError("This is not allowed since there's already a kernel registered from python "
+                               f"overriding {op_name}'s behavior")
+        return real(self, op_name, fn, dispatch_key, with_keyset=with_keyset, allow_override=True)
+
+    monkeypatch.setattr(torch.library.Library, "impl", impl)
+
+
+def test_register_overrides_bitsandbytes_python_registration_and_restores_its_record(strict_library_impl):
+    import torch
+
+    key = "bitsandbytes/dequantize_4bit/CPU"
+    had = key in torch.library._impls
+    packed, qs = quantize((16, 96))
+    before = bits(F.dequantize_4bit(packed, qs))
+    torch.library._impls.add(key)   # as bitsandbytes' own Python registration of a CPU kernel leaves it
+    try:
+        bnb_backend._register("CPU", {}, ["dequantize_4bit"])
+        assert bnb_backend.installed()
+        bnb_backend.uninstall()
+        # torch's record of bitsandbytes' registration survives ours being destroyed
+        assert key in torch.library._impls
+        assert np.array_equal(bits(F.dequantize_4bit(packed, qs)), before)
+    finally:
+        bnb_backend.uninstall()
+        if not had:
+            torch.library._impls.discard(key)
 
 
 def test_uninstall_is_harmless_when_not_installed():
