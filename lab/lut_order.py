@@ -2,8 +2,8 @@
 
     python lab/lut_order.py          # writes data/results/<gpu>/lut_order.json
 
-nf4lab.dequantize's vector kernel (nf4lab/fastkernel.py) built both ways, and notebook 06's
-kernel as the notebook has it, each verified bit for bit and timed with the ceilings, the
+nf4lab.dequantize with its vector kernel (nf4lab/fastkernel.py) built both ways, and notebook
+06's kernel as the notebook has it, each verified bit for bit and timed with the ceilings, the
 traffic-matched bound and bitsandbytes, at 16384x16384 and the LLM shapes, bf16 and fp16.
 
 "early": the 16 LUT lanes load the table, store it to shared memory, and the block waits at a
@@ -19,28 +19,32 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-import numpy as np  # noqa: E402
-
 import nf4lab  # noqa: E402  (before numba.cuda)
-from nf4lab import bench, fastkernel, runtime, versions  # noqa: E402
+from nf4lab import bench, bytemodel, dequant, fastkernel, runtime, versions  # noqa: E402
 
 SHAPES = [(16384, 16384), (4096, 14336), (14336, 4096), (8192, 28672), (4096, 4096)]
 
 
-def fast(lut_late: bool):
-    """fastkernel's nested vector kernel for bf16/fp16, launched on a notebook's buffers."""
-    from numba import cuda
+def use_order(lut_late: bool) -> None:
+    """Make nf4lab.dequantize's nested bf16/fp16 vector kernels fill the LUT early or late."""
+    for d in ("bf16", "fp16"):
+        key = (d, True, "vector")
+        fastkernel._KERNELS[key] = fastkernel._build(d, True, "vector", lut_late=lut_late)
+        fastkernel._LEAN.pop(key, None)
+    dequant._lean_checked.clear()
 
-    ks = {d: fastkernel._build(d, True, "vector", lut_late=lut_late)[0] for d in ("bf16", "fp16")}
-    offsets = {}   # the kernels take the offset as a 1-element array; made at the first (eager) call
 
-    def launch(b):
-        if id(b) not in offsets:
-            offsets[id(b)] = cuda.to_device(np.array([b.offset], np.float32))
-        ks[b.dtype][fastkernel.grid_size(b.n, "vector", b.dtype), fastkernel.THREADS, b.stream](
-            b.packed, b.packed_u32, b.absmax_q, b.absmax2, b.code2, offsets[id(b)], b.lut, b.out, b.out_u32,
-            np.uint64(b.n), np.uint64(b.blocksize.bit_length() - 1), np.uint64(8))
-    return launch
+def time_drop_in(case, name):
+    """nf4lab.dequantize on the case's bitsandbytes tensors (as notebook 07 times it), verified."""
+    import torch
+
+    packed, qs = case.quant_state("cuda")
+    out = torch.empty(case.shape, dtype=qs.dtype, device="cuda")
+    nf4lab.dequantize(packed, qs, out=out)
+    exact = nf4lab.compare(out, case.expected, case.dtype, n=case.n, blocksize=case.blocksize).ok
+    t = bench.gpu_time_ms(lambda s: nf4lab.dequantize(packed, qs, out=out))
+    return bench._record("kernel", name, case.shape, case.dtype, t,
+                         bytemodel.bytes_moved(case.n, case.dtype, case.blocksize), bit_exact=exact)
 
 
 def main() -> int:
@@ -49,13 +53,16 @@ def main() -> int:
         return 2
     print(runtime.describe())
     nb06 = versions.load_module("06_output_dtypes").launch
-    vs = {"nf4lab.dequantize kernel, LUT early": fast(False),
-          "nf4lab.dequantize kernel, LUT late": fast(True),
-          "06 kernel (as in the notebook)": nb06}
     run = bench.Run()
     for shape in SHAPES:
         for dtype in ("bf16", "fp16"):
-            run.add(bench.run_versions(vs, nf4lab.make_case(shape, dtype), strict=True, progress=False).records)
+            case = nf4lab.make_case(shape, dtype)
+            run.add(bench.run_versions({"06 kernel (as in the notebook)": nb06}, case, strict=True,
+                                       progress=False).records)
+            for late in (False, True):
+                use_order(late)
+                run.add(time_drop_in(case, f"nf4lab.dequantize, LUT {'late' if late else 'early'}"))
+    use_order(True)
     run.finalize()
     path = run.save("lut_order")
     print(run.table())

@@ -25,7 +25,10 @@ export NF4LAB_INSTALL=1 NF4LAB_BNB_TAG=bnb_tests_$mode
 if [ "$baseline" = "--baseline" ]; then export NF4LAB_INSTALL=0 NF4LAB_BNB_TAG=bnb_tests_${mode}_baseline; fi
 four='4bit or fp4 or nf4'
 if [ -z "$baseline" ] && { [ "$mode" = ours ] || [ "$mode" = quick ] || [ "$mode" = all ]; }; then
-  NF4LAB_MODE=gpu python3 -m pytest tests/test_install.py -k gpu -q -rf -p no:cacheprovider 2>&1 | tail -25
+  # Whole logs under $OUT (failures with their tracebacks); the console gets the summary.
+  NF4LAB_MODE=gpu python3 -m pytest tests/test_install.py -k gpu -q -rf -p no:cacheprovider --show-capture=no \
+    > "$OUT/bnb_tests_ours.log" 2>&1
+  tail -8 "$OUT/bnb_tests_ours.log"
   [ "$mode" = ours ] && exit 0
 fi
 if [ ! -f .bnbtests/tests/test_linear4bit.py ]; then
@@ -40,8 +43,8 @@ case $mode in
   *) echo "mode: ours, quick, compile or all" >&2; exit 2 ;;
 esac
 export NF4LAB_BNB_SELECTION="$files -k '$sel'"
-mkdir -p "${OUT:-/tmp/out}"
 cd .bnbtests
 # -p: our plugin installs nf4lab before bitsandbytes' tests are imported; -m: bitsandbytes' own default filter
 python3 -m pytest -p bnb_nf4lab_plugin $files -k "$sel" -m "not slow and not benchmark and not deprecated" \
-  -q -rf --maxfail=100 -o addopts="" -p no:cacheprovider 2>&1 | tail -60
+  -q -rf --maxfail=100 -o addopts="" -p no:cacheprovider --show-capture=no > "$OUT/$NF4LAB_BNB_TAG.log" 2>&1
+tail -40 "$OUT/$NF4LAB_BNB_TAG.log"
