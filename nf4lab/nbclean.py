@@ -113,3 +113,35 @@ def problems(nb) -> list[str]:
             if WIDGET in o.get("data", {}):
                 found.append(f"cell {i}: a progress widget")
     return found
+
+
+# ---------------------------------------------------------------- stale outputs
+def code_hash(nb) -> str:
+    """SHA-256 of the code a run executed: every code cell's source, in order, except the cells
+    tagged ``setup`` (the Colab/Kaggle install cell, which does nothing elsewhere)."""
+    import hashlib
+
+    h = hashlib.sha256()
+    for c in nb.cells:
+        if c.cell_type == "code" and "setup" not in c.get("metadata", {}).get("tags", []):
+            h.update(c.source.encode() + b"\x00")
+    return h.hexdigest()
+
+
+def has_outputs(nb) -> bool:
+    return any(c.cell_type == "code" and c.get("outputs") for c in nb.cells)
+
+
+def stale(nb) -> str | None:
+    """Why a notebook's outputs do not come from its code cells as they are now, or None.
+
+    A run records :func:`code_hash` in ``metadata.nf4lab.code_sha256``; outputs with no record,
+    or with a record of other code, are stale: a cell changed after the run that produced them."""
+    if not has_outputs(nb):
+        return None
+    recorded = nb.metadata.get("nf4lab", {}).get("code_sha256")
+    if recorded is None:
+        return "outputs without a record of the code that produced them (execute it: python -m nf4lab notebooks)"
+    if recorded != code_hash(nb):
+        return "a code cell changed after the run whose outputs it shows (execute it again)"
+    return None

@@ -12,6 +12,26 @@ def test_committed_outputs_are_clean(path):
     assert not problems, "\n".join(problems[:10])
 
 
+@pytest.mark.parametrize("path", notebook_paths(solutions=True), ids=lambda p: p.stem)
+def test_committed_outputs_come_from_the_code_they_sit_under(path):
+    why = nbclean.stale(nbformat.read(path, as_version=4))
+    assert why is None, f"{path.name}: {why}"
+
+
+def test_a_changed_code_cell_makes_outputs_stale():
+    nb = _nb("result 3\n")
+    assert nbclean.stale(nb) is not None                      # outputs, no record
+    nb.metadata["nf4lab"] = {"code_sha256": nbclean.code_hash(nb)}
+    assert nbclean.stale(nb) is None
+    nb.cells.append(nbformat.v4.new_code_cell("y = 1", metadata={"tags": ["setup"]}))
+    assert nbclean.stale(nb) is None                          # the setup cell does not count
+    nb.cells[0].source = "x + 1"
+    assert "changed" in nbclean.stale(nb)
+    for c in nb.cells:
+        c.outputs = []
+    assert nbclean.stale(nb) is None                          # no outputs, nothing to be stale
+
+
 def _nb(*texts, name="stdout"):
     nb = nbformat.v4.new_notebook()
     cell = nbformat.v4.new_code_cell("x")

@@ -169,7 +169,7 @@ def main(argv=None) -> int:
     ap.add_argument("names", nargs="*", help="source stems to build (default: all)")
     args = ap.parse_args(argv)
     SOL.mkdir(parents=True, exist_ok=True)
-    stale = []
+    stale, old_outputs = [], []
     for src in sorted(SRC.glob("[0-9][0-9]_*.py")):
         if args.names and src.stem not in args.names:
             continue
@@ -181,8 +181,15 @@ def main(argv=None) -> int:
                 continue
             keep_outputs(nb, path)
             nbformat.write(nb, path)
+            if _nbclean().stale(nb):
+                old_outputs.append(str(path.relative_to(ROOT)))
     if stale:
         print("out of date (run python tools/build_notebooks.py):\n  " + "\n  ".join(stale))
+        return 1
+    if old_outputs:
+        # Written, but its outputs came from other code: a GPU run must execute it again.
+        print("outputs from before a code change (run python -m nf4lab notebooks on a GPU):\n  "
+              + "\n  ".join(old_outputs))
         return 1
     return 0
 
