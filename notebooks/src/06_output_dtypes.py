@@ -98,12 +98,7 @@ if copy is None:
 #   others, so `tools/launch_shapes.py` times this kernel at several shapes on each GPU; the one
 #   shape shipped for all, 128 threads x 2 units, is checked against that record (printed below
 #   when this GPU has one).
-# * **Shared LUT** (step 05), filled once per block, *after* the block's data loads are issued.
-#   Filled first, as in 05, every block waits a memory round trip and a barrier before its first
-#   data load; in the middle of a launch other blocks hide that wait, but at its start every block
-#   waits at once, and on the shorter LLM-shaped launches that start is a few percent of the time.
-#   Loading the table entry with the data and storing it after lets the wait overlap the loads
-#   (`lab/lut_order.py` times both orders; its record for this GPU is printed below).
+# * **Shared LUT** (step 05), filled once per block.
 # * **The scale once per word** (`fmul_rn`/`fadd_rn`, never an FMA), the block index a shift.
 # * **fp32** writes 32 bytes per packed word. Giving one thread the whole word would mean two
 #   16-byte stores per lane, 32 bytes apart: each warp store would leave holes, the pitfall of
@@ -133,12 +128,6 @@ else:
         if k["shape"] == [16384, 16384] and k["dtype"] == "bf16":
             bound = f", {k['pct_bound']:.0f}% of the traffic-matched bound" if k.get("pct_bound") else ""
             print(f"  {k['name']}: {k['gbps']:.0f} GB/s, {k['pct_copy']:.0f}% of copy{bound}")
-order = bench.Run.load("lut_order")
-if order is not None:
-    print(f"\nfilling the LUT before or after the data loads, % of the bound, bf16 ({results.source_note()}):")
-    for k in order.kernels():
-        if k["dtype"] == "bf16" and "06" not in k["name"] and k.get("pct_bound"):
-            print(f"  {'x'.join(map(str, k['shape'])):>12}  {k['name']}: {k['pct_bound']:.1f}%")
 
 # %% tags=["kernel"]
 import nf4lab  # noqa: F811  (this cell runs on its own in nf4lab.versions)
@@ -189,26 +178,23 @@ def make_kernel(dtype):
     def kernel(packed, packed_u32, lut, absmax_q, absmax2, code2, offset, out, out_u32, n, log2_bs):
         table = cuda.shared.array(16, float32)      # the LUT in shared memory (step 05)
         tid = cuda.threadIdx.x
-        entry = lut[tid & NIB]                      # loaded now, stored to the table after the data loads
+        if tid < 16:
+            table[tid] = lut[tid]
+        cuda.syncthreads()
 
         nunits = n >> SHIFT                         # whole units; the rest is the tail
         base = uint64(cuda.blockIdx.x) * uint64(THREADS * UNITS) + uint64(tid)
         words = cuda.local.array(UNITS, uint32)
-        scales = cuda.local.array(UNITS, float32)
-        for k in range(UNITS):                      # 1. all loads first: UNITS words and scales in flight
+        for k in range(UNITS):                      # 1. all loads first: UNITS loads in flight
             u = base + uint64(k * THREADS)
             if u < nunits:
                 words[k] = packed_u32[(u << SHIFT) >> U3]
-                scales[k] = block_scale(absmax_q, absmax2, code2, offset, (u << SHIFT) >> log2_bs)
-        if tid < 16:                                # 2. then the table: its wait overlaps the loads
-            table[tid] = entry
-        cuda.syncthreads()
 
-        for k in range(UNITS):                      # 3. convert and store: one 16-byte store per unit
+        for k in range(UNITS):                      # 2. convert and store: one 16-byte store per unit
             u = base + uint64(k * THREADS)
             first = u << SHIFT                      # the unit's first weight
             if u < nunits:
-                s = scales[k]
+                s = block_scale(absmax_q, absmax2, code2, offset, first >> log2_bs)
                 w = words[k]
                 if OUT == FP32:                     # odd units take the upper two bytes of the word
                     w >>= uint32((first & U7) << U2)
@@ -221,7 +207,7 @@ def make_kernel(dtype):
                     e, f = weights(table, (w >> U16_32) & BYTE, s)
                     g, h = weights(table, w >> U24_32, s)
                     ops.store_u32x4(out_u32, u << U2, pack2(a, b), pack2(c, d), pack2(e, f), pack2(g, h))
-            elif u == nunits:                       # 4. the tail: the one thread just past the last unit
+            elif u == nunits:                       # 3. the tail: the one thread just past the last unit
                 i = first
                 while i < n:
                     byte = uint32(packed[i >> U1])
