@@ -63,9 +63,7 @@ PATHS = ("vector", "scalar")
 
 
 # ---------------------------------------------------------------- kernels
-def _build(dtype: str, nested: bool, path: str, lut_late: bool = True):
-    """One kernel. ``lut_late=False`` fills the shared LUT before the data loads, as the kernel
-    once did; kept so that lab/lut_order.py can time the two orders against each other."""
+def _build(dtype: str, nested: bool, path: str):
     wide = dtype == "fp32"
     pack = ops.pack_bf16x2 if dtype == "bf16" else ops.pack_f16x2
     to16 = ops.to_bf16_bits if dtype == "bf16" else ops.to_f16_bits
@@ -95,8 +93,7 @@ def _build(dtype: str, nested: bool, path: str, lut_late: bool = True):
 
     @cuda.jit(device=True, inline="always")
     def lut_load(lut, lut_s):
-        # Shared-memory LUT: 16 lanes fill it, everyone waits (the scalar kernel; the vector
-        # kernel fills it after its data loads).
+        # Shared-memory LUT: 16 lanes fill it, everyone waits (fastest placement measured).
         tid = cuda.threadIdx.x
         if tid < 16:
             lut_s[tid] = lut[tid]
@@ -110,20 +107,12 @@ def _build(dtype: str, nested: bool, path: str, lut_late: bool = True):
 
         def kernel(packed, packed_u32, stats, absmax2, code2, offset, lut, out, out_u32, n, bshift, gshift):
             lut_s = cuda.shared.array(16, np.float32)
-            tid = cuda.threadIdx.x
-            if not lut_late:
-                lut_load(lut, lut_s)
-            # The LUT value is loaded with the data, and stored to shared memory after it: filling
-            # the table first made every block wait a memory round trip (and a barrier) before
-            # its first data load. At the start of a launch that wait is not hidden by other
-            # blocks; it cost 3% of the bound at 4096 x 14336 on the H200 (lab/lut_order.py).
-            lv = lut[tid & 15]
+            lut_load(lut, lut_s)
             off = offset[0]
             nunits = n >> ushift
             nwords = n >> np.uint64(3)
-            base = np.uint64(cuda.blockIdx.x) * np.uint64(threads * wpt) + np.uint64(tid)
+            base = np.uint64(cuda.blockIdx.x) * np.uint64(threads * wpt) + np.uint64(cuda.threadIdx.x)
             words = cuda.local.array(wpt, np.uint32)
-            scales = cuda.local.array(wpt, np.float32)
             for k in range(wpt):  # all loads first: wpt loads in flight per thread
                 u = base + np.uint64(k * threads)
                 wi = (u << ushift) >> np.uint64(3)
@@ -135,18 +124,11 @@ def _build(dtype: str, nested: bool, path: str, lut_late: bool = True):
                     # user's tensor; read just its two bytes.
                     j = u << np.uint64(1)
                     words[k] = np.uint32(packed[j]) | (np.uint32(packed[j + np.uint64(1)]) << np.uint32(8))
-                scales[k] = np.float32(0)
-                if u < nunits:  # the statistics too, before the barrier
-                    scales[k] = scale_of(stats, absmax2, code2, off, (u << ushift) >> bshift, gshift)
-            if lut_late:
-                if tid < 16:
-                    lut_s[tid] = lv
-                cuda.syncthreads()
             for k in range(wpt):
                 u = base + np.uint64(k * threads)
                 first = u << ushift
                 if u < nunits:
-                    s = scales[k]
+                    s = scale_of(stats, absmax2, code2, off, first >> bshift, gshift)
                     # fp32: odd units take the upper two bytes of their word.
                     word = words[k] >> np.uint32((first & np.uint64(7)) << np.uint64(2))
                     b0 = word & np.uint32(0xFF)
