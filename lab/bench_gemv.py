@@ -37,7 +37,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tools"))  # build_notebooks
 
 import nf4lab  # noqa: E402  (first: decides GPU or simulator)
-import nf4lab.gemv  # noqa: E402
+import nf4lab.kernels.gemv  # noqa: E402
 
 T0 = time.time()
 TARGET_SHAPES = ((4096, 14336), (8192, 28672))  # the target shapes
@@ -61,7 +61,7 @@ def variant_launches(mod, names=None, policies=None) -> dict:
     for key, design in variants.items():  # a Design, a function (N, M) -> Design, None, or (one of those, policy)
         d, p = design if isinstance(design, tuple) else (design, "balanced")
         out[key] = (lambda g, d=d, p=p: mod.launch(g, design=d, policy=p))
-    out[first] = nf4lab.gemv.launch  # the default: the shipped kernel itself (the family's auto design, same PTX)
+    out[first] = nf4lab.kernels.gemv.launch  # the default: the shipped kernel itself (the family's auto design, same PTX)
     pols = list(getattr(mod, "GRID_POLICIES", ())) if policies is None else list(policies)
     for p in pols[1:]:
         out[f"{first}, {p} grid"] = (lambda g, p=p: mod.launch(g, design=variants[first], policy=p))
@@ -84,7 +84,7 @@ def describe_design(v) -> str:
 
 
 def _save(run, name, save):
-    from nf4lab import results
+    from nf4lab.measure import results
 
     out = os.environ.get("OUT")
     if not any(r["kind"] == "kernel" for r in run.records):
@@ -132,7 +132,7 @@ def main(argv=None) -> int:
                          "run, about 20 variants and the batch, stays within 3 minutes)")
     ap.add_argument("--no-save", action="store_true")
     args = ap.parse_args(argv)
-    from nf4lab import gemv
+    from nf4lab.kernels import gemv
 
     if not nf4lab.ON_GPU:
         print("no CUDA GPU: nothing to measure (the simulator's timings mean nothing)")

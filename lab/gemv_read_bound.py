@@ -3,7 +3,7 @@
 For each LLM shape, a kernel that only reads the bytes the fused GEMV reads (``gemv.weight_bytes``: packed
 codes and scales) with 128-bit streaming loads, several loads in flight per thread, and XORs them together
 (one conditional store keeps the compiler from dropping the loads): no table, no arithmetic, no output. It
-is timed exactly like the GEMV (``nf4lab.bench.gpu_time_ms``, CUDA-graph replays, cycling over enough copies
+is timed exactly like the GEMV (``nf4lab.measure.bench.gpu_time_ms``, CUDA-graph replays, cycling over enough copies
 of the bytes to exceed 4x the L2 cache) for a grid of configurations (loads in flight per thread, blocks per
 SM); the best per shape is the bound. The 1 GiB copy ceiling is measured in the same run.
 
@@ -27,7 +27,7 @@ sys.path.insert(0, str(ROOT))
 import nf4lab  # noqa: E402  (first: decides GPU or simulator)
 from numba import cuda, uint32, uint64  # noqa: E402  (module globals: the simulator swaps them in kernels)
 
-from nf4lab.gemv import load_stream_u32x4  # noqa: E402
+from nf4lab.kernels.gemv import load_stream_u32x4  # noqa: E402
 
 NAME = "09_read_bound"
 UNROLLS = (1, 2, 4, 8)
@@ -63,7 +63,9 @@ def main() -> int:
         return 2
     import torch
 
-    from nf4lab import bench, gemv, results, runtime
+    from nf4lab.measure import bench, results
+    from nf4lab.kernels import gemv
+    from nf4lab import runtime
 
     t0 = time.time()
     info = runtime.device_info()

@@ -20,7 +20,10 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 import nf4lab  # noqa: E402  (before numba.cuda)
-from nf4lab import bench, bytemodel, dequant, fastkernel, runtime, versions  # noqa: E402
+from nf4lab.measure import bench, bytemodel  # noqa: E402
+from nf4lab.kernels import dequant, fastkernel
+from nf4lab import runtime
+from nf4lab.lesson import versions
 
 SHAPES = [(16384, 16384), (4096, 14336), (14336, 4096), (8192, 28672), (4096, 4096)]
 

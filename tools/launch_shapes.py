@@ -17,7 +17,9 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 import nf4lab  # noqa: E402  (before numba.cuda)
-from nf4lab import bench, runtime, versions  # noqa: E402
+from nf4lab.measure import bench  # noqa: E402
+from nf4lab import runtime
+from nf4lab.lesson import versions
 
 SHAPES = [(16384, 16384), (4096, 14336), (8192, 28672)]
 PAIRS = [(128, 1), (128, 2), (128, 4), (256, 2), (512, 2), (1024, 2)]

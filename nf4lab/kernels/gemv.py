@@ -23,7 +23,9 @@ import math
 
 import numpy as np
 
-from . import ops, reference, runtime  # runtime first: it may switch numba to the simulator
+from .. import runtime  # first: it may switch numba to the simulator
+from ..lesson import reference
+from . import ops
 from numba import cuda, float32, uint32, uint64  # noqa: E402  (a module global: the simulator swaps it in kernels)
 
 LLM_SHAPES = ((4096, 4096), (4096, 14336), (14336, 4096), (8192, 28672))  # (N, K) = W.shape
@@ -215,7 +217,7 @@ def _py_load_stream_u32x4(arr, i):
 
 
 
-# nf4lab.ptx pickles these by name, so that the PTX subprocess (compile mode) gets the device versions.
+# nf4lab.measure.ptx pickles these by name, so that the PTX subprocess (compile mode) gets the device versions.
 DEVICE_OPS = ("f32_from_bits", "f16_to_f32", "lds_pair", "shfl_down_sync", "load_stream_u32x4", "bar_sync")
 
 if runtime.SIMULATOR:
@@ -468,7 +470,7 @@ def signature():
 def kernel_ptx(kern, sig=None) -> str:
     """PTX of a kernel with the launch bounds it was jitted with (.maxntid/.minnctapersm), which
     nf4lab.compile_ptx alone would drop; works in the simulator and without a GPU."""
-    from . import ptx as _ptx
+    from ..measure import ptx as _ptx
 
     opts = getattr(kern, "_nf4lab_jit_kwargs", None)
     bounds = (opts if opts is not None else getattr(kern, "targetoptions", None) or {}).get("launch_bounds")
@@ -494,7 +496,7 @@ class GemvCase:
     w: np.ndarray           # float32 (N, K): what bitsandbytes dequantizes to before the output cast
     y64: np.ndarray         # float64 (M, N): x @ w.T in float64
     tol: np.ndarray         # float64 (M, N): allowed |y - y64|
-    case: object = None     # the nf4lab.cases.Case it was made from
+    case: object = None     # the nf4lab.lesson.cases.Case it was made from
 
     @property
     def shape(self):
@@ -552,9 +554,9 @@ def tolerance(x, w, dtype, c: float = 1.0) -> np.ndarray:
 
 
 def make_gemv_case(N, K, dtype="bf16", M=1, dist="randn", seed=0, blocksize=64, x_dist="randn") -> GemvCase:
-    """W (N, K) quantized by bitsandbytes (through nf4lab.cases, cached; ``dist`` as there: "heavy" is
+    """W (N, K) quantized by bitsandbytes (through nf4lab.lesson.cases, cached; ``dist`` as there: "heavy" is
     Student t weights), x (M, K) (``x_dist``: see :func:`make_x`), reference and tolerance."""
-    from .cases import make_case
+    from ..lesson.cases import make_case
 
     if dtype not in TORCH_DTYPE:
         raise ValueError(f"dtype must be bf16 or fp16, got {dtype!r}")
@@ -816,7 +818,7 @@ BNB_GEMM = "bitsandbytes matmul_4bit gemm_4bit (M>1)"   # ... and its fused gemm
 BNB_DQ_MM = "bitsandbytes dequantize_4bit + torch.matmul gemv"
 NAME_BATCH = NAME + "_batch"
 COPY_BYTES = 1 << 30  # the copy ceiling: a 1 GiB copy (512 MiB read + 512 MiB written), far beyond L2
-from .bench import COPY  # noqa: E402  (the copy ceiling's record name: one spelling, nf4lab.bench's)
+from ..measure.bench import COPY  # noqa: E402  (the copy ceiling's record name: one spelling, nf4lab.measure.bench's)
 
 
 def kernel_name(variant: str) -> str:
@@ -883,11 +885,11 @@ def benchmark(launch, shapes=LLM_SHAPES, dtypes=("bf16", "fp16"), ms=(1,), *, va
     To keep repeated launches from reading the weights out of L2 (50 MB on an H100), every timed function
     cycles through enough copies of the weight to exceed 4x the L2 size, as a decoding step does (each
     layer's weights are read once per token). Every output is checked against a float64 reference first.
-    Returns a :class:`nf4lab.bench.Run` (records: ceilings, baselines, kernels, each with its "M").
+    Returns a :class:`nf4lab.measure.bench.Run` (records: ceilings, baselines, kernels, each with its "M").
     """
     import time
 
-    from . import bench
+    from ..measure import bench
     import bitsandbytes as bnb
     import bitsandbytes.functional as F
     import torch
@@ -1051,7 +1053,7 @@ def plot(run, batch=False):
     bitsandbytes' matmul_4bit dashed); the copy ceiling dashed red. Draws only what the run measured."""
     import matplotlib.pyplot as plt
 
-    from . import results
+    from ..measure import results
 
     ours = default_kernel(run)
     recs = [r for r in run.records if r["kind"] in ("kernel", "baseline")]
