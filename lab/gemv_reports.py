@@ -13,7 +13,8 @@ import shutil
 import subprocess
 
 from nf4lab.kernels import gemv
-from nf4lab.kernels.gemv import COPY, NAME, default_kernel, kernel_ptx, weight_bytes  # noqa: F401  (kernel_ptx re-exported)
+from nf4lab.kernels.gemv import NAME, kernel_ptx  # noqa: F401  (kernel_ptx re-exported)
+from nf4lab.measure.gemv_bench import COPY, default_kernel, weight_bytes
 
 
 # ---------------------------------------------------------------- Nsight Compute summary (lab/profile_gemv.py)
