@@ -2,7 +2,7 @@
 
     python lab/lut_order.py          # writes data/results/<gpu>/lut_order.json
 
-nf4lab.dequantize with its vector kernel (nf4lab/fastkernel.py) built both ways, and notebook
+nf4lab.dequantize with its vector kernel (nf4lab/kernels/fastkernel.py) built both ways, and notebook
 06's kernel as the notebook has it, each verified bit for bit and timed with the ceilings, the
 traffic-matched bound and bitsandbytes, at 16384x16384 and the LLM shapes, bf16 and fp16.
 

@@ -5,7 +5,7 @@
 For each shape (16384x16384 and the LLM shapes, bf16): the ceilings, the traffic-matched bound
 (best of bench.SHAPES) and bitsandbytes, and notebook 06's kernel at THREADS x UNITS for every
 pair below, each verified bit for bit before it is timed. The shipped shape is one
-for all GPUs (nf4lab/fastkernel.py THREADS, WORDS_PER_THREAD; notebook 06's THREADS, UNITS):
+for all GPUs (nf4lab/kernels/fastkernel.py THREADS, WORDS_PER_THREAD; notebook 06's THREADS, UNITS):
 this file is the evidence that it is at the bound on the GPU it ran on.
 """
 from __future__ import annotations
