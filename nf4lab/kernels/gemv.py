@@ -19,7 +19,6 @@ are in :mod:`nf4lab.lesson.gemv_check`; its benchmark beside bitsandbytes (``ben
 from __future__ import annotations
 
 import dataclasses
-from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -27,9 +26,6 @@ from .. import runtime  # first: it may switch numba to the simulator
 from ..lesson import reference
 from . import ops
 from numba import cuda, float32, uint32, uint64  # noqa: E402  (a module global: the simulator swaps it in kernels)
-
-if TYPE_CHECKING:
-    from ..lesson.gemv_check import GemvCase
 
 LLM_SHAPES = ((4096, 4096), (4096, 14336), (14336, 4096), (8192, 28672))  # (N, K) = W.shape
 TORCH_DTYPE = {"bf16": "bfloat16", "fp16": "float16"}
@@ -578,7 +574,8 @@ def validate(g, max_m: int = MAX_M) -> None:
                              "with 128-bit loads, and a misaligned one kills the CUDA context")
 
 
-def make_gemv_buffers(gc: GemvCase) -> GemvBuffers:
+def make_gemv_buffers(gc) -> GemvBuffers:
+    """Device buffers of a :class:`nf4lab.lesson.gemv_check.GemvCase` (the output poisoned with NaN)."""
     from numba import cuda
 
     _check_layout(gc.N, gc.K, gc.blocksize)
