@@ -37,7 +37,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tools"))  # build_notebooks
 
 import nf4lab  # noqa: E402  (first: decides GPU or simulator)
-import nf4lab.gemv  # noqa: E402
+import nf4lab.kernels.gemv  # noqa: E402
 
 T0 = time.time()
 TARGET_SHAPES = ((4096, 14336), (8192, 28672))  # the target shapes
@@ -61,7 +61,7 @@ def variant_launches(mod, names=None, policies=None) -> dict:
     for key, design in variants.items():  # a Design, a function (N, M) -> Design, None, or (one of those, policy)
         d, p = design if isinstance(design, tuple) else (design, "balanced")
         out[key] = (lambda g, d=d, p=p: mod.launch(g, design=d, policy=p))
-    out[first] = nf4lab.gemv.launch  # the default: the shipped kernel itself (the family's auto design, same PTX)
+    out[first] = nf4lab.kernels.gemv.launch  # the default: the shipped kernel itself (the family's auto design, same PTX)
     pols = list(getattr(mod, "GRID_POLICIES", ())) if policies is None else list(policies)
     for p in pols[1:]:
         out[f"{first}, {p} grid"] = (lambda g, p=p: mod.launch(g, design=variants[first], policy=p))
@@ -84,7 +84,7 @@ def describe_design(v) -> str:
 
 
 def _save(run, name, save):
-    from nf4lab import results
+    from nf4lab.measure import results
 
     out = os.environ.get("OUT")
     if not any(r["kind"] == "kernel" for r in run.records):
@@ -113,7 +113,7 @@ def _report(run, gemv):
         print(f"  {c['name']:<58} {'x'.join(map(str, c['shape'])):>11} {c['dtype']} M={c.get('M', 1)}: within "
               f"tolerance {c['ok']} (worst error/tolerance {c['worst_ratio']:.2g}), max |ours - bnb| "
               f"{c['max_abs_diff_vs_bnb']:.3g}")
-    return [c for c in run.meta["checks"] if c["name"].startswith(gemv.FUSED) and not c["ok"]]
+    return [c for c in run.meta["checks"] if c["name"].startswith(gemv_bench.FUSED) and not c["ok"]]
 
 
 def main(argv=None) -> int:
@@ -132,7 +132,8 @@ def main(argv=None) -> int:
                          "run, about 20 variants and the batch, stays within 3 minutes)")
     ap.add_argument("--no-save", action="store_true")
     args = ap.parse_args(argv)
-    from nf4lab import gemv
+    from nf4lab.kernels import gemv
+    from nf4lab.measure import gemv_bench
 
     if not nf4lab.ON_GPU:
         print("no CUDA GPU: nothing to measure (the simulator's timings mean nothing)")
@@ -147,7 +148,7 @@ def main(argv=None) -> int:
     print(f"variants: {', '.join(launches)} (default: {first!r}; the others on {args.variant_dtypes} only)")
     bad = []
     if 1 in args.ms:
-        run = gemv.benchmark(launches, shapes, tuple(args.dtypes), ms=(1,), variant_dtypes=args.variant_dtypes,
+        run = gemv_bench.benchmark(launches, shapes, tuple(args.dtypes), ms=(1,), variant_dtypes=args.variant_dtypes,
                              deadline=deadline, progress=lambda s: print(f"[{time.time() - T0:5.0f} s] {s}", flush=True))
         run.meta["grid_policies"] = list(getattr(mod, "GRID_POLICIES", ()))
         run.meta["designs"] = {k: describe_design(v) for k, v in getattr(mod, "VARIANTS", {}).items()}
@@ -157,10 +158,10 @@ def main(argv=None) -> int:
     if ms:
         bshapes = parse(args.batch_shapes) if args.batch_shapes else TARGET_SHAPES
         bkeys = [first] + [k for k in getattr(mod, "BATCH_VARIANTS", ()) if k != first and k in launches]
-        run = gemv.benchmark({k: launches[k] for k in bkeys}, bshapes, tuple(args.batch_dtypes), ms=ms, deadline=deadline,
+        run = gemv_bench.benchmark({k: launches[k] for k in bkeys}, bshapes, tuple(args.batch_dtypes), ms=ms, deadline=deadline,
                              progress=lambda s: print(f"[{time.time() - T0:5.0f} s] {s}", flush=True))
         bad += _report(run, gemv)
-        _save(run, gemv.NAME_BATCH, not args.no_save)
+        _save(run, gemv_bench.NAME_BATCH, not args.no_save)
     print(f"total {time.time() - T0:.0f} s")
     return 1 if bad else 0
 

@@ -3,7 +3,7 @@
 For each LLM shape, a kernel that only reads the bytes the fused GEMV reads (``gemv.weight_bytes``: packed
 codes and scales) with 128-bit streaming loads, several loads in flight per thread, and XORs them together
 (one conditional store keeps the compiler from dropping the loads): no table, no arithmetic, no output. It
-is timed exactly like the GEMV (``nf4lab.bench.gpu_time_ms``, CUDA-graph replays, cycling over enough copies
+is timed exactly like the GEMV (``nf4lab.measure.bench.gpu_time_ms``, CUDA-graph replays, cycling over enough copies
 of the bytes to exceed 4x the L2 cache) for a grid of configurations (loads in flight per thread, blocks per
 SM); the best per shape is the bound. The 1 GiB copy ceiling is measured in the same run.
 
@@ -27,7 +27,7 @@ sys.path.insert(0, str(ROOT))
 import nf4lab  # noqa: E402  (first: decides GPU or simulator)
 from numba import cuda, uint32, uint64  # noqa: E402  (module globals: the simulator swaps them in kernels)
 
-from nf4lab.gemv import load_stream_u32x4  # noqa: E402
+from nf4lab.kernels.gemv import load_stream_u32x4  # noqa: E402
 
 NAME = "09_read_bound"
 UNROLLS = (1, 2, 4, 8)
@@ -63,18 +63,20 @@ def main() -> int:
         return 2
     import torch
 
-    from nf4lab import bench, gemv, results, runtime
+    from nf4lab.measure import bench, results
+    from nf4lab.measure import gemv_bench
+    from nf4lab import runtime
 
     t0 = time.time()
     info = runtime.device_info()
     sms, l2 = info.get("sms") or 132, info.get("l2_bytes") or (50 << 20)
     run = bench.Run(method=bench.METHOD + "; read-only kernel over the GEMV's weight bytes, cycled over copies "
                     "totalling > 4x L2; best of unroll x blocks-per-SM configurations")
-    run.add(bench.ceilings(gemv.COPY_BYTES))
+    run.add(bench.ceilings(gemv_bench.COPY_BYTES))
     readers = {u: make_reader(u) for u in UNROLLS}
     out = cuda.device_array(1, dtype="uint32")
-    for N, K in gemv.LLM_SHAPES:
-        nb = gemv.weight_bytes(N, K)
+    for N, K in gemv_bench.LLM_SHAPES:
+        nb = gemv_bench.weight_bytes(N, K)
         nvec = -(-nb // 16)
         copies = max(2, math.ceil(4 * l2 / nb))
         bufs = [cuda.as_cuda_array(torch.randint(0, 2**31 - 1, (nvec * 4,), dtype=torch.int32, device="cuda")).view("uint32")
@@ -100,7 +102,7 @@ def main() -> int:
         del bufs
         torch.cuda.empty_cache()
     run.finalize()
-    copy = max(r["gbps"] for r in run.records if r["name"] == gemv.COPY)
+    copy = max(r["gbps"] for r in run.records if r["name"] == gemv_bench.COPY)
     for r in run.records:
         if r["kind"] == "bound":
             print(f"{'x'.join(map(str, r['shape'])):>11}: {r['ms'] * 1e3:6.1f} us, {r['gbps']:5.0f} GB/s = "

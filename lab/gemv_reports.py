@@ -12,8 +12,9 @@ import re
 import shutil
 import subprocess
 
-from nf4lab import gemv
-from nf4lab.gemv import COPY, NAME, default_kernel, kernel_ptx, weight_bytes  # noqa: F401  (kernel_ptx re-exported)
+from nf4lab.kernels import gemv
+from nf4lab.kernels.gemv import NAME, kernel_ptx  # noqa: F401  (kernel_ptx re-exported)
+from nf4lab.measure.gemv_bench import COPY, default_kernel, weight_bytes
 
 
 # ---------------------------------------------------------------- Nsight Compute summary (lab/profile_gemv.py)
@@ -32,7 +33,7 @@ NCU_METRICS = {  # name in the record: ncu metric
 
 
 def ncu_summary(kernel: dict, N: int, K: int) -> dict:
-    """One profile's record (a kernel of nf4lab.profiling.parse_csv): NCU_METRICS by their short names, the
+    """One profile's record (a kernel of nf4lab.measure.profiling.parse_csv): NCU_METRICS by their short names, the
     time in us, and the data pipe's wavefronts per 1000 weights (all, and those of shared-memory instructions)."""
     m = kernel["metrics"]
     rec = {k: (m.get(v) or {}).get("value") for k, v in NCU_METRICS.items()}
@@ -93,7 +94,7 @@ def load_ncu(gpu: str | None = None) -> dict | None:
     """The recorded profiles of lab/profile_gemv.py --save (data/ncu/<gpu>/09_fused_gemv.json), or None."""
     import json
 
-    from nf4lab import results
+    from nf4lab.measure import results
 
     base = results.ROOT / "data" / "ncu"
     found = sorted(base.glob(f"*/{NAME}.json"))
@@ -198,7 +199,7 @@ def load_sass_report():
     """The offline SASS report recorded by ``lab/sass_gemv.py --save`` ({"meta", "rows"}), or None."""
     import json
 
-    from nf4lab.results import ROOT
+    from nf4lab.measure.results import ROOT
 
     path = ROOT / SASS_REPORT
     if not path.exists():

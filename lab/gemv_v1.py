@@ -6,7 +6,7 @@ registers, and the next step's codes are loaded before the current step is compu
 the notebook now explains: about 170 registers per thread (ptxas, sm_90), so an SM holds only 8 of its
 warps and too few bytes are in flight to stream the weights at the copy ceiling.
 
-``launch(g, policy=...)`` takes a :class:`nf4lab.gemv.GemvBuffers` (batch 1). ``tools/bench_gemv.py``
+``launch(g, policy=...)`` takes a :class:`nf4lab.kernels.gemv.GemvBuffers` (batch 1). ``tools/bench_gemv.py``
 times it as the variant ``v1``; ``tools/sass_gemv.py --v1`` prints its registers and SASS per weight.
 """
 import nf4lab  # noqa: F401  (first: may switch numba to its simulator)
@@ -14,8 +14,8 @@ import nf4lab  # noqa: F401  (first: may switch numba to its simulator)
 from numba import cuda, float32, uint32, uint64
 from numba import types as T
 
-from nf4lab import gemv, ops
-from nf4lab.gemv import f16_to_f32, f32_from_bits, lds_pair, shfl_down_sync
+from nf4lab.kernels import gemv, ops
+from nf4lab.kernels.gemv import f16_to_f32, f32_from_bits, lds_pair, shfl_down_sync
 
 WARPS = 4      # warps per block
 ROWS = 4       # rows of W per warp: each x value, loaded and converted once, feeds 4 rows

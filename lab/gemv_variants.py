@@ -4,7 +4,7 @@ profiled (lab/profile_gemv.py) and assembled (lab/sass_gemv.py).
 One kernel factory, ``make_gemv(is_bf16, Design(...))``, covers them all: rows per item R, split-K S,
 columns per lane, warps per block, batch M, launch bounds, streaming loads, and the table experiments
 (PRMT: a 64 KB table addressed by one byte permute; X: NF4 values from warp shuffles; Q16: the absmax
-code table in 16 copies; H16: a table of fp16 pairs, NOT exact). The shipped design (``nf4lab.gemv``,
+code table in 16 copies; H16: a table of fp16 pairs, NOT exact). The shipped design (``nf4lab.kernels.gemv``,
 the one notebook 09 teaches) is this factory with table="pair", cols=32, warps=8, no shuffles, one
 scale copy: tests/test_gemv.py checks that both give the same PTX.
 
@@ -18,8 +18,8 @@ import dataclasses
 import numpy as np
 from numba import cuda, float32, uint32, uint64
 
-from nf4lab import gemv, ops
-from nf4lab.gemv import MAX_M, bar_sync, f16_to_f32, f32_from_bits, lds_pair, load_stream_u32x4, shfl_down_sync
+from nf4lab.kernels import gemv, ops
+from nf4lab.kernels.gemv import MAX_M, bar_sync, f16_to_f32, f32_from_bits, lds_pair, load_stream_u32x4, shfl_down_sync
 from nf4lab import runtime
 
 

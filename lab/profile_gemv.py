@@ -38,12 +38,13 @@ def drive(shape: str, variant: str, dtype: str = "bf16") -> None:
     from numba import cuda
 
     from lab import bench_gemv, gemv_reports  # noqa: F401
-    from nf4lab import gemv
+    from nf4lab.kernels import gemv
+    from nf4lab.measure import gemv_bench
 
     N, K = (int(v) for v in shape.split("x"))
     mod = bench_gemv.load_kernel()
     launch = bench_gemv.variant_launches(mod, [variant])[variant]
-    packed, qs, x = gemv._quantize_gpu(N, K, dtype)
+    packed, qs, x = gemv_bench._quantize_gpu(N, K, dtype)
     y = torch.empty(1, N, device="cuda", dtype=x.dtype)
     g = gemv.buffers_from_torch(packed, qs, x, y)
     for _ in range(3):
@@ -63,10 +64,10 @@ def main(argv=None) -> int:
     ap.add_argument("--save", action="store_true")
     a = ap.parse_args(argv)
     import nf4lab
-    from nf4lab import results
-    from nf4lab.gemv import NAME
+    from nf4lab.measure import results
+    from nf4lab.kernels.gemv import NAME
     from lab.gemv_reports import NCU_METRICS, ncu_summary, ncu_table
-    from nf4lab.profiling import find_ncu, parse_csv
+    from nf4lab.measure.profiling import find_ncu, parse_csv
 
     ncu = find_ncu()
     if not ncu or not nf4lab.ON_GPU:

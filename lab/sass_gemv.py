@@ -51,7 +51,7 @@ def main(argv=None) -> int:
     ap.add_argument("--src", default=str(ROOT / "notebooks" / "src" / "09_fused_gemv.py"))
     args = ap.parse_args(argv)
     from lab import bench_gemv, gemv_reports  # noqa: F401
-    from nf4lab import gemv
+    from nf4lab.kernels import gemv
 
     mod = bench_gemv.load_kernel(Path(args.src))
     rows = []

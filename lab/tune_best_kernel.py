@@ -20,7 +20,8 @@ import sys
 import numpy as np
 
 import nf4lab
-from nf4lab import bench, ops
+from nf4lab.measure import bench
+from nf4lab.kernels import ops
 from numba import cuda, float32, uint32, uint64
 
 
@@ -405,7 +406,7 @@ def nb06(dtype, threads=512, units=2, edits=(), rev=None):
     import subprocess
     import tempfile
     from pathlib import Path
-    from nf4lab import versions
+    from nf4lab.lesson import versions
 
     path = Path(ROOT) / "notebooks" / "06_output_dtypes.ipynb"
     if rev is not None:
@@ -432,7 +433,7 @@ NO_SHIFT = ("w = words[k] >> uint32((first & uint64(7)) << 2)", "w = words[k]")
 def fastkernel_launch(dtype):
     """nf4lab.dequantize's kernel (nested statistics, vector path) on the harness' buffers."""
     from numba import cuda as _cuda
-    from nf4lab import fastkernel
+    from nf4lab.kernels import fastkernel
 
     state = {}
 

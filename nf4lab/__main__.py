@@ -15,7 +15,8 @@ import time
 from pathlib import Path
 
 import nf4lab
-from nf4lab import bench, results, runtime
+from nf4lab.measure import bench, results
+from nf4lab import runtime
 
 ROOT = Path(__file__).resolve().parent.parent
 BUILD = ROOT / "build"
@@ -41,7 +42,7 @@ def _select(all_versions: dict, wanted) -> dict:
 
 
 def _versions(wanted):
-    from nf4lab import versions
+    from nf4lab.lesson import versions
 
     found = versions.load_all()
     if not found:
@@ -59,7 +60,7 @@ def cmd_info(args) -> int:
 def cmd_bench(args) -> int:
     if not runtime.ON_GPU:
         return _no_gpu("bench")
-    from nf4lab import plots
+    from nf4lab.lesson import plots
 
     vs = _versions(args.versions)
     case = nf4lab.make_case(tuple(args.shape), args.dtype)
@@ -86,7 +87,7 @@ def cmd_sweep(args) -> int:
         return _no_gpu("sweep")
     from tqdm.auto import tqdm
 
-    from nf4lab import plots
+    from nf4lab.lesson import plots
 
     vs = _versions(args.versions)
     total = bench.Run()
@@ -140,7 +141,7 @@ def execute_notebook(path: Path, out: Path, timeout: int = 1800) -> float:
     finally:
         import shutil
 
-        from nf4lab import nbclean
+        from nf4lab.measure import nbclean
 
         shutil.rmtree(client.sockets, ignore_errors=True)
         # What is committed is what a reader should see: no colour codes, bar frames or warnings.
@@ -195,7 +196,7 @@ def cmd_plot(args) -> int:
     import matplotlib
 
     matplotlib.use("Agg")
-    from nf4lab import plots
+    from nf4lab.lesson import plots
 
     gpu = results.default_gpu()   # this GPU's own on a GPU, else a recorded one
     run = bench.Run.load("07_summary", gpu) if gpu else None
@@ -231,13 +232,13 @@ def main(argv=None) -> int:
     n.add_argument("--inplace", action="store_true", default=None,
                    help="write outputs into the notebooks (default on a GPU)")
     n.set_defaults(fn=cmd_notebooks)
-    from nf4lab import ptxall
+    from nf4lab.measure import ptxall
 
     x = sub.add_parser("ptx", help="compile every kernel to PTX and assemble it with ptxas for each architecture")
     ptxall.add_arguments(x)
     x.set_defaults(fn=ptxall.command)
     sub.add_parser("plot", help="write build/gbps.png from the recorded summary").set_defaults(fn=cmd_plot)
-    from nf4lab import models as _models  # light: imports torch/transformers only when run
+    from nf4lab.measure import models as _models  # light: imports torch/transformers only when run
 
     m = sub.add_parser("models", help="Llama-3-8B-shaped model: decode and QLoRA, bitsandbytes vs nf4lab (GPU)")
     _models.add_arguments(m)

@@ -104,7 +104,7 @@ MODE, REASON = _decide()
 SIMULATOR = MODE == "sim"
 ON_GPU = MODE == "gpu"
 if ON_GPU:
-    from . import arch as _arch
+    from .kernels import arch as _arch
 
     _dev = _probe_device()
     if _dev is not None:
@@ -146,7 +146,7 @@ def _patch_simulator_jit() -> None:
 
     The simulator's ``cuda.jit`` rejects options such as ``lineinfo`` or
     ``forceinline``; we drop them there and remember every option on the fake
-    kernel so that ``nf4lab.ptx`` can compile the same function for real.
+    kernel so that ``nf4lab.measure.ptx`` can compile the same function for real.
     """
     from numba import cuda
 

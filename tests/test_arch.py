@@ -6,7 +6,8 @@ import sys
 import pytest
 
 import nf4lab
-from nf4lab import arch, ops, ptx
+from nf4lab.kernels import arch, ops
+from nf4lab.measure import ptx
 from numba import cuda
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -6,7 +6,7 @@ import sys
 import pytest
 
 import nf4lab
-from nf4lab import bench, bytemodel, results
+from nf4lab.measure import bench, bytemodel, results
 
 
 def test_byte_model_matches_the_definition():
@@ -92,7 +92,7 @@ def test_plots_draw_ceilings_and_labels(tmp_path):
     import matplotlib
 
     matplotlib.use("Agg")
-    from nf4lab import plots
+    from nf4lab.lesson import plots
 
     rec = lambda kind, name, gbps, **kw: dict({"kind": kind, "name": name, "shape": [8, 8], "dtype": "bf16",
                                                "ms": 0.1, "gbps": gbps, "bytes": 10 ** 8}, **kw)

@@ -2,7 +2,7 @@
 import nbformat
 import pytest
 
-from nf4lab import nbclean
+from nf4lab.measure import nbclean
 from nf4lab.__main__ import notebook_paths
 
 

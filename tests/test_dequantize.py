@@ -9,7 +9,8 @@ import pytest
 import torch
 
 import nf4lab
-from nf4lab import dequant, fastkernel as fk, reference as R
+from nf4lab.kernels import dequant, fastkernel as fk
+from nf4lab.lesson import reference as R
 
 F = pytest.importorskip("bitsandbytes.functional")
 
@@ -258,7 +259,7 @@ def test_choose_path_never_vectorises_misaligned():
 
 
 def test_vector_kernel_ptx():
-    from nf4lab import ptx
+    from nf4lab.measure import ptx
 
     k, _ = fk.get_kernel("bf16", True, "vector")
     text = ptx.compile_ptx(k, fk.signature("bf16", True))

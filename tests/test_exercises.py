@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 
 import nf4lab  # noqa: F401  (before numba.cuda: may switch on the simulator)
-from nf4lab import exercises, ops
+from nf4lab.lesson import exercises
+from nf4lab.kernels import ops
 from numba import cuda, float32, uint16, uint32, uint64
 
 SMALL = ((3, 5), (1, 65), (7, 33))

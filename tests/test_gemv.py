@@ -1,4 +1,4 @@
-"""The fused-GEMV machinery (nf4lab.gemv) and notebook 09 run headless in the simulator."""
+"""The fused-GEMV machinery (nf4lab.kernels.gemv) and notebook 09 run headless in the simulator."""
 from __future__ import annotations
 
 import time
@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 
 import nf4lab  # noqa: F401  (first: may switch numba to the simulator)
-from nf4lab import gemv, reference
+from nf4lab.kernels import gemv
+from nf4lab.lesson import reference
 from numba import cuda, float32  # noqa: E402  (after nf4lab)
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -83,7 +84,7 @@ def test_bitsandbytes_cpu_output_is_close(gc):
 
 
 def test_simulator_shuffle_twin():
-    from nf4lab.gemv import shfl_down_sync
+    from nf4lab.kernels.gemv import shfl_down_sync
 
     @cuda.jit
     def k(out):
@@ -150,7 +151,7 @@ def _case_buffers(N, K, dtype, M=1, seed=5, **kw):
 
 
 D = gemv.Design
-# The shipped kernel (nf4lab.gemv.launch) on small adversarial shapes (K a multiple of 64, as _check_layout
+# The shipped kernel (nf4lab.kernels.gemv.launch) on small adversarial shapes (K a multiple of 64, as _check_layout
 # requires): (N, K, dtype, M, Design or None for auto_design, grid, case options)
 SHIPPED_CASES = [
     (40, 128, "bf16", 1, D(rows=4, min_blocks=2), 1, {}),         # one block: 10 row groups over 8 warps (grid stride)
@@ -285,23 +286,23 @@ def test_shipped_kernel_is_the_labs_design(nb09, fields, dtype):
 def test_ptx_default_design():
     d = gemv.auto_design(4096)
     ptx = gemv.kernel_ptx(gemv.kernel(d, "fp16"))
-    nf4lab.ptx.check(ptx, present=[r"^ld\.global\.nc\.L1::no_allocate\.v4\.u32", r"^ld\.global\.v4\.u32",
+    nf4lab.measure.ptx.check(ptx, present=[r"^ld\.global\.nc\.L1::no_allocate\.v4\.u32", r"^ld\.global\.v4\.u32",
                                    r"^shfl\.sync\.down", r"^ld\.shared\.v2\.f32", r"^cvt\.f32\.f16", r"^bar\.sync"],
                      absent=[r"^ld\.local", r"^st\.local", r"\.f64", r"^(div|rem)\.(s|u)64"])
-    assert nf4lab.ptx.count(ptx, r"^ld\.global\.nc\.L1::no_allocate\.v4") == 2 * d.rows
-    assert nf4lab.ptx.count(ptx, r"^ld\.shared\.v2\.f32") == d.rows * 16
-    assert nf4lab.ptx.count(ptx, r"^shfl\.sync\.down") == 5 * d.rows
+    assert nf4lab.measure.ptx.count(ptx, r"^ld\.global\.nc\.L1::no_allocate\.v4") == 2 * d.rows
+    assert nf4lab.measure.ptx.count(ptx, r"^ld\.shared\.v2\.f32") == d.rows * 16
+    assert nf4lab.measure.ptx.count(ptx, r"^shfl\.sync\.down") == 5 * d.rows
     assert ".maxntid 256, 1, 1" in ptx and ".minnctapersm 3" in ptx
 
 
 def test_ptx_batch():
     d = gemv.Design(rows=4, m=2, min_blocks=2)   # from M = 4 on, R x M sums spill even in the PTX (ld.local)
     ptx = gemv.kernel_ptx(gemv.kernel(d, "bf16"))
-    nf4lab.ptx.check(ptx, present=[r"^ld\.global\.nc\.L1::no_allocate\.v4\.u32"],
+    nf4lab.measure.ptx.check(ptx, present=[r"^ld\.global\.nc\.L1::no_allocate\.v4\.u32"],
                      absent=[r"^ld\.local", r"^st\.local", r"\.f64", r"^(div|rem)\.(s|u)64", r"^bar\.sync\s+%r"])  # no team barrier
-    assert nf4lab.ptx.count(ptx, r"^shfl\.sync\.down") == 5 * d.rows * d.m   # one reduction per row and batch row
-    assert nf4lab.ptx.count(ptx, r"^ld\.global\.v4\.u32") == 4 * d.m         # x: 4 loads per batch row per item
-    assert nf4lab.ptx.count(ptx, r"^ld\.shared\.v2\.f32") == d.rows * 16      # the table read once for all M
+    assert nf4lab.measure.ptx.count(ptx, r"^shfl\.sync\.down") == 5 * d.rows * d.m   # one reduction per row and batch row
+    assert nf4lab.measure.ptx.count(ptx, r"^ld\.global\.v4\.u32") == 4 * d.m         # x: 4 loads per batch row per item
+    assert nf4lab.measure.ptx.count(ptx, r"^ld\.shared\.v2\.f32") == d.rows * 16      # the table read once for all M
 
 
 # ---------------------------------------------------------------- bad input: refused before any launch

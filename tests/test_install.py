@@ -10,7 +10,8 @@ import pytest
 import torch
 
 import nf4lab
-from nf4lab import bnb_backend, runtime, torch_ops
+from nf4lab.kernels import bnb_backend, torch_ops
+from nf4lab import runtime
 
 F = pytest.importorskip("bitsandbytes.functional")
 bnb = pytest.importorskip("bitsandbytes")
@@ -196,7 +197,7 @@ def test_uninstall_is_harmless_when_not_installed():
 # Run by the lead: NF4LAB_MODE=gpu python -m pytest tests/test_install.py tests/test_torch_ops.py -k gpu
 # (tools/gpu_bnb_tests.sh does it first). Dequantize: bits against bitsandbytes' own CUDA kernel, eager,
 # compiled (inductor, fullgraph), in a captured CUDA graph and on a side stream. GEMV: within
-# nf4lab.gemv's tolerance of a float64 product of bitsandbytes' float32 weights.
+# nf4lab.kernels.gemv's tolerance of a float64 product of bitsandbytes' float32 weights.
 def gbits(t):
     t = t.contiguous().reshape(-1)
     return t.view({2: torch.int16, 4: torch.int32}[t.element_size()]).cpu().numpy()
@@ -263,7 +264,7 @@ def test_gpu_cuda_graph_and_side_stream(clean):
 
 @gpu
 def test_gpu_install_serves_bitsandbytes_and_uninstall_restores(clean):
-    from nf4lab import bnb_backend
+    from nf4lab.kernels import bnb_backend
 
     packed, qs = gpu_quantize((4096, 1024), "bf16", 64, "nf4", True)
     want = gbits(F.dequantize_4bit(packed, qs))  # bitsandbytes' own CUDA kernel
@@ -280,17 +281,17 @@ def test_gpu_install_serves_bitsandbytes_and_uninstall_restores(clean):
 
 
 def _within_tolerance(y, packed, qs, x):
-    from nf4lab import gemv
+    from nf4lab.measure import gemv_bench
 
-    y64, tol = gemv._gpu_reference(packed, qs, x.reshape(-1, x.shape[-1]))
-    return gemv._gpu_check(y, y64, tol, "nf4lab")
+    y64, tol = gemv_bench._gpu_reference(packed, qs, x.reshape(-1, x.shape[-1]))
+    return gemv_bench._gpu_check(y, y64, tol, "nf4lab")
 
 
 @gpu
 @pytest.mark.parametrize("M", [1, 2, 4, 8])
 @pytest.mark.parametrize("dtype", ["bf16", "fp16"])
 def test_gpu_installed_gemv_within_tolerance(M, dtype, clean):
-    from nf4lab import bnb_backend, torch_ops
+    from nf4lab.kernels import bnb_backend, torch_ops
 
     N, K = 4096, 4096
     packed, qs = gpu_quantize((N, K), dtype)
@@ -339,7 +340,7 @@ def test_gpu_linear4bit_compiled_installed_forward_and_backward(clean):
 @gpu
 def test_gpu_bad_input_raises_before_launch(clean):
     packed, qs = gpu_quantize((64, 64))
-    args = list(__import__("nf4lab.torch_ops", fromlist=["op_args"]).op_args(packed, qs))
+    args = list(__import__("nf4lab.kernels.torch_ops", fromlist=["op_args"]).op_args(packed, qs))
     args[5] = 48
     with pytest.raises(ValueError, match="quant_state.blocksize"):
         torch.ops.nf4lab.dequantize_4bit(*args)
@@ -351,7 +352,7 @@ def test_gpu_bad_input_raises_before_launch(clean):
 def test_checked_plan_equals_the_validated_plan(shape, bs, dtype):
     """The installed CUDA kernel skips re-validation (its handles check came first): its plan must be
     the one nf4lab.dequantize's validation builds, field for field."""
-    from nf4lab import dequant
+    from nf4lab.kernels import dequant
 
     packed, qs = quantize(shape, dtype=dtype, bs=bs, nested=False)
     assert bnb_backend._dequantize_handles(packed, qs.absmax, bs, "nf4", list(shape), dtype)

@@ -1,4 +1,4 @@
-"""nf4lab.models: the CPU-testable logic of the model benchmark (comparisons, records, table).
+"""nf4lab.measure.models: the CPU-testable logic of the model benchmark (comparisons, records, table).
 
 The benchmark itself needs a GPU; the one end-to-end test here builds a tiny Llama on CPU and
 runs the bf16 eager path, and skips cleanly where transformers is not installed (CI)."""
@@ -8,7 +8,7 @@ import math
 import numpy as np
 import pytest
 
-from nf4lab import models
+from nf4lab.measure import models
 
 
 def test_first_divergence():

@@ -4,7 +4,9 @@ import pytest
 from numba import cuda, float32, uint64
 
 import nf4lab
-from nf4lab import ops, ptx, reference
+from nf4lab.kernels import ops
+from nf4lab.measure import ptx
+from nf4lab.lesson import reference
 
 
 def test_twins_round_like_the_reference():
@@ -114,7 +116,7 @@ def test_compile_errors_are_reported():
 
 @pytest.mark.parametrize("store, hint", [(ops.store_u32x4, False), (ops.store_u32x4_cs, True)])
 def test_ops_held_in_variables_compile_to_themselves(store, hint):
-    """A kernel may hold an op in a closure variable (as nf4lab.fastkernel does) instead of
+    """A kernel may hold an op in a closure variable (as nf4lab.kernels.fastkernel does) instead of
     naming ops.store_u32x4: the PTX must still show that op's own store, not a sibling's."""
     @cuda.jit
     def k(out_u32):
@@ -129,7 +131,7 @@ def test_no_two_device_ops_share_a_twin():
     """compile_ptx finds device ops by the identity of their simulator twins: aliases are ambiguous."""
     import collections
 
-    from nf4lab import gemv
+    from nf4lab.kernels import gemv
 
     seen = collections.defaultdict(list)
     for mod in (ops, gemv):

@@ -1,4 +1,4 @@
-"""nf4lab.profiling: the ncu command line, failure detection, and the CSV parser.
+"""nf4lab.measure.profiling: the ncu command line, failure detection, and the CSV parser.
 
 The parser is tested on hand-made fixtures in ncu's documented CSV format
 (tests/fixtures/, invented values) and, once they are committed, on the real
@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from nf4lab import profiling as P
+from nf4lab.measure import profiling as P
 
 FIX = P.ROOT / "tests" / "fixtures"
 RECORDED = sorted(p for p in P.NCU_DIR.glob("*/*.csv") if p.name.count(".") == 1) if P.NCU_DIR.exists() else []
@@ -153,7 +153,7 @@ def test_load_recorded_prefers_the_results_gpu_and_falls_back(monkeypatch):
 
 
 def test_module_cli_table_runs():
-    out = subprocess.run([sys.executable, "-m", "nf4lab.profiling", "table", str(FIX / "ncu_raw_fixture.csv")],
+    out = subprocess.run([sys.executable, "-m", "nf4lab.measure.profiling", "table", str(FIX / "ncu_raw_fixture.csv")],
                          capture_output=True, text=True, timeout=120, cwd=P.ROOT)
     assert out.returncode == 0 and "DRAM %" in out.stdout
 

@@ -10,7 +10,7 @@ import textwrap
 
 import pytest
 
-from nf4lab import ptxall
+from nf4lab.measure import ptxall
 from nf4lab.__main__ import ROOT, main
 
 # An exercise in the notebooks' format: a kernel outside the solution regions, an exercise kernel
@@ -26,7 +26,7 @@ SOURCE = textwrap.dedent('''
     from numba import cuda, types, uint64
     from numba.core.extending import intrinsic
 
-    from nf4lab import ops
+    from nf4lab.kernels import ops
 
 
     @cuda.jit
@@ -166,7 +166,8 @@ import os, re, sys, tempfile
 os.environ["NF4LAB_MODE"] = "compile"
 import nf4lab
 from numba import cuda, types, uint64
-from nf4lab import ops, ptxall
+from nf4lab.kernels import ops
+from nf4lab.measure import ptxall
 
 def kern(x, out, out16, n):
     i = uint64(cuda.grid(1))

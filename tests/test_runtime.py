@@ -14,7 +14,7 @@ def run(code, **env):
 
 
 def test_import_without_gpu_says_simulator_once():
-    p = run("import nf4lab, nf4lab.cases; import nf4lab; from numba import config, cuda;"
+    p = run("import nf4lab, nf4lab.lesson.cases; import nf4lab; from numba import config, cuda;"
             "print(nf4lab.MODE, config.ENABLE_CUDASIM, type(cuda).__name__)")
     assert p.returncode == 0, p.stderr
     if nf4lab_on_gpu(p):

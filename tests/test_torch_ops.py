@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import nf4lab
-from nf4lab import dequant, torch_ops
+from nf4lab.kernels import dequant, torch_ops
 
 F = pytest.importorskip("bitsandbytes.functional")
 

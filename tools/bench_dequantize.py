@@ -27,7 +27,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 import nf4lab  # noqa: E402  (before numba.cuda)
-from nf4lab import bench, bytemodel, results, runtime  # noqa: E402
+from nf4lab.measure import bench, bytemodel, results  # noqa: E402
+from nf4lab import runtime
 
 SPEED_SHAPES = [(4096, 4096), (4096, 14336), (8192, 28672), (16384, 16384)]
 EXACT_SHAPES = [(3, 5), (7,), (1, 4096), (130, 129), (257, 1023), (1024, 1000), (4096, 4096)]
@@ -163,12 +164,12 @@ def main(argv=None) -> int:
         print(f"exactness done in {time.time() - t0:.0f} s", flush=True)
     if not args.skip_speed:
         recs += speed(args.quick, ceilings)
-    from nf4lab import dequant
+    from nf4lab.kernels import dequant
 
     meta = results.meta("end to end: wall clock per call of back-to-back calls from Python, synchronised at the "
                         "end (bench.wall_time_ms); GPU time: " + bench.METHOD)
     meta["lean_launch"] = dequant._lean_state["ok"]
-    meta["words_per_thread"] = __import__("nf4lab.fastkernel", fromlist=["x"]).WORDS_PER_THREAD
+    meta["words_per_thread"] = __import__("nf4lab.kernels.fastkernel", fromlist=["x"]).WORDS_PER_THREAD
     data = {"meta": meta, "records": recs}
     name = "dequantize_quick" if args.quick else "dequantize"
     path = results.save(data, name)

@@ -11,9 +11,9 @@ Each figure: median of REPS loops of CALLS calls, after a warm-up. Calls timed:
 dequantize  bitsandbytes F.dequantize_4bit; nf4lab.dequantize; F.dequantize_4bit after nf4lab.install()
             (bitsandbytes' Python, nf4lab's kernel); torch.ops.nf4lab.dequantize_4bit (the custom op, eager)
 gemv M=1    bitsandbytes matmul_4bit (no grad); the same after nf4lab.install(); torch.ops.nf4lab.gemv_4bit;
-            nf4lab.gemv.launch_torch directly; torch bf16 ``x @ w.t()`` (the unquantized reference)
+            nf4lab.kernels.gemv.launch_torch directly; torch bf16 ``x @ w.t()`` (the unquantized reference)
 
-Writes data/results/<gpu>/launch_cost.json (and $OUT/) through nf4lab.results.
+Writes data/results/<gpu>/launch_cost.json (and $OUT/) through nf4lab.measure.results.
 
     python tools/bench_launch.py [--calls 200] [--reps 7]
 """
@@ -60,7 +60,8 @@ def main(argv=None):
     import bitsandbytes.functional as F
     import torch
 
-    from nf4lab import gemv, results, torch_ops
+    from nf4lab.kernels import gemv, torch_ops
+    from nf4lab.measure import results
 
     N = K = 4096
     g = torch.Generator(device="cuda").manual_seed(0)
@@ -87,7 +88,7 @@ def main(argv=None):
         ("gemv M=1", "bitsandbytes matmul_4bit", bnb_mm, False),
         ("gemv M=1", "matmul_4bit after nf4lab.install()", bnb_mm, True),
         ("gemv M=1", "torch.ops.nf4lab.gemv_4bit (eager)", lambda: torch.ops.nf4lab.gemv_4bit(x, *gv_args), False),
-        ("gemv M=1", "nf4lab.gemv.launch_torch", lambda: gemv.launch_torch(x, packed, qs.shape, qs.absmax,
+        ("gemv M=1", "nf4lab.kernels.gemv.launch_torch", lambda: gemv.launch_torch(x, packed, qs.shape, qs.absmax,
                                                                           qs.state2.absmax, qs.state2.code, off,
                                                                           qs.blocksize, y), False),
         ("gemv M=1", "torch bf16 x @ w.t() (unquantized)", lambda: x @ wd.t(), False),

@@ -31,7 +31,8 @@ def pytest_runtest_logreport(report):
 
 
 def pytest_terminal_summary(terminalreporter):
-    from nf4lab import bnb_backend, results
+    from nf4lab.kernels import bnb_backend
+    from nf4lab.measure import results
 
     counts: dict = {}
     for o in _outcomes.values():

@@ -12,7 +12,7 @@ code cell, ``# %% [markdown]`` a markdown cell whose lines are ``# ``-commented;
 
 Outputs of an existing notebook are kept when its cell source did not change, so
 re-building after a GPU run does not throw the recorded results away. Kept outputs are
-cleaned (nf4lab/nbclean.py: no ANSI codes, progress frames, widgets or warnings).
+cleaned (nf4lab/measure/nbclean.py: no ANSI codes, progress frames, widgets or warnings).
 
 Every notebook starts with an "Open in Colab" badge and a setup cell that, on Colab or Kaggle
 only, fetches this repository and installs what the runtime lacks (tools/setup_runtime.py);
@@ -56,10 +56,10 @@ if "google.colab" in sys.modules or "KAGGLE_KERNEL_RUN_TYPE" in os.environ:
 
 
 def _nbclean():
-    """nf4lab/nbclean.py loaded by path: importing the nf4lab package would start its GPU probe."""
+    """nf4lab/measure/nbclean.py loaded by path: importing the nf4lab package would start its GPU probe."""
     import importlib.util
 
-    spec = importlib.util.spec_from_file_location("nbclean", ROOT / "nf4lab" / "nbclean.py")
+    spec = importlib.util.spec_from_file_location("nbclean", ROOT / "nf4lab" / "measure" / "nbclean.py")
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod

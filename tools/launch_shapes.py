@@ -5,7 +5,7 @@
 For each shape (16384x16384 and the LLM shapes, bf16): the ceilings, the traffic-matched bound
 (best of bench.SHAPES) and bitsandbytes, and notebook 06's kernel at THREADS x UNITS for every
 pair below, each verified bit for bit before it is timed. The shipped shape is one
-for all GPUs (nf4lab/fastkernel.py THREADS, WORDS_PER_THREAD; notebook 06's THREADS, UNITS):
+for all GPUs (nf4lab/kernels/fastkernel.py THREADS, WORDS_PER_THREAD; notebook 06's THREADS, UNITS):
 this file is the evidence that it is at the bound on the GPU it ran on.
 """
 from __future__ import annotations
@@ -17,7 +17,9 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 import nf4lab  # noqa: E402  (before numba.cuda)
-from nf4lab import bench, runtime, versions  # noqa: E402
+from nf4lab.measure import bench  # noqa: E402
+from nf4lab import runtime
+from nf4lab.lesson import versions
 
 SHAPES = [(16384, 16384), (4096, 14336), (8192, 28672)]
 PAIRS = [(128, 1), (128, 2), (128, 4), (256, 2), (512, 2), (1024, 2)]

@@ -6,10 +6,10 @@ Run on a GPU machine where ncu may read the counters, from the repository root:
     python tools/profile_all.py --only "NAME"   # some versions (repeat --only)
     python tools/profile_all.py --demo          # the built-in demo kernel only (checks the pipeline)
 
-For each version a driver process (``python -m nf4lab.profiling drive``) builds the
+For each version a driver process (``python -m nf4lab.measure.profiling drive``) builds the
 16384x16384 case, launches the version a few times to compile and warm up, and then
 once between cudaProfilerStart/Stop; ncu profiles exactly that launch
-(``--profile-from-start off``) with the sections of ``nf4lab.profiling.SECTIONS``,
+(``--profile-from-start off``) with the sections of ``nf4lab.measure.profiling.SECTIONS``,
 ``--clock-control none`` (the clocks the benchmarks ran at) and line info on.
 Written, per version (slug of its name):
 
@@ -50,7 +50,7 @@ def _ncu_version(ncu: str) -> str | None:
 
 def collect_versions(only=None, demo=False) -> list:
     """[(notebook stem, version name)] of notebooks 01-06, in order."""
-    from nf4lab.profiling import step_versions
+    from nf4lab.measure.profiling import step_versions
 
     found = [] if demo else step_versions()
     if only:
@@ -59,7 +59,7 @@ def collect_versions(only=None, demo=False) -> list:
             print(f"  ! no version named {missing}; known: {[n for _, n in found]}")
         found = [(nb, n) for nb, n in found if n in only]
     if demo or not found:
-        from nf4lab.profiling import DEMO
+        from nf4lab.measure.profiling import DEMO
 
         if not demo:
             print("  no versions defined by notebooks 01-06 yet: profiling the built-in demo kernel only")
@@ -82,7 +82,8 @@ def main(argv=None) -> int:
 
     t_start = time.perf_counter()
     import nf4lab
-    from nf4lab import profiling, results, runtime
+    from nf4lab.measure import profiling, results
+    from nf4lab import runtime
 
     if not runtime.ON_GPU:
         print(f"no GPU here ({runtime.REASON}): nothing to profile. Run this on a GPU machine.")

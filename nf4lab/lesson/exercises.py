@@ -2,13 +2,13 @@
 
     result = nf4lab.check(launch, name="ex 3.2: coalesced stores", min_pct_copy=80)
 
-``check`` runs ``launch(b)`` (``b`` a :class:`nf4lab.buffers.Buffers`) on every
+``check`` runs ``launch(b)`` (``b`` a :class:`nf4lab.lesson.buffers.Buffers`) on every
 shape of ``shapes`` (by default the edge sizes of :func:`default_shapes`: one
 weight, odd counts, a partial block, exactly one block, and a tensor that spans
 two absmax2 groups and ends in a partial block), smallest first, and compares
 the output with bitsandbytes bit for bit. It stops at the first wrong shape and
 prints a one-line verdict followed by the teaching message of
-:mod:`nf4lab.verification` (what differs, and a hint where the pattern points at
+:mod:`nf4lab.lesson.verification` (what differs, and a hint where the pattern points at
 a known mistake).
 
 ``check`` never raises because of the student's kernel: a wrong result, an
@@ -17,7 +17,7 @@ CUDA error is reported in the result, which is falsy when the exercise is not
 solved. Bad arguments to ``check`` itself raise ValueError.
 
 Speed: with ``min_pct_copy`` given, on a GPU the kernel is also timed on the
-full-size case (16384x16384) with :mod:`nf4lab.bench`, together with the copy
+full-size case (16384x16384) with :mod:`nf4lab.measure.bench`, together with the copy
 ceiling measured in the same run, and must reach that share of it. In the
 simulator only correctness is checked, and the result says so.
 """
@@ -31,7 +31,7 @@ import threading
 import time
 import traceback
 
-from . import runtime
+from .. import runtime
 
 # Kept for code that imported it: the shapes check used before default_shapes().
 DEFAULT_SHAPES = ((3, 5), (1, 65), (7, 33), (31, 67), (130, 129))
@@ -68,7 +68,7 @@ class CheckResult:
     pct_copy: float | None = None
     verdict: str = ""
     failed_shape: tuple | None = None
-    report: object = None          # nf4lab.verification.Report of the failing shape, if any
+    report: object = None          # nf4lab.lesson.verification.Report of the failing shape, if any
     error: str | None = None       # the kernel's exception, summarised
     simulator: bool = False
     seconds: float = 0.0
@@ -247,7 +247,7 @@ def check(launch, *, name="exercise", dtype="bf16", blocksize=64, quant_type="nf
 
     Parameters
     ----------
-    launch: ``launch(b)`` launching the student's kernel on ``b.stream`` (see nf4lab.buffers).
+    launch: ``launch(b)`` launching the student's kernel on ``b.stream`` (see nf4lab.lesson.buffers).
     name: what the verdict calls the exercise.
     dtype, blocksize, quant_type: the case parameters (output bf16/fp16/fp32, 64..4096, nf4/fp4).
     shapes: shapes to verify, smallest first; default :func:`default_shapes` (edge sizes).
@@ -344,7 +344,7 @@ def check(launch, *, name="exercise", dtype="bf16", blocksize=64, quant_type="nf
 
 def _speed(launch, name, dtype, blocksize, quant_type):
     """% of the copy ceiling on the default (16384x16384) case, copy measured in the same run."""
-    from . import bench, bytemodel
+    from ..measure import bench, bytemodel
     from .cases import make_case
 
     case = make_case(dtype=dtype, blocksize=blocksize, quant_type=quant_type)

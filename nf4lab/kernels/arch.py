@@ -2,7 +2,7 @@
 
 A few PTX instructions the series uses exist only on newer GPUs: ``cvt.rn.bf16.f32`` and
 ``cvt.rn.bf16x2.f32`` (bf16 rounding) and ``cvt.rn.f16x2.f32`` (two fp16 at once) need sm_80.
-A T4 (sm_75) rejects them. The device ops in :mod:`nf4lab.ops` therefore carry two paths
+A T4 (sm_75) rejects them. The device ops in :mod:`nf4lab.kernels.ops` therefore carry two paths
 and let NVVM pick one *when the kernel compiles*, from the architecture it compiles for
 (``__nvvm_reflect("__CUDA_ARCH")``, the mechanism libdevice uses): the sm_75 path never
 reaches an sm_80 GPU's code and the sm_80 path never reaches a T4's. Both give the same bits.
@@ -69,7 +69,7 @@ def target_cc() -> tuple[int, int]:
     """The architecture PTX is compiled for by default: NF4LAB_ARCH, else the GPU in hand, else sm_90."""
     if FORCED is not None:
         return FORCED
-    from . import runtime
+    from .. import runtime
 
     cc = runtime.device_info().get("cc") if runtime.ON_GPU else None
     return tuple(cc) if cc else DEFAULT_CC

@@ -2,7 +2,7 @@
 
 A step notebook marks the cells that define its kernels with the tag ``kernel``;
 together they define ``VERSIONS``, a dict from version name to ``launch(b)``.
-The summary notebook, ``python -m nf4lab bench``, the profiler (nf4lab.profiling), the GPU tools
+The summary notebook, ``python -m nf4lab bench``, the profiler (nf4lab.measure.profiling), the GPU tools
 and the lab execute those cells (and only those) through :func:`load_module` / :func:`load`: the
 one way a notebook's kernels are reused, with no edit of their source.
 """
@@ -12,7 +12,7 @@ import json
 import types
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 NOTEBOOKS = ROOT / "notebooks"
 
 

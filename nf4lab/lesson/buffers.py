@@ -125,7 +125,7 @@ def verify_versions(versions, case, *, dtypes=None, shapes=None, extra_shapes=()
     """
     from tqdm.auto import tqdm
 
-    from . import runtime
+    from .. import runtime
     from .cases import edge_shapes, make_case
 
     if callable(versions):

@@ -15,7 +15,7 @@ from numba import cuda, uint64
 
 import nf4lab
 
-from . import ops
+from ..kernels import ops
 
 BLOCK_SHIFT = 5     # 64 weights per block = 32 packed bytes: block = byte index >> 5
 GROUP_SHIFT = 8     # 256 blocks per absmax2 group

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import re
 
-from . import bench, results
+from ..measure import bench, results
 
 CEILING_STYLE = {bench.COPY: ("tab:red", "--"), bench.FILL: ("tab:purple", ":"),
                  bench.BOUND: ("tab:green", "-"),

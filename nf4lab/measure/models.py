@@ -412,7 +412,7 @@ class _Records(list):
 
 def _served_ops():
     try:
-        from . import bnb_backend
+        from ..kernels import bnb_backend
 
         return list(bnb_backend._state.get("ops", ()))
     except Exception:
@@ -597,7 +597,8 @@ def _qlora(nf4, s: Settings, want, log, t_start) -> list:
 
 
 def _meta(s: Settings, phases) -> dict:
-    from . import results, runtime
+    from . import results
+    from .. import runtime
 
     method = ("greedy decode, batch 1, random prompt: decode tok/s = (N-1)/(T_N - T_1) with T_N one generate "
               "of N new tokens and T_1 the median generate of 1 new token, after a warm-up generate "
@@ -721,7 +722,7 @@ def add_arguments(p) -> None:
 
 
 def main(args) -> int:
-    from . import runtime
+    from .. import runtime
 
     if args.cpu_smoke:
         s = Settings.cpu_smoke()
@@ -745,7 +746,7 @@ def main(args) -> int:
     print(f"\nphases (s): {data['meta']['phases']}; peak GPU memory: {data['meta'].get('max_memory_allocated_gb')} GB")
     bad = [r["variant"] for r in data["records"] if r.get("error")]
     if args.cpu_smoke:
-        out = Path(__file__).resolve().parent.parent / "build" / "models_cpu_smoke.json"
+        out = Path(__file__).resolve().parents[2] / "build" / "models_cpu_smoke.json"
         out.parent.mkdir(exist_ok=True)
         out.write_text(json.dumps(data, indent=1, default=str) + "\n")
         print(f"\nresults (CPU smoke, not a measurement): {out}")
@@ -760,6 +761,6 @@ def main(args) -> int:
 if __name__ == "__main__":
     import argparse
 
-    ap = argparse.ArgumentParser(prog="python -m nf4lab.models")
+    ap = argparse.ArgumentParser(prog="python -m nf4lab.measure.models")
     add_arguments(ap)
     sys.exit(main(ap.parse_args()))

@@ -1,34 +1,33 @@
 """The fused NF4 GEMV of notebook 09: ``y = x @ W.T`` for 1 to 8 rows of x, W (N, K) in bitsandbytes' NF4.
 
-The shipped design (the one notebook 09 teaches, cell by cell) and what it needs:
+The shipped design (the one notebook 09 teaches, cell by cell) and what launching it needs:
 
 - ``launch(g, design=None)``: the stable entry point. ``g`` is a :class:`GemvBuffers` (batch ``g.M`` <= 8),
   the launch runs on ``g.stream``; ``design`` None is ``auto_design(N, M)``. ``validate(g)`` runs first.
 - ``Design`` / ``make_gemv(is_bf16, d)`` / ``kernel(d, dtype)`` / ``auto_design`` / ``grid_size``.
-- ``make_gemv_case``, ``tolerance``, ``compare``/``check``, ``bnb_output``: data and the float64 reference
-  (a fused kernel sums in its own order: it is checked against a bound, not bits).
-- ``make_gemv_buffers`` / ``buffers_from_torch`` / ``validate``; ``weight_bytes`` / ``unfused_bytes``.
-- GPU only: ``benchmark(...)`` times it beside bitsandbytes' ``matmul_4bit`` (``gemv_4bit`` at M=1,
-  ``gemm_4bit`` for M>1) on the same data; ``summary`` and ``plot`` show a run.
+- ``make_gemv_buffers`` / ``buffers_from_torch`` / ``validate``; ``launch_torch`` for the torch ops.
 - Device ops with plain-Python twins: ``f32_from_bits``, ``f16_to_f32``, ``lds_pair`` (ld.shared.v2.f32 at
   a byte offset), ``load_stream_u32x4`` (ld.global.nc.L1::no_allocate.v4.u32), ``bar_sync`` (a named
   barrier), ``shfl_down_sync``.
 
-The design family the lab measured (variants, profiles, SASS reports) lives in ``lab/``.
+Its float64 reference and checks (``make_gemv_case``, ``tolerance``, ``compare``/``check``, ``bnb_output``)
+are in :mod:`nf4lab.lesson.gemv_check`; its benchmark beside bitsandbytes (``benchmark``, ``summary``,
+``plot``, ``weight_bytes``) in :mod:`nf4lab.measure.gemv_bench`. Both stay reachable here
+(``gemv.check``, ``gemv.benchmark``), as notebook 09 calls them. The design family the lab measured
+(variants, profiles, SASS reports) lives in ``lab/``.
 """
 from __future__ import annotations
 
 import dataclasses
-import math
 
 import numpy as np
 
-from . import ops, reference, runtime  # runtime first: it may switch numba to the simulator
+from .. import runtime  # first: it may switch numba to the simulator
+from ..lesson import reference
+from . import ops
 from numba import cuda, float32, uint32, uint64  # noqa: E402  (a module global: the simulator swaps it in kernels)
 
 LLM_SHAPES = ((4096, 4096), (4096, 14336), (14336, 4096), (8192, 28672))  # (N, K) = W.shape
-EPS32 = float(np.finfo(np.float32).eps)        # 2^-23
-UNIT_OUT = {"bf16": 2.0 ** -8, "fp16": 2.0 ** -11, "fp32": 2.0 ** -24}  # unit roundoff of the output
 TORCH_DTYPE = {"bf16": "bfloat16", "fp16": "float16"}
 NAME = "09_fused_gemv"
 MAX_M = 8  # batch rows of x the kernel takes (each weight byte is still read once)
@@ -215,7 +214,7 @@ def _py_load_stream_u32x4(arr, i):
 
 
 
-# nf4lab.ptx pickles these by name, so that the PTX subprocess (compile mode) gets the device versions.
+# nf4lab.measure.ptx pickles these by name, so that the PTX subprocess (compile mode) gets the device versions.
 DEVICE_OPS = ("f32_from_bits", "f16_to_f32", "lds_pair", "shfl_down_sync", "load_stream_u32x4", "bar_sync")
 
 if runtime.SIMULATOR:
@@ -468,175 +467,11 @@ def signature():
 def kernel_ptx(kern, sig=None) -> str:
     """PTX of a kernel with the launch bounds it was jitted with (.maxntid/.minnctapersm), which
     nf4lab.compile_ptx alone would drop; works in the simulator and without a GPU."""
-    from . import ptx as _ptx
+    from ..measure import ptx as _ptx
 
     opts = getattr(kern, "_nf4lab_jit_kwargs", None)
     bounds = (opts if opts is not None else getattr(kern, "targetoptions", None) or {}).get("launch_bounds")
     return _ptx.compile_ptx(kern, sig or signature(), **({"launch_bounds": bounds} if bounds else {}))
-
-
-# ---------------------------------------------------------------- data and the float64 reference
-@dataclasses.dataclass
-class GemvCase:
-    N: int
-    K: int
-    M: int
-    dtype: str
-    blocksize: int
-    packed: np.ndarray      # uint8, N*K/2, high nibble first, flat index row*K + col
-    absmax_q: np.ndarray    # uint8 per block
-    absmax2: np.ndarray     # float32 per 256 blocks
-    code2: np.ndarray       # float32[256]
-    offset: np.float32
-    lut: np.ndarray         # float32[16]
-    x_bits: np.ndarray      # uint16 (M, K): the activations as bf16/fp16 bits
-    x: np.ndarray           # float32 (M, K): the same values
-    w: np.ndarray           # float32 (N, K): what bitsandbytes dequantizes to before the output cast
-    y64: np.ndarray         # float64 (M, N): x @ w.T in float64
-    tol: np.ndarray         # float64 (M, N): allowed |y - y64|
-    case: object = None     # the nf4lab.cases.Case it was made from
-
-    @property
-    def shape(self):
-        return (self.N, self.K)
-
-    def __repr__(self):
-        return (f"GemvCase(W {self.N}x{self.K} NF4 ({self.packed.size:,} packed bytes, {self.absmax_q.size} blocks, "
-                f"{self.absmax2.size} groups), x {self.M}x{self.K} {self.dtype})")
-
-    def bnb_tensors(self, device="cpu"):
-        """(W_packed, quant_state, x) as bitsandbytes takes them."""
-        import torch
-
-        packed, qs = self.case.quant_state(device)
-        x = torch.from_numpy(self.x_bits.view(np.int16).copy()).view(getattr(torch, TORCH_DTYPE[self.dtype]))
-        return packed, qs, x.to(device)
-
-
-def make_x(M, K, dtype, seed=0, dist="randn") -> tuple[np.ndarray, np.ndarray]:
-    """Activations rounded to the dtype: standard normal, or "heavy" (Student t with 2 degrees of freedom
-    plus a few outlier columns 100x larger, as LLM activations have). Returns (bits uint16, float32 values)."""
-    rng = np.random.default_rng(1000 + seed)
-    if dist == "randn":
-        xf = rng.standard_normal((M, K)).astype(np.float32)
-    elif dist == "heavy":
-        xf = rng.standard_t(2.0, (M, K))
-        xf[:, rng.choice(K, size=max(1, K // 64), replace=False)] *= 100.0
-        xf = np.clip(xf, -3e4, 3e4).astype(np.float32)  # inside the fp16 range
-    else:
-        raise ValueError(f"x_dist must be 'randn' or 'heavy', got {dist!r}")
-    bits = reference.f32_to_bits(xf, dtype).reshape(M, K)
-    return bits, reference.bits_to_f32(bits, dtype).reshape(M, K)
-
-
-def reference_y64(x, w) -> np.ndarray:
-    """y = x @ w.T in float64: the value every float32 summation order approximates."""
-    return np.asarray(x, np.float64) @ np.asarray(w, np.float64).T
-
-
-def tolerance(x, w, dtype, c: float = 1.0) -> np.ndarray:
-    """Allowed |y - y64| for a float32 dot product of length K rounded to ``dtype``.
-
-    Any float32 summation of K products (any order, FMA or not) is within
-    gamma_K * sum|x_k w_k| of the exact value, gamma_K ~= K * u32 (u32 = 2^-24, Higham's bound).
-    We allow c * K * eps32 (eps32 = 2 u32) to cover the extra rounding of multiplying a
-    partial sum by the block scale. Rounding the result to bf16/fp16 adds u_out * |y|.
-    """
-    x = np.asarray(x, np.float64)
-    w = np.asarray(w, np.float64)
-    K = x.shape[-1]
-    s = np.abs(x) @ np.abs(w).T
-    acc = c * K * EPS32 * s
-    u = UNIT_OUT[dtype]
-    return (1 + u) * acc + u * np.abs(reference_y64(x, w)) + np.finfo(np.float32).tiny
-
-
-def make_gemv_case(N, K, dtype="bf16", M=1, dist="randn", seed=0, blocksize=64, x_dist="randn") -> GemvCase:
-    """W (N, K) quantized by bitsandbytes (through nf4lab.cases, cached; ``dist`` as there: "heavy" is
-    Student t weights), x (M, K) (``x_dist``: see :func:`make_x`), reference and tolerance."""
-    from .cases import make_case
-
-    if dtype not in TORCH_DTYPE:
-        raise ValueError(f"dtype must be bf16 or fp16, got {dtype!r}")
-    case = make_case((N, K), dtype=dtype, dist=dist, seed=seed, blocksize=blocksize)
-    absmax = reference.block_absmax(case.absmax_q, case.absmax2, case.code2, case.offset)
-    w = reference.dequantize_f32(case.packed, absmax, case.n, blocksize).reshape(N, K)
-    x_bits, x = make_x(M, K, dtype, seed, x_dist)
-    return GemvCase(N=N, K=K, M=M, dtype=dtype, blocksize=blocksize, packed=case.packed,
-                    absmax_q=case.absmax_q, absmax2=case.absmax2, code2=case.code2,
-                    offset=np.float32(case.offset), lut=case.lut.copy(), x_bits=x_bits, x=x, w=w,
-                    y64=reference_y64(x, w), tol=tolerance(x, w, dtype), case=case)
-
-
-def to_f32(y, dtype) -> np.ndarray:
-    """Output (numpy bits / floats, numba device array or torch tensor) as float32 values."""
-    if hasattr(y, "copy_to_host"):
-        y = y.copy_to_host()
-    if type(y).__module__.startswith("torch"):
-        y = y.detach().float().cpu().numpy()
-    y = np.asarray(y)
-    if y.dtype.kind in "ui":
-        return reference.bits_to_f32(y.astype(np.uint16), dtype).reshape(y.shape)
-    return y.astype(np.float32)
-
-
-@dataclasses.dataclass
-class GemvReport:
-    name: str
-    ok: bool
-    max_err: float
-    worst_ratio: float       # max |y - y64| / tol (<= 1 passes)
-    n_bad: int
-    n: int
-    first_bad: list
-
-    def __bool__(self):
-        return self.ok
-
-    def __str__(self):
-        head = (f"{self.name}: {'within' if self.ok else 'OUTSIDE'} the float32 tolerance "
-                f"({self.n:,} outputs, max |y - y64| = {self.max_err:.3g}, worst error/tolerance = "
-                f"{self.worst_ratio:.3g})")
-        if self.ok:
-            return head
-        lines = [head, f"  {self.n_bad:,} outputs outside; first ones (m, n, y, y64, tol):"]
-        lines += [f"    {m:>3} {n:>6} {y:>12.6g} {r:>12.6g} {t:>10.3g}" for m, n, y, r, t in self.first_bad]
-        return "\n".join(lines)
-
-
-class GemvError(AssertionError):
-    pass
-
-
-def compare(y, gc: GemvCase, name="kernel", M=None) -> GemvReport:
-    M = gc.M if M is None else M
-    yv = to_f32(y, gc.dtype).reshape(-1)[: M * gc.N].reshape(M, gc.N).astype(np.float64)
-    ref, tol = gc.y64[:M], gc.tol[:M]
-    err = np.abs(yv - ref)
-    bad = ~(err <= tol)  # NaN counts as bad
-    idx = np.argwhere(bad)[:8]
-    first = [(int(m), int(n), float(yv[m, n]), float(ref[m, n]), float(tol[m, n])) for m, n in idx]
-    ratio = float(np.nanmax(np.where(np.isfinite(err), err / tol, np.inf))) if err.size else 0.0
-    return GemvReport(name, not bad.any(), float(np.nanmax(err)) if err.size else 0.0, ratio,
-                      int(bad.sum()), yv.size, first)
-
-
-def check(y, gc: GemvCase, name="kernel", raise_on_error=True, M=None) -> GemvReport:
-    """Compare an output with the float64 reference; raise :class:`GemvError` if outside the tolerance."""
-    rep = compare(y, gc, name, M)
-    if not rep.ok and raise_on_error:
-        raise GemvError(str(rep))
-    return rep
-
-
-def bnb_output(gc: GemvCase, device="cpu"):
-    """bitsandbytes.matmul_4bit(x, W.t(), quant_state) on the case (CPU in the simulator)."""
-    import bitsandbytes as bnb
-    import torch
-
-    packed, qs, x = gc.bnb_tensors(device)
-    with torch.no_grad():
-        return bnb.matmul_4bit(x, packed.t(), quant_state=qs)
 
 
 # ---------------------------------------------------------------- device buffers
@@ -739,7 +574,8 @@ def validate(g, max_m: int = MAX_M) -> None:
                              "with 128-bit loads, and a misaligned one kills the CUDA context")
 
 
-def make_gemv_buffers(gc: GemvCase) -> GemvBuffers:
+def make_gemv_buffers(gc) -> GemvBuffers:
+    """Device buffers of a :class:`nf4lab.lesson.gemv_check.GemvCase` (the output poisoned with NaN)."""
     from numba import cuda
 
     _check_layout(gc.N, gc.K, gc.blocksize)
@@ -797,292 +633,19 @@ def launch_torch(x, packed, shape, absmax_q, absmax2, code2, offset, blocksize, 
     launch(g)
 
 
-# ---------------------------------------------------------------- the byte model and the benchmark (GPU)
-def weight_bytes(N, K, blocksize=64) -> int:
-    """Bytes a GEMV must read for the weight: packed codes + absmax_q + absmax2 + code2 (x, y not counted)."""
-    n = N * K
-    nblocks = -(-n // blocksize)
-    return -(-n // 2) + nblocks + 4 * -(-nblocks // reference.NESTED_BLOCKSIZE) + 1024
+# Notebook 09 reaches the GEMV's reference and benchmark through this module (gemv.check,
+# gemv.benchmark, ...): those names load from where they live on first use.
+_ELSEWHERE = dict.fromkeys(("GemvCase", "GemvReport", "GemvError", "make_x", "reference_y64", "tolerance",
+                            "make_gemv_case", "to_f32", "compare", "check", "bnb_output", "check_exercise",
+                            "EPS32", "UNIT_OUT"), "..lesson.gemv_check")
+_ELSEWHERE.update(dict.fromkeys(("weight_bytes", "unfused_bytes", "FUSED", "BNB_GEMV", "BNB_GEMM", "BNB_DQ_MM",
+                                 "NAME_BATCH", "COPY_BYTES", "COPY", "kernel_name", "bnb_name", "default_kernel",
+                                 "benchmark", "find_record", "summary", "plot"), "..measure.gemv_bench"))
 
 
-def unfused_bytes(N, K, itemsize=2, blocksize=64) -> int:
-    """Dequantize then multiply: read the packed weight, write W in 16 bits, read it again."""
-    return weight_bytes(N, K, blocksize) + 2 * itemsize * N * K
+def __getattr__(name):
+    if name not in _ELSEWHERE:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    import importlib
 
-
-FUSED = "fused NF4 gemv (numba)"  # every record of our kernels: f"{FUSED} [{variant}]" (kernel_name)
-BNB_GEMV = "bitsandbytes matmul_4bit gemv (M=1)"        # matmul_4bit runs its fused gemv_4bit kernel
-BNB_GEMM = "bitsandbytes matmul_4bit gemm_4bit (M>1)"   # ... and its fused gemm_4bit kernel for M > 1
-BNB_DQ_MM = "bitsandbytes dequantize_4bit + torch.matmul gemv"
-NAME_BATCH = NAME + "_batch"
-COPY_BYTES = 1 << 30  # the copy ceiling: a 1 GiB copy (512 MiB read + 512 MiB written), far beyond L2
-from .bench import COPY  # noqa: E402  (the copy ceiling's record name: one spelling, nf4lab.bench's)
-
-
-def kernel_name(variant: str) -> str:
-    return f"{FUSED} [{variant}]"
-
-
-def bnb_name(M: int) -> str:
-    return BNB_GEMV if M == 1 else BNB_GEMM
-
-
-def default_kernel(run) -> str:
-    """Name of the kernel record a run shows: the first variant timed."""
-    return run.meta.get("default_kernel") or kernel_name("auto")
-
-
-def _quantize_gpu(N, K, dtype, seed=0, M=1):
-    import bitsandbytes.functional as F
-    import torch
-
-    g = torch.Generator(device="cuda").manual_seed(seed)
-    t = getattr(torch, TORCH_DTYPE[dtype])
-    w = torch.randn(N, K, generator=g, device="cuda", dtype=torch.float32).to(t)
-    packed, qs = F.quantize_4bit(w, blocksize=64, quant_type="nf4", compress_statistics=True)
-    x = torch.randn(M, K, generator=g, device="cuda", dtype=torch.float32).to(t)
-    return packed, qs, x
-
-
-def _gpu_reference(packed, qs, x):
-    """(y64, tol) on the GPU: bitsandbytes' float32 weights, float64 products and sums."""
-    import bitsandbytes.functional as F
-    import torch
-
-    qs32 = qs.__class__(absmax=qs.absmax, shape=qs.shape, code=qs.code, blocksize=qs.blocksize,
-                        quant_type=qs.quant_type, dtype=torch.float32, offset=qs.offset, state2=qs.state2)
-    w = F.dequantize_4bit(packed, qs32).double()
-    xd = x.double()
-    y64 = xd @ w.T
-    K = x.shape[-1]
-    dtype = {torch.bfloat16: "bf16", torch.float16: "fp16"}[x.dtype]
-    u = UNIT_OUT[dtype]
-    acc = K * EPS32 * (xd.abs() @ w.abs().T)
-    tol = (1 + u) * acc + u * y64.abs() + np.finfo(np.float32).tiny
-    del w
-    return y64, tol
-
-
-def _gpu_check(y, y64, tol, name):
-    err = (y.double().reshape(y64.shape) - y64).abs()
-    bad = ~(err <= tol)
-    ratio = float((err / tol).max())
-    return {"name": name, "ok": not bool(bad.any()), "worst_ratio": ratio, "max_err": float(err.max())}
-
-
-def benchmark(launch, shapes=LLM_SHAPES, dtypes=("bf16", "fp16"), ms=(1,), *, variant_dtypes=None,
-              deadline=None, progress=print):
-    """Fused kernel(s) vs bitsandbytes on the same data, in one run (GPU only).
-
-    ``launch``: a launch function (``launch(g)``, ``g`` a :class:`GemvBuffers`, on ``g.stream``) or a dict
-    {variant: launch} timed side by side, each recorded as ``kernel_name(variant)``; the first is the
-    default (``run.meta["default_kernel"]``). ``ms``: batch sizes (rows of x); bitsandbytes' ``matmul_4bit``
-    without grad is its fused ``gemv_4bit`` at M = 1 and ``gemm_4bit`` for M > 1 (:data:`BNB_GEMV`, :data:`BNB_GEMM`). ``variant_dtypes``: dtypes on which
-    the variants after the first are timed (default: all). ``deadline``: a ``time.time()`` after which no
-    new (shape, dtype, M) is started (``meta["incomplete"]`` says so), to keep a GPU session in budget.
-    To keep repeated launches from reading the weights out of L2 (50 MB on an H100), every timed function
-    cycles through enough copies of the weight to exceed 4x the L2 size, as a decoding step does (each
-    layer's weights are read once per token). Every output is checked against a float64 reference first.
-    Returns a :class:`nf4lab.bench.Run` (records: ceilings, baselines, kernels, each with its "M").
-    """
-    import time
-
-    from . import bench
-    import bitsandbytes as bnb
-    import bitsandbytes.functional as F
-    import torch
-
-    bench._require_gpu()
-    launches = dict(launch) if isinstance(launch, dict) else {"default": launch}
-    first = next(iter(launches))
-    names = {key: kernel_name(key) for key in launches}
-    run = bench.Run(method=bench.METHOD + "; weights cycled over copies totalling > 4x L2 so each "
-                    "launch reads them from DRAM; effective bandwidth = weight bytes (packed + absmax_q + "
-                    "absmax2 + code2) / time")
-    l2 = runtime.device_info().get("l2_bytes") or (50 << 20)
-    t0 = time.time()
-    ceil = bench.ceilings(COPY_BYTES)
-    run.meta.update(copy_ceiling_bytes=COPY_BYTES, checks=[], default_kernel=names[first], variants=list(launches),
-                    batch_sizes=list(ms), incomplete=False)
-    for N, K in shapes:
-        for dtype in dtypes:
-            for M in ms:
-                if deadline is not None and time.time() > deadline:
-                    run.meta["incomplete"] = True
-                    if progress:
-                        progress(f"deadline reached: {N}x{K} {dtype} M={M} and later skipped")
-                    continue
-                keys = [k for k in launches if k == first or variant_dtypes is None or dtype in variant_dtypes]
-                _bench_one(run, launches, keys, names, N, K, dtype, M, l2, ceil, bnb, F, torch, bench, progress)
-    run.meta["seconds"] = round(time.time() - t0, 1)
-    run.finalize()
-    for r in run.records:  # speedup relative to bitsandbytes' matmul_4bit at the same shape, dtype and M
-        if r["kind"] == "ceiling" or not r.get("ms"):
-            continue
-        b = next((q for q in run.records if q["name"] == bnb_name(r.get("M", 1)) and q["shape"] == r["shape"]
-                  and q["dtype"] == r["dtype"] and q.get("M", 1) == r.get("M", 1)), None)
-        r["speedup_vs_bnb"] = b["ms"] / r["ms"] if b and b.get("ms") else None
-    return run
-
-
-def _bench_one(run, launches, keys, names, N, K, dtype, M, l2, ceil, bnb, F, torch, bench, progress):
-    import time
-
-    t_start = time.time()
-    nb = weight_bytes(N, K)
-    copies = max(2, math.ceil(4 * l2 / nb))
-    data = [_quantize_gpu(N, K, dtype, seed=i, M=M) for i in range(copies)]
-    x = data[0][2]
-    data = [(p, q, x) for p, q, _ in data]
-    y = torch.empty(M, N, dtype=x.dtype, device="cuda")
-    bufs = [buffers_from_torch(p, q, x, y) for p, q, _ in data]
-    # correctness on copy 0, against float64, for ours and bitsandbytes
-    y64, tol = _gpu_reference(*data[0])
-    bufs[0].stream = 0
-    yb = bnb.matmul_4bit(x, data[0][0].t(), quant_state=data[0][1])
-    chk_b = _gpu_check(yb, y64, tol, bnb_name(M))
-    checks = {}
-    for key in keys:
-        fn = launches[key]
-        fn(bufs[0])  # the first launch compiles (a launch may size its grid from the compiled kernel)
-        y.fill_(float("nan"))
-        fn(bufs[0])
-        torch.cuda.synchronize()
-        checks[key] = _gpu_check(y, y64, tol, names[key])
-        diff = float((y.float() - yb.float().reshape(y.shape)).abs().max())
-        checks[key].update(shape=[N, K], dtype=dtype, M=M, max_abs_diff_vs_bnb=diff)
-        run.meta["checks"].append(checks[key])
-    chk = checks[keys[0]]
-    chk_b.update(shape=[N, K], dtype=dtype, M=M, max_abs_diff_vs_bnb=chk["max_abs_diff_vs_bnb"])
-    run.meta["checks"].append(chk_b)
-    del y64, tol
-    state = {"i": 0}
-
-    def nxt():
-        i = state["i"]
-        state["i"] = (i + 1) % copies
-        return i
-
-    def make_ours(fn):
-        def ours(stream):
-            g = bufs[nxt()]
-            g.stream = stream
-            fn(g)
-
-        return ours
-
-    def bnb_mm(stream):
-        p, q, xx = data[nxt()]
-        bnb.matmul_4bit(xx, p.t(), quant_state=q)
-
-    def bnb_dq_mm(stream):
-        p, q, xx = data[nxt()]
-        torch.matmul(xx, F.dequantize_4bit(p, q).t())
-
-    for kind, name, fn, ok in (("baseline", bnb_name(M), bnb_mm, chk_b["ok"]),
-                               ("baseline", BNB_DQ_MM, bnb_dq_mm, None),
-                               *(("kernel", names[key], make_ours(launches[key]), checks[key]["ok"])
-                                 for key in keys)):
-        state["i"] = 0
-        t = bench.gpu_time_ms(fn, launches=max(bench.LAUNCHES, copies))
-        rec = bench._record(kind, name, (N, K), dtype, t, nb, bit_exact=None, within_tol=ok,
-                            copies=copies, fits_l2=False, M=M)
-        run.add(rec)
-    if not any(r["kind"] == "ceiling" and r["shape"] == [N, K] and r["dtype"] == dtype for r in run.records):
-        for c in ceil:
-            run.add(dict(c, shape=[N, K], dtype=dtype))
-    if progress:
-        progress(f"{N}x{K} {dtype} M={M}: {time.time() - t_start:.0f} s ({copies} weight copies); "
-                 f"{names[keys[0]]} within tolerance: {chk['ok']} (worst {chk['worst_ratio']:.2g}), "
-                 f"bnb: {chk_b['ok']} (worst {chk_b['worst_ratio']:.2g}), "
-                 f"max |ours - bnb| = {chk['max_abs_diff_vs_bnb']:.3g}; "
-                 + ", ".join(f"{k} {'ok' if checks[k]['ok'] else 'OUTSIDE TOLERANCE'}" for k in keys[1:]))
-    data.clear()  # the closures above keep the lists, not the tensors
-    bufs.clear()
-    torch.cuda.empty_cache()
-
-
-
-# ---------------------------------------------------------------- showing a run
-def find_record(run, name, shape, dtype, M=1):
-    return next((r for r in run.records if r["name"] == name and list(r["shape"]) == list(shape)
-                 and r["dtype"] == dtype and r.get("M", 1) == M), None)
-
-
-def summary(run, bound=None) -> str:
-    """Per shape, dtype and M: the default kernel against bitsandbytes' matmul_4bit, in us and x bitsandbytes,
-    as % of the copy ceiling, and against ``bound`` (lab/gemv_read_bound.py's run: a kernel that only reads
-    the weight bytes) as % of its speed; the tolerance verdicts of both, from the run's checks."""
-    ours, copy = default_kernel(run), next((r for r in run.records if r["name"] == COPY), None)
-    ok = {(c["name"], tuple(c["shape"]), c["dtype"], c.get("M", 1)): c["ok"] for c in run.meta.get("checks", [])}
-    lines = [f"{'W (N x K)':>11} {'dtype':>5} {'M':>2} {'ours us':>8} {'bnb us':>7} {'x bnb':>6} {'% copy':>7} "
-             f"{'% of read':>9}  within tolerance (ours, bnb)"]
-    for r in run.records:
-        if r["name"] != ours:
-            continue
-        M, key = r.get("M", 1), (tuple(r["shape"]), r["dtype"], r.get("M", 1))
-        b = find_record(run, bnb_name(M), r["shape"], r["dtype"], M)
-        rb = bound and next((q for q in bound.records if q["kind"] == "bound" and q["shape"] == r["shape"]), None)
-        lines.append(f"{'x'.join(map(str, r['shape'])):>11} {r['dtype']:>5} {M:>2} {r['ms'] * 1e3:8.1f} "
-                     f"{b['ms'] * 1e3 if b else float('nan'):7.1f} {b['ms'] / r['ms'] if b else float('nan'):6.2f} "
-                     + (f"{100 * r['gbps'] / copy['gbps']:6.0f}% " if copy else f"{'-':>7} ")
-                     + (f"{100 * rb['ms'] / r['ms']:8.0f}%  " if rb else f"{'-':>9}  ")
-                     + f"{ok.get((ours, *key))}, {ok.get((bnb_name(M), *key))}")
-    return "\n".join(lines)
-
-
-def check_exercise(launch_fn, name="exercise: warp reduction") -> bool:
-    """Grade a GEMV launch function on a small case against the float64 reference; prints the verdict."""
-    gc = make_gemv_case(16, 128, "bf16", seed=3)
-    g = make_gemv_buffers(gc)
-    try:
-        launch_fn(g)
-        rep = compare(g.result(), gc, name=name)
-    except Exception as exc:  # a broken kernel must not stop the notebook
-        print(f"NOT PASSED: the kernel raised {type(exc).__name__}: {exc}")
-        return False
-    print(("PASSED: " if rep.ok else "NOT PASSED (not solved yet): ") + str(rep))
-    return rep.ok
-
-
-def plot(run, batch=False):
-    """Effective weight bandwidth (weight bytes / time): per shape and dtype as bars (batch 1: ours,
-    bitsandbytes' gemv_4bit, dequantize + matmul), or against M as lines (``batch``: ours solid,
-    bitsandbytes' matmul_4bit dashed); the copy ceiling dashed red. Draws only what the run measured."""
-    import matplotlib.pyplot as plt
-
-    from . import results
-
-    ours = default_kernel(run)
-    recs = [r for r in run.records if r["kind"] in ("kernel", "baseline")]
-    keys = list(dict.fromkeys((tuple(r["shape"]), r["dtype"]) for r in recs))
-    fig, ax = plt.subplots(figsize=(10, 4.8))
-    if batch:
-        for i, (shape, dtype) in enumerate(keys):
-            for names, style, who in (((ours,), "-o", "ours"), ((BNB_GEMV, BNB_GEMM), "--s", "bitsandbytes matmul_4bit")):
-                pts = sorted((r.get("M", 1), r["gbps"]) for r in recs
-                             if tuple(r["shape"]) == shape and r["dtype"] == dtype and r["name"] in names)
-                if pts:
-                    ax.plot(*zip(*pts), style, color=f"C{i % 10}", label=f"{shape[0]}x{shape[1]} {dtype}: {who}")
-        ms = sorted({r.get("M", 1) for r in recs})
-        ax.set_xscale("log", base=2)
-        ax.set_xticks(ms, [str(m) for m in ms])
-        ax.minorticks_off()
-        ax.set_xlabel("batch M (rows of x)")
-    else:
-        names = [BNB_DQ_MM, BNB_GEMV, ours]
-        for j, name in enumerate(names):
-            pts = [(i + (j - 1) * 0.27, r["gbps"]) for i, k in enumerate(keys) if (r := find_record(run, name, *k))]
-            if pts:
-                ax.bar(*zip(*pts), 0.27, label=name + (" (default)" if name == ours else ""))
-        ax.set_xticks(range(len(keys)), [f"{s[0]}x{s[1]}\n{d}" for s, d in keys], fontsize=8)
-        ax.set_xlabel("W shape (N out x K in), activation dtype; batch 1")
-    copy = next((r for r in run.records if r["name"] == COPY), None)
-    if copy:
-        ax.axhline(copy["gbps"], color="tab:red", ls="--", lw=1, label=f"copy ceiling {copy['gbps']:.0f} GB/s")
-    ax.set_ylabel("effective weight bandwidth, GB/s")
-    ax.set_title("Fused NF4 GEMV: weight bytes read per second")
-    ax.legend(fontsize=7)
-    fig.tight_layout(rect=(0, 0.06, 1, 1))
-    fig.text(0.01, 0.005, "measured on " + results.label(run.meta), fontsize=7, color="0.35", va="bottom")
-    return ax
+    return getattr(importlib.import_module(_ELSEWHERE[name], __package__), name)

@@ -38,9 +38,9 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from . import arch
+from ..kernels import arch
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 SRC = ROOT / "notebooks" / "src"
 PACKAGE = "package"
 VARIANTS = ("solution", "student")
@@ -365,7 +365,8 @@ def collect_package() -> tuple[list, list]:
     """nf4lab's own kernels with the signatures they are compiled with on a GPU."""
     from numba import types
 
-    from . import bench, fastkernel
+    from . import bench
+    from ..kernels import fastkernel
 
     arr = lambda t: types.Array(t, 1, "C")  # noqa: E731
     u8, u32, u64 = types.uint8, types.uint32, types.uint64
@@ -382,7 +383,7 @@ def collect_package() -> tuple[list, list]:
         for threads, units in bench.SHAPES:
             rows.append((f"nf4lab.bench bound {'fp32' if wide else '16-bit'} {threads}x{units}",
                          bench._bound_kernel(wide, threads, units), (arr(u32), arr(u8), arr(u32), u64), {}))
-    from . import gemv
+    from ..kernels import gemv
 
     # The designs gemv.auto_design picks (launch_torch, the torch ops): two at M = 1, one per batch size.
     designs = [gemv.Design(rows=4, split=2, min_blocks=3), gemv.Design(rows=8, split=2, min_blocks=2)]
@@ -402,7 +403,7 @@ _COMPILE_CHILD = r"""
 import json, os, pickle, sys
 os.environ["NF4LAB_MODE"] = "compile"
 import nf4lab
-from nf4lab import ptxall
+from nf4lab.measure import ptxall
 # Two pickles in a row: the targets (plain data), then the kernels (ptx._dumps: device ops by name).
 stdin = sys.stdin.buffer
 ccs, outdir = pickle.load(stdin)
@@ -446,7 +447,7 @@ _COLLECT_CHILD = r"""
 import json, os, sys
 os.environ["NF4LAB_MODE"] = "sim"
 import nf4lab
-from nf4lab import ptx, ptxall
+from nf4lab.measure import ptx, ptxall
 what, variant, out = sys.argv[1:4]
 rows, errors = ptxall.collect_package() if what == ptxall.PACKAGE else ptxall.collect_notebook(what, variant)
 with open(out + ".json", "w") as f:

@@ -4,7 +4,7 @@ Same inputs (the packed uint8 tensor and its ``QuantState``, or a ``Params4bit``
 carries its state), same result (a tensor of ``quant_state.shape`` and ``quant_state.dtype``,
 or ``out`` filled and returned), bit for bit:
 
-- CUDA tensors run :mod:`nf4lab.fastkernel`'s kernels (128-bit path where pointers allow,
+- CUDA tensors run :mod:`nf4lab.kernels.fastkernel`'s kernels (128-bit path where pointers allow,
   scalar path otherwise), launched with a lean launcher; bits of bitsandbytes' CUDA kernel.
 - CPU tensors run torch CPU ops that reproduce bitsandbytes' CPU backend, including which
   sign its fp4 code 8 (zero) gets and the (1, n) shape it returns for some 1-D states: both
@@ -26,7 +26,7 @@ import warnings
 
 import numpy as np
 
-from .reference import BLOCKSIZES, FP4_LUT, NF4_LUT, QUANT_TYPES
+from ..lesson.reference import BLOCKSIZES, FP4_LUT, NF4_LUT, QUANT_TYPES
 
 
 

@@ -139,7 +139,7 @@ def _hints(idx, exp_bits, act_bits, exp_f, act_f, ulp, n, dtype, blocksize):
         else:
             hints.append(f"differences of at most {u.max()} ulp: the compiler probably fused a*b+c into one FMA (fma.rn.f32), "
                          "which rounds once where bitsandbytes rounds twice; use fmul_rn/fadd_rn from "
-                         "nf4lab.ops, and check the rounding mode of the conversion")
+                         "nf4lab.kernels.ops, and check the rounding mode of the conversion")
     blocks = np.unique(iw // blocksize)
     nblocks = -(-n // blocksize)
     group = blocksize * reference.NESTED_BLOCKSIZE

@@ -39,7 +39,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 NCU_DIR = ROOT / "data" / "ncu"
 FIXTURE = ROOT / "tests" / "fixtures" / "ncu_raw_fixture.csv"
 
@@ -500,8 +500,8 @@ def _synthetic_case(shape, dtype, blocksize=64):
 
     import numpy as np
 
-    from .cases import Case, case_name
-    from .reference import LUTS
+    from ..lesson.cases import Case, case_name
+    from ..lesson.reference import LUTS
 
     n = math.prod(shape)
     rng = np.random.default_rng(0)
@@ -535,7 +535,7 @@ def _lineinfo_on():
 
 def notebook_versions(path) -> list[str]:
     """Version names a step notebook defines (executes its kernel cells, compiles nothing)."""
-    from . import versions as _versions
+    from ..lesson import versions as _versions
 
     return list(_versions.load(path))
 
@@ -543,7 +543,7 @@ def notebook_versions(path) -> list[str]:
 def step_versions(first: int = 1, last: int = 6) -> list[tuple]:
     """[(notebook stem, version name)] defined by the step notebooks, in order; a notebook whose
     kernel cells fail to load is skipped with a message."""
-    from . import versions as _versions
+    from ..lesson import versions as _versions
 
     found = []
     for path in sorted(_versions.NOTEBOOKS.glob("[0-9][0-9]_*.ipynb")):
@@ -559,7 +559,7 @@ def step_versions(first: int = 1, last: int = 6) -> list[tuple]:
 def load_versions_with_source(notebook: str, srcdir: Path) -> dict:
     """VERSIONS of one notebook, with each kernel cell compiled from a real file under
     ``srcdir`` (so that line info points at text ncu can show)."""
-    from . import versions as _versions
+    from ..lesson import versions as _versions
 
     return dict(getattr(_versions.load_module(notebook, srcdir), "VERSIONS", {}))
 
@@ -572,7 +572,7 @@ def demo_versions() -> dict:
     any notebook defines versions."""
     from numba import cuda, uint64
 
-    from . import ops
+    from ..kernels import ops
 
     @cuda.jit
     def dequant_demo_per_byte(packed, absmax_q, absmax2, code2, offset, lut, out, nbytes, n):
@@ -604,7 +604,7 @@ def drive(notebook: str, version: str, *, shape=(16384, 16384), dtype="bf16", wa
         _lineinfo_on()
     from numba import cuda
 
-    from .buffers import make_buffers
+    from ..lesson.buffers import make_buffers
 
     if notebook == "demo":
         vs = demo_versions()
@@ -633,11 +633,11 @@ def drive(notebook: str, version: str, *, shape=(16384, 16384), dtype="bf16", wa
 
 def _try_case(shape, dtype):
     try:
-        from .cases import make_case
+        from ..lesson.cases import make_case
 
         return make_case(tuple(shape), dtype=dtype)
     except Exception as exc:  # bitsandbytes missing or failing: profile on synthetic inputs
-        print(f"nf4lab.profiling: no bitsandbytes case ({type(exc).__name__}: {exc}); using synthetic inputs",
+        print(f"nf4lab.measure.profiling: no bitsandbytes case ({type(exc).__name__}: {exc}); using synthetic inputs",
               file=sys.stderr)
         return None
 
@@ -657,7 +657,7 @@ def profile_version(notebook: str, version: str, outdir, *, ncu: str | None = No
     outdir.mkdir(parents=True, exist_ok=True)
     slug = version_slug(version)
     rep = outdir / f"{slug}.ncu-rep"
-    target = [sys.executable, "-m", "nf4lab.profiling", "drive", "--notebook", notebook, "--version", version,
+    target = [sys.executable, "-m", "nf4lab.measure.profiling", "drive", "--notebook", notebook, "--version", version,
               "--shape", "x".join(map(str, shape)), "--dtype", dtype, "--srcdir", str(outdir / "src")]
     if synthetic:
         target.append("--synthetic")
@@ -710,7 +710,7 @@ def version_slug(name: str) -> str:
 def _main(argv=None) -> int:
     import argparse
 
-    ap = argparse.ArgumentParser(prog="python -m nf4lab.profiling")
+    ap = argparse.ArgumentParser(prog="python -m nf4lab.measure.profiling")
     sub = ap.add_subparsers(dest="cmd", required=True)
     d = sub.add_parser("drive", help="the program ncu profiles (one version, one profiled launch)")
     d.add_argument("--notebook", required=True, help="notebook stem, or 'demo'")

@@ -7,7 +7,7 @@
                   "speedup_vs_bnb", "bit_exact", ...}]}
 
 Besides the three kinds above, ``bound`` marks a timing of the same memory traffic without
-the arithmetic (nf4lab.bench.bound, lab/tune_best_kernel.py), ``exactness`` a bit-exactness
+the arithmetic (nf4lab.measure.bench.bound, lab/tune_best_kernel.py), ``exactness`` a bit-exactness
 check with no timing (tools/bench_dequantize.py, tools/gpu_exactness.py) and ``time`` a
 notebook's execution time (python -m nf4lab notebooks). Notebooks and plots read these files; nothing is typed
 in by hand.
@@ -21,7 +21,7 @@ import re
 import tempfile
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 RESULTS_DIR = ROOT / "data" / "results"
 
 
@@ -30,7 +30,7 @@ def gpu_slug(name: str) -> str:
 
 
 def meta(method: str) -> dict:
-    from . import runtime
+    from .. import runtime
 
     info = runtime.device_info()
     return {
@@ -88,7 +88,7 @@ def gpus() -> list[str]:
 
 def current_gpu() -> str | None:
     """The results folder of the GPU in hand, or None without a GPU."""
-    from . import runtime
+    from .. import runtime
 
     return gpu_slug(runtime.device_info()["gpu"]) if runtime.ON_GPU else None
 

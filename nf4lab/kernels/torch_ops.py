@@ -20,11 +20,11 @@ so bit for bit the same). ``absmax2``/``code2``/``offset`` are given for nested 
 
 ``gemv_4bit`` is ``y = x @ W.T`` for x of 1..8 rows (nested NF4 statistics, blocksize >= 64,
 K a multiple of 64, bf16/fp16, 16-byte aligned x and weight: :func:`gemv_handles`), on
-nf4lab.gemv's fused kernel, launched by :func:`gemv_launch` (lean ``cuLaunchKernel`` after a
-bit-for-bit check against ``nf4lab.gemv.launch_torch``); otherwise, and on CPU, it dequantizes
+nf4lab.kernels.gemv's fused kernel, launched by :func:`gemv_launch` (lean ``cuLaunchKernel`` after a
+bit-for-bit check against ``nf4lab.kernels.gemv.launch_torch``); otherwise, and on CPU, it dequantizes
 and multiplies.
 It is not bit-exact with anything (a sum in its own order); the tolerance is
-:func:`nf4lab.gemv.tolerance`.
+:func:`nf4lab.kernels.gemv.tolerance`.
 
 CUDA graphs and streams: the ops launch on the caller's current stream. A first call per
 variant compiles and self-checks the kernel (synchronizing), which cannot happen inside
@@ -136,7 +136,7 @@ def offset_value(offset) -> float:
 
 class _GemvLean:
     """Launch a compiled fused-GEMV kernel with ``cuLaunchKernel`` from raw pointers (as
-    :class:`nf4lab.fastkernel.LeanLauncher` does for dequantize): numba's dispatcher plus seven
+    :class:`nf4lab.kernels.fastkernel.LeanLauncher` does for dequantize): numba's dispatcher plus seven
     ``cuda.as_cuda_array`` conversions cost far more host time than the kernel takes at decode
     sizes. Parameter layout numba uses: per 1-D array 7 slots of 8 bytes (meminfo, parent,
     nitems, itemsize, data, shape[0], strides[0]), one slot per scalar (the float32 offset in
@@ -184,9 +184,9 @@ _GEMV_LEAN: dict = {}  # (Design, dtype) -> _GemvLean, or False once it disagree
 
 
 def gemv_launch(x, packed, shape, absmax_q, absmax2, code2, offset, blocksize, out):
-    """``y = x @ W.T`` into ``out`` through nf4lab.gemv's kernel, on torch's current stream.
+    """``y = x @ W.T`` into ``out`` through nf4lab.kernels.gemv's kernel, on torch's current stream.
 
-    The first call of a (design, dtype, device) goes through :func:`nf4lab.gemv.launch_torch`
+    The first call of a (design, dtype, device) goes through :func:`nf4lab.kernels.gemv.launch_torch`
     (numba compiles there), then once through the lean launcher into a scratch tensor, compared
     bit for bit (same kernel, same grid: the same summation order); from then on the lean
     launcher serves alone. Under stream capture nothing is checked: an unchecked variant takes
@@ -246,7 +246,7 @@ def _check_gemv_lean(key, compiled, x, packed, absmax_q, absmax2, code2, offset,
 
 
 def gemv_launcher():
-    """The GEMV launch the op and install() use, or None where :mod:`nf4lab.gemv` has no torch launcher."""
+    """The GEMV launch the op and install() use, or None where :mod:`nf4lab.kernels.gemv` has no torch launcher."""
     from . import gemv
 
     return gemv_launch if hasattr(gemv, "launch_torch") else None

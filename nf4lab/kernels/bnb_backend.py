@@ -1,6 +1,6 @@
 """nf4lab.install(): bitsandbytes' 4-bit CUDA ops on nf4lab's kernels; 4-bit models compileable for decode.
 
-Public API, at the package top level (this module is ``nf4lab.bnb_backend``: a module named
+Public API, at the package top level (this module is ``nf4lab.kernels.bnb_backend``: a module named
 ``install`` would be shadowed by the function)::
 
     nf4lab.install(compile=False) -> bool     # True when nf4lab's kernels now serve bitsandbytes on CUDA
@@ -30,7 +30,7 @@ import threading
 import warnings
 
 from . import dequant as _dq
-from .reference import BLOCKSIZES, QUANT_TYPES
+from ..lesson.reference import BLOCKSIZES, QUANT_TYPES
 
 __all__ = ["install", "uninstall", "installed", "installed_in", "compile_for_decode"]
 
@@ -241,14 +241,15 @@ def install(compile: bool = False) -> bool:
     Harmless twice. Without a usable CUDA GPU (or in numba's simulator) it changes nothing and
     returns False. ``compile`` is accepted for symmetry with :func:`compile_for_decode` and must
     be a bool. The GEMV (``bitsandbytes::gemm_4bit``, M = 1..8) is taken over only where
-    :func:`nf4lab.torch_ops.gemv_launcher` finds nf4lab's fused GEMV launcher.
+    :func:`nf4lab.kernels.torch_ops.gemv_launcher` finds nf4lab's fused GEMV launcher.
     """
     if not isinstance(compile, bool):
         raise TypeError(f"compile must be a bool, got {type(compile).__name__}")
     with _lock:
         if _state["lib"] is not None:
             return True
-        from . import runtime, torch_ops
+        from .. import runtime
+        from . import torch_ops
 
         torch = _torch()
         if runtime.SIMULATOR or not torch.cuda.is_available():

@@ -15,7 +15,7 @@ and read the same in both modes.
   values, ``lo`` in the low half (the lower address), with one ``cvt.rn.*x2`` instruction.
 
   The bf16 conversions and ``pack_f16x2`` need sm_80 for their one instruction. Each has a
-  second path that NVVM picks when it compiles for an older GPU (see :mod:`nf4lab.arch`):
+  second path that NVVM picks when it compiles for an older GPU (see :mod:`nf4lab.kernels.arch`):
   bf16 rounds in integers, ``(u + 0x7FFF + ((u >> 16) & 1)) >> 16`` with NaN -> 0x7FFF as
   ``cvt.rn.bf16.f32`` gives it; ``pack_f16x2`` converts twice with ``cvt.rn.f16.f32`` and packs.
   Both were checked equal to the sm_80 instruction over all 2^32 float32 inputs.
@@ -29,11 +29,12 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import arch, runtime
+from . import arch
+from .. import runtime
 
 __all__ = ["fmul_rn", "fadd_rn", "float_bits", "to_bf16_bits", "to_f16_bits",
            "pack_bf16x2", "pack_f16x2", "load_u32x4", "store_u32x4", "store_u32x4_cs"]
-# Names whose simulator twin nf4lab.ptx must swap for the device version when compiling PTX.
+# Names whose simulator twin nf4lab.measure.ptx must swap for the device version when compiling PTX.
 DEVICE_OPS = tuple(__all__)
 
 

@@ -14,7 +14,8 @@ import re
 import subprocess
 import sys
 
-from . import arch, runtime
+from ..kernels import arch
+from .. import runtime
 
 
 
@@ -52,7 +53,7 @@ def _by_name() -> dict:
 
     found = {}
     for modname, mod in list(sys.modules.items()):
-        if mod is not None and modname.startswith("nf4lab."):
+        if mod is not None and modname.startswith("nf4lab.") and mod.__name__ == modname:  # not the flat aliases
             for name in getattr(mod, "DEVICE_OPS", ()):
                 found[id(getattr(mod, name))] = (modname, name)
     return found
@@ -93,7 +94,7 @@ sys.stdout.write(ptx)
 def compile_ptx(kernel, sig, cc=None, **kwargs) -> str:
     """PTX of ``kernel`` (a @cuda.jit kernel or plain function) for signature ``sig``.
 
-    ``cc`` defaults to :func:`nf4lab.arch.target_cc`: NF4LAB_ARCH, else the GPU in hand, else sm_90.
+    ``cc`` defaults to :func:`nf4lab.kernels.arch.target_cc`: NF4LAB_ARCH, else the GPU in hand, else sm_90.
     """
     cc = tuple(cc) if cc is not None else arch.target_cc()
     fn = _kernel_fn(kernel)
@@ -107,7 +108,7 @@ def compile_ptx(kernel, sig, cc=None, **kwargs) -> str:
         ptx, _ = cuda.compile_ptx(fn, sig, cc=cc, **kwargs)
         return ptx
     payload = _dumps((fn, sig, cc, kwargs))
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     env = dict(os.environ, NF4LAB_MODE="compile", NUMBA_ENABLE_CUDASIM="0",
                PYTHONPATH=os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")])))
     proc = subprocess.run([sys.executable, "-c", _CHILD], input=payload, capture_output=True, env=env,
@@ -173,7 +174,7 @@ def show(ptx: str, patterns=None, limit: int = 12) -> None:
 
 
 # Instructions that exist only from sm_80, and what stands for each in code compiled for sm_75
-# (nf4lab.ops' second paths): bf16 rounded in integers tests for NaN, packed fp16 converts twice.
+# (nf4lab.kernels.ops' second paths): bf16 rounded in integers tests for NaN, packed fp16 converts twice.
 SM80_ONLY = {r"cvt\.rn\.bf16x2": r"^setp\.nan\.f32", r"cvt\.rn\.bf16": r"^setp\.nan\.f32",
              r"cvt\.rn\.f16x2": r"^cvt\.rn\.f16\.f32"}
 

@@ -20,7 +20,7 @@ import numpy as np
 from . import reference
 from .reference import BLOCKSIZES, DTYPES, QUANT_TYPES
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 COMMITTED_DIR = ROOT / "data" / "cases"
 CACHE_DIR = Path(os.environ.get("NF4LAB_CACHE", ROOT / "data" / "cache"))
 
@@ -157,7 +157,7 @@ def _weights(shape, dist, seed, blocksize):
 def _bnb_device(device):
     if device is not None:
         return device
-    from . import runtime
+    from .. import runtime
 
     return "cuda" if runtime.ON_GPU else "cpu"
 
@@ -229,7 +229,7 @@ def make_case(shape=None, dtype="bf16", dist="randn", seed=0, blocksize=64, quan
     Raises ValueError naming the parameter for an impossible request, before anything
     is generated or written.
     """
-    from . import runtime
+    from .. import runtime
 
     if shape is None:
         shape = runtime.default_shape()

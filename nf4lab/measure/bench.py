@@ -20,7 +20,8 @@ import time
 
 import numpy as np
 
-from . import bytemodel, results, runtime
+from . import bytemodel, results
+from .. import runtime
 
 LAUNCHES = 20
 REPLAYS = 15
@@ -123,7 +124,7 @@ def _copy_kernel():
     """
     from numba import cuda, uint64
 
-    from . import ops
+    from ..kernels import ops
 
     @cuda.jit
     def copy16(src, dst, nvec):
@@ -141,7 +142,7 @@ def _store_kernel():
     (on the H200 torch's uint8 fill_ ran at 80% of the copy: not a write ceiling there)."""
     from numba import cuda, uint32, uint64
 
-    from . import ops
+    from ..kernels import ops
 
     @cuda.jit
     def store16(dst, nvec):
@@ -164,7 +165,7 @@ def _bound_kernel(wide: bool, threads: int, units: int):
     """
     from numba import cuda, uint32, uint64
 
-    from . import ops
+    from ..kernels import ops
 
     ushift = uint64(2 if wide else 3)
 
@@ -282,7 +283,7 @@ def bnb_baselines(case) -> list[dict]:
     out = torch.empty(case.shape, dtype=qs.dtype, device="cuda")
     F.dequantize_4bit(packed, qs, out=out)
     torch.cuda.synchronize()
-    from .verification import compare
+    from ..lesson.verification import compare
 
     exact = compare(out, case.expected, case.dtype, n=case.n, blocksize=case.blocksize).ok
     nbytes = bytemodel.bytes_moved(case.n, case.dtype, case.blocksize)
@@ -295,7 +296,7 @@ def bnb_baselines(case) -> list[dict]:
 
 def measure_kernel(name, launch, case, *, buffers=None, host=True) -> dict:
     """Verify ``launch`` bit for bit on ``case`` (raises on mismatch), then time it."""
-    from .buffers import make_buffers, run_and_verify
+    from ..lesson.buffers import make_buffers, run_and_verify
 
     b = buffers if buffers is not None else make_buffers(case)
     # A launch marked no_verify is a bound (same traffic, no real work), not a kernel.
@@ -404,7 +405,7 @@ def run_versions(versions: dict, case, *, baselines=True, progress=True, strict=
     _require_gpu()
     from tqdm.auto import tqdm
 
-    from .buffers import make_buffers
+    from ..lesson.buffers import make_buffers
 
     run = Run()
     nbytes = bytemodel.bytes_moved(case.n, case.dtype, case.blocksize)
@@ -420,7 +421,7 @@ def run_versions(versions: dict, case, *, baselines=True, progress=True, strict=
             if strict:
                 raise
             # Keep going (CLI, sweeps): record the failure instead of a timing.
-            from .verification import VerificationError
+            from ..lesson.verification import VerificationError
 
             print(f"{name}: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}")
             run.add({"kind": "kernel", "name": name, "shape": list(case.shape), "dtype": case.dtype,
@@ -447,7 +448,7 @@ def step(notebook: str, versions: dict, case=None) -> Run | None:
             return None
         print(f"No GPU here: showing the results recorded in {run.path}\n  ({results.label(run.meta)})")
         return run
-    from .cases import make_case
+    from ..lesson.cases import make_case
 
     default = case if case is not None else make_case()
     groups: dict = {}

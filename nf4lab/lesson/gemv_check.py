@@ -1,0 +1,197 @@
+"""The fused GEMV's data and float64 reference (notebook 09, section 4): a fused kernel sums in its own
+order, so it is checked against a bound, not bits.
+
+``make_gemv_case`` (W quantized by bitsandbytes, x, the float64 ``y64`` and the ``tolerance``),
+``compare``/``check`` (a :class:`GemvReport`), ``bnb_output`` (bitsandbytes' own result on the case),
+``check_exercise`` (grades the notebook's exercise). The kernel is :mod:`nf4lab.kernels.gemv`.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+
+from . import reference
+from ..kernels.gemv import TORCH_DTYPE
+
+EPS32 = float(np.finfo(np.float32).eps)        # 2^-23
+UNIT_OUT = {"bf16": 2.0 ** -8, "fp16": 2.0 ** -11, "fp32": 2.0 ** -24}  # unit roundoff of the output
+
+
+@dataclasses.dataclass
+class GemvCase:
+    N: int
+    K: int
+    M: int
+    dtype: str
+    blocksize: int
+    packed: np.ndarray      # uint8, N*K/2, high nibble first, flat index row*K + col
+    absmax_q: np.ndarray    # uint8 per block
+    absmax2: np.ndarray     # float32 per 256 blocks
+    code2: np.ndarray       # float32[256]
+    offset: np.float32
+    lut: np.ndarray         # float32[16]
+    x_bits: np.ndarray      # uint16 (M, K): the activations as bf16/fp16 bits
+    x: np.ndarray           # float32 (M, K): the same values
+    w: np.ndarray           # float32 (N, K): what bitsandbytes dequantizes to before the output cast
+    y64: np.ndarray         # float64 (M, N): x @ w.T in float64
+    tol: np.ndarray         # float64 (M, N): allowed |y - y64|
+    case: object = None     # the nf4lab.lesson.cases.Case it was made from
+
+    @property
+    def shape(self):
+        return (self.N, self.K)
+
+    def __repr__(self):
+        return (f"GemvCase(W {self.N}x{self.K} NF4 ({self.packed.size:,} packed bytes, {self.absmax_q.size} blocks, "
+                f"{self.absmax2.size} groups), x {self.M}x{self.K} {self.dtype})")
+
+    def bnb_tensors(self, device="cpu"):
+        """(W_packed, quant_state, x) as bitsandbytes takes them."""
+        import torch
+
+        packed, qs = self.case.quant_state(device)
+        x = torch.from_numpy(self.x_bits.view(np.int16).copy()).view(getattr(torch, TORCH_DTYPE[self.dtype]))
+        return packed, qs, x.to(device)
+
+
+def make_x(M, K, dtype, seed=0, dist="randn") -> tuple[np.ndarray, np.ndarray]:
+    """Activations rounded to the dtype: standard normal, or "heavy" (Student t with 2 degrees of freedom
+    plus a few outlier columns 100x larger, as LLM activations have). Returns (bits uint16, float32 values)."""
+    rng = np.random.default_rng(1000 + seed)
+    if dist == "randn":
+        xf = rng.standard_normal((M, K)).astype(np.float32)
+    elif dist == "heavy":
+        xf = rng.standard_t(2.0, (M, K))
+        xf[:, rng.choice(K, size=max(1, K // 64), replace=False)] *= 100.0
+        xf = np.clip(xf, -3e4, 3e4).astype(np.float32)  # inside the fp16 range
+    else:
+        raise ValueError(f"x_dist must be 'randn' or 'heavy', got {dist!r}")
+    bits = reference.f32_to_bits(xf, dtype).reshape(M, K)
+    return bits, reference.bits_to_f32(bits, dtype).reshape(M, K)
+
+
+def reference_y64(x, w) -> np.ndarray:
+    """y = x @ w.T in float64: the value every float32 summation order approximates."""
+    return np.asarray(x, np.float64) @ np.asarray(w, np.float64).T
+
+
+def tolerance(x, w, dtype, c: float = 1.0) -> np.ndarray:
+    """Allowed |y - y64| for a float32 dot product of length K rounded to ``dtype``.
+
+    Any float32 summation of K products (any order, FMA or not) is within
+    gamma_K * sum|x_k w_k| of the exact value, gamma_K ~= K * u32 (u32 = 2^-24, Higham's bound).
+    We allow c * K * eps32 (eps32 = 2 u32) to cover the extra rounding of multiplying a
+    partial sum by the block scale. Rounding the result to bf16/fp16 adds u_out * |y|.
+    """
+    x = np.asarray(x, np.float64)
+    w = np.asarray(w, np.float64)
+    K = x.shape[-1]
+    s = np.abs(x) @ np.abs(w).T
+    acc = c * K * EPS32 * s
+    u = UNIT_OUT[dtype]
+    return (1 + u) * acc + u * np.abs(reference_y64(x, w)) + np.finfo(np.float32).tiny
+
+
+def make_gemv_case(N, K, dtype="bf16", M=1, dist="randn", seed=0, blocksize=64, x_dist="randn") -> GemvCase:
+    """W (N, K) quantized by bitsandbytes (through nf4lab.lesson.cases, cached; ``dist`` as there: "heavy" is
+    Student t weights), x (M, K) (``x_dist``: see :func:`make_x`), reference and tolerance."""
+    from .cases import make_case
+
+    if dtype not in TORCH_DTYPE:
+        raise ValueError(f"dtype must be bf16 or fp16, got {dtype!r}")
+    case = make_case((N, K), dtype=dtype, dist=dist, seed=seed, blocksize=blocksize)
+    absmax = reference.block_absmax(case.absmax_q, case.absmax2, case.code2, case.offset)
+    w = reference.dequantize_f32(case.packed, absmax, case.n, blocksize).reshape(N, K)
+    x_bits, x = make_x(M, K, dtype, seed, x_dist)
+    return GemvCase(N=N, K=K, M=M, dtype=dtype, blocksize=blocksize, packed=case.packed,
+                    absmax_q=case.absmax_q, absmax2=case.absmax2, code2=case.code2,
+                    offset=np.float32(case.offset), lut=case.lut.copy(), x_bits=x_bits, x=x, w=w,
+                    y64=reference_y64(x, w), tol=tolerance(x, w, dtype), case=case)
+
+
+def to_f32(y, dtype) -> np.ndarray:
+    """Output (numpy bits / floats, numba device array or torch tensor) as float32 values."""
+    if hasattr(y, "copy_to_host"):
+        y = y.copy_to_host()
+    if type(y).__module__.startswith("torch"):
+        y = y.detach().float().cpu().numpy()
+    y = np.asarray(y)
+    if y.dtype.kind in "ui":
+        return reference.bits_to_f32(y.astype(np.uint16), dtype).reshape(y.shape)
+    return y.astype(np.float32)
+
+
+@dataclasses.dataclass
+class GemvReport:
+    name: str
+    ok: bool
+    max_err: float
+    worst_ratio: float       # max |y - y64| / tol (<= 1 passes)
+    n_bad: int
+    n: int
+    first_bad: list
+
+    def __bool__(self):
+        return self.ok
+
+    def __str__(self):
+        head = (f"{self.name}: {'within' if self.ok else 'OUTSIDE'} the float32 tolerance "
+                f"({self.n:,} outputs, max |y - y64| = {self.max_err:.3g}, worst error/tolerance = "
+                f"{self.worst_ratio:.3g})")
+        if self.ok:
+            return head
+        lines = [head, f"  {self.n_bad:,} outputs outside; first ones (m, n, y, y64, tol):"]
+        lines += [f"    {m:>3} {n:>6} {y:>12.6g} {r:>12.6g} {t:>10.3g}" for m, n, y, r, t in self.first_bad]
+        return "\n".join(lines)
+
+
+class GemvError(AssertionError):
+    pass
+
+
+def compare(y, gc: GemvCase, name="kernel", M=None) -> GemvReport:
+    M = gc.M if M is None else M
+    yv = to_f32(y, gc.dtype).reshape(-1)[: M * gc.N].reshape(M, gc.N).astype(np.float64)
+    ref, tol = gc.y64[:M], gc.tol[:M]
+    err = np.abs(yv - ref)
+    bad = ~(err <= tol)  # NaN counts as bad
+    idx = np.argwhere(bad)[:8]
+    first = [(int(m), int(n), float(yv[m, n]), float(ref[m, n]), float(tol[m, n])) for m, n in idx]
+    ratio = float(np.nanmax(np.where(np.isfinite(err), err / tol, np.inf))) if err.size else 0.0
+    return GemvReport(name, not bad.any(), float(np.nanmax(err)) if err.size else 0.0, ratio,
+                      int(bad.sum()), yv.size, first)
+
+
+def check(y, gc: GemvCase, name="kernel", raise_on_error=True, M=None) -> GemvReport:
+    """Compare an output with the float64 reference; raise :class:`GemvError` if outside the tolerance."""
+    rep = compare(y, gc, name, M)
+    if not rep.ok and raise_on_error:
+        raise GemvError(str(rep))
+    return rep
+
+
+def bnb_output(gc: GemvCase, device="cpu"):
+    """bitsandbytes.matmul_4bit(x, W.t(), quant_state) on the case (CPU in the simulator)."""
+    import bitsandbytes as bnb
+    import torch
+
+    packed, qs, x = gc.bnb_tensors(device)
+    with torch.no_grad():
+        return bnb.matmul_4bit(x, packed.t(), quant_state=qs)
+
+
+def check_exercise(launch_fn, name="exercise: warp reduction") -> bool:
+    """Grade a GEMV launch function on a small case against the float64 reference; prints the verdict."""
+    from ..kernels.gemv import make_gemv_buffers
+
+    gc = make_gemv_case(16, 128, "bf16", seed=3)
+    g = make_gemv_buffers(gc)
+    try:
+        launch_fn(g)
+        rep = compare(g.result(), gc, name=name)
+    except Exception as exc:  # a broken kernel must not stop the notebook
+        print(f"NOT PASSED: the kernel raised {type(exc).__name__}: {exc}")
+        return False
+    print(("PASSED: " if rep.ok else "NOT PASSED (not solved yet): ") + str(rep))
+    return rep.ok
