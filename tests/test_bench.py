@@ -52,6 +52,15 @@ def test_results_round_trip_and_format(tmp_path, monkeypatch):
     assert back.recorded and back.records[0]["name"] == "k"
 
 
+# Records that are not a timed kernel: tools/bench_launch.py's per-call costs and nf4lab.models'
+# decode, QLoRA and agreement records, with the fields each must carry.
+OTHER_KINDS = {"launch": ("name", "op", "host_us", "per_call_us"),
+               "decode": ("name", "variant", "tok_s", "new_tokens"),
+               "qlora": ("name", "variant", "ms"),
+               "agreement": ("name", "a", "b", "free", "forced"),
+               "qlora_agreement": ("name", "loss_equal")}
+
+
 def test_committed_results_have_the_documented_fields():
     found = list(results.RESULTS_DIR.glob("*/*.json"))
     for p in found:
@@ -59,7 +68,11 @@ def test_committed_results_have_the_documented_fields():
         for key in ("gpu", "driver", "clocks", "date", "numba", "numba_cuda", "bitsandbytes", "torch", "method"):
             assert key in data["meta"], (p, key)
         for r in data["records"]:
-            assert r["kind"] in ("kernel", "ceiling", "baseline", "bound", "exactness", "time"), p
+            assert r["kind"] in ("kernel", "ceiling", "baseline", "bound", "exactness", "time") + tuple(OTHER_KINDS), p
+            if r["kind"] in OTHER_KINDS:   # the model benchmark's and the launch-cost records
+                for key in OTHER_KINDS[r["kind"]]:
+                    assert key in r, (p, r["kind"], key)
+                continue
             if r["kind"] == "exactness":  # a bit-exactness check, no timing: a case, an op or a notebook's version
                 assert r["bit_exact"] in (True, False) and r.get("name"), p
                 assert ("shape" in r and "dtype" in r) or "inputs" in r or "notebook" in r, p
