@@ -331,9 +331,12 @@ def test_gpu_linear4bit_compiled_installed_forward_and_backward(clean):
             y1 = f(x1)
         yg = f(xg)
         yg.float().sum().backward()
-    torch.testing.assert_close(y1, ref1, rtol=2e-2, atol=2e-2)  # fused GEMV vs bitsandbytes' kernel
-    # dequantize is bit-exact; inductor may order the bias add differently from eager addmm
-    torch.testing.assert_close(yg, refg)
+    # Forward, 1 and 4 rows: nf4lab's fused GEMV serves gemm_4bit (M = 1..8) and sums in its own
+    # order, so it is held to a tolerance against bitsandbytes' kernel, not to its bits.
+    torch.testing.assert_close(y1, ref1, rtol=2e-2, atol=2e-2)
+    torch.testing.assert_close(yg, refg, rtol=2e-2, atol=2e-2)
+    # Backward: grad_x = grad_y @ W with W from dequantize_4bit, which is bit-exact, and grad_y is
+    # all ones whatever y was; only inductor's order of the matmul may differ from eager.
     torch.testing.assert_close(xg.grad, ref_grad)
 
 
