@@ -132,8 +132,8 @@ print(f"\n{total / 1e6:.0f} MB per call; the output alone is {100 * parts['outpu
 #   than how we read codes, which is the story of notebooks 01-06.
 # * **It should not fit in L2.** One call moves 675 MB; a GPU's L2 holds a few MB to a few tens
 #   of MB (the cell below prints this GPU's), so repeated timing runs really go to DRAM. Sizes
-#   that fit in L2 are partly served from it on repeats and read *faster* than DRAM allows:
-#   results carry a `fits_l2` flag and plots mark such sizes.
+#   that fit in L2 are partly served from it on repeats, so their speed is not DRAM's (higher or
+#   lower: notebook 07's sweep shows which): results carry a `fits_l2` flag and plots mark them.
 
 # %%
 l2 = nf4lab.device_info().get("l2_bytes")

@@ -95,7 +95,7 @@ if copy is None:
 #   and 8 words per thread at 128 to 1024 threads, persistent grids, 16-byte loads with an
 #   exchange, streaming stores, L2 prefetch hints and TMA bulk stores on the H100
 #   (`data/results/NVIDIA_H100_80GB_HBM3/tuning_round*.json`). Block sizes matter more on some GPUs than on
-#   others, so `tools/launch_shapes.py` times this kernel at several shapes on each GPU; the one
+#   others, so `tools/launch_shapes.py` times this kernel at several shapes on the GPU it runs on; the one
 #   shape shipped for all, 128 threads x 2 units, is checked against that record (printed below
 #   when this GPU has one).
 # * **Shared LUT** (step 05), filled once per block.

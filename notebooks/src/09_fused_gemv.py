@@ -271,9 +271,9 @@ def launch(g, design=None, reduce=warp_sum):
 # <a id="evidence"></a>
 # ## 3. PTX and SASS evidence
 #
-# PTX of the design `auto_design` picks at N = 4096 (R4 S2 B3 with 132 SMs): launch bounds, R streaming code loads,
-# 4 x loads, R x 16 pair reads, 5 shuffles per row, split-K's named barrier; no local memory, float64, 64-bit
-# division. SASS (sm_90, recorded offline by `lab/sass_gemv.py`): registers and spills, which set warps per SM.
+# PTX of the design `auto_design` picks at N = 4096 (R4 S2 B3 with 132 SMs): launch bounds, 2R streaming code loads
+# (`fetch` is inlined twice), 4 x loads, R x 16 pair reads, 5 shuffles per row, split-K's named barrier; no local
+# memory, float64, 64-bit division. SASS (sm_90, recorded offline by `lab/sass_gemv.py`): registers and spills.
 
 # %%
 D = auto_design(4096)
