@@ -58,7 +58,8 @@ OTHER_KINDS = {"launch": ("name", "op", "host_us", "per_call_us"),
                "decode": ("name", "variant", "tok_s", "new_tokens"),
                "qlora": ("name", "variant", "ms"),
                "agreement": ("name", "a", "b", "free", "forced"),
-               "qlora_agreement": ("name", "loss_equal")}
+               "qlora_agreement": ("name", "loss_equal"),
+               "profile": ("name", "mode", "top_kernels")}
 
 
 def test_committed_results_have_the_documented_fields():

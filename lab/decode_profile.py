@@ -1,0 +1,114 @@
+"""Where a compiled 4-bit decode step spends its GPU time: bitsandbytes against nf4lab (GPU only).
+
+    python lab/decode_profile.py [--layers 4] [--tokens 8] [--mode reduce-overhead|default]
+
+The model benchmark (``python -m nf4lab models``) found nf4lab's compiled decode no faster than
+bitsandbytes' although nf4lab's GEMV kernel alone is faster at the model's shapes. This
+script answers why. It builds the Llama-shaped NF4 model of the benchmark (fewer layers), compiles
+its decode step for each side (bitsandbytes forced compileable; nf4lab through
+``nf4lab.compile_for_decode``), and for each:
+
+- counts dynamo's graph breaks and inductor's CUDA-graph skips (a skipped graph puts every op's
+  Python launch cost back into each token);
+- profiles a few decode tokens with torch.profiler and lists the CUDA kernels by total time,
+  so one sees whether nf4lab's GEMV runs at all, how often, and what it costs against
+  bitsandbytes' ``kgemm_4bit_inference``.
+
+``--mode default`` compiles without CUDA graphs, which makes every kernel visible to the profiler
+(graph replays may show only as one launch). Writes data/results/<gpu>/decode_profile.json.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+import nf4lab  # noqa: E402  (first: decides GPU or simulator)
+from nf4lab.measure import models, results  # noqa: E402
+
+
+def top_kernels(prof, limit=15) -> list[dict]:
+    rows = []
+    for e in prof.key_averages():
+        t = getattr(e, "device_time_total", None) or getattr(e, "cuda_time_total", 0)
+        if t and e.key and not e.key.startswith(("cuda", "aten::", "Memcpy", "Memset")):
+            rows.append({"kernel": e.key[:120], "calls": e.count, "total_us": round(t, 1)})
+    return sorted(rows, key=lambda r: -r["total_us"])[:limit]
+
+
+def profile_variant(name, model, s, prompt, mode, tokens) -> dict:
+    import torch
+    from torch._dynamo.utils import counters
+    from transformers import CompileConfig, StaticCache
+
+    counters.clear()
+    cache = StaticCache(config=model.config, max_cache_len=s.prompt_len + tokens + 1)
+    kw = dict(do_sample=False, attention_mask=torch.ones_like(prompt), pad_token_id=0, eos_token_id=None,
+              compile_config=CompileConfig(fullgraph=True, mode=mode), past_key_values=cache)
+
+    def gen():
+        cache.reset()
+        torch.cuda.synchronize()
+        t = time.perf_counter()
+        model.generate(prompt, max_new_tokens=tokens, min_new_tokens=tokens, **kw)
+        torch.cuda.synchronize()
+        return time.perf_counter() - t
+
+    first = gen()           # compiles (and records the CUDA graphs)
+    wall = min(gen() for _ in range(3))
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU,
+                                            torch.profiler.ProfilerActivity.CUDA]) as prof:
+        gen()
+    rec = {"kind": "profile", "name": name, "mode": mode, "tokens": tokens, "first_generate_s": round(first, 2),
+           "generate_s": round(wall, 4), "graph_breaks": sum(counters["graph_break"].values()),
+           "cudagraph_skips": dict(counters["inductor"]).get("cudagraph_skips", 0),
+           "served": {f"{op}/{by}": n for (op, by), n in __import__("nf4lab.kernels.bnb_backend", fromlist=["x"])
+                      .calls.items()},
+           "top_kernels": top_kernels(prof)}
+    print(f"\n== {name} ({mode}): {tokens} tokens in {wall * 1e3:.1f} ms; graph breaks {rec['graph_breaks']}, "
+          f"cudagraph skips {rec['cudagraph_skips']}; served {rec['served']}")
+    for r in rec["top_kernels"]:
+        print(f"  {r['total_us']:10.1f} us  {r['calls']:6d}x  {r['kernel']}")
+    return rec
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--layers", type=int, default=4)
+    ap.add_argument("--tokens", type=int, default=8)
+    ap.add_argument("--mode", default="reduce-overhead", choices=("reduce-overhead", "default"))
+    args = ap.parse_args(argv)
+    if not nf4lab.ON_GPU:
+        print("decode_profile: no CUDA GPU here", file=sys.stderr)
+        return 2
+    import torch
+
+    s = models.Settings(layers=args.layers, new_tokens=args.tokens)
+    bf16 = models.build_bf16(s)
+    nf4 = models.build_nf4(bf16, s)
+    del bf16
+    models._free()
+    prompt = torch.randint(2, s.vocab, (1, s.prompt_len), generator=torch.Generator().manual_seed(1)).to("cuda")
+    recs = []
+    nf4lab.uninstall()
+    with models.forced_compileable(nf4):
+        recs.append(profile_variant("bitsandbytes NF4, compiled (forced)", nf4, s, prompt, args.mode, args.tokens))
+    models._reset_compiled(nf4)
+    nf4lab.compile_for_decode(nf4)
+    try:
+        recs.append(profile_variant("nf4lab NF4, compiled", nf4, s, prompt, args.mode, args.tokens))
+    finally:
+        nf4lab.uninstall()
+    data = {"meta": results.meta(f"torch.profiler over one generate of {args.tokens} tokens after a compiling "
+                                 f"call and 3 timed calls; {args.layers} layers; compile mode {args.mode}"),
+            "records": recs}
+    print("saved", results.save(data, f"decode_profile_{args.mode}"))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
