@@ -34,7 +34,6 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "tools"))  # build_notebooks
 
 import nf4lab  # noqa: E402  (first: decides GPU or simulator)
 import nf4lab.kernels.gemv  # noqa: E402

@@ -24,7 +24,6 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "tools"))  # build_notebooks
 
 import nf4lab  # noqa: E402,F401  (first: decides GPU or simulator)
 

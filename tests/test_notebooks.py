@@ -22,6 +22,28 @@ def test_notebooks_are_built_from_their_sources():
     assert p.returncode == 0, p.stdout + p.stderr
 
 
+def _builder():
+    sys.path.insert(0, str(ROOT / "tools"))
+    try:
+        import build_notebooks
+    finally:
+        sys.path.pop(0)
+    return build_notebooks
+
+
+def test_builder_reads_cells_tags_and_solution_regions():
+    bn = _builder()
+    src = ('# header comment, not a cell\n\n# %% [markdown]\n# ## Title\n#\n# prose\n\n'
+           '# %% tags=["kernel"]\nx = 1\n### BEGIN SOLUTION\ny = 2\n### STUDENT\ny = None  # TODO\n### END SOLUTION\n')
+    cells = bn.parse(src)
+    assert [(c["type"], c["tags"]) for c in cells] == [("markdown", []), ("code", ["kernel"])]
+    assert cells[0]["lines"] == ["## Title", "", "prose"]
+    assert bn.variant(cells[1]["lines"], solution=True) == ["x = 1", "y = 2"]
+    assert bn.variant(cells[1]["lines"], solution=False) == ["x = 1", "y = None  # TODO"]
+    with pytest.raises(ValueError, match="markdown heading"):
+        bn.parse("# %%\nx = 1\n# ## A heading left in code\n")
+
+
 def test_every_step_has_a_solution_twin():
     students = {p.stem for p in NOTEBOOKS if "solutions" not in p.parts}
     solutions = {p.stem.removesuffix("_SOLUTION") for p in NOTEBOOKS if "solutions" in p.parts}

@@ -2,7 +2,7 @@
 
 Each ``notebooks/src/NN_topic.py`` is a percent-format script (``# %%`` starts a
 code cell, ``# %% [markdown]`` a markdown cell whose lines are ``# ``-commented;
-``# %% tags=["kernel"]`` tags a cell). It becomes two notebooks:
+``# %% tags=["kernel"]`` tags a cell), read by jupytext. It becomes two notebooks:
 
 - ``notebooks/NN_topic.ipynb`` for students: every region between
   ``### BEGIN SOLUTION`` and ``### STUDENT`` is dropped, and the region from
@@ -26,7 +26,6 @@ from __future__ import annotations
 import argparse
 import collections
 import hashlib
-import json
 import re
 import sys
 from pathlib import Path
@@ -65,35 +64,22 @@ def _nbclean():
     return mod
 
 
-CELL = re.compile(r"^# %%(?P<md> \[markdown\])?(?: tags=(?P<tags>\[.*\]))?\s*$")
-
-
 def parse(text: str) -> list[dict]:
-    cells, cur = [], None
-    for line in text.splitlines():
-        m = CELL.match(line)
-        if m:
-            if cur is not None:
-                cells.append(cur)
-            cur = {"type": "markdown" if m.group("md") else "code",
-                   "tags": json.loads(m.group("tags")) if m.group("tags") else [], "lines": []}
-            continue
-        if cur is None:
-            continue  # module docstring / header before the first cell
-        cur["lines"].append(line)
-    if cur is not None:
-        cells.append(cur)
+    """The cells of a percent-format source, read by jupytext. The comment block before the first
+    ``# %%`` is the file's header, not a cell."""
+    import jupytext
+
+    cells = list(jupytext.reads(text, fmt="py:percent").cells)
+    if cells and not text.lstrip().startswith("# %%"):
+        cells = cells[1:]
+    out = []
     for c in cells:
-        while c["lines"] and not c["lines"][-1].strip():
-            c["lines"].pop()
-        while c["lines"] and not c["lines"][0].strip():
-            c["lines"].pop(0)
-        if c["type"] == "markdown":
-            c["lines"] = [l[2:] if l.startswith("# ") else l.lstrip("#") for l in c["lines"]]
-        elif any(re.match(r"# #{1,6} \S", l) for l in c["lines"]):  # prose left in a code cell
-            head = next(l for l in c["lines"] if re.match(r"# #{1,6} \S", l))
+        lines = c.source.splitlines()
+        head = next((l for l in lines if re.match(r"# #{1,6} \S", l)), None) if c.cell_type == "code" else None
+        if head is not None:  # prose left in a code cell
             raise ValueError(f"a code cell holds the markdown heading {head!r}: a '# %% [markdown]' marker is missing")
-    return cells
+        out.append({"type": c.cell_type, "tags": list(c.metadata.get("tags", [])), "lines": lines})
+    return out
 
 
 def variant(lines: list[str], solution: bool) -> list[str]:
