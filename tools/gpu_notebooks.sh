@@ -7,8 +7,13 @@ tag=$1; shift
 source tools/gpu_env.sh
 python3 -m ipykernel install --user --name python3 >/dev/null 2>&1 || true
 stamp=$(mktemp); sleep 1
-python3 -m nf4lab notebooks --only "$@" --no-solutions --inplace --no-plot 2>&1 | tee "$OUT/$tag.log"
-nbs=$(for p in "$@"; do ls notebooks/${p}_*.ipynb; done)
-# Only the results this run wrote: the others here are copies of the checkout, and unpacking
-# them over results that an earlier call brought back would undo that call.
-tar czf "$OUT/$tag.tgz" $nbs $(find data/results -type f -newer "$stamp")
+# One notebook at a time, packing after each: a call stopped at its time limit still brings back
+# every notebook it finished (one lost call once brought back nothing).
+done_nbs=""
+for p in "$@"; do
+  python3 -m nf4lab notebooks --only "$p" --no-solutions --inplace --no-plot 2>&1 | tee -a "$OUT/$tag.log"
+  done_nbs="$done_nbs $(ls notebooks/${p}_*.ipynb)"
+  # Only the results this run wrote: the others here are copies of the checkout, and unpacking
+  # them over results that an earlier call brought back would undo that call.
+  tar czf "$OUT/$tag.tgz" $done_nbs $(find data/results -type f -newer "$stamp")
+done
