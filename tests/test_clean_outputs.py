@@ -3,16 +3,21 @@ import nbformat
 import pytest
 
 from nf4lab.measure import nbclean
-from nf4lab.__main__ import notebook_paths
+from nf4lab.__main__ import ROOT, notebook_paths
 
 
-@pytest.mark.parametrize("path", notebook_paths(solutions=True), ids=lambda p: p.stem)
+EXECUTED = sorted(ROOT.glob("data/executed/*/*.ipynb"))   # the same notebooks, executed on other GPUs
+
+
+@pytest.mark.parametrize("path", notebook_paths(solutions=True) + EXECUTED,
+                         ids=lambda p: f"{p.parent.name}/{p.stem}")
 def test_committed_outputs_are_clean(path):
     problems = nbclean.problems(nbformat.read(path, as_version=4))
     assert not problems, "\n".join(problems[:10])
 
 
-@pytest.mark.parametrize("path", notebook_paths(solutions=True), ids=lambda p: p.stem)
+@pytest.mark.parametrize("path", notebook_paths(solutions=True) + EXECUTED,
+                         ids=lambda p: f"{p.parent.name}/{p.stem}")
 def test_committed_outputs_come_from_the_code_they_sit_under(path):
     why = nbclean.stale(nbformat.read(path, as_version=4))
     assert why is None, f"{path.name}: {why}"
