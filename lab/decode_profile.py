@@ -28,6 +28,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 import nf4lab  # noqa: E402  (first: decides GPU or simulator)
+from nf4lab.kernels import bnb_backend  # noqa: E402
 from nf4lab.measure import models, results  # noqa: E402
 
 
@@ -46,6 +47,7 @@ def profile_variant(name, model, s, prompt, mode, tokens) -> dict:
     from transformers import CompileConfig, StaticCache
 
     counters.clear()
+    bnb_backend.calls.clear()   # the ops served in this variant's calls only
     cache = StaticCache(config=model.config, max_cache_len=s.prompt_len + tokens + 1)
     kw = dict(do_sample=False, attention_mask=torch.ones_like(prompt), pad_token_id=0, eos_token_id=None,
               compile_config=CompileConfig(fullgraph=True, mode=mode), past_key_values=cache)
@@ -66,8 +68,7 @@ def profile_variant(name, model, s, prompt, mode, tokens) -> dict:
     rec = {"kind": "profile", "name": name, "mode": mode, "tokens": tokens, "first_generate_s": round(first, 2),
            "generate_s": round(wall, 4), "graph_breaks": sum(counters["graph_break"].values()),
            "cudagraph_skips": dict(counters["inductor"]).get("cudagraph_skips", 0),
-           "served": {f"{op}/{by}": n for (op, by), n in __import__("nf4lab.kernels.bnb_backend", fromlist=["x"])
-                      .calls.items()},
+           "served": {f"{op}/{by}": n for (op, by), n in bnb_backend.calls.items()},
            "top_kernels": top_kernels(prof)}
     print(f"\n== {name} ({mode}): {tokens} tokens in {wall * 1e3:.1f} ms; graph breaks {rec['graph_breaks']}, "
           f"cudagraph skips {rec['cudagraph_skips']}; served {rec['served']}")

@@ -19,7 +19,8 @@ import numpy as np
 from numba import cuda, float32, uint32, uint64
 
 from nf4lab.kernels import gemv, ops
-from nf4lab.kernels.gemv import MAX_M, bar_sync, f16_to_f32, f32_from_bits, lds_pair, load_stream_u32x4, shfl_down_sync
+from nf4lab.kernels.gemv import (MAX_M, bar_sync, f16_to_f32, f32_from_bits, lds_pair, load_stream_u32x4,
+                                  shfl_down_sync, sms)
 from nf4lab import runtime
 
 
@@ -454,8 +455,6 @@ def kernel(d, dtype):
     return GEMV[(d, dtype)]
 
 
-def sms():
-    return nf4lab.device_info().get("sms") or 132  # the simulator has none: plan for an H100
 
 
 def auto_design_r2(N, M=1):

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 import nf4lab  # noqa: F401  (before numba.cuda: may switch on the simulator)
-from nf4lab.lesson import exercises
+from nf4lab.lesson import block_scale, exercises
 from nf4lab.kernels import ops
 from numba import cuda, float32, uint16, uint32, uint64
 
@@ -24,8 +24,7 @@ def _make(bug=None):
             return
         byte = packed[i]
         j = uint64(2) * i
-        blk = j >> uint64(6)
-        scale = ops.fadd_rn(ops.fmul_rn(code2[absmax_q[blk]], absmax2[blk >> uint64(8)]), offset)
+        scale = block_scale(absmax_q, absmax2, code2, offset, j >> uint64(6))
         hi = lut[byte >> 4] * scale
         lo = lut[byte & 15] * scale
         if bug == "nibbles":

@@ -573,6 +573,7 @@ def demo_versions() -> dict:
     from numba import cuda, uint64
 
     from ..kernels import ops
+    from ..lesson import block_scale
 
     @cuda.jit
     def dequant_demo_per_byte(packed, absmax_q, absmax2, code2, offset, lut, out, nbytes, n):
@@ -581,8 +582,7 @@ def demo_versions() -> dict:
             return
         byte = packed[i]
         j = uint64(2) * i
-        blk = j >> uint64(6)
-        scale = ops.fadd_rn(ops.fmul_rn(code2[absmax_q[blk]], absmax2[blk >> uint64(8)]), offset)
+        scale = block_scale(absmax_q, absmax2, code2, offset, j >> uint64(6))
         out[j] = ops.to_bf16_bits(lut[byte >> 4] * scale)
         if j + uint64(1) < n:
             out[j + uint64(1)] = ops.to_bf16_bits(lut[byte & 15] * scale)
