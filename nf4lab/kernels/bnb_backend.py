@@ -221,11 +221,18 @@ def _register(dispatch_key: str, fallback, ops) -> None:
             for name in ops:
                 lib.impl(name, kernels[name], dispatch_key, **kw)
     except Exception:
-        lib._op_impls.difference_update(held)
-        lib._destroy()
-        torch.library._impls.update(held)
+        _release(lib, held)
         raise
     _state["lib"], _state["ops"], _state["held"] = lib, tuple(ops), held
+
+
+def _release(lib, held) -> None:
+    """Destroy our Library and leave torch's set of Python registrations holding bitsandbytes' keys.
+    Both _destroy() and the Library's finalizer (when it is collected) remove the keys in its
+    _op_impls from that set: keep bitsandbytes' out of ours, then put them back."""
+    lib._op_impls.difference_update(held)
+    lib._destroy()
+    _torch().library._impls.update(held)
 
 
 def _override_kw(lib) -> dict:
@@ -267,12 +274,7 @@ def uninstall() -> None:
     with _lock:
         lib = _state["lib"]
         if lib is not None:
-            held = _state["held"]
-            # Both _destroy() and the Library's finalizer (when it is collected) remove the keys in
-            # its _op_impls from torch's set: keep bitsandbytes' out of it, then put them back.
-            lib._op_impls.difference_update(held)
-            lib._destroy()
-            _torch().library._impls.update(held)
+            _release(lib, _state["held"])
         _state["lib"], _state["ops"], _state["held"] = None, (), set()
         for q, cls in _state["quantizers"]:
             q.__class__ = cls
