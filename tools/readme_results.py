@@ -188,10 +188,10 @@ def models_block() -> str:
             out.append(f"| {r['name']} | {r['tok_s']:.1f} | {x_bnb} | {x_bf} |")
         if ql:
             b, o = ql.get("qlora_bnb"), ql.get("qlora_nf4lab")
-            out += ["", "QLoRA step (" + (f"batch {b['batch']} x {b['seq']}, LoRA r={b['lora_r']} on 7 projections"
-                                          if b else "") + "): " + ", ".join(f"{r['name'].split(', ')[-1]} {r['ms']:.0f} ms"
-                                                                           for r in ql.values())
-                    + (f" ({b['ms'] / o['ms']:.2f}x bitsandbytes)" if b and o else "") + "."]
+            setup = f" (batch {b['batch']} x {b['seq']}, LoRA r={b['lora_r']} on 7 projections)" if b else ""
+            times = ", ".join(f"{r['name'].split(', ')[-1]} {r['ms']:.0f} ms" for r in ql.values())
+            ratio = f" ({b['ms'] / o['ms']:.2f}x bitsandbytes)" if b and o else ""
+            out += ["", f"QLoRA step{setup}: {times}{ratio}."]
         agree = [r for r in recs if r["kind"] == "agreement" and r["a"].startswith("bnb") and r["b"].startswith("nf4lab")]
         for r in agree:
             f, t = r["free"], r["forced"]

@@ -10,7 +10,8 @@ Host-side cost is measured separately (``wall_time_ms``): back-to-back calls fro
 Python, synchronised at the end, as a user calls them.
 
 L2: results carry ``fits_l2`` (bytes moved <= L2 size). Such sizes are partly served
-from L2 on repeats and read higher than DRAM allows; plots mark them.
+from L2 on repeats, so their speed is not DRAM's (the copy can run above it there, the kernels
+mostly below, where launch and tail costs weigh more); plots mark them.
 """
 from __future__ import annotations
 
@@ -292,6 +293,22 @@ def bnb_baselines(case) -> list[dict]:
     return [_record("baseline", BNB_GPU, case.shape, case.dtype, gpu, nbytes, bit_exact=exact),
             _record("baseline", BNB_E2E, case.shape, case.dtype, {"ms": e2e_ms, "method": "wall clock"},
                     nbytes, bit_exact=exact, host_ms=e2e_ms)]
+
+
+def time_dequantize(case, name: str = "nf4lab.dequantize (out=)") -> dict:
+    """nf4lab.dequantize on the case's bitsandbytes tensors, ``out=`` preallocated like bitsandbytes'
+    row: verified bit for bit, then timed like the kernels."""
+    import torch
+
+    import nf4lab
+
+    packed, qs = case.quant_state("cuda")
+    out = torch.empty(case.shape, dtype=qs.dtype, device="cuda")
+    nf4lab.dequantize(packed, qs, out=out)
+    exact = nf4lab.compare(out, case.expected, case.dtype, n=case.n, blocksize=case.blocksize).ok
+    t = gpu_time_ms(lambda s: nf4lab.dequantize(packed, qs, out=out))
+    return _record("kernel", name, case.shape, case.dtype, t,
+                   bytemodel.bytes_moved(case.n, case.dtype, case.blocksize), bit_exact=exact)
 
 
 def measure_kernel(name, launch, case, *, buffers=None, host=True) -> dict:
