@@ -340,6 +340,42 @@ def test_gpu_linear4bit_compiled_installed_forward_and_backward(clean):
     torch.testing.assert_close(xg.grad, ref_grad)
 
 
+_FRESH_REDUCE_OVERHEAD = """
+import torch, nf4lab, bitsandbytes as bnb, bitsandbytes.functional as F
+g = torch.Generator(device="cuda").manual_seed(0)
+w = torch.randn(4096, 4096, generator=g, device="cuda").to(torch.bfloat16)
+packed, qs = F.quantize_4bit(w, blocksize=64, quant_type="nf4", compress_statistics=True)
+x = torch.randn(1, 4096, generator=g, device="cuda").to(torch.bfloat16)
+want_w = F.dequantize_4bit(packed, qs)
+want_y = (x.double() @ want_w.double().t())
+assert nf4lab.install()
+f = torch.compile(lambda x: (bnb.matmul_4bit(x, packed.t(), quant_state=qs), F.dequantize_4bit(packed, qs)),
+                  fullgraph=True, mode="reduce-overhead")
+with torch.no_grad():
+    for _ in range(4):  # warm-up inside cudagraph trees' pool, recording, replays
+        y, w2 = f(x)
+        y, w2 = y.clone(), w2.clone()
+torch.cuda.synchronize()
+assert torch.equal(w2.view(torch.int16), want_w.view(torch.int16)), "dequantize not bit-exact"
+err = (y.double() - want_y).abs().max().item()
+assert err < 0.05 * want_y.abs().max().item(), err
+print("ok", err)
+"""
+
+
+@gpu
+def test_gpu_reduce_overhead_first_call_inside_cudagraph_trees():
+    """A process whose first nf4lab CUDA call happens inside torch.compile's CUDA-graph warm-up:
+    every table nf4lab caches then must come from outside torch's graph pool, or cudagraph trees
+    fail ("tensor(s) in the cudagraph pool not tracked as outputs"). A fresh process, so that no
+    earlier test has filled the caches."""
+    import subprocess
+    import sys
+
+    r = subprocess.run([sys.executable, "-c", _FRESH_REDUCE_OVERHEAD], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0 and "ok" in r.stdout, r.stderr[-3000:]
+
+
 @gpu
 def test_gpu_bad_input_raises_before_launch(clean):
     packed, qs = gpu_quantize((64, 64))

@@ -286,7 +286,24 @@ _lean_checked: set = set()
 _lock = threading.Lock()
 
 
+class _DeviceTable:
+    """A code table in device memory that numba allocated (cuMemAlloc), outside torch's caching
+    allocator. Cached for the process, so it must not come from a CUDA-graph memory pool: under
+    ``torch.compile(mode="reduce-overhead")`` the first call runs inside cudagraph trees' warm-up,
+    where a torch allocation kept alive after the step fails their pool check."""
+
+    def __init__(self, values, index):
+        from numba import cuda
+
+        with cuda.gpus[index]:
+            self._array = cuda.to_device(values)
+
+    def data_ptr(self) -> int:
+        return self._array.__cuda_array_interface__["data"][0]
+
+
 def _device_lut(quant_type, device):
+    """The quant type's 16 floats on ``device`` (an object with ``data_ptr()``), copied there once."""
     key = (quant_type, device)
     t = _LUT_CACHE.get(key)
     if t is None:
@@ -295,7 +312,8 @@ def _device_lut(quant_type, device):
         if _torch().cuda.is_current_stream_capturing():
             raise RuntimeError("nf4lab: the first CUDA call on a device copies its table there, which stream "
                                "capture forbids; run one call eagerly before capturing a CUDA graph")
-        t = _LUT_CACHE[key] = _torch().from_numpy(LUTS_CUDA[quant_type].copy()).to(device)
+        index = device.index if device.index is not None else _torch().cuda.current_device()
+        t = _LUT_CACHE[key] = _DeviceTable(LUTS_CUDA[quant_type].copy(), index)
     return t
 
 
@@ -320,7 +338,8 @@ def _pointers(p):
         key = (float(off), p.A.device)
         off = _OFFSET_CACHE.get(key)
         if off is None:
-            off = _OFFSET_CACHE[key] = _torch().tensor([key[0]], dtype=_torch().float32, device=p.A.device)
+            index = p.A.device.index if p.A.device.index is not None else _torch().cuda.current_device()
+            off = _OFFSET_CACHE[key] = _DeviceTable(np.array([key[0]], dtype=np.float32), index)
     return stats, qs.state2.absmax.data_ptr(), qs.state2.code.data_ptr(), off.data_ptr()
 
 

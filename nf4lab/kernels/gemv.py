@@ -241,6 +241,9 @@ class Design:
         return f"R{self.rows} S{self.split} C32 W8 B{self.min_blocks}" + (f" M{self.m}" if self.m > 1 else "")
 
 
+THREADS = 256  # 8 warps per block: the kernel's launch bounds and every launch
+
+
 def make_gemv(is_bf16, d=Design(), reduce=None):
     """The fused kernel for one activation dtype and one Design (all compile-time constants).
     ``reduce``: the warp reduction (default: warp_sum; the notebook's exercise passes its own)."""
@@ -285,7 +288,7 @@ def make_gemv(is_bf16, d=Design(), reduce=None):
 
     reduce = reduce or warp_sum
     R, S, M = d.rows, d.split, d.m
-    W, THREADS, STEP, SSH = 8, 256, 1024, 10   # 8 warps; a warp covers 32 lanes x 32 columns per item
+    W, STEP, SSH = 8, 1024, 10   # THREADS = 8 warps; a warp covers 32 lanes x 32 columns per item
     TEAMS, RM, NC, NL = W // S, R * M, 4 * R, 8 * R
     NRED = 2 * W * RM                           # split-K partial sums, double-buffered
     TAB = 256 * 16                              # byte-pair table: 256 bytes x 16 copies, 8 bytes each
@@ -418,8 +421,16 @@ def kernel(d, dtype):
     return _KERNELS[(d, dtype)]
 
 
+_SMS: dict = {}
+
+
 def sms():
-    return runtime.device_info().get("sms") or 132  # the simulator has none: plan for an H100
+    """The current GPU's SM count (the simulator has none: plan for an H100). Cached per device:
+    device_info asks the driver for much more, which would cost each launch tens of microseconds."""
+    dev = cuda.get_current_device().id if runtime.ON_GPU else None
+    if dev not in _SMS:
+        _SMS[dev] = runtime.device_info().get("sms") or 132
+    return _SMS[dev]
 
 
 def auto_design(N, M=1):
@@ -452,7 +463,7 @@ def launch(g, design=None, kern=None):
         d = dataclasses.replace(d, m=g.M)
     kern = kern or kernel(d, g.dtype)
     grid = g.grid or grid_size(d, g.N)
-    kern[grid, 256, g.stream](g.packed_u32, g.absmax_q, g.absmax2, g.code2, g.lut, g.offset, g.x_u32, g.y,
+    kern[grid, THREADS, g.stream](g.packed_u32, g.absmax_q, g.absmax2, g.code2, g.lut, g.offset, g.x_u32, g.y,
                               g.N, g.K, g.bs_shift)
 
 

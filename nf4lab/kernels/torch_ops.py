@@ -180,7 +180,22 @@ class _GemvLean:
             raise RuntimeError(f"cuLaunchKernel failed: {err}")
 
 
-_GEMV_LEAN: dict = {}  # (Design, dtype) -> _GemvLean, or False once it disagreed with the dispatcher
+_GEMV_LEAN: dict = {}  # (Design, dtype, device) -> _GemvLean, or False once it disagreed with the dispatcher
+_GEMV_SHAPES: dict = {}  # (N, M, device) -> (Design, grid): both read the GPU's SM count, so once per shape
+
+
+def _gemv_shape(N, M, device):
+    from . import gemv
+
+    hit = _GEMV_SHAPES.get((N, M, device))
+    if hit is None:
+        d = gemv.auto_design(N, M)
+        if d.m != M:  # as gemv.launch does
+            import dataclasses
+
+            d = dataclasses.replace(d, m=M)
+        hit = _GEMV_SHAPES[(N, M, device)] = (d, gemv.grid_size(d, N))
+    return hit
 
 
 def gemv_launch(x, packed, shape, absmax_q, absmax2, code2, offset, blocksize, out):
@@ -190,47 +205,44 @@ def gemv_launch(x, packed, shape, absmax_q, absmax2, code2, offset, blocksize, o
     (numba compiles there), then once through the lean launcher into a scratch tensor, compared
     bit for bit (same kernel, same grid: the same summation order); from then on the lean
     launcher serves alone. Under stream capture nothing is checked: an unchecked variant takes
-    numba's path."""
+    numba's path. A decode step makes hundreds of these calls, so the steady state does no more
+    than read pointers and launch."""
     from . import gemv
 
     N, K = int(shape[0]), int(shape[1])
     M = x.numel() // K
-    d = gemv.auto_design(N, M)
-    if d.m != M:  # as gemv.launch does
-        import dataclasses
-
-        d = dataclasses.replace(d, m=M)
+    d, grid = _gemv_shape(N, M, x.device.index)
     dtype = "bf16" if x.dtype == torch.bfloat16 else "fp16"
     key = (d, dtype, x.device.index)
     state = _GEMV_LEAN.get(key)
     if isinstance(state, _GemvLean):
-        _gemv_lean_launch(state, x, packed, absmax_q, absmax2, code2, offset, blocksize, out, d, N, K, M)
+        _gemv_lean_launch(state, x, packed, absmax_q, absmax2, code2, offset, blocksize, out, grid, N, K, M)
         return
     gemv.launch_torch(x, packed, shape, absmax_q, absmax2, code2, offset, blocksize, out)
     kern = gemv.kernel(d, dtype)
     if state is None and len(kern.overloads) == 1 and not torch.cuda.is_current_stream_capturing():
         compiled = next(iter(kern.overloads.values()))
-        _check_gemv_lean(key, compiled, x, packed, absmax_q, absmax2, code2, offset, blocksize, out, d, N, K, M)
+        _check_gemv_lean(key, compiled, x, packed, absmax_q, absmax2, code2, offset, blocksize, out, grid, N, K, M)
 
 
-def _gemv_lean_launch(lean, x, packed, absmax_q, absmax2, code2, offset, blocksize, out, d, N, K, M):
-    from . import gemv
+def _gemv_lean_launch(lean, x, packed, absmax_q, absmax2, code2, offset, blocksize, out, grid, N, K, M):
+    from .gemv import THREADS
 
     lut = _dq._device_lut("nf4", x.device)
     ptrs = (packed.data_ptr(), absmax_q.data_ptr(), absmax2.data_ptr(), code2.data_ptr(), lut.data_ptr(),
             x.data_ptr(), out.data_ptr())
     counts = (N * K // 8, absmax_q.numel(), absmax2.numel(), code2.numel(), 16, M * K // 2, M * N)
-    lean(_dq._raw_stream(x.device), gemv.grid_size(d, N), getattr(gemv, "THREADS", 256), ptrs, counts,
-         float(offset), N, K, int(blocksize).bit_length() - 1)
+    lean(_dq._raw_stream(x.device), grid, THREADS, ptrs, counts, float(offset), N, K,
+         int(blocksize).bit_length() - 1)
 
 
-def _check_gemv_lean(key, compiled, x, packed, absmax_q, absmax2, code2, offset, blocksize, out, d, N, K, M):
+def _check_gemv_lean(key, compiled, x, packed, absmax_q, absmax2, code2, offset, blocksize, out, grid, N, K, M):
     import warnings
 
     try:
         lean = _GemvLean(compiled)
         scratch = torch.full_like(out, float("nan"))
-        _gemv_lean_launch(lean, x, packed, absmax_q, absmax2, code2, offset, blocksize, scratch, d, N, K, M)
+        _gemv_lean_launch(lean, x, packed, absmax_q, absmax2, code2, offset, blocksize, scratch, grid, N, K, M)
         torch.cuda.synchronize(x.device)
         same = torch.equal(scratch.view(torch.int16), out.view(torch.int16))
     except Exception as exc:  # an ABI surprise in a numba/cuda-bindings release: stay correct, be slow
