@@ -133,3 +133,23 @@ def test_offset_value_is_read_once_and_again_after_an_inplace_change(monkeypatch
     off.add_(1.0)
     assert torch_ops.offset_value(off) == 1.25 and len(reads) == 1  # modified in place: read again
     assert torch_ops.offset_value(torch.tensor(0.25)) == 0.25  # another tensor, even at a reused id
+
+
+def test_gemv_lean_parameter_block_is_numbas_layout():
+    """The packed parameter block of the lean GEMV launch, slot by slot: per 1-D array (meminfo, parent,
+    nitems, itemsize, data, shape[0], strides[0]); the float32 offset in the low 4 bytes of its slot;
+    then N, K, bs_shift. A wrong slot would hand the kernel a wrong pointer; the GPU run's bit check
+    against numba's own launch is the other half of this test."""
+    from nf4lab.kernels.torch_ops import _GemvLean
+
+    ptrs, counts = (1000, 2000, 3000, 4000, 5000), (11, 12, 13, 14, 16)
+    buf = bytearray(_GemvLean.LAYOUT.size)
+    _GemvLean.LAYOUT.pack_into(buf, 0, *_GemvLean.prefix(ptrs, counts, 0.25), 0, 0, 21, 4, 6000, 21, 4,
+                               0, 0, 22, 2, 7000, 22, 2, 4096, 14336, 6)
+    slots = np.frombuffer(bytes(buf), dtype=np.int64)
+    assert len(slots) == 53
+    arrays = list(zip(ptrs, counts, _GemvLean.ITEMSIZES[:5])) + [(6000, 21, 4), (7000, 22, 2)]
+    for base, (ptr, count, size) in zip((0, 7, 14, 21, 28, 36, 43), arrays):
+        assert slots[base:base + 7].tolist() == [0, 0, count, size, ptr, count, size]
+    assert np.frombuffer(bytes(buf[35 * 8:36 * 8]), dtype=np.float32).tolist() == [0.25, 0.0]
+    assert slots[50:].tolist() == [4096, 14336, 6]

@@ -15,7 +15,10 @@ gemv M=1    bitsandbytes matmul_4bit (no grad); the same after nf4lab.install();
 
 Writes data/results/<gpu>/launch_cost.json (and $OUT/) through nf4lab.measure.results.
 
-    python tools/bench_launch.py [--calls 200] [--reps 7]
+    python tools/bench_launch.py [--calls 200] [--reps 7] [--profile]
+
+``--profile`` also runs cProfile over 2000 calls of ``matmul_4bit`` after install() and prints where
+the host time goes (the functions with the most own time).
 """
 from __future__ import annotations
 
@@ -48,11 +51,32 @@ def timed(fn, calls, reps, torch):
     return statistics.median(host), statistics.median(total)
 
 
+def profile_installed(fn, torch, calls=2000):
+    import cProfile
+    import pstats
+
+    nf4lab.install()
+    try:
+        fn()
+        torch.cuda.synchronize()
+        prof = cProfile.Profile()
+        prof.enable()
+        for _ in range(calls):
+            fn()
+        prof.disable()
+        torch.cuda.synchronize()
+    finally:
+        nf4lab.uninstall()
+    print(f"\ncProfile, {calls} calls of matmul_4bit after install() (own time first):")
+    pstats.Stats(prof).sort_stats("tottime").print_stats(25)
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--calls", type=int, default=200)
     ap.add_argument("--reps", type=int, default=7)
     ap.add_argument("--no-save", action="store_true")
+    ap.add_argument("--profile", action="store_true")
     a = ap.parse_args(argv)
     if not nf4lab.ON_GPU:
         sys.exit("bench_launch needs a CUDA GPU (nf4lab is in simulator mode)")
@@ -105,6 +129,8 @@ def main(argv=None):
         records.append({"kind": "launch", "op": op, "name": name, "shape": [N, K], "dtype": "bf16",
                         "host_us": round(host, 2), "per_call_us": round(per, 2), "installed": inst})
         print(f"{op:11s} {name:45s} host {host:7.1f} us   per call {per:7.1f} us")
+    if a.profile:
+        profile_installed(bnb_mm, torch)
     meta = results.meta(f"eager calls: median of {a.reps} loops of {a.calls} calls after a warm-up; host_us = "
                         "time to return (work queued), per_call_us = loop then one synchronize, per call")
     data = {"meta": meta, "records": records}

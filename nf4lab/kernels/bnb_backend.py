@@ -95,14 +95,11 @@ def _run_checked(A, absmax, blocksize, quant_type, shape, dtype, out):
     return _dq._dequantize_cuda(p, out)
 
 
-def _gemm_handles(A, B, shapeB, absmax, blocksize, quant_type, bias, absmax_8bit, absmax_code, absmax_offset):
-    from . import torch_ops
-
+def _gemm_takes(absmax_8bit, absmax_code, absmax_offset, quant_type, bias, A) -> bool:
+    """The op-level conditions; :func:`nf4lab.kernels.torch_ops.gemv_call` checks the tensors."""
     if absmax_8bit is None or absmax_code is None or absmax_offset is None or quant_type != "nf4":
         return False
-    if bias is not None and (bias.dtype != A.dtype or bias.device != A.device):
-        return False
-    return torch_ops.gemv_handles(A, B, shapeB, absmax_8bit, absmax, absmax_code, blocksize)
+    return bias is None or (bias.dtype == A.dtype and bias.device == A.device)
 
 
 # ---------------------------------------------------------------- the kernels registered for CUDA
@@ -110,7 +107,7 @@ def _make_kernels(fallback):
     """Our implementations of bitsandbytes' ops; ``fallback[name]`` is bitsandbytes' own."""
     from . import torch_ops
 
-    torch = _torch()
+    gemv_ok = torch_ops.gemv_launcher() is not None
 
     def dequantize_4bit(A, absmax, blocksize, quant_type, shape, dtype):
         if not _dequantize_handles(A, absmax, blocksize, quant_type, shape, dtype):
@@ -128,16 +125,15 @@ def _make_kernels(fallback):
 
     def gemm_4bit(A, B, shapeB, absmax, blocksize, quant_type, bias=None, absmax_8bit=None, absmax_code=None,
                   absmax_offset=None):
-        launch = torch_ops.gemv_launcher()
-        if launch is None or not _gemm_handles(A, B, shapeB, absmax, blocksize, quant_type, bias, absmax_8bit,
-                                               absmax_code, absmax_offset):
+        out = None
+        if gemv_ok and _gemm_takes(absmax_8bit, absmax_code, absmax_offset, quant_type, bias, A):
+            # bitsandbytes' gemm_4bit passes the nested group scales as ``absmax`` and the codes as absmax_8bit.
+            out = torch_ops.gemv_call(A, B, shapeB, absmax_8bit, absmax, absmax_code, absmax_offset, blocksize)
+        if out is None:
             _count("gemm_4bit", "bitsandbytes")
             return fallback["gemm_4bit"](A, B, shapeB, absmax, blocksize, quant_type, bias, absmax_8bit,
                                          absmax_code, absmax_offset)
         _count("gemm_4bit", "nf4lab")
-        out = torch.empty((*A.shape[:-1], int(shapeB[0])), dtype=A.dtype, device=A.device)
-        # bitsandbytes' gemm_4bit passes the nested group scales as ``absmax`` and the codes as absmax_8bit.
-        launch(A, B, shapeB, absmax_8bit, absmax, absmax_code, torch_ops.offset_value(absmax_offset), blocksize, out)
         if bias is not None:
             out.add_(bias)
         return out

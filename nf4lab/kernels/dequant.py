@@ -297,9 +297,10 @@ class _DeviceTable:
 
         with cuda.gpus[index]:
             self._array = cuda.to_device(values)
+        self._ptr = self._array.__cuda_array_interface__["data"][0]  # built as a new dict on every read
 
     def data_ptr(self) -> int:
-        return self._array.__cuda_array_interface__["data"][0]
+        return self._ptr
 
 
 def _device_lut(quant_type, device):

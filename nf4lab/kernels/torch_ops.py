@@ -19,7 +19,7 @@ so bit for bit the same). ``absmax2``/``code2``/``offset`` are given for nested 
 ``A.shape[0] == 1`` shim of bitsandbytes stays in traced Python (:func:`nf4lab.dequantize`).
 
 ``gemv_4bit`` is ``y = x @ W.T`` for x of 1..8 rows (nested NF4 statistics, blocksize >= 64,
-K a multiple of 64, bf16/fp16, 16-byte aligned x and weight: :func:`gemv_handles`), on
+K a multiple of 64, bf16/fp16, 16-byte aligned x and weight: :func:`gemv_call`), on
 nf4lab.kernels.gemv's fused kernel, launched by :func:`gemv_launch` (lean ``cuLaunchKernel`` after a
 bit-for-bit check against ``nf4lab.kernels.gemv.launch_torch``); otherwise, and on CPU, it dequantizes
 and multiplies.
@@ -33,11 +33,14 @@ mode does warm-up runs by itself).
 """
 from __future__ import annotations
 
+import struct
+import weakref
 from typing import Optional
 
 import torch
 
 from . import dequant as _dq
+from . import gemv as _gemv
 
 _TDTYPE = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}
 
@@ -140,44 +143,49 @@ class _GemvLean:
     ``cuda.as_cuda_array`` conversions cost far more host time than the kernel takes at decode
     sizes. Parameter layout numba uses: per 1-D array 7 slots of 8 bytes (meminfo, parent,
     nitems, itemsize, data, shape[0], strides[0]), one slot per scalar (the float32 offset in
-    the low 4 bytes). Real sizes are written, so the kernel may read shapes."""
+    the low 4 bytes). Real sizes are written, so the kernel may read shapes.
+
+    The slots of the weight's five arrays and the offset (the :meth:`prefix`) are the same for
+    every call on one weight: a caller keeps them, and a launch packs them with x's and y's slots
+    in one ``struct.pack_into``."""
 
     ITEMSIZES = (4, 1, 4, 4, 4, 4, 2)  # packed_u32, absmax_q, absmax2, code2, lut, x_u32, y
+    # argument order: packed_u32 absmax_q absmax2 code2 lut | offset | x_u32 y | N K bs_shift
+    LAYOUT = struct.Struct("<" + "q" * 35 + "f4x" + "q" * 17)
 
     def __init__(self, compiled):
+        import ctypes
         import threading
 
-        import numpy as np
         from cuda.bindings import driver as cu
 
-        self._cu = cu
+        self._launch = cu.cuLaunchKernel
         self._func = int(compiled._codelibrary.get_cufunc().handle)
-        n = 7 * 7 + 4
-        self._slots = np.zeros(n, dtype=np.int64)
-        self._f32 = self._slots.view(np.float32)
-        self._params = np.arange(n, dtype=np.uint64) * np.uint64(8) + np.uint64(self._slots.ctypes.data)
-        self._params_addr = int(self._params.ctypes.data)
-        # argument order: packed_u32 absmax_q absmax2 code2 lut | offset | x_u32 y | N K bs_shift
-        self._array_base = (0, 7, 14, 21, 28, 36, 43)
-        self._offset_slot = 35
-        for base, size in zip(self._array_base, self.ITEMSIZES):
-            self._slots[base + 3] = size
-            self._slots[base + 6] = size
+        self._buf = ctypes.create_string_buffer(self.LAYOUT.size)
+        base = ctypes.addressof(self._buf)
+        self._params = (ctypes.c_uint64 * 53)(*(base + 8 * i for i in range(53)))
+        self._params_addr = ctypes.addressof(self._params)
         self._lock = threading.Lock()
 
-    def __call__(self, stream, grid, threads, ptrs, counts, offset, N, K, bs_shift):
-        s = self._slots
+    @classmethod
+    def prefix(cls, ptrs, counts, offset) -> tuple:
+        """The slots of packed_u32, absmax_q, absmax2, code2, lut (pointers, element counts) and the offset."""
+        slots = []
+        for ptr, count, size in zip(ptrs, counts, cls.ITEMSIZES):
+            slots += (0, 0, count, size, ptr, count, size)
+        return (*slots, offset)
+
+    def launch(self, stream, grid, threads, prefix, x_ptr, x_count, y_ptr, y_count, N, K, bs_shift):
         with self._lock:
-            for base, ptr, count in zip(self._array_base, ptrs, counts):
-                s[base + 2] = count
-                s[base + 4] = ptr
-                s[base + 5] = count
-            s[self._offset_slot] = 0
-            self._f32[2 * self._offset_slot] = offset  # little-endian: the low 4 bytes of the slot
-            s[50], s[51], s[52] = N, K, bs_shift
-            err, = self._cu.cuLaunchKernel(self._func, grid, 1, 1, threads, 1, 1, 0, stream, self._params_addr, 0)
+            self.LAYOUT.pack_into(self._buf, 0, *prefix, 0, 0, x_count, 4, x_ptr, x_count, 4,
+                                  0, 0, y_count, 2, y_ptr, y_count, 2, N, K, bs_shift)
+            err, = self._launch(self._func, grid, 1, 1, threads, 1, 1, 0, stream, self._params_addr, 0)
         if int(err) != 0:
             raise RuntimeError(f"cuLaunchKernel failed: {err}")
+
+    def __call__(self, stream, grid, threads, ptrs, counts, offset, N, K, bs_shift):
+        self.launch(stream, grid, threads, self.prefix(ptrs[:5], counts[:5], offset), ptrs[5], counts[5], ptrs[6],
+                    counts[6], N, K, bs_shift)
 
 
 _GEMV_LEAN: dict = {}  # (Design, dtype, device) -> _GemvLean, or False once it disagreed with the dispatcher
@@ -257,30 +265,96 @@ def _check_gemv_lean(key, compiled, x, packed, absmax_q, absmax2, code2, offset,
                       RuntimeWarning, stacklevel=3)
 
 
+class _Weight:
+    """What never changes for one quantized weight: checked once, then reused by every call on it."""
+
+    __slots__ = ("ref", "ptr", "shape", "blocksize", "absmax2", "code2", "offset", "version", "device", "prefix",
+                 "N", "K", "bs_shift", "__weakref__")
+
+
+_WEIGHTS: dict = {}  # id(absmax_q) -> _Weight (bitsandbytes passes a fresh view of the packed bytes each call)
+
+
+def _offset_version(offset):
+    return offset._version if isinstance(offset, torch.Tensor) else offset
+
+
+def _offset_known(offset) -> bool:
+    """Whether :func:`offset_value` can answer without reading the device."""
+    if not isinstance(offset, torch.Tensor):
+        return True
+    hit = _OFFSETS.get(id(offset))
+    return hit is not None and hit[0]() is offset and hit[1] == offset._version
+
+
+def _weight(packed, shape, absmax_q, absmax2, code2, offset, blocksize):
+    """The weight's cached record, or None where the fused GEMV does not take this weight."""
+    w = _WEIGHTS.get(id(absmax_q))
+    if (w is not None and w.ref() is absmax_q and w.ptr == packed.data_ptr() and w.absmax2 is absmax2
+            and w.code2 is code2 and w.offset is offset and w.version == _offset_version(offset)
+            and w.blocksize == blocksize and w.shape == tuple(shape)):
+        return w
+    if len(shape) != 2 or not _weight_handled(packed, shape, absmax_q, absmax2, code2, blocksize):
+        return None
+    if torch.cuda.is_current_stream_capturing() and not (_offset_known(offset) and
+                                                         ("nf4", packed.device) in _dq._LUT_CACHE):
+        return None  # a device read or copy would break the capture: the caller serves this call another way
+    w = _Weight()
+    key = id(absmax_q)
+    w.ref = weakref.ref(absmax_q, lambda _, k=key: _WEIGHTS.pop(k, None))
+    w.ptr, w.shape, w.blocksize = packed.data_ptr(), tuple(int(v) for v in shape), blocksize
+    w.absmax2, w.code2, w.offset, w.version = absmax2, code2, offset, _offset_version(offset)
+    w.device = packed.device
+    w.N, w.K = w.shape
+    w.bs_shift = int(blocksize).bit_length() - 1
+    lut = _dq._device_lut("nf4", packed.device)
+    w.prefix = _GemvLean.prefix(
+        (w.ptr, absmax_q.data_ptr(), absmax2.data_ptr(), code2.data_ptr(), lut.data_ptr()),
+        (w.N * w.K // 8, absmax_q.numel(), absmax2.numel(), code2.numel(), 16), offset_value(offset))
+    _WEIGHTS[key] = w
+    return w
+
+
+def _weight_handled(packed, shape, absmax_q, absmax2, code2, blocksize) -> bool:
+    N, K = int(shape[0]), int(shape[1])
+    return (packed.device.type == "cuda" and K > 0 and K % 64 == 0 and 64 <= blocksize <= 4096
+            and blocksize & (blocksize - 1) == 0 and absmax_q.dtype == torch.uint8
+            and packed.dtype == torch.uint8 and packed.numel() >= N * K // 2
+            and absmax_q.numel() >= -(-N * K // blocksize) and absmax2.is_contiguous()
+            and absmax2.dtype == torch.float32 and code2.dtype == torch.float32 and code2.numel() >= 256
+            and packed.is_contiguous() and absmax_q.is_contiguous() and packed.data_ptr() % 16 == 0
+            and N * K // 8 < 1 << 32 and absmax_q.device == packed.device and absmax2.device == packed.device
+            and code2.device == packed.device)
+
+
+def gemv_call(x, packed, shape, absmax_q, absmax2, code2, offset, blocksize):
+    """``x @ W.T`` on the fused GEMV as a new tensor, or None where it does not apply (the caller then
+    serves the call another way). The per-call work once a weight is known: x's checks, one empty
+    tensor, one packed parameter block and ``cuLaunchKernel``; what the weight needs is cached."""
+    if x.dtype is not torch.bfloat16 and x.dtype is not torch.float16:
+        return None
+    w = _weight(packed, shape, absmax_q, absmax2, code2, offset, blocksize)
+    if w is None or x.device != w.device or not x.is_contiguous() or x.data_ptr() % 16 or x.shape[-1] != w.K:
+        return None
+    M = x.numel() // w.K
+    if not 1 <= M <= _gemv.MAX_M:
+        return None
+    out = torch.empty((*x.shape[:-1], w.N), dtype=x.dtype, device=x.device)
+    d, grid = _gemv_shape(w.N, M, x.device.index)
+    lean = _GEMV_LEAN.get((d, "bf16" if x.dtype is torch.bfloat16 else "fp16", x.device.index))
+    if isinstance(lean, _GemvLean):
+        lean.launch(_dq._raw_stream(x.device), grid, _gemv.THREADS, w.prefix, x.data_ptr(), M * w.K // 2,
+                    out.data_ptr(), M * w.N, w.N, w.K, w.bs_shift)
+    else:  # first call of this design: numba compiles, and the lean launcher is checked against it
+        gemv_launch(x, packed, w.shape, absmax_q, absmax2, code2, w.prefix[-1], blocksize, out)
+    return out
+
+
 def gemv_launcher():
     """The GEMV launch the op and install() use, or None where :mod:`nf4lab.kernels.gemv` has no torch launcher."""
     from . import gemv
 
     return gemv_launch if hasattr(gemv, "launch_torch") else None
-
-
-def gemv_handles(x, packed, shape, absmax_q, absmax2, code2, blocksize) -> bool:
-    """True where the fused GEMV applies: CUDA, 1..8 rows, bf16/fp16, nf4 nested 8-bit stats, 256 per
-    group, blocksize >= 64, K a multiple of 64, contiguous, 16-byte aligned x and packed weight."""
-    if x.device.type != "cuda" or x.dtype not in (torch.bfloat16, torch.float16) or len(shape) != 2:
-        return False
-    N, K = int(shape[0]), int(shape[1])
-    M = x.numel() // K if K else 0
-    from . import gemv
-
-    return (K > 0 and x.shape[-1] == K and 1 <= M <= gemv.MAX_M and K % 64 == 0 and 64 <= blocksize <= 4096
-            and blocksize & (blocksize - 1) == 0 and absmax_q.dtype == torch.uint8
-            and packed.dtype == torch.uint8 and packed.numel() >= N * K // 2
-            and absmax_q.numel() >= -(-N * K // blocksize) and absmax2.is_contiguous()
-            and absmax2.dtype == torch.float32 and code2.dtype == torch.float32 and code2.numel() >= 256
-            and x.is_contiguous() and packed.is_contiguous() and absmax_q.is_contiguous()
-            and x.data_ptr() % 16 == 0 and packed.data_ptr() % 16 == 0 and N * K // 8 < 1 << 32
-            and packed.device == x.device and absmax_q.device == x.device)
 
 
 def _gemv_reference(x, packed, shape, absmax_q, absmax2, code2, offset, blocksize):
@@ -293,11 +367,10 @@ def _gemv_reference(x, packed, shape, absmax_q, absmax2, code2, offset, blocksiz
 def gemv_4bit(x: torch.Tensor, packed: torch.Tensor, shape: list[int], absmax_q: torch.Tensor,
               absmax2: torch.Tensor, code2: torch.Tensor, offset: torch.Tensor, blocksize: int) -> torch.Tensor:
     _check_gemv(x, shape)
-    launch = gemv_launcher()
-    if launch is not None and gemv_handles(x, packed, shape, absmax_q, absmax2, code2, blocksize):
-        out = torch.empty((*x.shape[:-1], int(shape[0])), dtype=x.dtype, device=x.device)
-        launch(x, packed, shape, absmax_q, absmax2, code2, offset_value(offset), blocksize, out)
-        return out
+    if gemv_launcher() is not None:
+        out = gemv_call(x, packed, shape, absmax_q, absmax2, code2, offset, blocksize)
+        if out is not None:
+            return out
     return _gemv_reference(x, packed, shape, absmax_q, absmax2, code2, offset, blocksize)
 
 
