@@ -217,29 +217,34 @@ for name, nb, base_name in (PAIRS if run is not None else ()):
     print(f"{name}: {r['gbps']:.0f} GB/s vs {base_name}: {base['gbps']:.0f} GB/s, {change:+.0f}%{note}")
 gains = [c for c in changes if c >= NOISE_PCT]
 losses = [c for c in changes if c <= -NOISE_PCT]
+# Whose numbers these are: this run's, or a recorded GPU's (no GPU here).
+where = "on this GPU" if run is not None and not run.recorded else \
+    f"on the {(run.meta.get('gpu') if run is not None else None) or 'recorded GPU'} (recorded)"
+# Not measured here: whether DRAM sees the same bytes (08's profiles count DRAM bytes per version).
+l2_note = ("DRAM likely sees the same bytes either way (L2 probably merges 01's 16-bit stores into whole "
+           "lines before writing them back; 08's profiles measure it)")
 if not changes:
     print("no recorded runs of 01, 02 and 03 to compare yet")
 elif gains and losses:
-    print(f"mixed: the packed store gained up to {max(gains):.0f}% in one comparison and lost up to "
-          f"{-min(losses):.0f}% in another on this GPU: the store alone does not decide the speed here.")
+    print(f"mixed {where}: the packed store gained up to {max(gains):.0f}% in one comparison and lost up to "
+          f"{-min(losses):.0f}% in another: the store alone does not decide the speed here.")
 elif losses:
-    print(f"no gain from the packed store on this GPU: {len(losses)} of {len(changes)} comparisons slower by "
+    print(f"no gain from the packed store {where}: {len(losses)} of {len(changes)} comparisons slower by "
           f"{NOISE_PCT}% or more (up to {-min(losses):.0f}%)"
           + ("" if len(losses) == len(changes) else ", the others within the margin")
           + ". One possible reason: the pack (cvt.rn.bf16x2) sits on the path of every store; the threads "
           "wait on their one-byte loads either way. 04 widens the loads.")
 elif gains and max(gains) >= 10:
-    print(f"a clear gain from the packed store (up to {max(gains):.0f}%): on this GPU, issuing the stores "
-          "was a real part of what limited one byte per thread.")
+    print(f"a clear gain from the packed store (up to {max(gains):.0f}%) {where}: issuing the stores "
+          "was likely a real part of what limited one byte per thread.")
 elif gains:
-    print(f"a small gain from the packed store (up to {max(gains):.0f}%): the store instructions were a "
-          "small part of the limit on this GPU; most of the time still goes to waiting for one-byte loads, "
-          "and DRAM sees the same bytes (L2 had merged 01's 16-bit stores into the same lines). 04 widens the loads.")
+    print(f"a small gain from the packed store (up to {max(gains):.0f}%) {where}: the store instructions "
+          "were likely a small part of the limit; most of the time probably still goes to waiting for "
+          f"one-byte loads, and {l2_note}. 04 widens the loads.")
 else:
-    print("no measurable gain from the packed store on this GPU: DRAM sees the same bytes (L2 had merged 01's "
-          "16-bit stores into the same lines), and the store instructions were not the limit; the threads "
-          "spend their time waiting for their one-byte loads. Halving instructions pays only where "
-          "instructions are the limit: 04 widens the loads.")
+    print(f"no measurable gain from the packed store {where}: {l2_note}, and the store instructions were "
+          "not the limit; the likely reason is that the threads spend their time waiting for their one-byte "
+          "loads. Halving instructions pays only where instructions are the limit: 04 widens the loads.")
 
 # %% [markdown]
 # <a id="learned"></a>
@@ -247,8 +252,8 @@ else:
 #
 # * One 32-bit store per byte instead of two 16-bit ones halves the store instructions but not
 #   the bytes. Whether that is faster depends on what limits the kernel: the like-with-like
-#   comparison above says what it bought on this GPU. An optimization that gains nothing is a
-#   measurement worth keeping: it says where the limit is *not*.
+#   comparison above says what it bought on the GPU whose results it shows. An optimization
+#   that gains nothing is a measurement worth keeping: it says where the limit is *not*.
 # * `cvt.rn.bf16x2.f32` (compute capability 8.0 and newer) converts two floats with
 #   round-to-nearest-even in one instruction; `ops.pack_bf16x2` falls back to integer rounding
 #   on a T4. Either way, mind which half is which (the lower address is the low half).

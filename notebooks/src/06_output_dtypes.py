@@ -317,7 +317,7 @@ if run is not None:
                   f"{bf['pct_copy'] / best['pct_copy']:.3f}x")
 
 # %%
-plots.progress("06_output_dtypes")
+plots.progress("06_output_dtypes");
 
 # %%
 if run is not None:

@@ -59,33 +59,18 @@ for name, launch in VERSIONS.items():
 # ceilings and bitsandbytes measured in the same run, on the same data. Beside the notebook
 # versions we time `nf4lab.dequantize` (the package's drop-in, `out=` preallocated like
 # bitsandbytes' row), and the best kernel and the drop-in again with fp16 output, for the targets
-# of section 4. The cell prints how the bytes moved compare with this GPU's L2.
+# of section 4. The cell prints how the bytes moved compare with the L2 of the GPU it shows.
 
 # %%
-import torch
-
-from nf4lab import bytemodel
-
 BEST = "06 best kernel (bf16/fp16/fp32)"
-DROP_IN = "nf4lab.dequantize (out=)"
-
-
-def time_drop_in(case):
-    """nf4lab.dequantize on the case's bitsandbytes tensors, verified, then timed like the kernels."""
-    packed, qs = case.quant_state("cuda")
-    out = torch.empty(case.shape, dtype=qs.dtype, device="cuda")
-    nf4lab.dequantize(packed, qs, out=out)
-    exact = nf4lab.compare(out, case.expected, case.dtype, n=case.n, blocksize=case.blocksize).ok
-    t = bench.gpu_time_ms(lambda s: nf4lab.dequantize(packed, qs, out=out))
-    return bench._record("kernel", DROP_IN, case.shape, case.dtype, t,
-                         bytemodel.bytes_moved(case.n, case.dtype, case.blocksize), bit_exact=exact)
-
+DROP_IN = "nf4lab.dequantize (out=)"   # bench.time_dequantize verifies it bit for bit, then times it like the kernels
 
 if nf4lab.ON_GPU:
     big = nf4lab.make_case()
-    run = bench.run_versions(VERSIONS, big, strict=True).add(time_drop_in(big))
+    run = bench.run_versions(VERSIONS, big, strict=True).add(bench.time_dequantize(big, DROP_IN))
     fp16 = nf4lab.make_case(dtype="fp16")
-    run.add(bench.run_versions({BEST: VERSIONS[BEST]}, fp16, strict=True).records).add(time_drop_in(fp16))
+    run.add(bench.run_versions({BEST: VERSIONS[BEST]}, fp16, strict=True).records)
+    run.add(bench.time_dequantize(fp16, DROP_IN))
     run.save("07_summary")
 else:
     run = bench.Run.load("07_summary")

@@ -343,6 +343,7 @@ for name, y_bug in bugs.items():
 # One run, same weights: bitsandbytes `matmul_4bit` (`gemv_4bit` at M = 1), `dequantize_4bit` + `torch.matmul`,
 # ours; 4 LLM shapes, bf16/fp16, the copy ceiling; CUDA-graph GPU time, weights cycled over > 4x L2 (from
 # DRAM, as in decoding); GB/s = weight bytes / time. The *read bound* (`lab/gemv_read_bound.py`) only reads.
+# On a GPU a progress line per (shape, dtype) gives the wall-clock seconds that step took: not a kernel time.
 
 # %%
 if nf4lab.ON_GPU:
@@ -361,8 +362,7 @@ if run is not None:
     gemv.plot(run)
 
 # %% [markdown]
-# Where a read bound is recorded for this GPU, its share says how much of the gap any GEMV could still close
-# at that shape (without one, that column reads -).
+# `% of read` (- without a recorded read bound) says how much of the gap any GEMV could still close at a shape.
 #
 # <a id="batch"></a>
 # ## 6. Batch: up to 8 rows of x
