@@ -295,6 +295,45 @@ _ITEMSIZE = {"packed": 1, "packed_u32": 4, "stats_nested": 1, "stats_plain": 4, 
 _PLACEHOLDER = 1 << 40  # the shape the kernels never read
 
 
+def _driver_launch():
+    """``cuLaunchKernel`` as a plain C call (ctypes on the driver library): cuda.bindings' wrapper
+    builds Python objects for the function, the stream and the parameters on every call, which
+    costs several microseconds a launch at decode sizes. Returns ``f(func, grid, threads, stream,
+    params) -> CUresult as int``; cuda.bindings where the library cannot be opened. Every launcher
+    that uses it is checked bit for bit against numba's own launch before it serves."""
+    import ctypes
+    import os
+
+    try:
+        lib = ctypes.WinDLL("nvcuda.dll") if os.name == "nt" else ctypes.CDLL("libcuda.so.1")
+        c_launch = lib.cuLaunchKernel
+    except (OSError, AttributeError):
+        from cuda.bindings import driver as cu
+
+        def launch(func, grid, threads, stream, params):
+            err, = cu.cuLaunchKernel(func, grid, 1, 1, threads, 1, 1, 0, stream, params, 0)
+            return int(err)
+
+        return launch
+    u = ctypes.c_uint
+    c_launch.argtypes = [ctypes.c_void_p, u, u, u, u, u, u, u, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p]
+    c_launch.restype = ctypes.c_int
+
+    def launch(func, grid, threads, stream, params):
+        return c_launch(func, grid, 1, 1, threads, 1, 1, 0, stream, params, None)
+
+    return launch
+
+
+_LAUNCH = []  # the launch function, made on first use (there is no driver without a GPU)
+
+
+def driver_launch():
+    if not _LAUNCH:
+        _LAUNCH.append(_driver_launch())
+    return _LAUNCH[0]
+
+
 class LeanLauncher:
     """Launch one compiled kernel with ``cuLaunchKernel`` from raw pointers.
 
@@ -307,11 +346,9 @@ class LeanLauncher:
     """
 
     def __init__(self, dtype: str, nested: bool, path: str):
-        from cuda.bindings import driver as cu
-
         kernel, sig = get_kernel(dtype, nested, path)
         compiled = kernel.overloads[sig] if sig in kernel.overloads else kernel.overloads[tuple(sig)]
-        self._cu = cu
+        self._launch = driver_launch()
         self._func = int(compiled._codelibrary.get_cufunc().handle)
         self.path = path
         self._slots = np.zeros(_NSLOTS, dtype=np.int64)
@@ -346,10 +383,9 @@ class LeanLauncher:
             s[_NSLOTS - 3] = n
             s[_NSLOTS - 2] = bshift
             s[_NSLOTS - 1] = gshift
-            err, = self._cu.cuLaunchKernel(self._func, grid, 1, 1, THREADS, 1, 1, 0, stream,
-                                           self._params_addr, 0)
-        if int(err) != 0:
-            raise RuntimeError(f"cuLaunchKernel failed: {err}")
+            err = self._launch(self._func, grid, THREADS, stream, self._params_addr)
+        if err:
+            raise RuntimeError(f"cuLaunchKernel failed: CUresult {err}")
 
 
 _LEAN: dict = {}

@@ -157,9 +157,9 @@ class _GemvLean:
         import ctypes
         import threading
 
-        from cuda.bindings import driver as cu
+        from .fastkernel import driver_launch
 
-        self._launch = cu.cuLaunchKernel
+        self._launch = driver_launch()
         self._func = int(compiled._codelibrary.get_cufunc().handle)
         self._buf = ctypes.create_string_buffer(self.LAYOUT.size)
         base = ctypes.addressof(self._buf)
@@ -179,9 +179,9 @@ class _GemvLean:
         with self._lock:
             self.LAYOUT.pack_into(self._buf, 0, *prefix, 0, 0, x_count, 4, x_ptr, x_count, 4,
                                   0, 0, y_count, 2, y_ptr, y_count, 2, N, K, bs_shift)
-            err, = self._launch(self._func, grid, 1, 1, threads, 1, 1, 0, stream, self._params_addr, 0)
-        if int(err) != 0:
-            raise RuntimeError(f"cuLaunchKernel failed: {err}")
+            err = self._launch(self._func, grid, threads, stream, self._params_addr)
+        if err:
+            raise RuntimeError(f"cuLaunchKernel failed: CUresult {err}")
 
     def __call__(self, stream, grid, threads, ptrs, counts, offset, N, K, bs_shift):
         self.launch(stream, grid, threads, self.prefix(ptrs[:5], counts[:5], offset), ptrs[5], counts[5], ptrs[6],
@@ -268,8 +268,8 @@ def _check_gemv_lean(key, compiled, x, packed, absmax_q, absmax2, code2, offset,
 class _Weight:
     """What never changes for one quantized weight: checked once, then reused by every call on it."""
 
-    __slots__ = ("ref", "ptr", "shape", "blocksize", "absmax2", "code2", "offset", "version", "device", "prefix",
-                 "N", "K", "bs_shift", "__weakref__")
+    __slots__ = ("ref", "ptr", "shape", "shape_obj", "blocksize", "absmax2", "code2", "offset", "version", "device",
+                 "prefix", "N", "K", "bs_shift", "launches", "__weakref__")
 
 
 _WEIGHTS: dict = {}  # id(absmax_q) -> _Weight (bitsandbytes passes a fresh view of the packed bytes each call)
@@ -292,7 +292,7 @@ def _weight(packed, shape, absmax_q, absmax2, code2, offset, blocksize):
     w = _WEIGHTS.get(id(absmax_q))
     if (w is not None and w.ref() is absmax_q and w.ptr == packed.data_ptr() and w.absmax2 is absmax2
             and w.code2 is code2 and w.offset is offset and w.version == _offset_version(offset)
-            and w.blocksize == blocksize and w.shape == tuple(shape)):
+            and w.blocksize == blocksize and (w.shape_obj is shape or w.shape == tuple(shape))):
         return w
     if len(shape) != 2 or not _weight_handled(packed, shape, absmax_q, absmax2, code2, blocksize):
         return None
@@ -302,7 +302,8 @@ def _weight(packed, shape, absmax_q, absmax2, code2, offset, blocksize):
     w = _Weight()
     key = id(absmax_q)
     w.ref = weakref.ref(absmax_q, lambda _, k=key: _WEIGHTS.pop(k, None))
-    w.ptr, w.shape, w.blocksize = packed.data_ptr(), tuple(int(v) for v in shape), blocksize
+    w.ptr, w.shape, w.shape_obj, w.blocksize = packed.data_ptr(), tuple(int(v) for v in shape), shape, blocksize
+    w.launches = {}  # (M, x dtype) -> (lean launcher, grid), once that design's launcher is checked
     w.absmax2, w.code2, w.offset, w.version = absmax2, code2, offset, _offset_version(offset)
     w.device = packed.device
     w.N, w.K = w.shape
@@ -340,13 +341,17 @@ def gemv_call(x, packed, shape, absmax_q, absmax2, code2, offset, blocksize):
     if not 1 <= M <= _gemv.MAX_M:
         return None
     out = torch.empty((*x.shape[:-1], w.N), dtype=x.dtype, device=x.device)
-    d, grid = _gemv_shape(w.N, M, x.device.index)
-    lean = _GEMV_LEAN.get((d, "bf16" if x.dtype is torch.bfloat16 else "fp16", x.device.index))
-    if isinstance(lean, _GemvLean):
-        lean.launch(_dq._raw_stream(x.device), grid, _gemv.THREADS, w.prefix, x.data_ptr(), M * w.K // 2,
-                    out.data_ptr(), M * w.N, w.N, w.K, w.bs_shift)
-    else:  # first call of this design: numba compiles, and the lean launcher is checked against it
-        gemv_launch(x, packed, w.shape, absmax_q, absmax2, code2, w.prefix[-1], blocksize, out)
+    hit = w.launches.get((M, x.dtype))
+    if hit is None:
+        d, grid = _gemv_shape(w.N, M, x.device.index)
+        lean = _GEMV_LEAN.get((d, "bf16" if x.dtype is torch.bfloat16 else "fp16", x.device.index))
+        if not isinstance(lean, _GemvLean):  # first call of this design: numba compiles, the lean launch is checked
+            gemv_launch(x, packed, w.shape, absmax_q, absmax2, code2, w.prefix[-1], blocksize, out)
+            return out
+        hit = w.launches[(M, x.dtype)] = (lean, grid)
+    lean, grid = hit
+    lean.launch(_dq._raw_stream(x.device), grid, _gemv.THREADS, w.prefix, x.data_ptr(), M * w.K // 2,
+                out.data_ptr(), M * w.N, w.N, w.K, w.bs_shift)
     return out
 
 
