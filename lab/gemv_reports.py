@@ -128,8 +128,13 @@ def sass_of(ptx: str, workdir, stem: str, arch="sm_90"):
     cubin = workdir / f"{stem}.cubin"
     info = subprocess.run([find_tool("ptxas"), f"-arch={arch}", "-v", str(p), "-o", str(cubin)],
                           capture_output=True, text=True, check=True).stderr
+    env = dict(os.environ)
+    try:  # the wheel's cuobjdump finds nvdisasm (pip install nvidia-cuda-nvdisasm) only when told where
+        env.setdefault("NVDISASM_PATH", os.path.dirname(find_tool("nvdisasm")))
+    except FileNotFoundError:
+        pass
     sass = subprocess.run([find_tool("cuobjdump"), "-sass", str(cubin)], capture_output=True, text=True,
-                          check=True).stdout
+                          check=True, env=env).stdout
     (workdir / f"{stem}.sass").write_text(sass)
     return info, sass
 
