@@ -337,6 +337,8 @@ def gemv_call(x, packed, shape, absmax_q, absmax2, code2, offset, blocksize):
     w = _weight(packed, shape, absmax_q, absmax2, code2, offset, blocksize)
     if w is None or x.device != w.device or not x.is_contiguous() or x.data_ptr() % 16 or x.shape[-1] != w.K:
         return None
+    if x.device.index != torch.cuda.current_device():
+        return None  # cuLaunchKernel runs in the current device's context, where this kernel is not loaded
     M = x.numel() // w.K
     if not 1 <= M <= _gemv.MAX_M:
         return None
