@@ -136,7 +136,7 @@ def test_offset_value_is_read_once_and_again_after_an_inplace_change(monkeypatch
 
 
 def test_gemv_lean_parameter_block_is_numbas_layout():
-    """The packed parameter block of the lean GEMV launch, slot by slot: per 1-D array (meminfo, parent,
+    """The parameter block the lean GEMV launch packs, slot by slot: per 1-D array (meminfo, parent,
     nitems, itemsize, data, shape[0], strides[0]); the float32 offset in the low 4 bytes of its slot;
     then N, K, bs_shift. A wrong slot would hand the kernel a wrong pointer; the GPU run's bit check
     against numba's own launch is the other half of this test."""
@@ -144,8 +144,7 @@ def test_gemv_lean_parameter_block_is_numbas_layout():
 
     ptrs, counts = (1000, 2000, 3000, 4000, 5000), (11, 12, 13, 14, 16)
     buf = bytearray(_GemvLean.LAYOUT.size)
-    _GemvLean.LAYOUT.pack_into(buf, 0, *_GemvLean.prefix(ptrs, counts, 0.25), 0, 0, 21, 4, 6000, 21, 4,
-                               0, 0, 22, 2, 7000, 22, 2, 4096, 14336, 6)
+    _GemvLean.pack(buf, _GemvLean.prefix(ptrs, counts, 0.25), 6000, 21, 7000, 22, 4096, 14336, 6)
     slots = np.frombuffer(bytes(buf), dtype=np.int64)
     assert len(slots) == 53
     arrays = list(zip(ptrs, counts, _GemvLean.ITEMSIZES[:5])) + [(6000, 21, 4), (7000, 22, 2)]

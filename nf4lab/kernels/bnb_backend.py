@@ -107,8 +107,6 @@ def _make_kernels(fallback):
     """Our implementations of bitsandbytes' ops; ``fallback[name]`` is bitsandbytes' own."""
     from . import torch_ops
 
-    gemv_ok = torch_ops.gemv_launcher() is not None
-
     def dequantize_4bit(A, absmax, blocksize, quant_type, shape, dtype):
         if not _dequantize_handles(A, absmax, blocksize, quant_type, shape, dtype):
             _count("dequantize_4bit", "bitsandbytes")
@@ -126,7 +124,7 @@ def _make_kernels(fallback):
     def gemm_4bit(A, B, shapeB, absmax, blocksize, quant_type, bias=None, absmax_8bit=None, absmax_code=None,
                   absmax_offset=None):
         out = None
-        if gemv_ok and _gemm_takes(absmax_8bit, absmax_code, absmax_offset, quant_type, bias, A):
+        if _gemm_takes(absmax_8bit, absmax_code, absmax_offset, quant_type, bias, A):
             # bitsandbytes' gemm_4bit passes the nested group scales as ``absmax`` and the codes as absmax_8bit.
             out = torch_ops.gemv_call(A, B, shapeB, absmax_8bit, absmax, absmax_code, absmax_offset, blocksize)
         if out is None:
@@ -243,8 +241,8 @@ def install(compile: bool = False) -> bool:
 
     Harmless twice. Without a usable CUDA GPU (or in numba's simulator) it changes nothing and
     returns False. ``compile`` is accepted for symmetry with :func:`compile_for_decode` and must
-    be a bool. The GEMV (``bitsandbytes::gemm_4bit``, M = 1..8) is taken over only where
-    :func:`nf4lab.kernels.torch_ops.gemv_launcher` finds nf4lab's fused GEMV launcher.
+    be a bool. The GEMV (``bitsandbytes::gemm_4bit``, M = 1..8) is served by
+    :func:`nf4lab.kernels.torch_ops.gemv_call` where it applies, else by bitsandbytes.
     """
     if not isinstance(compile, bool):
         raise TypeError(f"compile must be a bool, got {type(compile).__name__}")
@@ -252,15 +250,11 @@ def install(compile: bool = False) -> bool:
         if _state["lib"] is not None:
             return True
         from .. import runtime
-        from . import torch_ops
 
         torch = _torch()
         if runtime.SIMULATOR or not torch.cuda.is_available():
             return False
-        ops = ["dequantize_4bit", "dequantize_4bit.out"]
-        if torch_ops.gemv_launcher() is not None:
-            ops.append("gemm_4bit")
-        _register("CUDA", _bnb_cuda_fallbacks(), ops)
+        _register("CUDA", _bnb_cuda_fallbacks(), ["dequantize_4bit", "dequantize_4bit.out", "gemm_4bit"])
         return True
 
 

@@ -292,9 +292,10 @@ class _DeviceTable:
     ``torch.compile(mode="reduce-overhead")`` the first call runs inside cudagraph trees' warm-up,
     where a torch allocation kept alive after the step fails their pool check."""
 
-    def __init__(self, values, index):
+    def __init__(self, values, device):
         from numba import cuda
 
+        index = device.index if device.index is not None else _torch().cuda.current_device()
         with cuda.gpus[index]:
             self._array = cuda.to_device(values)
         self._ptr = self._array.__cuda_array_interface__["data"][0]  # built as a new dict on every read
@@ -313,8 +314,7 @@ def _device_lut(quant_type, device):
         if _torch().cuda.is_current_stream_capturing():
             raise RuntimeError("nf4lab: the first CUDA call on a device copies its table there, which stream "
                                "capture forbids; run one call eagerly before capturing a CUDA graph")
-        index = device.index if device.index is not None else _torch().cuda.current_device()
-        t = _LUT_CACHE[key] = _DeviceTable(LUTS_CUDA[quant_type].copy(), index)
+        t = _LUT_CACHE[key] = _DeviceTable(LUTS_CUDA[quant_type].copy(), device)
     return t
 
 
@@ -339,8 +339,7 @@ def _pointers(p):
         key = (float(off), p.A.device)
         off = _OFFSET_CACHE.get(key)
         if off is None:
-            index = p.A.device.index if p.A.device.index is not None else _torch().cuda.current_device()
-            off = _OFFSET_CACHE[key] = _DeviceTable(np.array([key[0]], dtype=np.float32), index)
+            off = _OFFSET_CACHE[key] = _DeviceTable(np.array([key[0]], dtype=np.float32), p.A.device)
     return stats, qs.state2.absmax.data_ptr(), qs.state2.code.data_ptr(), off.data_ptr()
 
 

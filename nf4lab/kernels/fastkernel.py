@@ -39,6 +39,7 @@ the lean launcher pass raw pointers with a placeholder shape.
 """
 from __future__ import annotations
 
+import functools
 import threading
 
 import numpy as np
@@ -295,12 +296,14 @@ _ITEMSIZE = {"packed": 1, "packed_u32": 4, "stats_nested": 1, "stats_plain": 4, 
 _PLACEHOLDER = 1 << 40  # the shape the kernels never read
 
 
-def _driver_launch():
+@functools.cache
+def driver_launch():
     """``cuLaunchKernel`` as a plain C call (ctypes on the driver library): cuda.bindings' wrapper
     builds Python objects for the function, the stream and the parameters on every call, which
     costs several microseconds a launch at decode sizes. Returns ``f(func, grid, threads, stream,
     params) -> CUresult as int``; cuda.bindings where the library cannot be opened. Every launcher
-    that uses it is checked bit for bit against numba's own launch before it serves."""
+    that uses it is checked bit for bit against numba's own launch before it serves. Made on first
+    use (there is no driver without a GPU), once per process."""
     import ctypes
     import os
 
@@ -323,15 +326,6 @@ def _driver_launch():
         return c_launch(func, grid, 1, 1, threads, 1, 1, 0, stream, params, None)
 
     return launch
-
-
-_LAUNCH = []  # the launch function, made on first use (there is no driver without a GPU)
-
-
-def driver_launch():
-    if not _LAUNCH:
-        _LAUNCH.append(_driver_launch())
-    return _LAUNCH[0]
 
 
 class LeanLauncher:

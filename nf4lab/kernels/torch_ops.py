@@ -20,9 +20,8 @@ so bit for bit the same). ``absmax2``/``code2``/``offset`` are given for nested 
 
 ``gemv_4bit`` is ``y = x @ W.T`` for x of 1..8 rows (nested NF4 statistics, blocksize >= 64,
 K a multiple of 64, bf16/fp16, 16-byte aligned x and weight: :func:`gemv_call`), on
-nf4lab.kernels.gemv's fused kernel, launched by :func:`gemv_launch` (lean ``cuLaunchKernel`` after a
-bit-for-bit check against ``nf4lab.kernels.gemv.launch_torch``); otherwise, and on CPU, it dequantizes
-and multiplies.
+nf4lab.kernels.gemv's fused kernel (lean ``cuLaunchKernel`` after a bit-for-bit check against
+``nf4lab.kernels.gemv.launch_torch``); otherwise, and on CPU, it dequantizes and multiplies.
 It is not bit-exact with anything (a sum in its own order); the tolerance is
 :func:`nf4lab.kernels.gemv.tolerance`.
 
@@ -120,20 +119,25 @@ def op_args(A, qs):
 _OFFSETS: dict = {}  # id(tensor) -> (weakref to it, its _version, value as a float)
 
 
+def _cached_offset(offset):
+    """The offset as a float without reading the device, or None where that would need a read."""
+    if not isinstance(offset, torch.Tensor):
+        return float(offset)
+    hit = _OFFSETS.get(id(offset))
+    if hit is not None and hit[0]() is offset and hit[1] == offset._version:
+        return hit[2]
+    return None
+
+
 def offset_value(offset) -> float:
     """A nested state's offset as a Python float, read from the device once per tensor (and again
     only if it is modified in place). A fresh ``float(offset)`` per call would synchronize the
     stream every call and cannot run inside CUDA-graph capture."""
-    if not isinstance(offset, torch.Tensor):
-        return float(offset)
-    key = id(offset)
-    hit = _OFFSETS.get(key)
-    if hit is not None and hit[0]() is offset and hit[1] == offset._version:
-        return hit[2]
-    import weakref
-
-    value = float(offset.reshape(-1)[0].item())
-    _OFFSETS[key] = (weakref.ref(offset, lambda _, k=key: _OFFSETS.pop(k, None)), offset._version, value)
+    value = _cached_offset(offset)
+    if value is None:
+        key = id(offset)
+        value = float(offset.reshape(-1)[0].item())
+        _OFFSETS[key] = (weakref.ref(offset, lambda _, k=key: _OFFSETS.pop(k, None)), offset._version, value)
     return value
 
 
@@ -175,17 +179,18 @@ class _GemvLean:
             slots += (0, 0, count, size, ptr, count, size)
         return (*slots, offset)
 
+    @classmethod
+    def pack(cls, buf, prefix, x_ptr, x_count, y_ptr, y_count, N, K, bs_shift):
+        """Write a launch's whole parameter block into ``buf``: the weight's prefix, x_u32 and y, N, K, bs_shift."""
+        cls.LAYOUT.pack_into(buf, 0, *prefix, 0, 0, x_count, 4, x_ptr, x_count, 4,
+                             0, 0, y_count, 2, y_ptr, y_count, 2, N, K, bs_shift)
+
     def launch(self, stream, grid, threads, prefix, x_ptr, x_count, y_ptr, y_count, N, K, bs_shift):
         with self._lock:
-            self.LAYOUT.pack_into(self._buf, 0, *prefix, 0, 0, x_count, 4, x_ptr, x_count, 4,
-                                  0, 0, y_count, 2, y_ptr, y_count, 2, N, K, bs_shift)
+            self.pack(self._buf, prefix, x_ptr, x_count, y_ptr, y_count, N, K, bs_shift)
             err = self._launch(self._func, grid, threads, stream, self._params_addr)
         if err:
             raise RuntimeError(f"cuLaunchKernel failed: CUresult {err}")
-
-    def __call__(self, stream, grid, threads, ptrs, counts, offset, N, K, bs_shift):
-        self.launch(stream, grid, threads, self.prefix(ptrs[:5], counts[:5], offset), ptrs[5], counts[5], ptrs[6],
-                    counts[6], N, K, bs_shift)
 
 
 _GEMV_LEAN: dict = {}  # (Design, dtype, device) -> _GemvLean, or False once it disagreed with the dispatcher
@@ -193,64 +198,37 @@ _GEMV_SHAPES: dict = {}  # (N, M, device) -> (Design, grid): both read the GPU's
 
 
 def _gemv_shape(N, M, device):
-    from . import gemv
-
     hit = _GEMV_SHAPES.get((N, M, device))
     if hit is None:
-        d = gemv.auto_design(N, M)
+        d = _gemv.auto_design(N, M)
         if d.m != M:  # as gemv.launch does
             import dataclasses
 
             d = dataclasses.replace(d, m=M)
-        hit = _GEMV_SHAPES[(N, M, device)] = (d, gemv.grid_size(d, N))
+        hit = _GEMV_SHAPES[(N, M, device)] = (d, _gemv.grid_size(d, N))
     return hit
 
 
-def gemv_launch(x, packed, shape, absmax_q, absmax2, code2, offset, blocksize, out):
-    """``y = x @ W.T`` into ``out`` through nf4lab.kernels.gemv's kernel, on torch's current stream.
-
-    The first call of a (design, dtype, device) goes through :func:`nf4lab.kernels.gemv.launch_torch`
-    (numba compiles there), then once through the lean launcher into a scratch tensor, compared
-    bit for bit (same kernel, same grid: the same summation order); from then on the lean
-    launcher serves alone. Under stream capture nothing is checked: an unchecked variant takes
-    numba's path. A decode step makes hundreds of these calls, so the steady state does no more
-    than read pointers and launch."""
-    from . import gemv
-
-    N, K = int(shape[0]), int(shape[1])
-    M = x.numel() // K
-    d, grid = _gemv_shape(N, M, x.device.index)
-    dtype = "bf16" if x.dtype == torch.bfloat16 else "fp16"
-    key = (d, dtype, x.device.index)
-    state = _GEMV_LEAN.get(key)
-    if isinstance(state, _GemvLean):
-        _gemv_lean_launch(state, x, packed, absmax_q, absmax2, code2, offset, blocksize, out, grid, N, K, M)
-        return
-    gemv.launch_torch(x, packed, shape, absmax_q, absmax2, code2, offset, blocksize, out)
-    kern = gemv.kernel(d, dtype)
-    if state is None and len(kern.overloads) == 1 and not torch.cuda.is_current_stream_capturing():
-        compiled = next(iter(kern.overloads.values()))
-        _check_gemv_lean(key, compiled, x, packed, absmax_q, absmax2, code2, offset, blocksize, out, grid, N, K, M)
+def _lean_launch(lean, w, grid, x, M, out):
+    lean.launch(_dq._raw_stream(x.device), grid, _gemv.THREADS, w.prefix, x.data_ptr(), M * w.K // 2,
+                out.data_ptr(), M * w.N, w.N, w.K, w.bs_shift)
 
 
-def _gemv_lean_launch(lean, x, packed, absmax_q, absmax2, code2, offset, blocksize, out, grid, N, K, M):
-    from .gemv import THREADS
-
-    lut = _dq._device_lut("nf4", x.device)
-    ptrs = (packed.data_ptr(), absmax_q.data_ptr(), absmax2.data_ptr(), code2.data_ptr(), lut.data_ptr(),
-            x.data_ptr(), out.data_ptr())
-    counts = (N * K // 8, absmax_q.numel(), absmax2.numel(), code2.numel(), 16, M * K // 2, M * N)
-    lean(_dq._raw_stream(x.device), grid, THREADS, ptrs, counts, float(offset), N, K,
-         int(blocksize).bit_length() - 1)
-
-
-def _check_gemv_lean(key, compiled, x, packed, absmax_q, absmax2, code2, offset, blocksize, out, grid, N, K, M):
+def _first_launch(key, d, grid, w, x, M, packed, absmax_q, absmax2, code2, blocksize, out):
+    """A design's first call on a device: numba's launch (it compiles there), then once the lean
+    launcher into a scratch tensor, compared bit for bit (same kernel, same grid: the same summation
+    order); from then on the lean launcher serves alone. Under stream capture nothing is checked: an
+    unchecked design keeps numba's launch."""
     import warnings
 
+    _gemv.launch_torch(x, packed, w.shape, absmax_q, absmax2, code2, w.prefix[-1], blocksize, out)
+    kern = _gemv.kernel(d, key[1])
+    if key in _GEMV_LEAN or len(kern.overloads) != 1 or torch.cuda.is_current_stream_capturing():
+        return
     try:
-        lean = _GemvLean(compiled)
+        lean = _GemvLean(next(iter(kern.overloads.values())))
         scratch = torch.full_like(out, float("nan"))
-        _gemv_lean_launch(lean, x, packed, absmax_q, absmax2, code2, offset, blocksize, scratch, grid, N, K, M)
+        _lean_launch(lean, w, grid, x, M, scratch)
         torch.cuda.synchronize(x.device)
         same = torch.equal(scratch.view(torch.int16), out.view(torch.int16))
     except Exception as exc:  # an ABI surprise in a numba/cuda-bindings release: stay correct, be slow
@@ -262,7 +240,7 @@ def _check_gemv_lean(key, compiled, x, packed, absmax_q, absmax2, code2, offset,
     else:
         _GEMV_LEAN[key] = False
         warnings.warn(f"nf4lab GEMV: lean launch unavailable ({why}); using numba's dispatcher (correct, slower)",
-                      RuntimeWarning, stacklevel=3)
+                      RuntimeWarning, stacklevel=4)
 
 
 class _Weight:
@@ -279,14 +257,6 @@ def _offset_version(offset):
     return offset._version if isinstance(offset, torch.Tensor) else offset
 
 
-def _offset_known(offset) -> bool:
-    """Whether :func:`offset_value` can answer without reading the device."""
-    if not isinstance(offset, torch.Tensor):
-        return True
-    hit = _OFFSETS.get(id(offset))
-    return hit is not None and hit[0]() is offset and hit[1] == offset._version
-
-
 def _weight(packed, shape, absmax_q, absmax2, code2, offset, blocksize):
     """The weight's cached record, or None where the fused GEMV does not take this weight."""
     w = _WEIGHTS.get(id(absmax_q))
@@ -296,8 +266,8 @@ def _weight(packed, shape, absmax_q, absmax2, code2, offset, blocksize):
         return w
     if len(shape) != 2 or not _weight_handled(packed, shape, absmax_q, absmax2, code2, blocksize):
         return None
-    if torch.cuda.is_current_stream_capturing() and not (_offset_known(offset) and
-                                                         ("nf4", packed.device) in _dq._LUT_CACHE):
+    if torch.cuda.is_current_stream_capturing() and (_cached_offset(offset) is None
+                                                     or ("nf4", packed.device) not in _dq._LUT_CACHE):
         return None  # a device read or copy would break the capture: the caller serves this call another way
     w = _Weight()
     key = id(absmax_q)
@@ -346,22 +316,14 @@ def gemv_call(x, packed, shape, absmax_q, absmax2, code2, offset, blocksize):
     hit = w.launches.get((M, x.dtype))
     if hit is None:
         d, grid = _gemv_shape(w.N, M, x.device.index)
-        lean = _GEMV_LEAN.get((d, "bf16" if x.dtype is torch.bfloat16 else "fp16", x.device.index))
-        if not isinstance(lean, _GemvLean):  # first call of this design: numba compiles, the lean launch is checked
-            gemv_launch(x, packed, w.shape, absmax_q, absmax2, code2, w.prefix[-1], blocksize, out)
+        key = (d, "bf16" if x.dtype is torch.bfloat16 else "fp16", x.device.index)
+        lean = _GEMV_LEAN.get(key)
+        if not isinstance(lean, _GemvLean):
+            _first_launch(key, d, grid, w, x, M, packed, absmax_q, absmax2, code2, blocksize, out)
             return out
         hit = w.launches[(M, x.dtype)] = (lean, grid)
-    lean, grid = hit
-    lean.launch(_dq._raw_stream(x.device), grid, _gemv.THREADS, w.prefix, x.data_ptr(), M * w.K // 2,
-                out.data_ptr(), M * w.N, w.N, w.K, w.bs_shift)
+    _lean_launch(hit[0], w, hit[1], x, M, out)
     return out
-
-
-def gemv_launcher():
-    """The GEMV launch the op and install() use, or None where :mod:`nf4lab.kernels.gemv` has no torch launcher."""
-    from . import gemv
-
-    return gemv_launch if hasattr(gemv, "launch_torch") else None
 
 
 def _gemv_reference(x, packed, shape, absmax_q, absmax2, code2, offset, blocksize):
@@ -374,10 +336,9 @@ def _gemv_reference(x, packed, shape, absmax_q, absmax2, code2, offset, blocksiz
 def gemv_4bit(x: torch.Tensor, packed: torch.Tensor, shape: list[int], absmax_q: torch.Tensor,
               absmax2: torch.Tensor, code2: torch.Tensor, offset: torch.Tensor, blocksize: int) -> torch.Tensor:
     _check_gemv(x, shape)
-    if gemv_launcher() is not None:
-        out = gemv_call(x, packed, shape, absmax_q, absmax2, code2, offset, blocksize)
-        if out is not None:
-            return out
+    out = gemv_call(x, packed, shape, absmax_q, absmax2, code2, offset, blocksize)
+    if out is not None:
+        return out
     return _gemv_reference(x, packed, shape, absmax_q, absmax2, code2, offset, blocksize)
 
 
