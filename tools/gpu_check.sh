@@ -10,9 +10,8 @@ for s in $steps; do   # an unknown step is a typo: stop before any device time i
   case $s in exact|shapes|tests) ;; *) echo "gpu_check.sh: unknown step '$s' (exact, shapes, tests)" >&2; exit 2 ;; esac
 done
 source tools/gpu_env.sh
-stamp=$(mktemp); sleep 1
 log="$OUT/$tag.log"
-python3 -c "import numpy, numba, numba_cuda, torch, bitsandbytes; print('numpy', numpy.__version__, 'numba-cuda', numba_cuda.__version__, 'torch', torch.__version__, 'bnb', bitsandbytes.__version__)" 2>&1 | tee -a "$log"
+gpu_versions | tee -a "$log"
 for s in $steps; do
   case $s in
     exact)

@@ -9,3 +9,8 @@ fi
 export PYTHONPATH=/tmp/site:$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
 export OUT=${OUT:-/tmp/nf4lab_out}   # the device tool sets OUT; elsewhere results are also copied here
 mkdir -p "$OUT"
+# What a call brings back is what it wrote after this point: find data/results -newer "$stamp".
+stamp=$(mktemp); sleep 1
+gpu_versions() {
+  python3 -c "import numpy, numba_cuda, torch, bitsandbytes; print('numpy', numpy.__version__, 'numba-cuda', numba_cuda.__version__, 'torch', torch.__version__, 'bnb', bitsandbytes.__version__)" 2>&1
+}

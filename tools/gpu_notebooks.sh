@@ -6,7 +6,6 @@ set -uo pipefail
 tag=$1; shift
 source tools/gpu_env.sh
 python3 -m ipykernel install --user --name python3 >/dev/null 2>&1 || true
-stamp=$(mktemp); sleep 1
 # One notebook at a time, packing after each: a call stopped at its time limit still brings back
 # every notebook it finished (one lost call once brought back nothing).
 done_nbs=""

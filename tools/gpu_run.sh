@@ -6,9 +6,8 @@
 set -uo pipefail
 tag=$1; shift
 source tools/gpu_env.sh
-stamp=$(mktemp); sleep 1
 log="$OUT/$tag.log"
-python3 -c "import numpy, numba_cuda, torch, bitsandbytes; print('numpy', numpy.__version__, 'numba-cuda', numba_cuda.__version__, 'torch', torch.__version__, 'bnb', bitsandbytes.__version__)" 2>&1 | tee -a "$log"
+gpu_versions | tee -a "$log"
 for c in "$@"; do
   echo "== $(date -u +%H:%M:%S) $c" | tee -a "$log"
   t0=$(date +%s)
