@@ -65,6 +65,15 @@ def variant_launches(mod, names=None, policies=None) -> dict:
     for p in pols[1:]:
         out[f"{first}, {p} grid"] = (lambda g, p=p: mod.launch(g, design=variants[first], policy=p))
     out["v1"] = gemv_v1.launch
+    from lab import gemv_mma
+
+    for bps in (1, 2, 3, 4):  # the tensor-core design: blocks per SM, chunks in flight ahead
+        for dd in (1, 2, 3):
+            out[f"TC B{bps} D{dd}"] = (lambda g, b=bps, dd=dd: gemv_mma.launch(g, blocks_per_sm=b, D=dd))
+    out["TC B2 D1 add"] = (lambda g: gemv_mma.launch(g, blocks_per_sm=2, D=1, imm=False))
+    out["TC B2 D1 xlate"] = (lambda g: gemv_mma.launch(g, blocks_per_sm=2, D=1, xearly=False))
+    out["TC B2 D2 xlate"] = (lambda g: gemv_mma.launch(g, blocks_per_sm=2, D=2, xearly=False))
+    out["TC B2 D1 carve"] = (lambda g: gemv_mma.launch(g, blocks_per_sm=2, D=1, carveout=True))
     if names:
         missing = [n for n in names if n not in out]
         if missing:
@@ -106,6 +115,7 @@ def _save(run, name, save):
 
 def _report(run, gemv):
     from lab import gemv_reports
+    from nf4lab.measure import gemv_bench
 
     print(gemv_reports.table(run))
     for c in run.meta["checks"]:
@@ -157,6 +167,7 @@ def main(argv=None) -> int:
     if ms:
         bshapes = parse(args.batch_shapes) if args.batch_shapes else TARGET_SHAPES
         bkeys = [first] + [k for k in getattr(mod, "BATCH_VARIANTS", ()) if k != first and k in launches]
+        bkeys += [k for k in launches if k.startswith("TC") and k not in bkeys]
         run = gemv_bench.benchmark({k: launches[k] for k in bkeys}, bshapes, tuple(args.batch_dtypes), ms=ms, deadline=deadline,
                              progress=lambda s: print(f"[{time.time() - T0:5.0f} s] {s}", flush=True))
         bad += _report(run, gemv)

@@ -171,8 +171,50 @@ def test_shipped_kernel_within_tolerance(N, K, dtype, M, design, grid, opts):
     gc, g = _case_buffers(N, K, dtype, M=M, **opts)
     g.grid = grid
     gemv.launch(g, design=design)
-    name = f"{N}x{K} {dtype} M={M} {(design or gemv.auto_design(N, M)).name} grid {grid} {opts}"
-    assert gemv.check(g.result(), gc, name=name).ok
+    d = design or gemv.auto_design(N, M)
+    name = f"{N}x{K} {dtype} M={M} {d.name} grid {grid} {opts}"
+    assert gemv.check(g.result(), gc, name=name, rounded_table=d.tc).ok
+
+
+# The tensor-core kernel (nf4lab.kernels.gemv_tc; its mma, PRMT and table lookups have plain-Python twins, so
+# the simulator runs it too): K past a 256-column step by 64, 128 and 192 columns, K below one step, rows past
+# N, odd N, every batch M = 1..8, both dtypes, heavy tails, blocksize 128, the persistent grid's second round.
+TC_CASES = [
+    (20, 320, "bf16", 1, None, {}),
+    (7, 192, "fp16", 3, None, {}),
+    (11, 256, "bf16", 1, None, {"dist": "heavy", "x_dist": "heavy"}),
+    (17, 576, "fp16", 8, None, {}),
+    (6, 384, "bf16", 2, None, {"blocksize": 128}),
+    (33, 448, "fp16", 1, 1, {"dist": "codes"}),        # one block for 3 tiles: the partial-sum double buffer flips
+] + [(5, 128, ("bf16", "fp16")[m % 2], m, None, {}) for m in (4, 5, 6, 7)]
+
+
+@pytest.mark.parametrize("N,K,dtype,M,grid,opts", TC_CASES,
+                         ids=[f"{c[0]}x{c[1]}-{c[2]}-M{c[3]}-{i}" for i, c in enumerate(TC_CASES)])
+def test_tensor_core_kernel_within_tolerance(N, K, dtype, M, grid, opts):
+    gc, g = _case_buffers(N, K, dtype, M=M, **opts)
+    g.grid = grid
+    gemv.launch(g, design=D(tc=True, m=M))
+    rep = gemv.check(g.result(), gc, name=f"{N}x{K} {dtype} M={M} TC grid {grid} {opts}", rounded_table=True)
+    assert rep.ok
+
+
+def test_tensor_core_tolerance_is_needed_and_explained():
+    """The table rounding is real (the fp32-table tolerance fails on a heavy-tailed case) and is all there is:
+    against a float64 reference built from the bf16-rounded table the error is output rounding only."""
+    from nf4lab.kernels import ops
+    from nf4lab.lesson import reference
+
+    gc, g = _case_buffers(11, 256, "bf16", dist="heavy", x_dist="heavy")
+    gemv.launch(g, design=D(tc=True))
+    y = gemv.to_f32(g.result(), "bf16").reshape(1, -1).astype(np.float64)
+    assert not gemv.compare(y.astype(np.float32), gc).ok
+    lut_b = np.array([np.uint32(int(ops.bf16_bits_py(v)) << 16).view(np.float32) for v in gc.lut], np.float64)
+    codes = np.stack([gc.packed >> 4, gc.packed & 15], -1).reshape(-1)[: gc.N * gc.K]
+    absmax = reference.block_absmax(gc.absmax_q, gc.absmax2, gc.code2, gc.offset).astype(np.float64)
+    ref = gc.x.astype(np.float64) @ (lut_b[codes] * np.repeat(absmax, gc.blocksize)[: gc.N * gc.K]).reshape(gc.N, gc.K).T
+    s = np.abs(gc.x.astype(np.float64)) @ np.abs(gc.w.astype(np.float64)).T
+    assert (np.abs(y - ref) <= gemv.UNIT_OUT["bf16"] * np.abs(ref) + 1e-4 * s).all()
 
 
 # The lab's other designs (lab/gemv_variants.py): (N, K, dtype, M, Design fields, grid, case options)
@@ -283,7 +325,29 @@ def test_shipped_kernel_is_the_labs_design(nb09, fields, dtype):
     assert _norm_ptx(ours) == _norm_ptx(lab)
 
 
-def test_ptx_default_design():
+@pytest.mark.parametrize("cc", [(9, 0), (7, 5)])
+def test_ptx_tensor_core_kernel(cc):
+    """sm_80+: 16 mma and 64 table lookups per step, no local memory, the base in the loads' immediate;
+    below sm_80 the mma is a trap (never dispatched there: gemv_tc.available)."""
+    import nf4lab.measure.ptx  # noqa: F401
+
+    ptx = nf4lab.measure.ptx.compile_ptx(gemv.kernel(D(tc=True), "bf16"), gemv.signature(), cc=cc,
+                                         launch_bounds=(256, 2))
+    check = nf4lab.measure.ptx.check
+    if cc >= (8, 0):
+        check(ptx, present=[r"^mma\.sync\.aligned\.m16n8k16\.row\.col\.f32\.bf16\.bf16\.f32", r"^prmt\.b32",
+                            r"^ld\.shared\.u32 %r\d+, \[%r\d+\+\d+\]"],
+              absent=[r"^ld\.local", r"^st\.local", r"\.f64", r"^trap"])
+        assert nf4lab.measure.ptx.count(ptx, r"^mma\.sync") == 16
+        assert nf4lab.measure.ptx.count(ptx, r"^prmt\.b32") == 64
+    else:
+        check(ptx, present=[r"^trap"], absent=[r"^mma\.sync"])
+
+
+def test_ptx_default_design(monkeypatch):
+    from nf4lab.kernels import gemv_tc
+
+    monkeypatch.setattr(gemv_tc, "available", lambda cc=None: False)
     d = gemv.auto_design(4096)
     ptx = gemv.kernel_ptx(gemv.kernel(d, "fp16"))
     nf4lab.measure.ptx.check(ptx, present=[r"^ld\.global\.nc\.L1::no_allocate\.v4\.u32", r"^ld\.global\.v4\.u32",
@@ -359,7 +423,14 @@ def test_heavy_x_fits_fp16():
 
 
 def test_auto_design_and_grid(monkeypatch):
+    from nf4lab.kernels import gemv_tc
+
     monkeypatch.setattr(nf4lab.runtime, "device_info", lambda: {"sms": 132})
+    monkeypatch.setattr(gemv, "_SMS", {})
+    monkeypatch.setattr(gemv_tc, "available", lambda cc=None: True)
+    assert gemv.auto_design(4096, 3) == D(tc=True, m=3, min_blocks=2)
+    assert gemv.grid_size(D(tc=True), 4096) == 256 and gemv.grid_size(D(tc=True), 14336) == 2 * 132
+    monkeypatch.setattr(gemv_tc, "available", lambda cc=None: False)   # below sm_80, or NF4LAB_ARCH=sm_75
     # batch 1, what won on the H100: R4 S2 at N = 4096, R8 S2 at N = 8192, R4 (B2) at N = 14336; every batch R4 B2
     assert gemv.auto_design(4096) == D(rows=4, split=2, min_blocks=3)
     assert gemv.auto_design(8192) == D(rows=8, split=2, min_blocks=2)

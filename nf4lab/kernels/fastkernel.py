@@ -301,7 +301,7 @@ def driver_launch():
     """``cuLaunchKernel`` as a plain C call (ctypes on the driver library): cuda.bindings' wrapper
     builds Python objects for the function, the stream and the parameters on every call, which
     costs several microseconds a launch at decode sizes. Returns ``f(func, grid, threads, stream,
-    params) -> CUresult as int``; cuda.bindings where the library cannot be opened. Every launcher
+    params, smem=0) -> CUresult as int``; cuda.bindings where the library cannot be opened. Every launcher
     that uses it is checked bit for bit against numba's own launch before it serves. Made on first
     use (there is no driver without a GPU), once per process."""
     import ctypes
@@ -313,8 +313,8 @@ def driver_launch():
     except (OSError, AttributeError):
         from cuda.bindings import driver as cu
 
-        def launch(func, grid, threads, stream, params):
-            err, = cu.cuLaunchKernel(func, grid, 1, 1, threads, 1, 1, 0, stream, params, 0)
+        def launch(func, grid, threads, stream, params, smem=0):
+            err, = cu.cuLaunchKernel(func, grid, 1, 1, threads, 1, 1, smem, stream, params, 0)
             return int(err)
 
         return launch
@@ -322,8 +322,8 @@ def driver_launch():
     c_launch.argtypes = [ctypes.c_void_p, u, u, u, u, u, u, u, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p]
     c_launch.restype = ctypes.c_int
 
-    def launch(func, grid, threads, stream, params):
-        return c_launch(func, grid, 1, 1, threads, 1, 1, 0, stream, params, None)
+    def launch(func, grid, threads, stream, params, smem=0):
+        return c_launch(func, grid, 1, 1, threads, 1, 1, smem, stream, params, None)
 
     return launch
 

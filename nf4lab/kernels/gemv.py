@@ -153,7 +153,8 @@ _WARPS: dict = {}
 
 def _py_warp_exchange(value, source, name):
     """The simulator has no warp shuffles: exchange through a per-warp barrier. Every lane posts ``value``
-    and gets the value of lane ``source(lane)``, or its own where that lane is past the warp's end.
+    and gets the value of lane ``source(lane)``, or its own where that lane is past the warp's end
+    (``source`` None: the list of every lane's value).
 
     Every lane of the warp must call it (as on the GPU with a full mask); a lane that
     returned early makes the others wait, and after 60 s the barrier raises.
@@ -172,6 +173,10 @@ def _py_warp_exchange(value, source, name):
     warp.vals[lane] = value
     try:
         warp.barrier.wait()
+        if source is None:  # every lane's value, in lane order (the mma twin needs the whole warp)
+            out = list(warp.vals[:n])
+            warp.barrier.wait()
+            return out
         src = source(lane)
         out = warp.vals[src] if src < n else value
         warp.barrier.wait()
@@ -230,14 +235,18 @@ else:
 # ---------------------------------------------------------------- the kernel (notebook 09 builds the same, cell by cell)
 @dataclasses.dataclass(frozen=True)
 class Design:
-    """What one warp does per loop trip (an "item": R rows x 32 lanes x 32 columns) and how warps share work."""
+    """What one warp does per loop trip (an "item": R rows x 32 lanes x 32 columns) and how warps share work;
+    ``tc``: the tensor-core kernel instead (:mod:`nf4lab.kernels.gemv_tc`, sm_80+), which has no R or S."""
     rows: int = 4        # R: rows of W per item; each activation, converted once, feeds R rows
     split: int = 1       # S: warps sharing a group of rows, each taking every S-th item of K (split-K)
     m: int = 1           # batch: rows of x, each weight read once for all of them
     min_blocks: int = 2  # launch bounds: 256-thread blocks per SM ptxas must fit (caps the registers)
+    tc: bool = False
 
     @property
     def name(self):  # the lab's variant names: 32 columns per lane, 8 warps per block
+        if self.tc:
+            return "TC" + (f" M{self.m}" if self.m > 1 else "")
         return f"R{self.rows} S{self.split} C32 W8 B{self.min_blocks}" + (f" M{self.m}" if self.m > 1 else "")
 
 
@@ -417,8 +426,29 @@ _KERNELS = {}  # (Design, dtype) -> kernel, made on first use (a GPU compiles it
 
 def kernel(d, dtype):
     if (d, dtype) not in _KERNELS:
-        _KERNELS[(d, dtype)] = make_gemv(dtype == "bf16", d)
+        if d.tc:
+            from . import gemv_tc
+
+            base = gemv_tc.probe_base() if runtime.ON_GPU else gemv_tc.default_base(arch_target())
+            _KERNELS[(d, dtype)] = gemv_tc.make_kernel(dtype == "bf16", d.m, base)
+        else:
+            _KERNELS[(d, dtype)] = make_gemv(dtype == "bf16", d)
     return _KERNELS[(d, dtype)]
+
+
+def arch_target():
+    from . import arch
+
+    return arch.target_cc()
+
+
+def dynamic_smem(d) -> int:
+    """Bytes of dynamic shared memory a launch of design d asks for (the FFMA designs use static memory)."""
+    if not d.tc:
+        return 0
+    from . import gemv_tc
+
+    return gemv_tc.dynamic_smem(d.m)
 
 
 _SMS: dict = {}
@@ -434,8 +464,13 @@ def sms():
 
 
 def auto_design(N, M=1):
-    """The default Design, chosen by measurement (lab/bench_gemv.py, H100): more rows per item won on every
-    shape; which R and whether K is split depends on how many warps the row groups give the GPU."""
+    """The default Design, chosen by measurement (lab/bench_gemv.py, H100): the tensor-core kernel where the GPU
+    has bf16 mma (sm_80+); else, for the FFMA kernel, more rows per item won on every shape, and which R and
+    whether K is split depends on how many warps the row groups give the GPU."""
+    from . import gemv_tc
+
+    if gemv_tc.available():
+        return Design(tc=True, m=M, min_blocks=gemv_tc.BLOCKS_PER_SM)
     if M == 1 and -(-N // 4) < 0.5 * 24 * sms():      # N/4 groups fill under half the warp slots (N = 4096)
         return Design(rows=4, split=2, min_blocks=3)
     if M == 1 and 2 * -(-N // 8) <= 16 * sms():       # R8 teams of 2 warps fit at 16 warps per SM (N = 8192)
@@ -446,6 +481,10 @@ def auto_design(N, M=1):
 def grid_size(d, N):
     """Blocks to launch: the fewest rounds the resident teams need (d.min_blocks blocks per SM, as the
     launch bounds make ptxas fit), and just enough teams that each does that many row groups."""
+    if d.tc:
+        from . import gemv_tc
+
+        return gemv_tc.grid_size(N)
     teams_per_block = 8 // d.split
     groups = -(-N // d.rows)
     capacity = d.min_blocks * sms() * teams_per_block
@@ -463,8 +502,13 @@ def launch(g, design=None, kern=None):
         d = dataclasses.replace(d, m=g.M)
     kern = kern or kernel(d, g.dtype)
     grid = g.grid or grid_size(d, g.N)
-    kern[grid, THREADS, g.stream](g.packed_u32, g.absmax_q, g.absmax2, g.code2, g.lut, g.offset, g.x_u32, g.y,
-                              g.N, g.K, g.bs_shift)
+    args = (g.packed_u32, g.absmax_q, g.absmax2, g.code2, g.lut, g.offset, g.x_u32, g.y, g.N, g.K, g.bs_shift)
+    smem = dynamic_smem(d)
+    if smem:
+        from . import gemv_tc
+
+        kern = gemv_tc.prepare(kern, args, smem)
+    kern[grid, THREADS, g.stream, smem](*args)
 
 
 def signature():

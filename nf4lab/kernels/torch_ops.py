@@ -185,10 +185,10 @@ class _GemvLean:
         cls.LAYOUT.pack_into(buf, 0, *prefix, 0, 0, x_count, 4, x_ptr, x_count, 4,
                              0, 0, y_count, 2, y_ptr, y_count, 2, N, K, bs_shift)
 
-    def launch(self, stream, grid, threads, prefix, x_ptr, x_count, y_ptr, y_count, N, K, bs_shift):
+    def launch(self, stream, grid, threads, prefix, x_ptr, x_count, y_ptr, y_count, N, K, bs_shift, smem=0):
         with self._lock:
             self.pack(self._buf, prefix, x_ptr, x_count, y_ptr, y_count, N, K, bs_shift)
-            err = self._launch(self._func, grid, threads, stream, self._params_addr)
+            err = self._launch(self._func, grid, threads, stream, self._params_addr, smem)
         if err:
             raise RuntimeError(f"cuLaunchKernel failed: CUresult {err}")
 
@@ -209,9 +209,9 @@ def _gemv_shape(N, M, device):
     return hit
 
 
-def _lean_launch(lean, w, grid, x, M, out):
+def _lean_launch(lean, w, grid, x, M, out, smem=0):
     lean.launch(_dq._raw_stream(x.device), grid, _gemv.THREADS, w.prefix, x.data_ptr(), M * w.K // 2,
-                out.data_ptr(), M * w.N, w.N, w.K, w.bs_shift)
+                out.data_ptr(), M * w.N, w.N, w.K, w.bs_shift, smem)
 
 
 def _first_launch(key, d, grid, w, x, M, packed, absmax_q, absmax2, code2, blocksize, out):
@@ -228,7 +228,7 @@ def _first_launch(key, d, grid, w, x, M, packed, absmax_q, absmax2, code2, block
     try:
         lean = _GemvLean(next(iter(kern.overloads.values())))
         scratch = torch.full_like(out, float("nan"))
-        _lean_launch(lean, w, grid, x, M, scratch)
+        _lean_launch(lean, w, grid, x, M, scratch, _gemv.dynamic_smem(d))
         torch.cuda.synchronize(x.device)
         same = torch.equal(scratch.view(torch.int16), out.view(torch.int16))
     except Exception as exc:  # an ABI surprise in a numba/cuda-bindings release: stay correct, be slow
@@ -273,7 +273,7 @@ def _weight(packed, shape, absmax_q, absmax2, code2, offset, blocksize):
     key = id(absmax_q)
     w.ref = weakref.ref(absmax_q, lambda _, k=key: _WEIGHTS.pop(k, None))
     w.ptr, w.shape, w.shape_obj, w.blocksize = packed.data_ptr(), tuple(int(v) for v in shape), shape, blocksize
-    w.launches = {}  # (M, x dtype) -> (lean launcher, grid), once that design's launcher is checked
+    w.launches = {}  # (M, x dtype) -> (lean launcher, grid, dynamic smem), once that design's launcher is checked
     w.absmax2, w.code2, w.offset, w.version = absmax2, code2, offset, _offset_version(offset)
     w.device = packed.device
     w.N, w.K = w.shape
@@ -321,8 +321,8 @@ def gemv_call(x, packed, shape, absmax_q, absmax2, code2, offset, blocksize):
         if not isinstance(lean, _GemvLean):
             _first_launch(key, d, grid, w, x, M, packed, absmax_q, absmax2, code2, blocksize, out)
             return out
-        hit = w.launches[(M, x.dtype)] = (lean, grid)
-    _lean_launch(hit[0], w, hit[1], x, M, out)
+        hit = w.launches[(M, x.dtype)] = (lean, grid, _gemv.dynamic_smem(d))
+    _lean_launch(hit[0], w, hit[1], x, M, out, hit[2])
     return out
 
 

@@ -37,6 +37,7 @@ class GemvCase:
     y64: np.ndarray         # float64 (M, N): x @ w.T in float64
     tol: np.ndarray         # float64 (M, N): allowed |y - y64|
     case: object = None     # the nf4lab.lesson.cases.Case it was made from
+    tol_table: np.ndarray = None  # tol plus the rounding of the 16 NF4 values to the dtype (table_tolerance)
 
     @property
     def shape(self):
@@ -93,6 +94,14 @@ def tolerance(x, w, dtype, c: float = 1.0) -> np.ndarray:
     return (1 + u) * acc + u * np.abs(reference_y64(x, w)) + np.finfo(np.float32).tiny
 
 
+def table_tolerance(x, w, dtype, tol) -> np.ndarray:
+    """``tol`` for a kernel whose table holds the NF4 values rounded to the activation dtype (the tensor-core
+    GEMV: mma takes bf16/fp16), as bitsandbytes' gemv_4bit also rounds its weights: each weight then carries a
+    relative error of at most u (the dtype's unit roundoff), so the sum at most u * sum|x w| more."""
+    s = np.abs(np.asarray(x, np.float64)) @ np.abs(np.asarray(w, np.float64)).T
+    return tol + UNIT_OUT[dtype] * s
+
+
 def make_gemv_case(N, K, dtype="bf16", M=1, dist="randn", seed=0, blocksize=64, x_dist="randn") -> GemvCase:
     """W (N, K) quantized by bitsandbytes (through nf4lab.lesson.cases, cached; ``dist`` as there: "heavy" is
     Student t weights), x (M, K) (``x_dist``: see :func:`make_x`), reference and tolerance."""
@@ -107,7 +116,8 @@ def make_gemv_case(N, K, dtype="bf16", M=1, dist="randn", seed=0, blocksize=64, 
     return GemvCase(N=N, K=K, M=M, dtype=dtype, blocksize=blocksize, packed=case.packed,
                     absmax_q=case.absmax_q, absmax2=case.absmax2, code2=case.code2,
                     offset=np.float32(case.offset), lut=case.lut.copy(), x_bits=x_bits, x=x, w=w,
-                    y64=reference_y64(x, w), tol=tolerance(x, w, dtype), case=case)
+                    y64=reference_y64(x, w), tol=(tol := tolerance(x, w, dtype)), case=case,
+                    tol_table=table_tolerance(x, w, dtype, tol))
 
 
 def to_f32(y, dtype) -> np.ndarray:
@@ -150,10 +160,11 @@ class GemvError(AssertionError):
     pass
 
 
-def compare(y, gc: GemvCase, name="kernel", M=None) -> GemvReport:
+def compare(y, gc: GemvCase, name="kernel", M=None, rounded_table=False) -> GemvReport:
+    """``rounded_table``: the kernel's table holds the NF4 values in the dtype (see table_tolerance)."""
     M = gc.M if M is None else M
     yv = to_f32(y, gc.dtype).reshape(-1)[: M * gc.N].reshape(M, gc.N).astype(np.float64)
-    ref, tol = gc.y64[:M], gc.tol[:M]
+    ref, tol = gc.y64[:M], (gc.tol_table if rounded_table else gc.tol)[:M]
     err = np.abs(yv - ref)
     bad = ~(err <= tol)  # NaN counts as bad
     idx = np.argwhere(bad)[:8]
@@ -163,9 +174,9 @@ def compare(y, gc: GemvCase, name="kernel", M=None) -> GemvReport:
                       int(bad.sum()), yv.size, first)
 
 
-def check(y, gc: GemvCase, name="kernel", raise_on_error=True, M=None) -> GemvReport:
+def check(y, gc: GemvCase, name="kernel", raise_on_error=True, M=None, rounded_table=False) -> GemvReport:
     """Compare an output with the float64 reference; raise :class:`GemvError` if outside the tolerance."""
-    rep = compare(y, gc, name, M)
+    rep = compare(y, gc, name, M, rounded_table)
     if not rep.ok and raise_on_error:
         raise GemvError(str(rep))
     return rep

@@ -392,6 +392,11 @@ def collect_package() -> tuple[list, list]:
         for dtype in ("bf16", "fp16"):
             rows.append((f"nf4lab.gemv R{d.rows} S{d.split} M{d.m} {dtype}", gemv.kernel(d, dtype),
                          tuple(gemv.signature()), {}))
+    # The tensor-core kernel (sm_80+; below, its mma is a trap it never reaches: gemv dispatches the FFMA designs).
+    for m in range(1, gemv.MAX_M + 1):
+        for dtype in ("bf16", "fp16"):
+            rows.append((f"nf4lab.gemv TC M{m} {dtype}", gemv.kernel(gemv.Design(tc=True, m=m), dtype),
+                         tuple(gemv.signature()), {}))
     from .ptx import _kernel_fn
 
     return [(label, _kernel_fn(k), sig, dict(getattr(k, "_nf4lab_jit_kwargs", {}) or {}))
