@@ -7,12 +7,14 @@ already an mma A-fragment register: ~2.7 instructions per weight. The tensor cor
 in float32 (each product exact), more accurate than bitsandbytes' gemv_4bit, which rounds weights and
 products to bf16/fp16; the one extra rounding is the table's: each NF4 value in bf16/fp16.
 
-One warp step is 16 rows x 256 columns. Lane (g, q) = (lane >> 2, lane & 3) reads 32 bytes (64 codes: one
-64-column scale block) of rows 16t + g and 16t + g + 8, in two 16-byte halves of 8 mmas each. mma i of a
-half takes bytes 2i, 2i + 1: logical k = 2q, 2q + 1 <-> columns 64q + 4i, +1 and k = 2q + 8, 2q + 9 <-> +2, +3
-(a sum does not care about the order of k; B follows the same order). B column n = 4 mm + b holds batch row
-mm's x where the column is lane b's, else 0: C[row, 4 mm + b] is lane b's block sum, scaled once per step in
-float32. Warps split K (warp w takes steps w, w + 8, ...) and meet in shared memory once per 16 rows.
+One warp step is 16 rows x 256 columns. Lane (g, q) = (lane >> 2, lane & 3) reads two 16-byte pieces (32
+codes each) of rows 16t + g and 16t + g + 8: columns 32q and 128 + 32q of the step, so that the 4 lanes of a
+row read 64 contiguous bytes per load. Piece h feeds 8 mmas; mma i takes its bytes 2i, 2i + 1: logical
+k = 2q, 2q + 1 <-> columns 4i, 4i + 1 of the piece and k = 2q + 8, 2q + 9 <-> 4i + 2, 4i + 3 (a sum does not
+care about the order of k; B follows the same order). The step's four 64-column scale blocks are
+b = 2h + q // 2; B column n = 4 mm + b holds batch row mm's x where the column lies in block b, else 0, so
+C[row, 4 mm + b] is block b's sum, scaled once per step in float32. Warps split K (warp w takes steps w,
+w + 8, ...) and meet in shared memory once per 16 rows.
 
 The table holds one copy per lane (no bank conflicts) in 256-byte rows, so the address of byte p of a code
 word w is one PRMT, ``(w.byte p) << 8 | lane << 2``; the shared window's base rides in the load's immediate
@@ -240,13 +242,14 @@ def make_kernel(is_bf16, M, base):
         cc = min(c, uint32(steps - uint32(1)))
         r0 = min(uint32(tt * uint32(16) + g), uint32(n - uint32(1)))
         r1 = min(uint32(tt * uint32(16) + g + uint32(8)), uint32(n - uint32(1)))
-        wq = min(uint32(cc * uint32(32) + uint32(8) * q), uint32(kw - uint32(8)))   # lane q's first code word
-        w0 = uint32(r0 * kw + wq)
-        w1 = uint32(r1 * kw + wq)
-        buf[FB], buf[FB + 1], buf[FB + 2], buf[FB + 3] = gemv.load_stream_u32x4(packed_u32, uint64(w0))
-        buf[FB + 4], buf[FB + 5], buf[FB + 6], buf[FB + 7] = gemv.load_stream_u32x4(packed_u32, uint64(w0 + uint32(4)))
-        buf[FB + 8], buf[FB + 9], buf[FB + 10], buf[FB + 11] = gemv.load_stream_u32x4(packed_u32, uint64(w1))
-        buf[FB + 12], buf[FB + 13], buf[FB + 14], buf[FB + 15] = gemv.load_stream_u32x4(packed_u32, uint64(w1 + uint32(4)))
+        # lane q's 16-byte pieces: columns 32q.. and 128 + 32q.. of the step, so that the 4 lanes of a row read
+        # 64 contiguous bytes per load (whole 32-byte sectors; pieces 32 bytes apart would read half-sectors twice)
+        wq0 = min(uint32(cc * uint32(32) + uint32(4) * q), uint32(kw - uint32(4)))
+        wq1 = min(uint32(cc * uint32(32) + uint32(16) + uint32(4) * q), uint32(kw - uint32(4)))
+        buf[FB], buf[FB + 1], buf[FB + 2], buf[FB + 3] = gemv.load_stream_u32x4(packed_u32, uint64(r0 * kw + wq0))
+        buf[FB + 4], buf[FB + 5], buf[FB + 6], buf[FB + 7] = gemv.load_stream_u32x4(packed_u32, uint64(r0 * kw + wq1))
+        buf[FB + 8], buf[FB + 9], buf[FB + 10], buf[FB + 11] = gemv.load_stream_u32x4(packed_u32, uint64(r1 * kw + wq0))
+        buf[FB + 12], buf[FB + 13], buf[FB + 14], buf[FB + 15] = gemv.load_stream_u32x4(packed_u32, uint64(r1 * kw + wq1))
         if (q >> uint32(1)) < uint32(M):
             wb = uint32(cc * uint32(32) + uint32(16) * (q & uint32(1)))
             for i in range(4):
@@ -312,8 +315,8 @@ def make_kernel(is_bf16, M, base):
                 if c < steps:
                     for i in range(NCF):
                         cf[i] = float32(0.0)
-                    xcol = uint32(c * uint32(256) + uint32(64) * q)   # lane q's 64 columns
-                    for h in range(2):                              # its two 16-byte halves, 8 mmas each
+                    for h in range(2):                              # the lane's two 16-byte pieces, 8 mmas each
+                        xcol = uint32(c * uint32(256) + uint32(128 * h) + uint32(32) * q)   # the piece's 32 columns
                         for i in range(8):
                             wa, wb = buf[4 * h + (i >> 1)], buf[8 + 4 * h + (i >> 1)]
                             sel0 = uint32(0x5504 | ((2 * (i & 1)) << 4))       # byte 2i of the half
@@ -324,8 +327,8 @@ def make_kernel(is_bf16, M, base):
                             A[4 * i + 3] = look(sm, prmt(wb, lane4, sel1))
                         for nt in range(NT):
                             m = uint32(2 * nt) + (g >> uint32(2))   # B: lane (g, q) holds column g = 4 mm + b
-                            if q == (g & uint32(3)) and m < uint32(M) and xcol < k:
-                                xi = uint64(m * kx + (xcol >> uint32(1)) + uint32(16 * h))
+                            if (g & uint32(3)) == uint32(2 * h) + (q >> uint32(1)) and m < uint32(M) and xcol < k:
+                                xi = uint64(m * kx + (xcol >> uint32(1)))
                                 for j in range(4):
                                     xr[4 * j], xr[4 * j + 1], xr[4 * j + 2], xr[4 * j + 3] = ops.load_u32x4(x_u32, xi + uint64(4 * j))
                             else:
