@@ -70,6 +70,12 @@ def variant_launches(mod, names=None, policies=None) -> dict:
     for bps in (1, 2, 3, 4):  # the tensor-core design: blocks per SM, chunks in flight ahead
         for dd in (1, 2, 3):
             out[f"TC B{bps} D{dd}"] = (lambda g, b=bps, dd=dd: gemv_mma.launch(g, blocks_per_sm=b, D=dd))
+    from nf4lab.kernels import gemv_tc
+
+    out["X1 lab launch, nf4lab kernel"] = (lambda g: gemv_mma.launch(
+        g, kern=gemv_tc.make_kernel(g.dtype == "bf16", g.M, gemv_tc.probe_base())))
+    out["X2 nf4lab launch, lab kernel"] = (lambda g: nf4lab.kernels.gemv.launch(
+        g, kern=gemv_mma.make_kernel(g.dtype == "bf16", g.M, 1, 2, gemv_mma.probe_base())))
     out["TC B2 D1 add"] = (lambda g: gemv_mma.launch(g, blocks_per_sm=2, D=1, imm=False))
     out["TC B2 D1 xlate"] = (lambda g: gemv_mma.launch(g, blocks_per_sm=2, D=1, xearly=False))
     out["TC B2 D2 xlate"] = (lambda g: gemv_mma.launch(g, blocks_per_sm=2, D=2, xearly=False))

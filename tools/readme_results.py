@@ -62,6 +62,7 @@ def gpu_section(gpu: str) -> str:
                              f"{b['ms'] / r['ms']:.2f} |")
         lines += ["", f"Source: `{deq['path']}`."]
     lines += gemv_lines(gpu)
+    lines += gemv_tc_lines(gpu)
     return "\n".join(lines)
 
 
@@ -87,6 +88,51 @@ def exactness_lines(gpu) -> list:
            f"matrix), {data['meta'].get('date')}; `{data['path']}`"
            for _, long, data, ok, total in exactness_runs(gpu)]
     return ([""] + out) if out else []
+
+
+def gemv_tc_lines(gpu) -> list:
+    """The tensor-core GEMV (nf4lab.kernels.gemv_tc, the default on sm_80+): against the read bound of the same
+    session and bitsandbytes, one row of x and the batch (lab/bench_gemv.py -> 09_gemv_tc*.json)."""
+    from nf4lab.measure import results
+
+    run, bound = results.load("09_gemv_tc", gpu), results.load("09_read_bound", gpu)
+    if run is None or bound is None:
+        return []
+    recs = run["records"]
+
+    def ms(name, shape, dtype, M=1, rs=recs):
+        return next((q["ms"] for q in rs if q["name"].startswith(name) and q["shape"] == shape and q["dtype"] == dtype
+                     and (q.get("M") or 1) == M and q.get("ms")), None)
+
+    ours, ffma, bnb1 = "fused NF4 gemv (numba) [auto]", "fused NF4 gemv (numba) [R2 S1", "bitsandbytes matmul_4bit gemv"
+    lines = ["", f"Tensor-core GEMV (`nf4lab.kernels.gemv_tc`, the default where mma.sync exists, sm_80+), "
+             f"{results.label(run['meta'])}; the read bound from the same session ({results.label(bound['meta'])}):", "",
+             "| W (N x K) | dtype | tensor-core us | read bound us | % of read bound | FFMA design us | bitsandbytes gemv_4bit us | x bitsandbytes |",
+             "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    for b in (q for q in bound["records"] if q["kind"] == "bound"):
+        for dt in ("bf16", "fp16"):
+            o, f, n = ms(ours, b["shape"], dt), ms(ffma, b["shape"], dt), ms(bnb1, b["shape"], dt)
+            if o is None or n is None:
+                continue
+            lines.append(f"| {'x'.join(map(str, b['shape']))} | {dt} | {o * 1e3:.1f} | {b['ms'] * 1e3:.1f} | "
+                         f"{100 * b['ms'] / o:.0f} | {'' if f is None else format(f * 1e3, '.1f')} | {n * 1e3:.1f} | "
+                         f"{n / o:.2f} |")
+    batch = results.load("09_gemv_tc_batch", gpu)
+    if batch is not None:
+        rs = batch["records"]
+        lines += ["", "| W (N x K), batch | dtype | M = 2 | M = 4 | M = 8 (tensor-core us / bitsandbytes gemm_4bit us) |",
+                  "| --- | --- | ---: | ---: | ---: |"]
+        for shape in sorted({tuple(q["shape"]) for q in rs}):
+            for dt in ("bf16", "fp16"):
+                cells = []
+                for M in (2, 4, 8):
+                    o = ms(ours, list(shape), dt, M, rs)
+                    n = ms("bitsandbytes matmul_4bit gemm_4bit", list(shape), dt, M, rs)
+                    cells.append("" if o is None or n is None else f"{o * 1e3:.1f} / {n * 1e3:.1f}")
+                if any(cells):
+                    lines.append(f"| {'x'.join(map(str, shape))} | {dt} | " + " | ".join(cells) + " |")
+    return lines + ["", f"Source: `{run['path']}`, `09_gemv_tc_batch.json`, `09_read_bound.json` "
+                        "(`python lab/gemv_tc_report.py` prints the same)."]
 
 
 def gemv_lines(gpu) -> list:

@@ -8,13 +8,12 @@ in float32 (each product exact), more accurate than bitsandbytes' gemv_4bit, whi
 products to bf16/fp16; the one extra rounding is the table's: each NF4 value in bf16/fp16.
 
 One warp step is 16 rows x 256 columns. Lane (g, q) = (lane >> 2, lane & 3) reads two 16-byte pieces (32
-codes each) of rows 16t + g and 16t + g + 8: columns 32q and 128 + 32q of the step, so that the 4 lanes of a
-row read 64 contiguous bytes per load. Piece h feeds 8 mmas; mma i takes its bytes 2i, 2i + 1: logical
-k = 2q, 2q + 1 <-> columns 4i, 4i + 1 of the piece and k = 2q + 8, 2q + 9 <-> 4i + 2, 4i + 3 (a sum does not
-care about the order of k; B follows the same order). The step's four 64-column scale blocks are
-b = 2h + q // 2; B column n = 4 mm + b holds batch row mm's x where the column lies in block b, else 0, so
-C[row, 4 mm + b] is block b's sum, scaled once per step in float32. Warps split K (warp w takes steps w,
-w + 8, ...) and meet in shared memory once per 16 rows.
+codes each) of rows 16t + g and 16t + g + 8 (where: :func:`piece`). Piece h feeds 8 mmas; mma i takes its
+bytes 2i, 2i + 1: logical k = 2q, 2q + 1 <-> columns 4i, 4i + 1 of the piece and k = 2q + 8, 2q + 9 <->
+4i + 2, 4i + 3 (a sum does not care about the order of k; B follows the same order). B column n = 4 mm + b
+holds batch row mm's x where the column lies in the step's 64-column scale block b, else 0, so C[row, 4 mm + b]
+is block b's sum, scaled once per step in float32. Warps split K (warp w takes steps w, w + 8, ...) and meet
+in shared memory once per 16 rows.
 
 The table holds one copy per lane (no bank conflicts) in 256-byte rows, so the address of byte p of a code
 word w is one PRMT, ``(w.byte p) << 8 | lane << 2``; the shared window's base rides in the load's immediate
@@ -162,19 +161,18 @@ def _build_device_ops():
 
 @functools.cache
 def _lookup_at(base):
-    """``ld.shared.u32 d, [off + base]``: the table's base in the load's immediate, no add per lookup.
-    The array argument is the table (the simulator twin reads it); the device version only needs base."""
+    """``ld.shared.u32 d, [off + base]``: the table's base in the load's immediate, no add per lookup."""
     from llvmlite import ir
     from numba import types
     from numba.cuda.extending import intrinsic
 
     @intrinsic
-    def lookup(typingctx, tab, off):
-        sig = types.uint32(tab, types.uint32)
+    def lookup(typingctx, off):
+        sig = types.uint32(types.uint32)
 
         def codegen(context, builder, sig, args):
             i32 = ir.IntType(32)
-            o = context.cast(builder, args[1], sig.args[1], types.uint32)
+            o = context.cast(builder, args[0], sig.args[0], types.uint32)
             return builder.call(ir.InlineAsm(ir.FunctionType(i32, [i32]), f"ld.shared.u32 $0, [$1+{int(base)}];",
                                              "=r,r"), [o])
 
@@ -194,7 +192,13 @@ if runtime.SIMULATOR:
     lookup, shfl_xor_sync = _py_lookup, _py_shfl_xor_sync
 else:
     mma_bf16, mma_f16, prmt, dyn_base = _build_device_ops()
-    lookup, shfl_xor_sync = _lookup_at(0x400), cuda.shfl_xor_sync  # lookup: the PTX tool's stand-in
+    _lds_stand_in = _lookup_at(0x400)
+
+    @cuda.jit(device=True, inline="always")
+    def lookup(tab, off):  # the PTX tool's stand-in for the simulator's twin (any base assembles)
+        return _lds_stand_in(off)
+
+    shfl_xor_sync = cuda.shfl_xor_sync
 
 
 @functools.cache
@@ -222,11 +226,21 @@ def default_base(cc) -> int:
 @functools.cache
 def make_kernel(is_bf16, M, base):
     """The kernel for one activation dtype, batch M (1..8) and table base (``probe_base()``)."""
-    NT = (M + 1) // 2                 # n-tiles of 8 columns: 2 batch rows x 4 lanes' blocks
+    D, min_blocks = 1, BLOCKS_PER_SM  # steps whose loads are in flight ahead of the one computed (2: slower)
+    NT = (M + 1) // 2                 # n-tiles of 8 columns: 2 batch rows x 4 blocks each
     NACC, NCF = 2 * NT, 4 * NT
-    FB, FB2 = 24, 48                  # one step's loads: 16 code words (2 rows x 32 bytes), 4 absmax codes, 4 absmax2
+    WIDE = M > 1                      # where a lane's two 16-byte pieces lie (see fetch)
+    FB = 24                           # per step: 16 code words (2 rows x 32 bytes), 4 absmax codes, 4 absmax2
+    NB = FB * (D + 1)
     mma = mma_bf16 if is_bf16 else mma_f16
-    look = lookup if runtime.SIMULATOR else _lookup_at(base)
+    if runtime.SIMULATOR:
+        look = lookup
+    else:
+        lds = _lookup_at(base)
+
+        @cuda.jit(device=True, inline="always")
+        def look(tab, off):  # the table argument is for the simulator's twin
+            return lds(off)
 
     @cuda.jit(device=True, inline="always")
     def half_bits(v):
@@ -235,37 +249,40 @@ def make_kernel(is_bf16, M, base):
         return uint32(ops.to_f16_bits(v))
 
     @cuda.jit(device=True, inline="always")
-    def fetch(buf, packed_u32, absmax_q, absmax2, t, c, g, q, n, kw, tiles, steps, ash):
-        """Step c (256 columns) of row tile t into buf[FB:]: lane q's 32 bytes of rows g, g + 8 and the statistics
-        of the blocks its C columns hold (2 (q & 1), +1). Clamped: past the end it re-reads valid bytes."""
+    def fetch(buf, o, packed_u32, absmax_q, absmax2, t, c, g, q, n, kw, tiles, chunks, ash):
+        """Step c (256 columns) of row tile t into buf[o:o+24]: lane q's two 16-byte pieces of rows g and g + 8
+        and the statistics of the blocks its C columns hold (2 (q & 1), +1). Clamped: past the end it re-reads
+        valid bytes, never used. One row of x: the pieces are adjacent, columns 64q.. of the step (block q). A
+        batch: columns 32q.. and 128 + 32q.. (blocks q // 2 and 2 + q // 2), so that the 4 lanes of a row read 64
+        contiguous bytes per load, whole 32-byte sectors (M = 8: 2-5 us less; M = 1: 1 us more, H100)."""
         tt = min(t, uint32(tiles - uint32(1)))
-        cc = min(c, uint32(steps - uint32(1)))
+        cc = min(c, uint32(chunks - uint32(1)))
         r0 = min(uint32(tt * uint32(16) + g), uint32(n - uint32(1)))
         r1 = min(uint32(tt * uint32(16) + g + uint32(8)), uint32(n - uint32(1)))
-        # lane q's 16-byte pieces: columns 32q.. and 128 + 32q.. of the step, so that the 4 lanes of a row read
-        # 64 contiguous bytes per load (whole 32-byte sectors; pieces 32 bytes apart would read half-sectors twice)
-        wq0 = min(uint32(cc * uint32(32) + uint32(4) * q), uint32(kw - uint32(4)))
-        wq1 = min(uint32(cc * uint32(32) + uint32(16) + uint32(4) * q), uint32(kw - uint32(4)))
-        buf[FB], buf[FB + 1], buf[FB + 2], buf[FB + 3] = gemv.load_stream_u32x4(packed_u32, uint64(r0 * kw + wq0))
-        buf[FB + 4], buf[FB + 5], buf[FB + 6], buf[FB + 7] = gemv.load_stream_u32x4(packed_u32, uint64(r0 * kw + wq1))
-        buf[FB + 8], buf[FB + 9], buf[FB + 10], buf[FB + 11] = gemv.load_stream_u32x4(packed_u32, uint64(r1 * kw + wq0))
-        buf[FB + 12], buf[FB + 13], buf[FB + 14], buf[FB + 15] = gemv.load_stream_u32x4(packed_u32, uint64(r1 * kw + wq1))
+        if WIDE:
+            wq0 = min(uint32(cc * uint32(32) + uint32(4) * q), uint32(kw - uint32(4)))
+            wq1 = min(uint32(cc * uint32(32) + uint32(16) + uint32(4) * q), uint32(kw - uint32(4)))
+            buf[o], buf[o + 1], buf[o + 2], buf[o + 3] = gemv.load_stream_u32x4(packed_u32, uint64(r0 * kw + wq0))
+            buf[o + 4], buf[o + 5], buf[o + 6], buf[o + 7] = gemv.load_stream_u32x4(packed_u32, uint64(r0 * kw + wq1))
+            buf[o + 8], buf[o + 9], buf[o + 10], buf[o + 11] = gemv.load_stream_u32x4(packed_u32, uint64(r1 * kw + wq0))
+            buf[o + 12], buf[o + 13], buf[o + 14], buf[o + 15] = gemv.load_stream_u32x4(packed_u32, uint64(r1 * kw + wq1))
+        else:
+            wq = min(uint32(cc * uint32(32) + uint32(8) * q), uint32(kw - uint32(8)))   # lane q's first word
+            w0 = uint32(r0 * kw + wq)
+            w1 = uint32(r1 * kw + wq)
+            buf[o], buf[o + 1], buf[o + 2], buf[o + 3] = gemv.load_stream_u32x4(packed_u32, uint64(w0))
+            buf[o + 4], buf[o + 5], buf[o + 6], buf[o + 7] = gemv.load_stream_u32x4(packed_u32, uint64(w0 + uint32(4)))
+            buf[o + 8], buf[o + 9], buf[o + 10], buf[o + 11] = gemv.load_stream_u32x4(packed_u32, uint64(w1))
+            buf[o + 12], buf[o + 13], buf[o + 14], buf[o + 15] = gemv.load_stream_u32x4(packed_u32, uint64(w1 + uint32(4)))
         if (q >> uint32(1)) < uint32(M):
-            wb = uint32(cc * uint32(32) + uint32(16) * (q & uint32(1)))
+            wb = cc * uint32(32) + uint32(16) * (q & uint32(1))
             for i in range(4):
                 r = r0 if i < 2 else r1
                 blk = uint32(r * kw + min(uint32(wb + uint32(8 * (i % 2))), uint32(kw - uint32(8)))) >> ash
-                buf[FB + 16 + i] = uint32(absmax_q[blk])
-                buf[FB + 20 + i] = ops.float_bits(absmax2[blk >> uint32(8)])
+                buf[o + 16 + i] = uint32(absmax_q[blk])
+                buf[o + 20 + i] = ops.float_bits(absmax2[blk >> uint32(8)])
 
-    @cuda.jit(device=True, inline="always")
-    def advance(t, c, warp, steps, grid):
-        c = uint32(c + uint32(W))
-        if c >= steps:
-            return uint32(t + grid), warp
-        return t, c
-
-    @cuda.jit(launch_bounds=(THREADS, BLOCKS_PER_SM))
+    @cuda.jit(launch_bounds=(THREADS, min_blocks))
     def gemv_tc(packed_u32, absmax_q, absmax2, code2, lut, offset, x_u32, y, N, K, bs_shift):
         sm = cuda.shared.array(0, uint32)
         tid = uint32(cuda.threadIdx.x)
@@ -277,21 +294,29 @@ def make_kernel(is_bf16, M, base):
         k = uint32(K)
         kw = k >> uint32(3)
         kx = k >> uint32(1)
-        steps = (k + uint32(255)) >> uint32(8)
+        chunks = (k + uint32(255)) >> uint32(8)
         tiles = (n + uint32(15)) >> uint32(4)
         ash = uint32(uint32(bs_shift) - uint32(3))
         grid = uint32(cuda.gridDim.x)
-        LUT0, C20, RED0 = uint32(TAB_WORDS), uint32(TAB_WORDS + 16), uint32(TAB_WORDS + 16 + 256)
-        buf = cuda.local.array(FB2, uint32)      # [0:FB] the step computed, [FB:] the next one's loads
+        LUT0 = uint32(TAB_WORDS)
+        C20 = uint32(TAB_WORDS + 16)
+        RED0 = uint32(TAB_WORDS + 16 + 256)
+        buf = cuda.local.array(NB, uint32)
+        # the first D steps' loads go out before the table is built
         t = uint32(cuda.blockIdx.x)
         c = warp
-        fetch(buf, packed_u32, absmax_q, absmax2, t, c, g, q, n, kw, tiles, steps, ash)   # before the table
-        tp, cp = advance(t, c, warp, steps, grid)
+        tp, cp = t, c
+        for d in range(D):
+            fetch(buf, FB * (d + 1), packed_u32, absmax_q, absmax2, tp, cp, g, q, n, kw, tiles, chunks, ash)
+            cp = uint32(cp + uint32(W))
+            if cp >= chunks:
+                cp = warp
+                tp = uint32(tp + grid)
         if tid < uint32(16):
             sm[LUT0 + tid] = half_bits(lut[tid])
         sm[C20 + tid] = ops.float_bits(code2[tid])
         cuda.syncthreads()
-        for j in range(32 * 256 // THREADS):        # the used half of each 256-byte row
+        for j in range(32 * 256 // THREADS):    # only the used half of each 256-byte row
             i = uint32(tid + uint32(j * THREADS))
             e = i >> uint32(5)
             sm[(e << uint32(6)) | (i & uint32(31))] = sm[LUT0 + (e >> uint32(4))] | (sm[LUT0 + (e & uint32(15))] << uint32(16))
@@ -301,36 +326,51 @@ def make_kernel(is_bf16, M, base):
         cf = cuda.local.array(NCF, float32)
         s = cuda.local.array(4, float32)
         A = cuda.local.array(32, uint32)
-        xr = cuda.local.array(16, uint32)
+        xr = cuda.local.array(32, uint32)
         parity = uint32(0)
         while t < tiles:
             for i in range(NACC):
                 acc[i] = float32(0.0)
             while True:
-                for i in range(FB):
+                for i in range(FB * D):
                     buf[i] = buf[i + FB]
-                fetch(buf, packed_u32, absmax_q, absmax2, tp, cp, g, q, n, kw, tiles, steps, ash)
-                tp, cp = advance(tp, cp, warp, steps, grid)
-                tn, cn = advance(t, c, warp, steps, grid)
-                if c < steps:
+                fetch(buf, FB * D, packed_u32, absmax_q, absmax2, tp, cp, g, q, n, kw, tiles, chunks, ash)
+                cp = uint32(cp + uint32(W))
+                if cp >= chunks:
+                    cp = warp
+                    tp = uint32(tp + grid)
+                cn = uint32(c + uint32(W))
+                tn = t
+                if cn >= chunks:
+                    cn = warp
+                    tn = uint32(t + grid)
+                if c < chunks:
                     for i in range(NCF):
                         cf[i] = float32(0.0)
-                    for h in range(2):                              # the lane's two 16-byte pieces, 8 mmas each
-                        xcol = uint32(c * uint32(256) + uint32(128 * h) + uint32(32) * q)   # the piece's 32 columns
+                    xcol = uint32(c * uint32(256) + uint32(64) * q)   # lane q's 64 columns: block q of the step
+                    for h in range(2):                 # the lane's two 16-byte pieces, 8 mmas each
+                        if WIDE:                       # piece h: 32 columns at 128 h + 32 q, block 2 h + q // 2
+                            xcol = uint32(c * uint32(256) + uint32(128 * h) + uint32(32) * q)
+                            blk = uint32(2 * h) + (q >> uint32(1))
+                        else:
+                            blk = q
                         for i in range(8):
-                            wa, wb = buf[4 * h + (i >> 1)], buf[8 + 4 * h + (i >> 1)]
-                            sel0 = uint32(0x5504 | ((2 * (i & 1)) << 4))       # byte 2i of the half
-                            sel1 = uint32(0x5504 | ((2 * (i & 1) + 1) << 4))   # byte 2i + 1
+                            wa = buf[4 * h + (i >> 1)]
+                            wb = buf[8 + 4 * h + (i >> 1)]
+                            sel0 = uint32(0x5504 | ((2 * (i & 1)) << 4))
+                            sel1 = uint32(0x5504 | ((2 * (i & 1) + 1) << 4))
                             A[4 * i] = look(sm, prmt(wa, lane4, sel0))
                             A[4 * i + 1] = look(sm, prmt(wb, lane4, sel0))
                             A[4 * i + 2] = look(sm, prmt(wa, lane4, sel1))
                             A[4 * i + 3] = look(sm, prmt(wb, lane4, sel1))
                         for nt in range(NT):
-                            m = uint32(2 * nt) + (g >> uint32(2))   # B: lane (g, q) holds column g = 4 mm + b
-                            if (g & uint32(3)) == uint32(2 * h) + (q >> uint32(1)) and m < uint32(M) and xcol < k:
-                                xi = uint64(m * kx + (xcol >> uint32(1)))
+                            # B: lane (g, q) holds column g = 4 mm + b: x of batch row 2 nt + mm where b is its block
+                            m = uint32(2 * nt) + (g >> uint32(2))
+                            if (blk if WIDE else q) == (g & uint32(3)) and m < uint32(M) and xcol < k:
+                                xi = uint64(m * kx + (xcol >> uint32(1)) + uint32(0 if WIDE else 16 * h))
                                 for j in range(4):
-                                    xr[4 * j], xr[4 * j + 1], xr[4 * j + 2], xr[4 * j + 3] = ops.load_u32x4(x_u32, xi + uint64(4 * j))
+                                    xr[4 * j], xr[4 * j + 1], xr[4 * j + 2], xr[4 * j + 3] = \
+                                        ops.load_u32x4(x_u32, xi + uint64(4 * j))
                             else:
                                 for j in range(16):
                                     xr[j] = uint32(0)
@@ -338,7 +378,8 @@ def make_kernel(is_bf16, M, base):
                                 cf[4 * nt], cf[4 * nt + 1], cf[4 * nt + 2], cf[4 * nt + 3] = mma(
                                     A[4 * i], A[4 * i + 1], A[4 * i + 2], A[4 * i + 3], xr[2 * i], xr[2 * i + 1],
                                     cf[4 * nt], cf[4 * nt + 1], cf[4 * nt + 2], cf[4 * nt + 3])
-                    if (q >> uint32(1)) < uint32(M):  # lane q: batch row 2 nt + q // 2, blocks 2 (q & 1), +1
+                    # lane q holds columns 2q, 2q+1: batch row 2 nt + q // 2, blocks 2 (q & 1), +1; rows g, g + 8
+                    if (q >> uint32(1)) < uint32(M):
                         for i in range(4):
                             s[i] = ops.fadd_rn(ops.fmul_rn(gemv.f32_from_bits(sm[C20 + buf[16 + i]]),
                                                            gemv.f32_from_bits(buf[20 + i])), offset)
@@ -348,7 +389,7 @@ def make_kernel(is_bf16, M, base):
                 c = cn
                 if tn != t:
                     break
-            # the warps' sums of this tile meet in shared memory (lanes q, q ^ 1 hold one batch row's halves)
+            # the warps' partial sums of this tile meet in shared memory (lanes q, q ^ 1 hold the same batch row)
             base = uint32(RED0 + parity * uint32(W * 16 * M) + warp * uint32(16 * M))
             for nt in range(NT):
                 a0 = acc[2 * nt] + shfl_xor_sync(0xFFFFFFFF, acc[2 * nt], 1)
