@@ -171,7 +171,7 @@ def test_shipped_kernel_within_tolerance(N, K, dtype, M, design, grid, opts):
     gc, g = _case_buffers(N, K, dtype, M=M, **opts)
     g.grid = grid
     gemv.launch(g, design=design)
-    d = design or gemv.auto_design(N, M)
+    d = design or gemv.default_design(N, M)
     name = f"{N}x{K} {dtype} M={M} {d.name} grid {grid} {opts}"
     assert gemv.check(g.result(), gc, name=name, rounded_table=d.tc).ok
 
@@ -429,7 +429,8 @@ def test_auto_design_and_grid(monkeypatch):
     monkeypatch.setattr(nf4lab.runtime, "device_info", lambda: {"sms": 132})
     monkeypatch.setattr(gemv, "_SMS", {})
     monkeypatch.setattr(gemv_tc, "available", lambda cc=None: True)
-    assert gemv.auto_design(4096, 3) == D(tc=True, m=3, min_blocks=2)
+    assert gemv.default_design(4096, 3) == D(tc=True, m=3, min_blocks=2)
+    assert gemv.auto_design(4096) == D(rows=4, split=2, min_blocks=3)   # notebook 09's FFMA choice, unchanged
     assert gemv.grid_size(D(tc=True), 4096) == 256 and gemv.grid_size(D(tc=True), 14336) == 2 * 132
     monkeypatch.setattr(gemv_tc, "available", lambda cc=None: False)   # below sm_80, or NF4LAB_ARCH=sm_75
     # batch 1, what won on the H100: R4 S2 at N = 4096, R8 S2 at N = 8192, R4 (B2) at N = 14336; every batch R4 B2

@@ -3,7 +3,9 @@
 The shipped design (the one notebook 09 teaches, cell by cell) and what launching it needs:
 
 - ``launch(g, design=None)``: the stable entry point. ``g`` is a :class:`GemvBuffers` (batch ``g.M`` <= 8),
-  the launch runs on ``g.stream``; ``design`` None is ``auto_design(N, M)``. ``validate(g)`` runs first.
+  the launch runs on ``g.stream``; ``design`` None is ``default_design(N, M)``: the tensor-core kernel
+  (:mod:`nf4lab.kernels.gemv_tc`) on sm_80+, else ``auto_design(N, M)``, notebook 09's FFMA design.
+  ``validate(g)`` runs first.
 - ``Design`` / ``make_gemv(is_bf16, d)`` / ``kernel(d, dtype)`` / ``auto_design`` / ``grid_size``.
 - ``make_gemv_buffers`` / ``buffers_from_torch`` / ``validate``; ``launch_torch`` for the torch ops.
 - Device ops with plain-Python twins: ``f32_from_bits``, ``f16_to_f32``, ``lds_pair`` (ld.shared.v2.f32 at
@@ -463,14 +465,19 @@ def sms():
     return _SMS[dev]
 
 
-def auto_design(N, M=1):
-    """The default Design, chosen by measurement (lab/bench_gemv.py, H100): the tensor-core kernel where the GPU
-    has bf16 mma (sm_80+); else, for the FFMA kernel, more rows per item won on every shape, and which R and
-    whether K is split depends on how many warps the row groups give the GPU."""
+def default_design(N, M=1):
+    """What :func:`launch` and the torch ops run: the tensor-core kernel where the GPU has bf16 mma (sm_80+, not
+    under NF4LAB_ARCH=sm_75), measured faster at every LLM shape and batch; else ``auto_design(N, M)``."""
     from . import gemv_tc
 
     if gemv_tc.available():
         return Design(tc=True, m=M, min_blocks=gemv_tc.BLOCKS_PER_SM)
+    return auto_design(N, M)
+
+
+def auto_design(N, M=1):
+    """The FFMA kernel's Design (notebook 09's), chosen by measurement (lab/bench_gemv.py, H100): more rows per
+    item won on every shape; which R and whether K is split depends on how many warps the row groups give the GPU."""
     if M == 1 and -(-N // 4) < 0.5 * 24 * sms():      # N/4 groups fill under half the warp slots (N = 4096)
         return Design(rows=4, split=2, min_blocks=3)
     if M == 1 and 2 * -(-N // 8) <= 16 * sms():       # R8 teams of 2 warps fit at 16 warps per SM (N = 8192)
@@ -494,10 +501,10 @@ def grid_size(d, N):
 
 def launch(g, design=None, kern=None):
     """Run the fused GEMV on a :class:`GemvBuffers` (batch g.M <= 8) on g.stream: the stable entry point.
-    ``design``: a Design (its m is set to g.M) or None for auto_design(N, M); ``kern``: a kernel from
+    ``design``: a Design (its m is set to g.M) or None for default_design(N, M); ``kern``: a kernel from
     make_gemv for that design instead of the cached one; ``g.grid`` (if set) replaces grid_size."""
     validate(g)  # dtypes, sizes, alignment, M: raises before anything is launched
-    d = design or auto_design(g.N, g.M)
+    d = design or default_design(g.N, g.M)
     if d.m != g.M:
         d = dataclasses.replace(d, m=g.M)
     kern = kern or kernel(d, g.dtype)

@@ -13,7 +13,7 @@ Where the kernels come from:
   argument. The solution variant gives every kernel; the student variant adds the exercise kernels
   that differ from their solution (the ones a student starts from).
 - the package: ``nf4lab.dequantize``'s kernels (``fastkernel``: every dtype x nested x path, with
-  their declared signatures), the fused GEMV's designs that ``gemv.auto_design`` picks, and the
+  their declared signatures), the fused GEMV's designs that ``gemv.default_design`` picks, and the
   benchmark's kernels (``bench``).
 
 Each recorded (function, argument types) is compiled the way :func:`nf4lab.compile_ptx` compiles
@@ -385,7 +385,7 @@ def collect_package() -> tuple[list, list]:
                          bench._bound_kernel(wide, threads, units), (arr(u32), arr(u8), arr(u32), u64), {}))
     from ..kernels import gemv
 
-    # The designs gemv.auto_design picks (launch_torch, the torch ops): two at M = 1, one per batch size.
+    # The FFMA designs gemv.auto_design picks (below sm_80): two at M = 1, one per batch size.
     designs = [gemv.Design(rows=4, split=2, min_blocks=3), gemv.Design(rows=8, split=2, min_blocks=2)]
     designs += [gemv.Design(rows=4, min_blocks=2, m=m) for m in range(1, gemv.MAX_M + 1)]
     for d in designs:

@@ -250,7 +250,9 @@ def make_gemv(is_bf16, d=Design(), reduce=warp_sum):
 
 # %% [markdown]
 # The launcher: validate (a misaligned 128-bit load kills the context), compile once per Design, size the
-# grid (`grid_size`: fewest rounds of resident teams). `nf4lab.gemv.launch` ships the same (tests compare PTX).
+# grid (`grid_size`: fewest rounds of resident teams). `nf4lab.gemv.launch` ships the same kernel (tests compare
+# PTX) where the GPU has no bf16 `mma.sync` (a T4) or under `NF4LAB_ARCH=sm_75`; on sm_80+ it ships a tensor-core
+# design that feeds the table's values to `mma.sync` (`nf4lab.kernels.gemv_tc`, measured in `lab/README.md`).
 
 # %%
 KERNELS = {}
