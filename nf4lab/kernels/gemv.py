@@ -244,11 +244,12 @@ class Design:
     m: int = 1           # batch: rows of x, each weight read once for all of them
     min_blocks: int = 2  # launch bounds: 256-thread blocks per SM ptxas must fit (caps the registers)
     tc: bool = False
+    nested: bool = True  # nested statistics (bitsandbytes' default); plain ones only with tc
 
     @property
     def name(self):  # the lab's variant names: 32 columns per lane, 8 warps per block
         if self.tc:
-            return "TC" + (f" M{self.m}" if self.m > 1 else "")
+            return "TC" + (f" M{self.m}" if self.m > 1 else "") + ("" if self.nested else " plain")
         return f"R{self.rows} S{self.split} C32 W8 B{self.min_blocks}" + (f" M{self.m}" if self.m > 1 else "")
 
 
@@ -432,7 +433,7 @@ def kernel(d, dtype):
             from . import gemv_tc
 
             base = gemv_tc.probe_base() if runtime.ON_GPU else gemv_tc.default_base(arch_target())
-            _KERNELS[(d, dtype)] = gemv_tc.make_kernel(dtype == "bf16", d.m, base)
+            _KERNELS[(d, dtype)] = gemv_tc.make_kernel(dtype == "bf16", d.m, base, d.nested)
         else:
             _KERNELS[(d, dtype)] = make_gemv(dtype == "bf16", d)
     return _KERNELS[(d, dtype)]
@@ -505,8 +506,11 @@ def launch(g, design=None, kern=None):
     make_gemv for that design instead of the cached one; ``g.grid`` (if set) replaces grid_size."""
     validate(g)  # dtypes, sizes, alignment, M: raises before anything is launched
     d = design or default_design(g.N, g.M)
-    if d.m != g.M:
-        d = dataclasses.replace(d, m=g.M)
+    if d.m != g.M or d.nested != g.nested:
+        d = dataclasses.replace(d, m=g.M, nested=g.nested)
+    if not d.nested and not d.tc:
+        raise ValueError("plain statistics: only the tensor-core design reads them (Design(tc=True), sm_80+ or "
+                         "the simulator); the FFMA designs take nested statistics")
     kern = kern or kernel(d, g.dtype)
     grid = g.grid or grid_size(d, g.N)
     args = (g.packed_u32, g.absmax_q, g.absmax2, g.code2, g.lut, g.offset, g.x_u32, g.y, g.N, g.K, g.bs_shift)
@@ -554,6 +558,7 @@ class GemvBuffers:
     dtype: str
     stream: object = 0
     grid: int | None = None  # a launch may honour it instead of its own grid (tests: the grid-stride loop)
+    nested: bool = True      # False: absmax2 holds one float32 absmax per block; absmax_q, code2, offset unused
 
     def result(self):
         from numba import cuda
@@ -589,13 +594,14 @@ def _ceil_div(a, b):
 
 # (parameter, dtype, elements needed as a function of N, K, M and the blocksize, read with 128-bit loads)
 _PARAMS = (
-    ("packed_u32", np.uint32, lambda N, K, M, bs: _ceil_div(N * K, 8), True),
-    ("absmax_q", np.uint8, lambda N, K, M, bs: _ceil_div(N * K, bs), False),
-    ("absmax2", np.float32, lambda N, K, M, bs: _ceil_div(_ceil_div(N * K, bs), reference.NESTED_BLOCKSIZE), False),
-    ("code2", np.float32, lambda N, K, M, bs: 256, False),
-    ("lut", np.float32, lambda N, K, M, bs: 16, False),
-    ("x_u32", np.uint32, lambda N, K, M, bs: M * K // 2, True),
-    ("y", np.uint16, lambda N, K, M, bs: M * N, False),
+    ("packed_u32", np.uint32, lambda N, K, M, bs, nested: _ceil_div(N * K, 8), True),
+    ("absmax_q", np.uint8, lambda N, K, M, bs, nested: _ceil_div(N * K, bs) if nested else 0, False),
+    ("absmax2", np.float32, lambda N, K, M, bs, nested: _ceil_div(_ceil_div(N * K, bs), reference.NESTED_BLOCKSIZE)
+     if nested else _ceil_div(N * K, bs), False),
+    ("code2", np.float32, lambda N, K, M, bs, nested: 256 if nested else 0, False),
+    ("lut", np.float32, lambda N, K, M, bs, nested: 16, False),
+    ("x_u32", np.uint32, lambda N, K, M, bs, nested: M * K // 2, True),
+    ("y", np.uint16, lambda N, K, M, bs, nested: M * N, False),
 )
 
 
@@ -628,7 +634,7 @@ def validate(g, max_m: int = MAX_M) -> None:
             raise TypeError(f"{name} must have dtype {np.dtype(dt).name}, got {np.dtype(arr.dtype).name}")
         if len(arr.shape) != 1:
             raise ValueError(f"{name} must be 1-D (flattened), got shape {tuple(arr.shape)}")
-        n = need(g.N, g.K, g.M, 1 << g.bs_shift)
+        n = need(g.N, g.K, g.M, 1 << g.bs_shift, getattr(g, "nested", True))
         if arr.shape[0] < n:
             raise ValueError(f"{name} has {arr.shape[0]} elements; N={g.N}, K={g.K}, M={g.M} need {n}")
         if aligned and _address(arr) % 16:
@@ -649,7 +655,7 @@ def make_gemv_buffers(gc) -> GemvBuffers:
         packed_u32=cuda.to_device(packed).view(np.uint32), absmax_q=cuda.to_device(gc.absmax_q),
         absmax2=cuda.to_device(gc.absmax2), code2=cuda.to_device(gc.code2), lut=cuda.to_device(gc.lut),
         offset=np.float32(gc.offset), x_u32=cuda.to_device(xb), y=cuda.to_device(y),
-        N=gc.N, K=gc.K, M=gc.M, bs_shift=int(gc.blocksize).bit_length() - 1, dtype=gc.dtype)
+        N=gc.N, K=gc.K, M=gc.M, bs_shift=int(gc.blocksize).bit_length() - 1, dtype=gc.dtype, nested=gc.nested)
 
 
 def buffers_from_torch(packed, qs, x, y) -> GemvBuffers:

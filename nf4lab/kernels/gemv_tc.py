@@ -224,8 +224,11 @@ def default_base(cc) -> int:
 
 # ---------------------------------------------------------------- the kernel
 @functools.cache
-def make_kernel(is_bf16, M, base):
-    """The kernel for one activation dtype, batch M (1..8) and table base (``probe_base()``)."""
+def make_kernel(is_bf16, M, base, nested=True):
+    """The kernel for one activation dtype, batch M (1..8) and table base (``probe_base()``). ``nested``: the
+    scales are bitsandbytes' nested statistics (code2[absmax_q[b]] * absmax2[b // 256] + offset); else
+    ``absmax2`` holds one float32 absmax per block and ``absmax_q``, ``code2`` and ``offset`` are unused."""
+    NESTED = nested
     D, min_blocks = 1, BLOCKS_PER_SM  # steps whose loads are in flight ahead of the one computed (2: slower)
     NT = (M + 1) // 2                 # n-tiles of 8 columns: 2 batch rows x 4 blocks each
     NACC, NCF = 2 * NT, 4 * NT
@@ -279,8 +282,11 @@ def make_kernel(is_bf16, M, base):
             for i in range(4):
                 r = r0 if i < 2 else r1
                 blk = uint32(r * kw + min(uint32(wb + uint32(8 * (i % 2))), uint32(kw - uint32(8)))) >> ash
-                buf[o + 16 + i] = uint32(absmax_q[blk])
-                buf[o + 20 + i] = ops.float_bits(absmax2[blk >> uint32(8)])
+                if NESTED:
+                    buf[o + 16 + i] = uint32(absmax_q[blk])
+                    buf[o + 20 + i] = ops.float_bits(absmax2[blk >> uint32(8)])
+                else:
+                    buf[o + 20 + i] = ops.float_bits(absmax2[blk])
 
     @cuda.jit(launch_bounds=(THREADS, min_blocks))
     def gemv_tc(packed_u32, absmax_q, absmax2, code2, lut, offset, x_u32, y, N, K, bs_shift):
@@ -314,7 +320,8 @@ def make_kernel(is_bf16, M, base):
                 tp = uint32(tp + grid)
         if tid < uint32(16):
             sm[LUT0 + tid] = half_bits(lut[tid])
-        sm[C20 + tid] = ops.float_bits(code2[tid])
+        if NESTED:
+            sm[C20 + tid] = ops.float_bits(code2[tid])
         cuda.syncthreads()
         for j in range(32 * 256 // THREADS):    # only the used half of each 256-byte row
             i = uint32(tid + uint32(j * THREADS))
@@ -381,8 +388,11 @@ def make_kernel(is_bf16, M, base):
                     # lane q holds columns 2q, 2q+1: batch row 2 nt + q // 2, blocks 2 (q & 1), +1; rows g, g + 8
                     if (q >> uint32(1)) < uint32(M):
                         for i in range(4):
-                            s[i] = ops.fadd_rn(ops.fmul_rn(gemv.f32_from_bits(sm[C20 + buf[16 + i]]),
-                                                           gemv.f32_from_bits(buf[20 + i])), offset)
+                            if NESTED:
+                                s[i] = ops.fadd_rn(ops.fmul_rn(gemv.f32_from_bits(sm[C20 + buf[16 + i]]),
+                                                               gemv.f32_from_bits(buf[20 + i])), offset)
+                            else:
+                                s[i] = gemv.f32_from_bits(buf[20 + i])
                         for nt in range(NT):
                             acc[2 * nt] += cf[4 * nt] * s[0] + cf[4 * nt + 1] * s[1]
                             acc[2 * nt + 1] += cf[4 * nt + 2] * s[2] + cf[4 * nt + 3] * s[3]

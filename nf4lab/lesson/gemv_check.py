@@ -38,6 +38,7 @@ class GemvCase:
     tol: np.ndarray         # float64 (M, N): allowed |y - y64|
     case: object = None     # the nf4lab.lesson.cases.Case it was made from
     tol_table: np.ndarray = None  # tol plus the rounding of the 16 NF4 values to the dtype (table_tolerance)
+    nested: bool = True     # False: plain statistics, absmax2 holds each block's float32 absmax (absmax_q, code2 unused)
 
     @property
     def shape(self):
@@ -102,9 +103,11 @@ def table_tolerance(x, w, dtype, tol) -> np.ndarray:
     return tol + UNIT_OUT[dtype] * s
 
 
-def make_gemv_case(N, K, dtype="bf16", M=1, dist="randn", seed=0, blocksize=64, x_dist="randn") -> GemvCase:
+def make_gemv_case(N, K, dtype="bf16", M=1, dist="randn", seed=0, blocksize=64, x_dist="randn",
+                   nested=True) -> GemvCase:
     """W (N, K) quantized by bitsandbytes (through nf4lab.lesson.cases, cached; ``dist`` as there: "heavy" is
-    Student t weights), x (M, K) (``x_dist``: see :func:`make_x`), reference and tolerance."""
+    Student t weights), x (M, K) (``x_dist``: see :func:`make_x`), reference and tolerance. ``nested=False``:
+    plain statistics, each block's absmax as one float32 (the same values, so the same W and reference)."""
     from .cases import make_case
 
     if dtype not in TORCH_DTYPE:
@@ -113,8 +116,9 @@ def make_gemv_case(N, K, dtype="bf16", M=1, dist="randn", seed=0, blocksize=64, 
     absmax = reference.block_absmax(case.absmax_q, case.absmax2, case.code2, case.offset)
     w = reference.dequantize_f32(case.packed, absmax, case.n, blocksize).reshape(N, K)
     x_bits, x = make_x(M, K, dtype, seed, x_dist)
-    return GemvCase(N=N, K=K, M=M, dtype=dtype, blocksize=blocksize, packed=case.packed,
-                    absmax_q=case.absmax_q, absmax2=case.absmax2, code2=case.code2,
+    stats = (dict(absmax_q=case.absmax_q, absmax2=case.absmax2, code2=case.code2) if nested else
+             dict(absmax_q=np.zeros(1, np.uint8), absmax2=np.asarray(absmax, np.float32), code2=np.zeros(1, np.float32)))
+    return GemvCase(N=N, K=K, M=M, dtype=dtype, blocksize=blocksize, packed=case.packed, nested=nested, **stats,
                     offset=np.float32(case.offset), lut=case.lut.copy(), x_bits=x_bits, x=x, w=w,
                     y64=reference_y64(x, w), tol=(tol := tolerance(x, w, dtype)), case=case,
                     tol_table=table_tolerance(x, w, dtype, tol))
