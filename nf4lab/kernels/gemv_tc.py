@@ -8,7 +8,7 @@ in float32 (each product exact), more accurate than bitsandbytes' gemv_4bit, whi
 products to bf16/fp16; the one extra rounding is the table's: each NF4 value in bf16/fp16.
 
 One warp step is 16 rows x 256 columns. Lane (g, q) = (lane >> 2, lane & 3) reads two 16-byte pieces (32
-codes each) of rows 16t + g and 16t + g + 8 (where: :func:`piece`). Piece h feeds 8 mmas; mma i takes its
+codes each) of rows 16t + g and 16t + g + 8 (where: see ``fetch``). Piece h feeds 8 mmas; mma i takes its
 bytes 2i, 2i + 1: logical k = 2q, 2q + 1 <-> columns 4i, 4i + 1 of the piece and k = 2q + 8, 2q + 9 <->
 4i + 2, 4i + 3 (a sum does not care about the order of k; B follows the same order). B column n = 4 mm + b
 holds batch row mm's x where the column lies in the step's 64-column scale block b, else 0, so C[row, 4 mm + b]
@@ -252,14 +252,14 @@ def make_kernel(is_bf16, M, base, nested=True):
         return uint32(ops.to_f16_bits(v))
 
     @cuda.jit(device=True, inline="always")
-    def fetch(buf, o, packed_u32, absmax_q, absmax2, t, c, g, q, n, kw, tiles, chunks, ash):
+    def fetch(buf, o, packed_u32, absmax_q, absmax2, t, c, g, q, n, kw, tiles, steps, ash):
         """Step c (256 columns) of row tile t into buf[o:o+24]: lane q's two 16-byte pieces of rows g and g + 8
         and the statistics of the blocks its C columns hold (2 (q & 1), +1). Clamped: past the end it re-reads
         valid bytes, never used. One row of x: the pieces are adjacent, columns 64q.. of the step (block q). A
         batch: columns 32q.. and 128 + 32q.. (blocks q // 2 and 2 + q // 2), so that the 4 lanes of a row read 64
         contiguous bytes per load, whole 32-byte sectors (M = 8: 2-5 us less; M = 1: 1 us more, H100)."""
         tt = min(t, uint32(tiles - uint32(1)))
-        cc = min(c, uint32(chunks - uint32(1)))
+        cc = min(c, uint32(steps - uint32(1)))
         r0 = min(uint32(tt * uint32(16) + g), uint32(n - uint32(1)))
         r1 = min(uint32(tt * uint32(16) + g + uint32(8)), uint32(n - uint32(1)))
         if WIDE:
@@ -300,7 +300,7 @@ def make_kernel(is_bf16, M, base, nested=True):
         k = uint32(K)
         kw = k >> uint32(3)
         kx = k >> uint32(1)
-        chunks = (k + uint32(255)) >> uint32(8)
+        steps = (k + uint32(255)) >> uint32(8)
         tiles = (n + uint32(15)) >> uint32(4)
         ash = uint32(uint32(bs_shift) - uint32(3))
         grid = uint32(cuda.gridDim.x)
@@ -313,9 +313,9 @@ def make_kernel(is_bf16, M, base, nested=True):
         c = warp
         tp, cp = t, c
         for d in range(D):
-            fetch(buf, FB * (d + 1), packed_u32, absmax_q, absmax2, tp, cp, g, q, n, kw, tiles, chunks, ash)
+            fetch(buf, FB * (d + 1), packed_u32, absmax_q, absmax2, tp, cp, g, q, n, kw, tiles, steps, ash)
             cp = uint32(cp + uint32(W))
-            if cp >= chunks:
+            if cp >= steps:
                 cp = warp
                 tp = uint32(tp + grid)
         if tid < uint32(16):
@@ -341,17 +341,17 @@ def make_kernel(is_bf16, M, base, nested=True):
             while True:
                 for i in range(FB * D):
                     buf[i] = buf[i + FB]
-                fetch(buf, FB * D, packed_u32, absmax_q, absmax2, tp, cp, g, q, n, kw, tiles, chunks, ash)
+                fetch(buf, FB * D, packed_u32, absmax_q, absmax2, tp, cp, g, q, n, kw, tiles, steps, ash)
                 cp = uint32(cp + uint32(W))
-                if cp >= chunks:
+                if cp >= steps:
                     cp = warp
                     tp = uint32(tp + grid)
                 cn = uint32(c + uint32(W))
                 tn = t
-                if cn >= chunks:
+                if cn >= steps:
                     cn = warp
                     tn = uint32(t + grid)
-                if c < chunks:
+                if c < steps:
                     for i in range(NCF):
                         cf[i] = float32(0.0)
                     xcol = uint32(c * uint32(256) + uint32(64) * q)   # lane q's 64 columns: block q of the step
