@@ -60,27 +60,24 @@ def variant_launches(mod, names=None, policies=None) -> dict:
     for key, design in variants.items():  # a Design, a function (N, M) -> Design, None, or (one of those, policy)
         d, p = design if isinstance(design, tuple) else (design, "balanced")
         out[key] = (lambda g, d=d, p=p: mod.launch(g, design=d, policy=p))
-    out[first] = nf4lab.kernels.gemv.launch  # the default: the shipped kernel itself (the family's auto design, same PTX)
+    gemv = nf4lab.kernels.gemv
+    # the default: the shipped FFMA kernel itself (the family's auto design, same PTX), which notebook 09 teaches
+    out[first] = (lambda g: gemv.launch(g, design=gemv.auto_design(g.N, g.M)))
+    from nf4lab.kernels import gemv_tc
+
+    if gemv_tc.available():  # the tensor-core design, what gemv.launch ships on sm_80+ (09_gemv_tc.json)
+        out["TC"] = (lambda g: gemv.launch(g, design=gemv.Design(tc=True)))
     pols = list(getattr(mod, "GRID_POLICIES", ())) if policies is None else list(policies)
     for p in pols[1:]:
         out[f"{first}, {p} grid"] = (lambda g, p=p: mod.launch(g, design=variants[first], policy=p))
     out["v1"] = gemv_v1.launch
-    from lab import gemv_mma
-
-    for bps in (1, 2, 3, 4):  # the tensor-core design: blocks per SM, chunks in flight ahead
-        for dd in (1, 2, 3):
-            out[f"TC B{bps} D{dd}"] = (lambda g, b=bps, dd=dd: gemv_mma.launch(g, blocks_per_sm=b, D=dd))
-    from nf4lab.kernels import gemv_tc
-
-    out["X1 lab launch, nf4lab kernel"] = (lambda g: gemv_mma.launch(
-        g, kern=gemv_tc.make_kernel(g.dtype == "bf16", g.M, gemv_tc.probe_base())))
-    out["X2 nf4lab launch, lab kernel"] = (lambda g: nf4lab.kernels.gemv.launch(
-        g, kern=gemv_mma.make_kernel(g.dtype == "bf16", g.M, 1, 2, gemv_mma.probe_base())))
-    out["TC B2 D1 add"] = (lambda g: gemv_mma.launch(g, blocks_per_sm=2, D=1, imm=False))
-    out["TC B2 D1 xlate"] = (lambda g: gemv_mma.launch(g, blocks_per_sm=2, D=1, xearly=False))
-    out["TC B2 D2 xlate"] = (lambda g: gemv_mma.launch(g, blocks_per_sm=2, D=2, xearly=False))
-    out["TC B2 D1 carve"] = (lambda g: gemv_mma.launch(g, blocks_per_sm=2, D=1, carveout=True))
     if names:
+        from lab import gemv_mma
+
+        for bps in (1, 2, 3, 4):  # the tensor-core design's knobs, only by name: blocks per SM, steps in flight
+            for dd in (1, 2, 3):
+                out[f"TC B{bps} D{dd}"] = (lambda g, b=bps, dd=dd: gemv_mma.launch(g, blocks_per_sm=b, D=dd))
+        out["TC B2 D1 carve"] = (lambda g: gemv_mma.launch(g, carveout=True))
         missing = [n for n in names if n not in out]
         if missing:
             raise SystemExit(f"unknown variants {missing}; known: {list(out)}")

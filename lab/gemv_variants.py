@@ -96,19 +96,13 @@ else:
 
 
 def with_dynamic_shared(kern, args, nbytes):
-    """``kern`` ready to launch with ``nbytes`` of dynamic shared memory: beyond 48 KB per block the kernel's
-    CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES must be raised first, which numba does not do."""
-    if runtime.SIMULATOR or nbytes == 0:
+    """``kern`` ready to launch with ``nbytes`` of dynamic shared memory (past 48 KB the kernel's attribute must be
+    raised first, which numba does not do): the shipped tensor-core kernel's own mechanism, gemv_tc.prepare."""
+    if nbytes == 0:
         return kern
-    spec = kern.specialize(*args)
-    if getattr(spec, "_nf4lab_dynamic_smem", 0) < nbytes:
-        from numba.cuda.cudadrv.driver import binding, driver
+    from nf4lab.kernels import gemv_tc
 
-        f = next(iter(spec.overloads.values()))._codelibrary.get_cufunc()
-        attr = binding.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
-        driver.cuKernelSetAttribute(attr, int(nbytes), f.handle, f.device.id)
-        spec._nf4lab_dynamic_smem = nbytes
-    return spec
+    return gemv_tc.prepare(kern, args, nbytes)
 
 
 # ---------------------------------------------------------------- the design family

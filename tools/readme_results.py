@@ -104,7 +104,9 @@ def gemv_tc_lines(gpu) -> list:
         return next((q["ms"] for q in rs if q["name"].startswith(name) and q["shape"] == shape and q["dtype"] == dtype
                      and (q.get("M") or 1) == M and q.get("ms")), None)
 
-    ours, ffma, bnb1 = "fused NF4 gemv (numba) [auto]", "fused NF4 gemv (numba) [R2 S1", "bitsandbytes matmul_4bit gemv"
+    from nf4lab.measure.gemv_bench import default_kernel
+
+    ours, ffma, bnb1 = default_kernel(run), "fused NF4 gemv (numba) [R2 S1", "bitsandbytes matmul_4bit gemv"
     lines = ["", f"Tensor-core GEMV (`nf4lab.kernels.gemv_tc`, the default where mma.sync exists, sm_80+), "
              f"{results.label(run['meta'])}; the read bound from the same session ({results.label(bound['meta'])}):", "",
              "| W (N x K) | dtype | tensor-core us | read bound us | % of read bound | FFMA design us | bitsandbytes gemv_4bit us | x bitsandbytes |",
@@ -126,7 +128,7 @@ def gemv_tc_lines(gpu) -> list:
             for dt in ("bf16", "fp16"):
                 cells = []
                 for M in (2, 4, 8):
-                    o = ms(ours, list(shape), dt, M, rs)
+                    o = ms(default_kernel(batch), list(shape), dt, M, rs)
                     n = ms("bitsandbytes matmul_4bit gemm_4bit", list(shape), dt, M, rs)
                     cells.append("" if o is None or n is None else f"{o * 1e3:.1f} / {n * 1e3:.1f}")
                 if any(cells):

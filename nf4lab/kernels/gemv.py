@@ -26,7 +26,7 @@ import numpy as np
 
 from .. import runtime  # first: it may switch numba to the simulator
 from ..lesson import reference
-from . import ops
+from . import arch, ops
 from numba import cuda, float32, uint32, uint64  # noqa: E402  (a module global: the simulator swaps it in kernels)
 
 LLM_SHAPES = ((4096, 4096), (4096, 14336), (14336, 4096), (8192, 28672))  # (N, K) = W.shape
@@ -432,17 +432,11 @@ def kernel(d, dtype):
         if d.tc:
             from . import gemv_tc
 
-            base = gemv_tc.probe_base() if runtime.ON_GPU else gemv_tc.default_base(arch_target())
+            base = gemv_tc.probe_base() if runtime.ON_GPU else gemv_tc.default_base(arch.target_cc())
             _KERNELS[(d, dtype)] = gemv_tc.make_kernel(dtype == "bf16", d.m, base, d.nested)
         else:
             _KERNELS[(d, dtype)] = make_gemv(dtype == "bf16", d)
     return _KERNELS[(d, dtype)]
-
-
-def arch_target():
-    from . import arch
-
-    return arch.target_cc()
 
 
 def dynamic_smem(d) -> int:
@@ -634,7 +628,7 @@ def validate(g, max_m: int = MAX_M) -> None:
             raise TypeError(f"{name} must have dtype {np.dtype(dt).name}, got {np.dtype(arr.dtype).name}")
         if len(arr.shape) != 1:
             raise ValueError(f"{name} must be 1-D (flattened), got shape {tuple(arr.shape)}")
-        n = need(g.N, g.K, g.M, 1 << g.bs_shift, getattr(g, "nested", True))
+        n = need(g.N, g.K, g.M, 1 << g.bs_shift, g.nested)
         if arr.shape[0] < n:
             raise ValueError(f"{name} has {arr.shape[0]} elements; N={g.N}, K={g.K}, M={g.M} need {n}")
         if aligned and _address(arr) % 16:

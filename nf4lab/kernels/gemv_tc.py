@@ -33,7 +33,7 @@ THREADS = 256
 W = THREADS // 32
 TAB_WORDS = 256 * 64            # entry e, lane l at word (e << 6) | l; words 32..63 of each row unused
 MMA_CC = (8, 0)                 # mma.sync m16n8k16 with bf16 needs sm_80
-BLOCKS_PER_SM = 2               # 118 registers, 68 KB of shared memory: measured best (lab/gemv_mma.py)
+BLOCKS_PER_SM = 2               # 116 registers, 68 KB of shared memory: measured best (lab/gemv_mma.py)
 
 
 def dynamic_smem(M) -> int:
@@ -202,7 +202,7 @@ else:
 
 
 @functools.cache
-def probe_base(device_id=None) -> int:
+def probe_base() -> int:
     """Where dynamic shared memory starts in a block's shared window on this GPU (0x400 on an H100: the
     first KB is reserved); 0 in the simulator, whose lookups index the array itself."""
     if runtime.SIMULATOR:
@@ -224,12 +224,13 @@ def default_base(cc) -> int:
 
 # ---------------------------------------------------------------- the kernel
 @functools.cache
-def make_kernel(is_bf16, M, base, nested=True):
+def make_kernel(is_bf16, M, base, nested=True, D=1, min_blocks=BLOCKS_PER_SM):
     """The kernel for one activation dtype, batch M (1..8) and table base (``probe_base()``). ``nested``: the
     scales are bitsandbytes' nested statistics (code2[absmax_q[b]] * absmax2[b // 256] + offset); else
-    ``absmax2`` holds one float32 absmax per block and ``absmax_q``, ``code2`` and ``offset`` are unused."""
+    ``absmax2`` holds one float32 absmax per block and ``absmax_q``, ``code2`` and ``offset`` are unused.
+    ``D`` (steps whose loads are in flight ahead of the one computed) and ``min_blocks`` (the launch bounds'
+    blocks per SM) are the lab's knobs (lab/gemv_mma.py); the defaults are what measured fastest."""
     NESTED = nested
-    D, min_blocks = 1, BLOCKS_PER_SM  # steps whose loads are in flight ahead of the one computed (2: slower)
     NT = (M + 1) // 2                 # n-tiles of 8 columns: 2 batch rows x 4 blocks each
     NACC, NCF = 2 * NT, 4 * NT
     WIDE = M > 1                      # where a lane's two 16-byte pieces lie (see fetch)

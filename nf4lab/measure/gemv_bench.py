@@ -47,8 +47,9 @@ def bnb_name(M: int) -> str:
 
 
 def default_kernel(run) -> str:
-    """Name of the kernel record a run shows: the first variant timed."""
-    return run.meta.get("default_kernel") or kernel_name("auto")
+    """Name of the kernel record a run shows: the first variant timed (``run``: a Run, or a results file's dict)."""
+    meta = run["meta"] if isinstance(run, dict) else run.meta
+    return meta.get("default_kernel") or kernel_name("auto")
 
 
 def _quantize_gpu(N, K, dtype, seed=0, M=1):
