@@ -234,6 +234,8 @@ RING_CASES = [
     (4, 17, 576, "fp16", 8, None, {}),
     (3, 33, 448, "bf16", 1, 1, {}),                    # 3 tiles on one block: the ring runs across tiles
     (4, 9, 704, "fp16", 3, None, {"nested": False, "blocksize": 128}),
+    ((2, True), 5, 6144, "bf16", 1, 1, {"dist": "heavy", "x_dist": "heavy"}),   # x slices through the ring too
+    ((3, True), 9, 704, "fp16", 3, None, {}),           # K = 704: the last step's x slice lies past K
 ]
 
 
@@ -247,7 +249,8 @@ def test_tensor_core_ring_within_tolerance(ring, N, K, dtype, M, grid, opts):
 
     gc, g = _case_buffers(N, K, dtype, M=M, **opts)
     g.grid = grid
-    gemv_mma.launch(g, ring=ring)
+    ring, xring = ring if isinstance(ring, tuple) else (ring, False)
+    gemv_mma.launch(g, ring=ring, xring=xring)
     assert gemv.check(g.result(), gc, name=f"{N}x{K} {dtype} M={M} ring {ring}", rounded_table=True).ok
 
 

@@ -44,10 +44,10 @@ def ring_extra_words(ring) -> int:
     return max(0, W * ring * 512 - GAP_STAGES * 512)
 
 
-def dynamic_smem(M, ring=0) -> int:
+def dynamic_smem(M, ring=0, xring=False) -> int:
     """Bytes of dynamic shared memory a launch asks for: table, 16 values, code2, partial sums (and the ring's
-    stages that do not fit in the table's gaps)."""
-    return 4 * (TAB_WORDS + 16 + 256 + 2 * W * 16 * M + ring_extra_words(ring))
+    stages that do not fit in the table's gaps, and its x slices)."""
+    return 4 * (TAB_WORDS + 16 + 256 + 2 * W * 16 * M + ring_extra_words(ring) + (W * ring * M * 128 if xring else 0))
 
 
 def available(cc=None) -> bool:
@@ -319,7 +319,7 @@ def default_base(cc) -> int:
 
 # ---------------------------------------------------------------- the kernel
 @functools.cache
-def make_kernel(is_bf16, M, base, nested=True, D=1, min_blocks=BLOCKS_PER_SM, ring=0):
+def make_kernel(is_bf16, M, base, nested=True, D=1, min_blocks=BLOCKS_PER_SM, ring=0, xring=False):
     """The kernel for one activation dtype, batch M (1..8) and table base (``probe_base()``). ``nested``: the
     scales are bitsandbytes' nested statistics (code2[absmax_q[b]] * absmax2[b // 256] + offset); else
     ``absmax2`` holds one float32 absmax per block and ``absmax_q``, ``code2`` and ``offset`` are unused.
@@ -331,7 +331,7 @@ def make_kernel(is_bf16, M, base, nested=True, D=1, min_blocks=BLOCKS_PER_SM, ri
     NESTED = nested
     NT = (M + 1) // 2                 # n-tiles of 8 columns: 2 batch rows x 4 blocks each
     NACC, NCF = 2 * NT, 4 * NT
-    WIDE = M > 1                      # where a lane's two 16-byte pieces lie (see fetch)
+    WIDE = M > 1 or ring > 0          # where a lane's two 16-byte pieces lie (see fetch)
     RING = ring
     if RING:
         D = RING - 1
@@ -339,6 +339,8 @@ def make_kernel(is_bf16, M, base, nested=True, D=1, min_blocks=BLOCKS_PER_SM, ri
     QO = 0 if RING else 16            # where a step's statistics start in its buffer stage
     NB = FB * (D + 1)
     EXTRA0 = TAB_WORDS + 16 + 256 + 2 * W * 16 * M
+    XRING = bool(xring) and RING > 0  # each step's x slice (M x 256 columns) rides in the ring too
+    XR0 = EXTRA0 + ring_extra_words(ring)
     mma = mma_bf16 if is_bf16 else mma_f16
     if runtime.SIMULATOR:
         look, copy, land, wait = lookup, ring_copy, ring_land, ring_wait_at(D)
@@ -377,7 +379,8 @@ def make_kernel(is_bf16, M, base, nested=True, D=1, min_blocks=BLOCKS_PER_SM, ri
                 gemv.load_stream_u32x4(packed_u32, uint64(w))
 
     @cuda.jit(device=True, inline="always")
-    def fetch(buf, o, sm, so, stride, packed_u32, absmax_q, absmax2, t, c, g, q, n, kw, tiles, steps, ash):
+    def fetch(buf, o, sm, so, stride, packed_u32, absmax_q, absmax2, t, c, g, q, n, kw, tiles, steps, ash,
+              x_u32, kx, lane, xstage):
         """Step c (256 columns) of row tile t into buf[o:o+24]: lane q's two 16-byte pieces of rows g and g + 8
         and the statistics of the blocks its C columns hold (2 (q & 1), +1). Clamped: past the end it re-reads
         valid bytes, never used. One row of x: the pieces are adjacent, columns 64q.. of the step (block q). A
@@ -402,6 +405,11 @@ def make_kernel(is_bf16, M, base, nested=True, D=1, min_blocks=BLOCKS_PER_SM, ri
             put(buf, o, sm, so, stride, 1, packed_u32, w0 + uint32(4))
             put(buf, o, sm, so, stride, 2, packed_u32, w1)
             put(buf, o, sm, so, stride, 3, packed_u32, w1 + uint32(4))
+        if XRING:  # lane l: 16 bytes (8 columns) of each batch row's 256; past K: any valid bytes (zeroed at use)
+            xo = uint32(((uint32(XR0) + xstage * uint32(M * 128)) << uint32(2)) + (lane << uint32(4)))
+            for mm in range(M):
+                copy(sm, uint32(xo + uint32(mm * 512)), x_u32,
+                     uint64(mm * kx + min(uint32(cc * uint32(128) + uint32(4) * lane), uint32(kx - uint32(4)))))
         if (q >> uint32(1)) < uint32(M):
             wb = cc * uint32(32) + uint32(16) * (q & uint32(1))
             for i in range(4):
@@ -440,7 +448,7 @@ def make_kernel(is_bf16, M, base, nested=True, D=1, min_blocks=BLOCKS_PER_SM, ri
         for d in range(D):
             so, stride = slot_at(warp, uint32(d), lane) if RING else (uint32(0), uint32(0))
             fetch(buf, FB * (d + 1), sm, so, stride, packed_u32, absmax_q, absmax2, tp, cp, g, q, n, kw, tiles,
-                  steps, ash)
+                  steps, ash, x_u32, kx, lane, uint32(warp * uint32(max(RING, 1)) + uint32(d)))
             if RING:
                 wait()
             cp = uint32(cp + uint32(W))
@@ -473,13 +481,14 @@ def make_kernel(is_bf16, M, base, nested=True, D=1, min_blocks=BLOCKS_PER_SM, ri
                 for i in range(FB * D):
                     buf[i] = buf[i + FB]
                 so, stride = uint32(0), uint32(0)
+                ws = uint32(0)
                 if RING:
                     ws = uint32(rs + uint32(D))
                     if ws >= uint32(RING):
                         ws = uint32(ws - uint32(RING))
                     so, stride = slot_at(warp, ws, lane)
                 fetch(buf, FB * D, sm, so, stride, packed_u32, absmax_q, absmax2, tp, cp, g, q, n, kw, tiles,
-                      steps, ash)
+                      steps, ash, x_u32, kx, lane, uint32(warp * uint32(max(RING, 1)) + ws))
                 if RING:
                     wait()   # this step's group has landed (D newer ones may still fly)
                 cp = uint32(cp + uint32(W))
@@ -522,10 +531,17 @@ def make_kernel(is_bf16, M, base, nested=True, D=1, min_blocks=BLOCKS_PER_SM, ri
                             # B: lane (g, q) holds column g = 4 mm + b: x of batch row 2 nt + mm where b is its block
                             m = uint32(2 * nt) + (g >> uint32(2))
                             if (blk if WIDE else q) == (g & uint32(3)) and m < uint32(M) and xcol < k:
-                                xi = uint64(m * kx + (xcol >> uint32(1)) + uint32(0 if WIDE else 16 * h))
-                                for j in range(4):
-                                    xr[4 * j], xr[4 * j + 1], xr[4 * j + 2], xr[4 * j + 3] = \
-                                        ops.load_u32x4(x_u32, xi + uint64(4 * j))
+                                if XRING:   # this step's slice: columns 128 h + 32 q.. of row m
+                                    xs = uint32(((uint32(XR0) + (warp * uint32(max(RING, 1)) + rs) * uint32(M * 128)
+                                                  + m * uint32(128) + uint32(64 * h) + uint32(16) * q) << uint32(2)))
+                                    for j in range(4):
+                                        xr[4 * j], xr[4 * j + 1], xr[4 * j + 2], xr[4 * j + 3] = \
+                                            land(sm, uint32(xs + uint32(16 * j)))
+                                else:
+                                    xi = uint64(m * kx + (xcol >> uint32(1)) + uint32(0 if WIDE else 16 * h))
+                                    for j in range(4):
+                                        xr[4 * j], xr[4 * j + 1], xr[4 * j + 2], xr[4 * j + 3] = \
+                                            ops.load_u32x4(x_u32, xi + uint64(4 * j))
                             else:
                                 for j in range(16):
                                     xr[j] = uint32(0)
