@@ -78,9 +78,6 @@ def variant_launches(mod, names=None, policies=None) -> dict:
             for dd in (1, 2, 3):
                 out[f"TC B{bps} D{dd}"] = (lambda g, b=bps, dd=dd: gemv_mma.launch(g, blocks_per_sm=b, D=dd))
         out["TC B2 D1 carve"] = (lambda g: gemv_mma.launch(g, carveout=True))
-        for r in (2, 3, 4):  # the weights through a cp.async ring of r stages per warp in shared memory
-            out[f"TC R{r}"] = (lambda g, r=r: gemv_mma.launch(g, ring=r))
-            out[f"TC R{r} X"] = (lambda g, r=r: gemv_mma.launch(g, ring=r, xring=True))  # x slices in the ring too
         missing = [n for n in names if n not in out]
         if missing:
             raise SystemExit(f"unknown variants {missing}; known: {list(out)}")

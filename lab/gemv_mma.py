@@ -9,8 +9,7 @@ driver's carveout) are what ships; lab/bench_gemv.py times the others as "TC B<b
 """
 from __future__ import annotations
 
-import nf4lab  # first: decides GPU or simulator
-import nf4lab.runtime
+import nf4lab  # noqa: F401  (first: decides GPU or simulator)
 from nf4lab.kernels import gemv, gemv_tc
 
 
@@ -26,16 +25,16 @@ def _max_carveout(kern):
     kern._nf4lab_carveout = True
 
 
-def kernel(is_bf16, M, blocks_per_sm=gemv_tc.BLOCKS_PER_SM, D=1, ring=0, nested=True, xring=False):
-    return gemv_tc.make_kernel(is_bf16, M, gemv_tc.probe_base(), nested, D, max(blocks_per_sm, 1), ring, xring)
+def kernel(is_bf16, M, blocks_per_sm=gemv_tc.BLOCKS_PER_SM, D=1):
+    return gemv_tc.make_kernel(is_bf16, M, gemv_tc.probe_base(), True, D, max(blocks_per_sm, 1))
 
 
-def launch(g, blocks_per_sm=gemv_tc.BLOCKS_PER_SM, D=1, carveout=False, ring=0, xring=False):
+def launch(g, blocks_per_sm=gemv_tc.BLOCKS_PER_SM, D=1, carveout=False):
     gemv.validate(g)
     args = (g.packed_u32, g.absmax_q, g.absmax2, g.code2, g.lut, g.offset, g.x_u32, g.y, g.N, g.K, g.bs_shift)
-    nbytes = gemv_tc.dynamic_smem(g.M, ring, xring)
-    kern = gemv_tc.prepare(kernel(g.dtype == "bf16", g.M, blocks_per_sm, D, ring, g.nested, xring), args, nbytes)
-    if (carveout or nbytes > 70 * 1024) and not nf4lab.runtime.SIMULATOR:  # past 2 stages the ring's shared memory needs the largest carveout for 2 blocks
+    nbytes = gemv_tc.dynamic_smem(g.M)
+    kern = gemv_tc.prepare(kernel(g.dtype == "bf16", g.M, blocks_per_sm, D), args, nbytes)
+    if carveout:
         _max_carveout(kern)
     grid = g.grid or min(-(-g.N // 16), blocks_per_sm * gemv.sms())
     kern[grid, gemv_tc.THREADS, g.stream, nbytes](*args)

@@ -226,34 +226,6 @@ def test_tensor_core_kernel_within_tolerance(N, K, dtype, M, grid, opts):
     assert rep.ok
 
 
-# The weights through a cp.async ring in shared memory (lab/gemv_mma.py's ``ring``): stages in the table's gaps
-# and past them (ring 4: warps 4-7), a ring that wraps (more steps per warp than stages), a batch, plain statistics.
-RING_CASES = [
-    (2, 5, 6144, "bf16", 1, 1, {"dist": "codes"}),     # 24 steps: 3 per warp, the 2-stage ring wraps
-    (4, 5, 6144, "fp16", 1, 1, {"dist": "heavy"}),
-    (4, 17, 576, "fp16", 8, None, {}),
-    (3, 33, 448, "bf16", 1, 1, {}),                    # 3 tiles on one block: the ring runs across tiles
-    (4, 9, 704, "fp16", 3, None, {"nested": False, "blocksize": 128}),
-    ((2, True), 5, 6144, "bf16", 1, 1, {"dist": "heavy", "x_dist": "heavy"}),   # x slices through the ring too
-    ((3, True), 9, 704, "fp16", 3, None, {}),           # K = 704: the last step's x slice lies past K
-]
-
-
-@pytest.mark.parametrize("ring,N,K,dtype,M,grid,opts", RING_CASES,
-                         ids=[f"ring{c[0]}-{c[1]}x{c[2]}-{c[3]}-M{c[4]}" for c in RING_CASES])
-def test_tensor_core_ring_within_tolerance(ring, N, K, dtype, M, grid, opts):
-    import sys
-
-    sys.path.insert(0, str(ROOT))
-    from lab import gemv_mma
-
-    gc, g = _case_buffers(N, K, dtype, M=M, **opts)
-    g.grid = grid
-    ring, xring = ring if isinstance(ring, tuple) else (ring, False)
-    gemv_mma.launch(g, ring=ring, xring=xring)
-    assert gemv.check(g.result(), gc, name=f"{N}x{K} {dtype} M={M} ring {ring}", rounded_table=True).ok
-
-
 def test_tensor_core_tolerance_is_needed_and_explained():
     """The table rounding is real (the fp32-table tolerance fails on a heavy-tailed case) and is all there is:
     against a float64 reference built from the bf16-rounded table the error is output rounding only."""

@@ -36,18 +36,9 @@ MMA_CC = (8, 0)                 # mma.sync m16n8k16 with bf16 needs sm_80
 BLOCKS_PER_SM = 2               # 116 registers, 68 KB of shared memory: measured best (lab/gemv_mma.py)
 
 
-GAP_STAGES = 16                 # warp stages (2 KB) that fit in the table rows' unused halves (32 KB)
-
-
-def ring_extra_words(ring) -> int:
-    """Shared words the ring of ``ring`` stages per warp needs past the table's gaps."""
-    return max(0, W * ring * 512 - GAP_STAGES * 512)
-
-
-def dynamic_smem(M, ring=0, xring=False) -> int:
-    """Bytes of dynamic shared memory a launch asks for: table, 16 values, code2, partial sums (and the ring's
-    stages that do not fit in the table's gaps, and its x slices)."""
-    return 4 * (TAB_WORDS + 16 + 256 + 2 * W * 16 * M + ring_extra_words(ring) + (W * ring * M * 128 if xring else 0))
+def dynamic_smem(M) -> int:
+    """Bytes of dynamic shared memory a launch asks for: table, 16 values, code2, partial sums."""
+    return 4 * (TAB_WORDS + 16 + 256 + 2 * W * 16 * M)
 
 
 def available(cc=None) -> bool:
@@ -190,87 +181,6 @@ def _lookup_at(base):
     return lookup
 
 
-@functools.cache
-def _ring_ops(base):
-    """The ring's three device ops, the shared window's base in each instruction's immediate:
-    ``copy(tab, off, arr, i)``: ``cp.async.cg.shared.global`` of 16 bytes (uint32 elements i..i+3 of a 16-byte
-    aligned array) to byte ``off``, through L2 only; ``land(tab, off)``: ``ld.shared.v4.u32`` of what landed there,
-    after ``wait`` (``cp.async.wait_group``: at most ``n`` of this thread's copy groups still in flight), which
-    first commits the copies issued since the last wait as one group. Below sm_80 (no cp.async) the copy is a
-    plain load and store, so the kernel assembles for every architecture."""
-    from llvmlite import ir
-    from numba import types
-    from numba.cuda import cgutils
-    from numba.cuda.extending import intrinsic
-
-    i32, i64 = ir.IntType(32), ir.IntType(64)
-
-    @intrinsic
-    def copy(typingctx, tab, off, arr, i):
-        sig = types.void(tab, types.uint32, arr, types.uint64)
-
-        def codegen(context, builder, sig, args):
-            o = context.cast(builder, args[1], sig.args[1], types.uint32)
-            ary = context.make_array(sig.args[2])(context, builder, args[2])
-            idx = context.cast(builder, args[3], sig.args[3], types.uint64)
-            src = builder.ptrtoint(cgutils.get_item_pointer(context, builder, sig.args[2], ary, [idx],
-                                                            wraparound=False), i64)
-            new = ir.InlineAsm(ir.FunctionType(ir.VoidType(), [i32, i64]),
-                               f"cp.async.cg.shared.global [$0+{int(base)}], [$1], 16;", "r,l,~{memory}",
-                               side_effect=True)
-            old = ir.InlineAsm(ir.FunctionType(ir.VoidType(), [i32, i64]),
-                               "{.reg .b32 a, b, c, d; ld.global.nc.v4.u32 {a, b, c, d}, [$1]; "
-                               f"st.shared.v4.u32 [$0+{int(base)}], {{a, b, c, d}};}}", "r,l,~{memory}",
-                               side_effect=True)
-            ops.by_arch(builder, 800, lambda: (builder.call(new, [o, src]), ir.Constant(i32, 0))[1],
-                        lambda: (builder.call(old, [o, src]), ir.Constant(i32, 0))[1])
-            return context.get_dummy_value()
-
-        return sig, codegen
-
-    @functools.cache
-    def wait_at(n):
-        @intrinsic
-        def wait(typingctx):
-            def codegen(context, builder, sig, args):
-                new = ir.InlineAsm(ir.FunctionType(ir.VoidType(), []),
-                                   f"cp.async.commit_group; cp.async.wait_group {int(n)};", "~{memory}",
-                                   side_effect=True)
-                old = ir.InlineAsm(ir.FunctionType(ir.VoidType(), []), "", "~{memory}", side_effect=True)
-                ops.by_arch(builder, 800, lambda: (builder.call(new, []), ir.Constant(i32, 0))[1],
-                            lambda: (builder.call(old, []), ir.Constant(i32, 0))[1])
-                return context.get_dummy_value()
-
-            return types.void(), codegen
-
-        return wait
-
-    @intrinsic
-    def land(typingctx, tab, off):
-        sig = types.UniTuple(types.uint32, 4)(tab, types.uint32)
-
-        def codegen(context, builder, sig, args):
-            o = context.cast(builder, args[1], sig.args[1], types.uint32)
-            asm = ir.InlineAsm(ir.FunctionType(ir.LiteralStructType([i32] * 4), [i32]),
-                               "ld.shared.v4.u32 {$0, $1, $2, $3}, [$4+%d];" % int(base),
-                               "=r,=r,=r,=r,r,~{memory}", side_effect=True)
-            v = builder.call(asm, [o])
-            return context.make_tuple(builder, sig.return_type, [builder.extract_value(v, k) for k in range(4)])
-
-        return sig, codegen
-
-    return copy, wait_at, land
-
-
-def _py_ring_copy(tab, off, arr, i):
-    np.asarray(tab).view(np.uint32)[int(off) >> 2:(int(off) >> 2) + 4] = arr[int(i):int(i) + 4]
-
-
-def _py_ring_land(tab, off):
-    w = np.asarray(tab).view(np.uint32)
-    return tuple(np.uint32(w[(int(off) >> 2) + k]) for k in range(4))
-
-
 def _py_shfl_xor_sync(mask, value, delta):
     return gemv._py_warp_exchange(value, lambda lane: lane ^ int(delta), "shfl_xor_sync")
 
@@ -280,10 +190,6 @@ DEVICE_OPS = ("mma_bf16", "mma_f16", "prmt", "lookup", "shfl_xor_sync")
 if runtime.SIMULATOR:
     mma_bf16, mma_f16, prmt, dyn_base = _py_mma_bf16, _py_mma_f16, _py_prmt, None
     lookup, shfl_xor_sync = _py_lookup, _py_shfl_xor_sync
-    ring_copy, ring_land = _py_ring_copy, _py_ring_land
-
-    def ring_wait_at(n):
-        return lambda: None
 else:
     mma_bf16, mma_f16, prmt, dyn_base = _build_device_ops()
     _lds_stand_in = _lookup_at(0x400)
@@ -293,7 +199,6 @@ else:
         return _lds_stand_in(off)
 
     shfl_xor_sync = cuda.shfl_xor_sync
-    ring_copy, ring_wait_at, ring_land = _ring_ops(0x400)  # the PTX tool's stand-ins (any base assembles)
 
 
 @functools.cache
@@ -319,35 +224,23 @@ def default_base(cc) -> int:
 
 # ---------------------------------------------------------------- the kernel
 @functools.cache
-def make_kernel(is_bf16, M, base, nested=True, D=1, min_blocks=BLOCKS_PER_SM, ring=0, xring=False):
+def make_kernel(is_bf16, M, base, nested=True, D=1, min_blocks=BLOCKS_PER_SM):
     """The kernel for one activation dtype, batch M (1..8) and table base (``probe_base()``). ``nested``: the
     scales are bitsandbytes' nested statistics (code2[absmax_q[b]] * absmax2[b // 256] + offset); else
     ``absmax2`` holds one float32 absmax per block and ``absmax_q``, ``code2`` and ``offset`` are unused.
     ``D`` (steps whose loads are in flight ahead of the one computed) and ``min_blocks`` (the launch bounds'
-    blocks per SM) are the lab's knobs (lab/gemv_mma.py); the defaults are what measured fastest. ``ring`` > 0:
-    the weights go through a ring of that many 2 KB stages per warp in shared memory (``cp.async``; the first
-    16 stages of the block in the table rows' unused halves), ``ring - 1`` steps in flight ahead of the one
-    computed, and only the statistics in registers (``D`` is then ``ring - 1``)."""
+    blocks per SM) are the lab's knobs (lab/gemv_mma.py); the defaults are what measured fastest."""
     NESTED = nested
     NT = (M + 1) // 2                 # n-tiles of 8 columns: 2 batch rows x 4 blocks each
     NACC, NCF = 2 * NT, 4 * NT
-    WIDE = M > 1 or ring > 0          # where a lane's two 16-byte pieces lie (see fetch)
-    RING = ring
-    if RING:
-        D = RING - 1
-    FB = 8 if RING else 24            # per step: (16 code words: 2 rows x 32 bytes,) 4 absmax codes, 4 absmax2
-    QO = 0 if RING else 16            # where a step's statistics start in its buffer stage
+    WIDE = M > 1                      # where a lane's two 16-byte pieces lie (see fetch)
+    FB = 24                           # per step: 16 code words (2 rows x 32 bytes), 4 absmax codes, 4 absmax2
     NB = FB * (D + 1)
-    EXTRA0 = TAB_WORDS + 16 + 256 + 2 * W * 16 * M
-    XRING = bool(xring) and RING > 0  # each step's x slice (M x 256 columns) rides in the ring too
-    XR0 = EXTRA0 + ring_extra_words(ring)
     mma = mma_bf16 if is_bf16 else mma_f16
     if runtime.SIMULATOR:
-        look, copy, land, wait = lookup, ring_copy, ring_land, ring_wait_at(D)
+        look = lookup
     else:
         lds = _lookup_at(base)
-        copy, wait_at, land = _ring_ops(base)
-        wait = wait_at(D)
 
         @cuda.jit(device=True, inline="always")
         def look(tab, off):  # the table argument is for the simulator's twin
@@ -360,27 +253,7 @@ def make_kernel(is_bf16, M, base, nested=True, D=1, min_blocks=BLOCKS_PER_SM, ri
         return uint32(ops.to_f16_bits(v))
 
     @cuda.jit(device=True, inline="always")
-    def slot_at(warp, slot, lane):
-        """Byte offset of a lane's first 16-byte piece in ring stage ``slot`` of its warp; the next pieces are
-        ``stride`` bytes apart. Stage k of the block is 512 words, lane l's piece i at word 512 k + 128 i + 4 l
-        of a space whose first 16 stages are the table rows' unused halves (words 32..63 of each 64-word row)."""
-        gi = uint32((warp * uint32(RING) + slot) * uint32(512) + lane * uint32(4))
-        if gi < uint32(GAP_STAGES * 512):
-            return uint32((((gi >> uint32(5)) << uint32(6)) | uint32(32) | (gi & uint32(31))) << uint32(2)), uint32(1024)
-        return uint32((uint32(EXTRA0) + gi - uint32(GAP_STAGES * 512)) << uint32(2)), uint32(512)
-
-    @cuda.jit(device=True, inline="always")
-    def put(buf, o, sm, so, stride, i, packed_u32, w):
-        """Piece i (16 bytes at word w): into registers buf[o + 4i..], or through the ring."""
-        if RING:
-            copy(sm, uint32(so + uint32(i) * stride), packed_u32, uint64(w))
-        else:
-            buf[o + 4 * i], buf[o + 4 * i + 1], buf[o + 4 * i + 2], buf[o + 4 * i + 3] = \
-                gemv.load_stream_u32x4(packed_u32, uint64(w))
-
-    @cuda.jit(device=True, inline="always")
-    def fetch(buf, o, sm, so, stride, packed_u32, absmax_q, absmax2, t, c, g, q, n, kw, tiles, steps, ash,
-              x_u32, kx, lane, xstage):
+    def fetch(buf, o, packed_u32, absmax_q, absmax2, t, c, g, q, n, kw, tiles, steps, ash):
         """Step c (256 columns) of row tile t into buf[o:o+24]: lane q's two 16-byte pieces of rows g and g + 8
         and the statistics of the blocks its C columns hold (2 (q & 1), +1). Clamped: past the end it re-reads
         valid bytes, never used. One row of x: the pieces are adjacent, columns 64q.. of the step (block q). A
@@ -393,33 +266,28 @@ def make_kernel(is_bf16, M, base, nested=True, D=1, min_blocks=BLOCKS_PER_SM, ri
         if WIDE:
             wq0 = min(uint32(cc * uint32(32) + uint32(4) * q), uint32(kw - uint32(4)))
             wq1 = min(uint32(cc * uint32(32) + uint32(16) + uint32(4) * q), uint32(kw - uint32(4)))
-            put(buf, o, sm, so, stride, 0, packed_u32, r0 * kw + wq0)
-            put(buf, o, sm, so, stride, 1, packed_u32, r0 * kw + wq1)
-            put(buf, o, sm, so, stride, 2, packed_u32, r1 * kw + wq0)
-            put(buf, o, sm, so, stride, 3, packed_u32, r1 * kw + wq1)
+            buf[o], buf[o + 1], buf[o + 2], buf[o + 3] = gemv.load_stream_u32x4(packed_u32, uint64(r0 * kw + wq0))
+            buf[o + 4], buf[o + 5], buf[o + 6], buf[o + 7] = gemv.load_stream_u32x4(packed_u32, uint64(r0 * kw + wq1))
+            buf[o + 8], buf[o + 9], buf[o + 10], buf[o + 11] = gemv.load_stream_u32x4(packed_u32, uint64(r1 * kw + wq0))
+            buf[o + 12], buf[o + 13], buf[o + 14], buf[o + 15] = gemv.load_stream_u32x4(packed_u32, uint64(r1 * kw + wq1))
         else:
             wq = min(uint32(cc * uint32(32) + uint32(8) * q), uint32(kw - uint32(8)))   # lane q's first word
             w0 = uint32(r0 * kw + wq)
             w1 = uint32(r1 * kw + wq)
-            put(buf, o, sm, so, stride, 0, packed_u32, w0)
-            put(buf, o, sm, so, stride, 1, packed_u32, w0 + uint32(4))
-            put(buf, o, sm, so, stride, 2, packed_u32, w1)
-            put(buf, o, sm, so, stride, 3, packed_u32, w1 + uint32(4))
-        if XRING:  # lane l: 16 bytes (8 columns) of each batch row's 256; past K: any valid bytes (zeroed at use)
-            xo = uint32(((uint32(XR0) + xstage * uint32(M * 128)) << uint32(2)) + (lane << uint32(4)))
-            for mm in range(M):
-                copy(sm, uint32(xo + uint32(mm * 512)), x_u32,
-                     uint64(mm * kx + min(uint32(cc * uint32(128) + uint32(4) * lane), uint32(kx - uint32(4)))))
+            buf[o], buf[o + 1], buf[o + 2], buf[o + 3] = gemv.load_stream_u32x4(packed_u32, uint64(w0))
+            buf[o + 4], buf[o + 5], buf[o + 6], buf[o + 7] = gemv.load_stream_u32x4(packed_u32, uint64(w0 + uint32(4)))
+            buf[o + 8], buf[o + 9], buf[o + 10], buf[o + 11] = gemv.load_stream_u32x4(packed_u32, uint64(w1))
+            buf[o + 12], buf[o + 13], buf[o + 14], buf[o + 15] = gemv.load_stream_u32x4(packed_u32, uint64(w1 + uint32(4)))
         if (q >> uint32(1)) < uint32(M):
             wb = cc * uint32(32) + uint32(16) * (q & uint32(1))
             for i in range(4):
                 r = r0 if i < 2 else r1
                 blk = uint32(r * kw + min(uint32(wb + uint32(8 * (i % 2))), uint32(kw - uint32(8)))) >> ash
                 if NESTED:
-                    buf[o + QO + i] = uint32(absmax_q[blk])
-                    buf[o + QO + 4 + i] = ops.float_bits(absmax2[blk >> uint32(8)])
+                    buf[o + 16 + i] = uint32(absmax_q[blk])
+                    buf[o + 20 + i] = ops.float_bits(absmax2[blk >> uint32(8)])
                 else:
-                    buf[o + QO + 4 + i] = ops.float_bits(absmax2[blk])
+                    buf[o + 20 + i] = ops.float_bits(absmax2[blk])
 
     @cuda.jit(launch_bounds=(THREADS, min_blocks))
     def gemv_tc(packed_u32, absmax_q, absmax2, code2, lut, offset, x_u32, y, N, K, bs_shift):
@@ -446,11 +314,7 @@ def make_kernel(is_bf16, M, base, nested=True, D=1, min_blocks=BLOCKS_PER_SM, ri
         c = warp
         tp, cp = t, c
         for d in range(D):
-            so, stride = slot_at(warp, uint32(d), lane) if RING else (uint32(0), uint32(0))
-            fetch(buf, FB * (d + 1), sm, so, stride, packed_u32, absmax_q, absmax2, tp, cp, g, q, n, kw, tiles,
-                  steps, ash, x_u32, kx, lane, uint32(warp * uint32(max(RING, 1)) + uint32(d)))
-            if RING:
-                wait()
+            fetch(buf, FB * (d + 1), packed_u32, absmax_q, absmax2, tp, cp, g, q, n, kw, tiles, steps, ash)
             cp = uint32(cp + uint32(W))
             if cp >= steps:
                 cp = warp
@@ -471,8 +335,6 @@ def make_kernel(is_bf16, M, base, nested=True, D=1, min_blocks=BLOCKS_PER_SM, ri
         s = cuda.local.array(4, float32)
         A = cuda.local.array(32, uint32)
         xr = cuda.local.array(32, uint32)
-        wv = cuda.local.array(16, uint32)
-        rs = uint32(0)                          # the ring stage of the step computed next
         parity = uint32(0)
         while t < tiles:
             for i in range(NACC):
@@ -480,17 +342,7 @@ def make_kernel(is_bf16, M, base, nested=True, D=1, min_blocks=BLOCKS_PER_SM, ri
             while True:
                 for i in range(FB * D):
                     buf[i] = buf[i + FB]
-                so, stride = uint32(0), uint32(0)
-                ws = uint32(0)
-                if RING:
-                    ws = uint32(rs + uint32(D))
-                    if ws >= uint32(RING):
-                        ws = uint32(ws - uint32(RING))
-                    so, stride = slot_at(warp, ws, lane)
-                fetch(buf, FB * D, sm, so, stride, packed_u32, absmax_q, absmax2, tp, cp, g, q, n, kw, tiles,
-                      steps, ash, x_u32, kx, lane, uint32(warp * uint32(max(RING, 1)) + ws))
-                if RING:
-                    wait()   # this step's group has landed (D newer ones may still fly)
+                fetch(buf, FB * D, packed_u32, absmax_q, absmax2, tp, cp, g, q, n, kw, tiles, steps, ash)
                 cp = uint32(cp + uint32(W))
                 if cp >= steps:
                     cp = warp
@@ -501,14 +353,6 @@ def make_kernel(is_bf16, M, base, nested=True, D=1, min_blocks=BLOCKS_PER_SM, ri
                     cn = warp
                     tn = uint32(t + grid)
                 if c < steps:
-                    if RING:
-                        so, stride = slot_at(warp, rs, lane)
-                        for i in range(4):
-                            wv[4 * i], wv[4 * i + 1], wv[4 * i + 2], wv[4 * i + 3] = \
-                                land(sm, uint32(so + uint32(i) * stride))
-                    else:
-                        for i in range(16):
-                            wv[i] = buf[i]
                     for i in range(NCF):
                         cf[i] = float32(0.0)
                     xcol = uint32(c * uint32(256) + uint32(64) * q)   # lane q's 64 columns: block q of the step
@@ -519,8 +363,8 @@ def make_kernel(is_bf16, M, base, nested=True, D=1, min_blocks=BLOCKS_PER_SM, ri
                         else:
                             blk = q
                         for i in range(8):
-                            wa = wv[4 * h + (i >> 1)]
-                            wb = wv[8 + 4 * h + (i >> 1)]
+                            wa = buf[4 * h + (i >> 1)]
+                            wb = buf[8 + 4 * h + (i >> 1)]
                             sel0 = uint32(0x5504 | ((2 * (i & 1)) << 4))
                             sel1 = uint32(0x5504 | ((2 * (i & 1) + 1) << 4))
                             A[4 * i] = look(sm, prmt(wa, lane4, sel0))
@@ -531,17 +375,10 @@ def make_kernel(is_bf16, M, base, nested=True, D=1, min_blocks=BLOCKS_PER_SM, ri
                             # B: lane (g, q) holds column g = 4 mm + b: x of batch row 2 nt + mm where b is its block
                             m = uint32(2 * nt) + (g >> uint32(2))
                             if (blk if WIDE else q) == (g & uint32(3)) and m < uint32(M) and xcol < k:
-                                if XRING:   # this step's slice: columns 128 h + 32 q.. of row m
-                                    xs = uint32(((uint32(XR0) + (warp * uint32(max(RING, 1)) + rs) * uint32(M * 128)
-                                                  + m * uint32(128) + uint32(64 * h) + uint32(16) * q) << uint32(2)))
-                                    for j in range(4):
-                                        xr[4 * j], xr[4 * j + 1], xr[4 * j + 2], xr[4 * j + 3] = \
-                                            land(sm, uint32(xs + uint32(16 * j)))
-                                else:
-                                    xi = uint64(m * kx + (xcol >> uint32(1)) + uint32(0 if WIDE else 16 * h))
-                                    for j in range(4):
-                                        xr[4 * j], xr[4 * j + 1], xr[4 * j + 2], xr[4 * j + 3] = \
-                                            ops.load_u32x4(x_u32, xi + uint64(4 * j))
+                                xi = uint64(m * kx + (xcol >> uint32(1)) + uint32(0 if WIDE else 16 * h))
+                                for j in range(4):
+                                    xr[4 * j], xr[4 * j + 1], xr[4 * j + 2], xr[4 * j + 3] = \
+                                        ops.load_u32x4(x_u32, xi + uint64(4 * j))
                             else:
                                 for j in range(16):
                                     xr[j] = uint32(0)
@@ -553,16 +390,13 @@ def make_kernel(is_bf16, M, base, nested=True, D=1, min_blocks=BLOCKS_PER_SM, ri
                     if (q >> uint32(1)) < uint32(M):
                         for i in range(4):
                             if NESTED:
-                                s[i] = ops.fadd_rn(ops.fmul_rn(gemv.f32_from_bits(sm[C20 + buf[QO + i]]),
-                                                               gemv.f32_from_bits(buf[QO + 4 + i])), offset)
+                                s[i] = ops.fadd_rn(ops.fmul_rn(gemv.f32_from_bits(sm[C20 + buf[16 + i]]),
+                                                               gemv.f32_from_bits(buf[20 + i])), offset)
                             else:
-                                s[i] = gemv.f32_from_bits(buf[QO + 4 + i])
+                                s[i] = gemv.f32_from_bits(buf[20 + i])
                         for nt in range(NT):
                             acc[2 * nt] += cf[4 * nt] * s[0] + cf[4 * nt + 1] * s[1]
                             acc[2 * nt + 1] += cf[4 * nt + 2] * s[2] + cf[4 * nt + 3] * s[3]
-                rs = uint32(rs + uint32(1))
-                if rs == uint32(max(RING, 1)):
-                    rs = uint32(0)
                 c = cn
                 if tn != t:
                     break
