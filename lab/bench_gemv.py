@@ -78,8 +78,6 @@ def variant_launches(mod, names=None, policies=None) -> dict:
             for dd in (1, 2, 3):
                 out[f"TC B{bps} D{dd}"] = (lambda g, b=bps, dd=dd: gemv_mma.launch(g, blocks_per_sm=b, D=dd))
         out["TC B2 D1 carve"] = (lambda g: gemv_mma.launch(g, carveout=True))
-        for ch in (2, 4):  # independent accumulator chains for a step's 16 mmas (one chain: 16 in a row)
-            out[f"TC C{ch}"] = (lambda g, ch=ch: gemv_mma.launch(g, chains=ch))
         missing = [n for n in names if n not in out]
         if missing:
             raise SystemExit(f"unknown variants {missing}; known: {list(out)}")

@@ -25,15 +25,15 @@ def _max_carveout(kern):
     kern._nf4lab_carveout = True
 
 
-def kernel(is_bf16, M, blocks_per_sm=gemv_tc.BLOCKS_PER_SM, D=1, chains=1):
-    return gemv_tc.make_kernel(is_bf16, M, gemv_tc.probe_base(), True, D, max(blocks_per_sm, 1), chains)
+def kernel(is_bf16, M, blocks_per_sm=gemv_tc.BLOCKS_PER_SM, D=1):
+    return gemv_tc.make_kernel(is_bf16, M, gemv_tc.probe_base(), True, D, max(blocks_per_sm, 1))
 
 
-def launch(g, blocks_per_sm=gemv_tc.BLOCKS_PER_SM, D=1, carveout=False, chains=1):
+def launch(g, blocks_per_sm=gemv_tc.BLOCKS_PER_SM, D=1, carveout=False):
     gemv.validate(g)
     args = (g.packed_u32, g.absmax_q, g.absmax2, g.code2, g.lut, g.offset, g.x_u32, g.y, g.N, g.K, g.bs_shift)
     nbytes = gemv_tc.dynamic_smem(g.M)
-    kern = gemv_tc.prepare(kernel(g.dtype == "bf16", g.M, blocks_per_sm, D, chains), args, nbytes)
+    kern = gemv_tc.prepare(kernel(g.dtype == "bf16", g.M, blocks_per_sm, D), args, nbytes)
     if carveout:
         _max_carveout(kern)
     grid = g.grid or min(-(-g.N // 16), blocks_per_sm * gemv.sms())

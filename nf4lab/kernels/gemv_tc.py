@@ -224,7 +224,7 @@ def default_base(cc) -> int:
 
 # ---------------------------------------------------------------- the kernel
 @functools.cache
-def make_kernel(is_bf16, M, base, nested=True, D=1, min_blocks=BLOCKS_PER_SM, chains=1):
+def make_kernel(is_bf16, M, base, nested=True, D=1, min_blocks=BLOCKS_PER_SM):
     """The kernel for one activation dtype, batch M (1..8) and table base (``probe_base()``). ``nested``: the
     scales are bitsandbytes' nested statistics (code2[absmax_q[b]] * absmax2[b // 256] + offset); else
     ``absmax2`` holds one float32 absmax per block and ``absmax_q``, ``code2`` and ``offset`` are unused.
@@ -232,8 +232,7 @@ def make_kernel(is_bf16, M, base, nested=True, D=1, min_blocks=BLOCKS_PER_SM, ch
     blocks per SM) are the lab's knobs (lab/gemv_mma.py); the defaults are what measured fastest."""
     NESTED = nested
     NT = (M + 1) // 2                 # n-tiles of 8 columns: 2 batch rows x 4 blocks each
-    CH = chains                       # independent mma accumulator chains per step (lab knob)
-    NACC, NCF = 2 * NT, 4 * NT * chains
+    NACC, NCF = 2 * NT, 4 * NT
     WIDE = M > 1                      # where a lane's two 16-byte pieces lie (see fetch)
     FB = 24                           # per step: 16 code words (2 rows x 32 bytes), 4 absmax codes, 4 absmax2
     NB = FB * (D + 1)
@@ -384,14 +383,10 @@ def make_kernel(is_bf16, M, base, nested=True, D=1, min_blocks=BLOCKS_PER_SM, ch
                                 for j in range(16):
                                     xr[j] = uint32(0)
                             for i in range(8):
-                                o = 4 * nt + 4 * NT * ((8 * h + i) % CH)
-                                cf[o], cf[o + 1], cf[o + 2], cf[o + 3] = mma(
+                                cf[4 * nt], cf[4 * nt + 1], cf[4 * nt + 2], cf[4 * nt + 3] = mma(
                                     A[4 * i], A[4 * i + 1], A[4 * i + 2], A[4 * i + 3], xr[2 * i], xr[2 * i + 1],
-                                    cf[o], cf[o + 1], cf[o + 2], cf[o + 3])
+                                    cf[4 * nt], cf[4 * nt + 1], cf[4 * nt + 2], cf[4 * nt + 3])
                     # lane q holds columns 2q, 2q+1: batch row 2 nt + q // 2, blocks 2 (q & 1), +1; rows g, g + 8
-                    for ch in range(1, CH):
-                        for i in range(4 * NT):
-                            cf[i] += cf[i + 4 * NT * ch]
                     if (q >> uint32(1)) < uint32(M):
                         for i in range(4):
                             if NESTED:
