@@ -196,15 +196,17 @@ def bnb_output(gc: GemvCase, device="cpu"):
         return bnb.matmul_4bit(x, packed.t(), quant_state=qs)
 
 
-def check_exercise(launch_fn, name="exercise: warp reduction") -> bool:
-    """Grade a GEMV launch function on a small case against the float64 reference; prints the verdict."""
+def check_exercise(launch_fn, name="exercise: warp reduction", rounded_table=False, shape=(16, 128)) -> bool:
+    """Grade a GEMV launch function on a small case against the float64 reference; prints the verdict.
+    ``rounded_table``: the kernel's table holds the NF4 values in the dtype (the tensor-core GEMV); ``shape``:
+    (N, K) of the case (K past 128 reaches every block of a tensor-core step)."""
     from ..kernels.gemv import make_gemv_buffers
 
-    gc = make_gemv_case(16, 128, "bf16", seed=3)
+    gc = make_gemv_case(*shape, "bf16", seed=3)
     g = make_gemv_buffers(gc)
     try:
         launch_fn(g)
-        rep = compare(g.result(), gc, name=name)
+        rep = compare(g.result(), gc, name=name, rounded_table=rounded_table)
     except Exception as exc:  # a broken kernel must not stop the notebook
         print(f"NOT PASSED: the kernel raised {type(exc).__name__}: {exc}")
         return False

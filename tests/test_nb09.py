@@ -1,0 +1,69 @@
+"""Notebook 09 teaches the shipped tensor-core GEMV: its kernel cells compile to the same PTX as
+nf4lab.kernels.gemv_tc.make_kernel at its defaults, and its source stays a lesson's size."""
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+import nf4lab  # noqa: F401  (first: may switch numba to the simulator)
+from nf4lab.kernels import arch, gemv, gemv_tc
+
+ROOT = Path(__file__).resolve().parent.parent
+SRC = ROOT / "notebooks" / "src" / "09_fused_gemv.py"
+
+
+def _norm_ptx(p):
+    """PTX without names and comments (numba numbers its shared arrays per process), the operands of
+    commutative min.u32 sorted (as tests/test_gemv.py compares the lab's kernels)."""
+    p = re.sub(r"//.*", "", re.sub(r"_cudapy_smem_\d+", "SMEM", re.sub(r"_Z\w+", "NAME", p)))
+    p = re.sub(r"(min\.u32\s+%r\d+), (%r\d+), (%r\d+)", lambda m: m.group(1) + ", " + ", ".join(sorted(m.group(2, 3))), p)
+    return [line.rstrip() for line in p.splitlines() if line.strip()]
+
+
+@pytest.fixture(scope="module")
+def nb09():
+    from nf4lab.lesson import versions
+
+    return versions.load_module("09_fused_gemv")
+
+
+@pytest.mark.parametrize("dtype,M", [("bf16", 1), ("fp16", 1), ("bf16", 8), ("fp16", 8)])
+def test_notebook_kernel_is_the_shipped_kernel(nb09, dtype, M):
+    """The kernel the notebook builds cell by cell is gemv_tc's at its defaults (ring=0, xring=False, D=1,
+    min_blocks=2, nested=True), instruction for instruction, so the recorded times it prints are its own."""
+    base = gemv_tc.default_base(arch.target_cc())
+    ours = gemv.kernel_ptx(nb09.make_kernel(dtype == "bf16", M, base))
+    shipped = gemv.kernel_ptx(gemv_tc.make_kernel(dtype == "bf16", M, base))
+    assert _norm_ptx(ours) == _norm_ptx(shipped)
+
+
+def _cells(text):
+    """(kind, lines) of each cell of a percent-format source; kind: "markdown", "code" or "kernel"."""
+    out = []
+    for line in text.splitlines():
+        if line.startswith("# %%"):
+            out.append(("markdown" if "[markdown]" in line else "kernel" if '"kernel"' in line else "code", []))
+        elif out:
+            out[-1][1].append(line)
+    return out
+
+
+def test_source_is_a_lesson_size():
+    text = SRC.read_text()
+    assert len(text.splitlines()) <= 450
+    for kind, lines in _cells(text):
+        if kind != "markdown":
+            n = sum(1 for ln in lines if ln.strip())
+            assert n <= 120, f"a code cell of {n} non-blank lines: {lines[:2]}"
+
+
+def test_notebook_has_no_lab_knobs():
+    """The lesson's kernel cells carry none of the lab's lost experiments (ring, xring, D): the road table names
+    them, the kernel does not."""
+    cells = _cells(SRC.read_text())
+    assert sum(kind == "kernel" for kind, _ in cells) >= 6    # the kernel, device function by device function
+    code = "\n".join("\n".join(lines) for kind, lines in cells if kind == "kernel")
+    for word in ("ring", "xring", "RING", "cp.async", "min_blocks", "D=1"):
+        assert not re.search(rf"\b{re.escape(word)}\b", code), word
