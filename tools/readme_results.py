@@ -5,6 +5,7 @@
 """
 from __future__ import annotations
 
+import json
 import re
 import sys
 from pathlib import Path
@@ -258,6 +259,19 @@ def models_block() -> str:
             per = {r["name"]: r["per_call_us"] for r in cost["records"]}
             out.append("- microseconds per eager call at 4096x4096 (`tools/bench_launch.py`): "
                        + "; ".join(f"{k} {v:.0f}" for k, v in per.items()) + ".")
+        others = sorted((ROOT / "data" / "results" / g).glob("models_20*.json"))
+        if others:
+            out += ["", "The same benchmark on other machines of this GPU (they vary: eager decode is bound by the "
+                    "host, and the compiled runs moved too):", ""]
+        for p in others:
+            o = json.loads(p.read_text())
+            t = {r["variant"]: r["tok_s"] for r in o["records"] if r["kind"] == "decode"}
+            q = {r["variant"]: r["ms"] for r in o["records"] if r["kind"] == "qlora"}
+            ratio = (lambda a, b, d: f"{d[a] / d[b]:.2f}x" if a in d and b in d else "-")
+            out.append(f"- {o['meta'].get('date')}: nf4lab eager {ratio('nf4lab_eager', 'bnb_eager', t)} bitsandbytes; "
+                       f"compiled {ratio('nf4lab_compiled', 'bnb_compiled_forced', t)} bitsandbytes, "
+                       f"{ratio('nf4lab_compiled', 'bf16_compiled', t)} bf16; QLoRA step "
+                       f"{ratio('qlora_bnb', 'qlora_nf4lab', q)} bitsandbytes' speed (`{p.relative_to(ROOT)}`).")
         out += ["", f"Source: `{m['path']}`.", ""]
     return "\n".join(out).rstrip() or "No model benchmark recorded yet."
 

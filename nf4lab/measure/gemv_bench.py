@@ -214,7 +214,7 @@ def _bench_one(run, launches, keys, names, N, K, dtype, M, l2, ceil, bnb, F, tor
     if progress:
         # Wall-clock seconds of this whole step, not a kernel time (those are in the records).
         others = ", ".join(f"{k} {'ok' if checks[k]['ok'] else 'OUTSIDE TOLERANCE'}" for k in keys[1:])
-        progress(f"{N}x{K} {dtype} M={M}: this shape took {time.time() - t_start:.0f} s wall clock "
+        progress(f"{N}x{K} {dtype} M={M}: this shape took {time.time() - t_start:.1f} s wall clock "
                  f"(quantizing {copies} weight copies, checking, timing); "
                  f"{names[keys[0]]} within tolerance: {chk['ok']} (worst {chk['worst_ratio']:.2g}), "
                  f"bnb: {chk_b['ok']} (worst {chk_b['worst_ratio']:.2g}), "
