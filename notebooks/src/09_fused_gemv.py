@@ -406,7 +406,7 @@ if BATCH:
 # %%
 ROAD = [("FFMA design (09's former)", "09_fused_gemv", "auto", "pair lookup + 2 FFMA per byte: issue-bound"),
         ("tensor core (shipped)", "09_gemv_tc", None, "this notebook"),
-        ("cp.async ring, 2 stages", "09_gemv_ring", "TC R2", "cp.async stages: loses at M = 1; M = 8 open"),
+        ("cp.async ring, 2 stages", "09_gemv_ring", "TC R2", "weights via cp.async: no M = 1 gain; batch: a lead"),
         ("chains of mmas, 2", "09_gemv_chains", "TC C2", "the mma chain is not the wait"),
         ("D2-3, B3-4, carveout, +add, 128 cols", None, "", "register moves; spills; L1 shrinks; an add; overhead")]
 print(f"{'design, bf16, ' + (RUN.meta['gpu'] if RUN else 'none recorded'):<37}{'4096x14336 M=1':>20}{'8192x28672 M=1':>20}{'4096x14336 M=8':>20}  why")
