@@ -6,8 +6,9 @@ dequantize_4bit + torch.matmul, and our kernels, with the copy ceiling. Checks e
 against a float64 reference, prints tables, and writes
 
 - data/results/<gpu>/09_fused_gemv.json: batch 1, every variant of the notebook's VARIANTS (the first,
-  "auto", is the notebook's default), the default's other grid policies ("auto, resident grid", ...) and the
-  first version of the kernel ("v1", lab/gemv_v1.py), at the LLM shapes;
+  "auto", is the notebook's default), the default's other grid policies ("auto, resident grid", ...), and the
+  tensor-core kernel ("TC") where the GPU has it, at the LLM shapes (older records also hold "v1", the first
+  version of the kernel: lab/gemv_v1.py at commit 3d50406);
 - data/results/<gpu>/09_fused_gemv_batch.json: batch M = 2, 4, 8 (the default and the notebook's
   BATCH_VARIANTS),
 
@@ -16,10 +17,10 @@ and copies of both under $OUT when that variable is set. Kernel records are name
 
     python lab/bench_gemv.py                      # everything, within --budget-s (default 170 s)
     python lab/bench_gemv.py --shapes 4096x14336 --dtypes bf16 --ms 1 --no-save
-    python lab/bench_gemv.py --variants auto v1   # only these variants
+    python lab/bench_gemv.py --variants TC 'TC B3 D1'   # only these variants
 
 Variants after the first are timed on --variant-dtypes only (default bf16), to keep the run short:
-each variant is a separate compile (a few seconds each; v1 about 25 s).
+each variant is a separate compile (a few seconds each).
 """
 from __future__ import annotations
 
@@ -51,9 +52,8 @@ def load_kernel(src=None):
 
 def variant_launches(mod, names=None, policies=None) -> dict:
     """{variant name: launch(g)}: the notebook's VARIANTS (the first is its default), its other grid
-    policies for the default ("auto, resident grid"), and the first version ("v1")."""
-    from lab import gemv_v1
-
+    policies for the default ("auto, resident grid"), the tensor-core kernel ("TC") where available, and the
+    tensor-core knobs when named ("TC B3 D1", ...)."""
     out = {}
     variants = getattr(mod, "VARIANTS", {"auto": None})
     first = next(iter(variants))
@@ -70,7 +70,6 @@ def variant_launches(mod, names=None, policies=None) -> dict:
     pols = list(getattr(mod, "GRID_POLICIES", ())) if policies is None else list(policies)
     for p in pols[1:]:
         out[f"{first}, {p} grid"] = (lambda g, p=p: mod.launch(g, design=variants[first], policy=p))
-    out["v1"] = gemv_v1.launch
     if names:
         from lab import gemv_mma
 

@@ -8,10 +8,10 @@ instructions: one item of the streaming kernel), per weight: loop instructions /
 handles per trip (rows x columns per lane; for a batch of M, each weight counts once, not M times).
 
     python lab/sass_gemv.py                       # the default design, bf16 and fp16
-    python lab/sass_gemv.py --all --v1            # every variant of VARIANTS, and the first version
+    python lab/sass_gemv.py --all                 # every variant of VARIANTS
     python lab/sass_gemv.py --variants "R2 S1 C32 W8 B4" --m 1 2 4 8 --dtypes bf16
     python lab/sass_gemv.py --keep /tmp/sass      # also keep .ptx/.cubin/.sass
-    python lab/sass_gemv.py --all --v1 --batch --save   # record data/sass/09_fused_gemv.json (notebook 09 prints it)
+    python lab/sass_gemv.py --all --batch --save   # record data/sass/09_fused_gemv.json (notebook 09 prints it)
 
 Needs ptxas (CUDA toolkit) and cuobjdump (the toolkit's, or ``pip install nvidia-cuda-cuobjdump``).
 """
@@ -42,7 +42,6 @@ def main(argv=None) -> int:
     ap.add_argument("--variants", nargs="*", help="names from the notebook's VARIANTS (default: the default design)")
     ap.add_argument("--all", action="store_true", help="every variant of VARIANTS")
     ap.add_argument("--m", nargs="*", type=int, default=[1], help="batch sizes (default 1)")
-    ap.add_argument("--v1", action="store_true", help="also the first version (lab/gemv_v1.py)")
     ap.add_argument("--batch", action="store_true",
                     help="also auto_design for M = 2, 4, 8 (short and long W) and the notebook's BATCH_VARIANTS")
     ap.add_argument("--keep", help="folder to keep the .ptx/.cubin/.sass files in")
@@ -97,16 +96,6 @@ def main(argv=None) -> int:
                         r["warps_per_sm"] = min(64, 65536 // (-(-r["registers"] // 8) * 8 * 32 * dm.warps) * dm.warps)
                     print(_line(f"{dm.name} {dtype}", r, dm.rows * dm.cols))
                     rows.append(dict(r, variant=dm.name, dtype=dtype, m=m))
-    if args.v1:
-        from lab import gemv_v1
-
-        wpt = gemv_v1.ROWS * gemv_v1.LANE_COLS
-        for dtype in args.dtypes:
-            r = gemv_reports.sass_report(gemv_v1.GEMV[dtype], gemv_v1.SIG, wpt, f"gemv_v1_{dtype}", args.keep)
-            if r["registers"]:
-                r["warps_per_sm"] = min(64, 65536 // (-(-r["registers"] // 8) * 8 * 32 * gemv_v1.WARPS) * gemv_v1.WARPS)
-            print(_line(f"v1 {dtype}", r, wpt))
-            rows.append(dict(r, variant="v1 (lab/gemv_v1.py)", dtype=dtype, m=1))
     if args.save:
         import datetime
         import json

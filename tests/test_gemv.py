@@ -297,18 +297,6 @@ def test_variant_entries_launch(nb09):
         assert gemv.check(g.result(), gc, name=key).ok
 
 
-def test_first_version_still_runs(nb09):
-    from lab import gemv_v1
-
-    gc, g = _case_buffers(9, 128, "bf16")
-    g.grid = 1
-    gemv_v1.launch(g)
-    assert gemv.check(g.result(), gc, name="v1").ok
-    gc, g = _case_buffers(4, 128, "bf16", M=2)
-    with pytest.raises(ValueError, match="M=2"):
-        gemv_v1.launch(g)
-
-
 def test_lds_pair_twin_reads_the_pair_table():
     lut = reference.NF4_LUT.astype(np.float32)
     tab = np.zeros(256 * 16, np.uint64)
