@@ -159,3 +159,20 @@ def test_tiny_llama_every_eager_path_on_cpu(monkeypatch):
     assert data["meta"]["settings"]["layers"] == 2
     json.dumps(data, default=str)
     assert "QLoRA step, nf4lab" in models.table(data)
+
+
+def test_decode_variants_in_their_own_processes_on_cpu():
+    """On a GPU each decode variant runs in a child process (the variants' order in one process moved the
+    compiled results by up to 1.3x). A child must decode what one process decodes, token for token, and hand
+    its raw logits back for the agreement records."""
+    pytest.importorskip("transformers")
+    s = models.Settings.cpu_smoke()
+    s.new_tokens = 4
+    iso = models.run(s, only=["bf16_eager"], log=lambda *a: None, isolate=True)
+    one = models.run(s, only=["bf16_eager"], log=lambda *a: None)
+    (a,), (b,) = ([r for r in d["records"] if r["kind"] == "decode"] for d in (iso, one))
+    assert not a.get("error"), a.get("error")
+    assert a["tokens"] == b["tokens"] and len(a["tokens"]) == 4
+    assert iso["meta"]["isolated"] and not one["meta"]["isolated"]
+    rec, run = models._run_isolated(s, "bf16_eager", lambda *x: None, 0.0)
+    assert rec["tokens"] == b["tokens"] and run["logits"] is not None and run["forced_logits"] is not None
