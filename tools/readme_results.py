@@ -225,7 +225,8 @@ def models_block() -> str:
         tok = {r["variant"]: r["tok_s"] for r in dec}
         n = dec[0]["new_tokens"] if dec else 0
         out += [f"#### {meta.get('gpu', g)}", "", f"{results.label(meta)}; greedy decode of {n} new tokens, batch 1, "
-                "random weights (`python -m nf4lab models`):", "",
+                "random weights (`python -m nf4lab models`"
+                + ("; each decode variant in a child process of its own" if meta.get("isolated") else "") + "):", "",
                 "| decode | tok/s | x bitsandbytes, same mode | x bf16, same mode |", "| --- | ---: | ---: | ---: |"]
         for r in dec:
             v = r["variant"]
@@ -261,14 +262,15 @@ def models_block() -> str:
                        + "; ".join(f"{k} {v:.0f}" for k, v in per.items()) + ".")
         others = sorted((ROOT / "data" / "results" / g).glob("models_20*.json"))
         if others:
-            out += ["", "The same benchmark on other machines of this GPU (they vary: eager decode is bound by the "
+            out += ["", "Earlier runs of the same benchmark on this GPU, on other machines (they vary: eager decode is bound by the "
                     "host, and the compiled runs moved too):", ""]
         for p in others:
             o = json.loads(p.read_text())
             t = {r["variant"]: r["tok_s"] for r in o["records"] if r["kind"] == "decode"}
             q = {r["variant"]: r["ms"] for r in o["records"] if r["kind"] == "qlora"}
             ratio = (lambda a, b, d: f"{d[a] / d[b]:.2f}x" if a in d and b in d else "-")
-            out.append(f"- {o['meta'].get('date')}: nf4lab eager {ratio('nf4lab_eager', 'bnb_eager', t)} bitsandbytes; "
+            how = "own processes" if o["meta"].get("isolated") else "all in one process"
+            out.append(f"- {o['meta'].get('date')} ({how}): nf4lab eager {ratio('nf4lab_eager', 'bnb_eager', t)} bitsandbytes; "
                        f"compiled {ratio('nf4lab_compiled', 'bnb_compiled_forced', t)} bitsandbytes, "
                        f"{ratio('nf4lab_compiled', 'bf16_compiled', t)} bf16; QLoRA step "
                        f"{ratio('qlora_bnb', 'qlora_nf4lab', q)} bitsandbytes' speed (`{p.relative_to(ROOT)}`).")
