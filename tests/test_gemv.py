@@ -360,6 +360,21 @@ def test_ptx_tensor_core_kernel(cc):
         check(ptx, present=[r"^trap"], absent=[r"^mma\.sync"])
 
 
+def test_tensor_core_ptx_for_sm90_keeps_its_mma_under_nf4lab_arch(monkeypatch):
+    """NF4LAB_ARCH=sm_75 caps the bf16/f16x2 conversions but not the mma: the tensor-core kernel is never
+    dispatched under the cap (available() is False), and PTX compiled for sm_90 (notebook 09's evidence cell)
+    must still hold the mma, not the T4 stand-in's trap."""
+    import nf4lab.measure.ptx
+    from nf4lab.kernels import arch, gemv_tc
+
+    monkeypatch.setattr(arch, "FORCED", (7, 5))
+    monkeypatch.setenv(arch.ENV, "sm_75")                    # for the PTX subprocess of the simulator's runs
+    assert not gemv_tc.available((9, 0))
+    kern = gemv_tc.make_kernel.__wrapped__(True, 1, 0x400)   # a fresh dispatcher: nothing compiled before
+    ptx = nf4lab.measure.ptx.compile_ptx(kern, gemv.signature(), cc=(9, 0), launch_bounds=(256, 2))
+    nf4lab.measure.ptx.check(ptx, present=[r"^mma\.sync"], absent=[r"^trap"])
+
+
 def test_ptx_default_design(monkeypatch):
     from nf4lab.kernels import gemv_tc
 

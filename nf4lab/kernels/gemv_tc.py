@@ -128,9 +128,12 @@ def _build_device_ops():
                                         "{$0, $1, $2, $3}, {$4, $5, $6, $7}, {$8, $9}, {$10, $11, $12, $13};",
                                    "=f,=f,=f,=f,r,r,r,r,r,r,f,f,f,f")
                 # Below sm_80 (a T4) there is no such mma: that code traps, and gemv never dispatches it there
-                # (available()); it exists so that the kernel assembles for every architecture.
+                # (available()); it exists so that the kernel assembles for every architecture. NF4LAB_ARCH
+                # does not cap this choice: under it the kernel is never dispatched either, and PTX compiled
+                # for sm_80+ (notebook 09's evidence) still shows the mma.
                 old = ir.InlineAsm(fty, "trap;", "=f,=f,=f,=f,r,r,r,r,r,r,f,f,f,f", side_effect=True)
-                v = ops.by_arch(builder, 800, lambda: builder.call(asm, vals), lambda: builder.call(old, vals))
+                v = ops.by_arch(builder, 800, lambda: builder.call(asm, vals), lambda: builder.call(old, vals),
+                                capped=False)
                 return context.make_tuple(builder, sig.return_type, [builder.extract_value(v, i) for i in range(4)])
 
             return sig, codegen
