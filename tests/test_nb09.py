@@ -67,3 +67,19 @@ def test_notebook_has_no_lab_knobs():
     code = "\n".join("\n".join(lines) for kind, lines in cells if kind == "kernel")
     for word in ("ring", "xring", "RING", "cp.async", "min_blocks", "D=1"):
         assert not re.search(rf"\b{re.escape(word)}\b", code), word
+
+
+@pytest.mark.slow
+def test_notebook_runs_on_a_t4s_code_paths(monkeypatch):
+    """With NF4LAB_ARCH=sm_75 (a T4's paths, forced) 09 runs top to bottom: no tensor-core kernel there, so it
+    says so and checks the package's FFMA design, shows sm_90 PTX with its mma, and leaves the exercise
+    ungraded. (The evidence cell once failed here: the cap had turned the sm_90 mma into the T4 trap.)"""
+    nbformat = pytest.importorskip("nbformat")
+    nbclient = pytest.importorskip("nbclient")
+    monkeypatch.setenv(arch.ENV, "sm_75")
+    nb = nbformat.read(ROOT / "notebooks" / "solutions" / "09_fused_gemv_SOLUTION.ipynb", as_version=4)
+    nbclient.NotebookClient(nb, timeout=300, kernel_name="python3",
+                            resources={"metadata": {"path": str(ROOT / "notebooks")}}).execute()
+    text = "\n".join(o.get("text", "") for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", []))
+    assert "No bf16 mma.sync on sm_75" in text and "within the float32 tolerance" in text
+    assert "'^mma\\\\.sync': 16 line" in text and "not graded here" in text
