@@ -5,7 +5,6 @@
 """
 from __future__ import annotations
 
-import json
 import re
 import sys
 from pathlib import Path
@@ -262,10 +261,10 @@ def models_block() -> str:
                        + "; ".join(f"{k} {v:.0f}" for k, v in per.items()) + ".")
         others = sorted((ROOT / "data" / "results" / g).glob("models_20*.json"))
         if others:
-            out += ["", "Earlier runs of the same benchmark on this GPU, on other machines (they vary: eager decode is bound by the "
+            out += ["", "Earlier runs of the same benchmark on this GPU kind (they vary: eager decode is bound by the "
                     "host, and the compiled runs moved too):", ""]
         for p in others:
-            o = json.loads(p.read_text())
+            o = results.load(p.stem, g)
             t = {r["variant"]: r["tok_s"] for r in o["records"] if r["kind"] == "decode"}
             q = {r["variant"]: r["ms"] for r in o["records"] if r["kind"] == "qlora"}
             ratio = (lambda a, b, d: f"{d[a] / d[b]:.2f}x" if a in d and b in d else "-")
@@ -273,7 +272,7 @@ def models_block() -> str:
             out.append(f"- {o['meta'].get('date')} ({how}): nf4lab eager {ratio('nf4lab_eager', 'bnb_eager', t)} bitsandbytes; "
                        f"compiled {ratio('nf4lab_compiled', 'bnb_compiled_forced', t)} bitsandbytes, "
                        f"{ratio('nf4lab_compiled', 'bf16_compiled', t)} bf16; QLoRA step "
-                       f"{ratio('qlora_bnb', 'qlora_nf4lab', q)} bitsandbytes' speed (`{p.relative_to(ROOT)}`).")
+                       f"{ratio('qlora_bnb', 'qlora_nf4lab', q)} bitsandbytes' speed (`{o['path']}`).")
         out += ["", f"Source: `{m['path']}`.", ""]
     return "\n".join(out).rstrip() or "No model benchmark recorded yet."
 

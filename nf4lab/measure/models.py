@@ -47,6 +47,7 @@ when set; ``models_table(gpu)`` renders the markdown table.
 """
 from __future__ import annotations
 
+import argparse
 import contextlib
 import dataclasses
 import gc
@@ -759,12 +760,6 @@ def save(data: dict, name: str) -> Path:
 
 
 # ---------------------------------------------------------------- command line
-def argparse_suppress():
-    import argparse
-
-    return argparse.SUPPRESS
-
-
 def add_arguments(p) -> None:
     p.add_argument("--quick", action="store_true", help="4 layers, 16 tokens, fewer QLoRA steps: a smoke test")
     p.add_argument("--only", nargs="*", choices=VARIANTS, help="variants to run (default: all)")
@@ -775,7 +770,7 @@ def add_arguments(p) -> None:
     p.add_argument("--no-save", action="store_true", help="print only")
     p.add_argument("--one-process", action="store_true",
                    help="every variant in this process (default on a GPU: each decode variant in its own)")
-    p.add_argument("--dump", help=argparse_suppress())
+    p.add_argument("--dump", help=argparse.SUPPRESS)   # a child of an isolated run: where to write its run
 
 
 def main(args) -> int:
@@ -803,9 +798,7 @@ def main(args) -> int:
     print(table(data))
     print(f"\nphases (s): {data['meta']['phases']}; peak GPU memory: {data['meta'].get('max_memory_allocated_gb')} GB")
     bad = [r["variant"] for r in data["records"] if r.get("error")]
-    if args.dump:
-        pass  # a child of an isolated run: its parent records
-    elif args.cpu_smoke:
+    if args.cpu_smoke and not args.dump:   # a child (--dump) leaves the recording to its parent
         out = Path(__file__).resolve().parents[2] / "build" / "models_cpu_smoke.json"
         out.parent.mkdir(exist_ok=True)
         out.write_text(json.dumps(data, indent=1, default=str) + "\n")
