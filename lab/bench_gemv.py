@@ -60,13 +60,7 @@ def variant_launches(mod, names=None, policies=None) -> dict:
     for key, design in variants.items():  # a Design, a function (N, M) -> Design, None, or (one of those, policy)
         d, p = design if isinstance(design, tuple) else (design, "balanced")
         out[key] = (lambda g, d=d, p=p: mod.launch(g, design=d, policy=p))
-    gemv = nf4lab.kernels.gemv
-    # the default: the shipped FFMA kernel itself (the family's auto design, same PTX), which notebook 09 teaches
-    out[first] = (lambda g: gemv.launch(g, design=gemv.auto_design(g.N, g.M)))
-    from nf4lab.kernels import gemv_tc
-
-    if gemv_tc.available():  # the tensor-core design, what gemv.launch ships on sm_80+ (09_gemv_tc.json)
-        out["TC"] = (lambda g: gemv.launch(g, design=gemv.Design(tc=True)))
+    out["TC"] = nf4lab.kernels.gemv.launch  # the shipped tensor-core kernel (09_gemv_tc.json)
     pols = list(getattr(mod, "GRID_POLICIES", ())) if policies is None else list(policies)
     for p in pols[1:]:
         out[f"{first}, {p} grid"] = (lambda g, p=p: mod.launch(g, design=variants[first], policy=p))

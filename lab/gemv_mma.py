@@ -1,6 +1,6 @@
-"""The tensor-core GEMV's tuning knobs: the shipped kernel (nf4lab.kernels.gemv_tc) with other launch choices.
+"""The tensor-core GEMV's tuning knobs: the shipped kernel (nf4lab.kernels.gemv) with other launch choices.
 
-``launch(g, blocks_per_sm, D, carveout)`` runs ``gemv_tc.make_kernel`` with ``D`` steps of loads in flight
+``launch(g, blocks_per_sm, D, carveout)`` runs ``gemv.make_kernel`` with ``D`` steps of loads in flight
 ahead of the one computed and launch bounds for ``blocks_per_sm`` 256-thread blocks per SM (the grid follows),
 optionally asking the driver for the largest shared-memory carveout. The defaults (2 blocks, D = 1, the
 driver's carveout) are what ships; lab/bench_gemv.py times the others as "TC B<blocks> D<D>" and
@@ -10,11 +10,11 @@ driver's carveout) are what ships; lab/bench_gemv.py times the others as "TC B<b
 from __future__ import annotations
 
 import nf4lab  # noqa: F401  (first: decides GPU or simulator)
-from nf4lab.kernels import gemv, gemv_tc
+from nf4lab.kernels import gemv
 
 
 def _max_carveout(kern):
-    """Ask for the largest shared-memory carveout: the driver's default left room for 2 blocks of 68 KB."""
+    """Ask for the largest shared-memory carveout: the driver's default left room for 2 blocks of 64 KB."""
     if getattr(kern, "_nf4lab_carveout", False):
         return
     from numba.cuda.cudadrv.driver import binding, driver
@@ -25,16 +25,16 @@ def _max_carveout(kern):
     kern._nf4lab_carveout = True
 
 
-def kernel(is_bf16, M, blocks_per_sm=gemv_tc.BLOCKS_PER_SM, D=1):
-    return gemv_tc.make_kernel(is_bf16, M, gemv_tc.probe_base(), True, D, max(blocks_per_sm, 1))
+def kernel(is_bf16, M, blocks_per_sm=gemv.BLOCKS_PER_SM, D=1):
+    return gemv.make_kernel(is_bf16, M, gemv.probe_base(), True, D, max(blocks_per_sm, 1))
 
 
-def launch(g, blocks_per_sm=gemv_tc.BLOCKS_PER_SM, D=1, carveout=False):
+def launch(g, blocks_per_sm=gemv.BLOCKS_PER_SM, D=1, carveout=False):
     gemv.validate(g)
     args = (g.packed_u32, g.absmax_q, g.absmax2, g.code2, g.lut, g.offset, g.x_u32, g.y, g.N, g.K, g.bs_shift)
-    nbytes = gemv_tc.dynamic_smem(g.M)
-    kern = gemv_tc.prepare(kernel(g.dtype == "bf16", g.M, blocks_per_sm, D), args, nbytes)
+    nbytes = gemv.SMEM
+    kern = gemv.prepare(kernel(g.dtype == "bf16", g.M, blocks_per_sm, D), args, nbytes)
     if carveout:
         _max_carveout(kern)
     grid = g.grid or min(-(-g.N // 16), blocks_per_sm * gemv.sms())
-    kern[grid, gemv_tc.THREADS, g.stream, nbytes](*args)
+    kern[grid, gemv.THREADS, g.stream, nbytes](*args)

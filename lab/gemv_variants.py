@@ -4,9 +4,8 @@ profiled (lab/profile_gemv.py) and assembled (lab/sass_gemv.py).
 One kernel factory, ``make_gemv(is_bf16, Design(...))``, covers them all: rows per item R, split-K S,
 columns per lane, warps per block, batch M, launch bounds, streaming loads, and the table experiments
 (PRMT: a 64 KB table addressed by one byte permute; X: NF4 values from warp shuffles; Q16: the absmax
-code table in 16 copies; H16: a table of fp16 pairs, NOT exact). The shipped design (``nf4lab.kernels.gemv``,
-the one notebook 09 teaches) is this factory with table="pair", cols=32, warps=8, no shuffles, one
-scale copy: tests/test_gemv.py checks that both give the same PTX.
+code table in 16 copies; H16: a table of fp16 pairs, NOT exact). The former shipped FFMA design (``auto_design``) is this factory with table="pair", cols=32, warps=8, no shuffles, one
+scale copy (the FFMA design notebook 09 taught before the tensor-core kernel replaced it).
 
 Import it as ``lab.gemv_variants`` (the repository root on sys.path): nf4lab.compile_ptx's subprocess then
 finds this module's device ops by reference.
@@ -19,9 +18,112 @@ import numpy as np
 from numba import cuda, float32, uint32, uint64
 
 from nf4lab.kernels import gemv, ops
-from nf4lab.kernels.gemv import (MAX_M, bar_sync, f16_to_f32, f32_from_bits, lds_pair, load_stream_u32x4,
-                                  shfl_down_sync, sms)
+from nf4lab.kernels.gemv import MAX_M, f32_from_bits, load_stream_u32x4, sms
 from nf4lab import runtime
+
+
+# ---------------------------------------------------------------- device ops of the FFMA family (nf4lab's GEMV has none of them)
+def _py_f16_to_f32(u):
+    return np.float32(np.uint16(int(u) & 0xFFFF).view(np.float16))
+
+
+def _shared_ptr(context, builder, sig, args, elem):
+    """Pointer to ``elem`` at byte offset args[1] (uint32) of the shared array args[0]: the data pointer cast
+    back to the shared window, plus the offset (no index scaling, no 64-bit index math)."""
+    from llvmlite import ir
+    from numba import types
+
+    ary = context.make_array(sig.args[0])(context, builder, args[0])
+    base = builder.addrspacecast(builder.bitcast(ary.data, ir.IntType(8).as_pointer()), ir.PointerType(ir.IntType(8), 3))
+    o = context.cast(builder, args[1], sig.args[1], types.uint32)
+    return builder.bitcast(builder.gep(base, [builder.zext(o, ir.IntType(64))]), ir.PointerType(elem, 3))
+
+
+def _build_ffma_ops():
+    from llvmlite import ir
+    from numba import types
+    from numba.cuda.extending import intrinsic
+
+    @intrinsic
+    def f16_to_f32(typingctx, u):
+        sig = types.float32(types.uint32)
+
+        def codegen(context, builder, sig, args):
+            h = builder.trunc(context.cast(builder, args[0], sig.args[0], types.uint32), ir.IntType(16))
+            asm = ir.InlineAsm(ir.FunctionType(ir.FloatType(), [ir.IntType(16)]), "cvt.f32.f16 $0, $1;", "=f,h")
+            return builder.call(asm, [h])
+
+        return sig, codegen
+
+    @intrinsic
+    def lds_pair(typingctx, tab, off):
+        """Two float32 at byte offset ``off`` (uint32, a multiple of 8) of a shared array: one ld.shared.v2.f32."""
+        if not (isinstance(tab, types.Array) and tab.ndim == 1):
+            return None
+        sig = types.UniTuple(types.float32, 2)(tab, types.uint32)
+
+        def codegen(context, builder, sig, args):
+            v = builder.load(_shared_ptr(context, builder, sig, args, ir.VectorType(ir.FloatType(), 2)), align=8)
+            return context.make_tuple(builder, sig.return_type,
+                                      [builder.extract_element(v, ir.Constant(ir.IntType(32), i)) for i in (0, 1)])
+
+        return sig, codegen
+
+    @intrinsic
+    def bar_sync(typingctx, barrier, nthreads):
+        """``bar.sync barrier, nthreads``: wait until ``nthreads`` threads (whole warps) reached barrier
+        ``barrier`` (1..15; 0 is __syncthreads). Orders shared-memory accesses like __syncthreads."""
+        sig = types.void(types.uint32, types.uint32)
+
+        def codegen(context, builder, sig, args):
+            a, b = (context.cast(builder, v, t, types.uint32) for v, t in zip(args, sig.args))
+            asm = ir.InlineAsm(ir.FunctionType(ir.VoidType(), [ir.IntType(32), ir.IntType(32)]),
+                               "bar.sync $0, $1;", "r,r,~{memory}", side_effect=True)
+            builder.call(asm, [a, b])
+            return context.get_dummy_value()
+
+        return sig, codegen
+
+    return f16_to_f32, lds_pair, bar_sync
+
+
+def _py_lds_pair(tab, off):
+    t = np.asarray(tab)
+    p = int(t.view(np.uint64)[int(off) >> 3]) if t.dtype.itemsize != 8 else int(t[int(off) >> 3])
+    return gemv._py_f32_from_bits(p & 0xFFFFFFFF), gemv._py_f32_from_bits(p >> 32)
+
+
+
+def _py_shfl_down_sync(mask, value, delta):
+    return gemv._py_warp_exchange(value, lambda lane: lane + int(delta), "shfl_down_sync")
+
+
+_BARRIERS: dict = {}
+
+
+def _py_bar_sync(barrier, nthreads):
+    """The simulator has no named barriers: a threading.Barrier per (block, barrier id)."""
+    import threading
+
+    t = threading.current_thread()
+    key = (id(t._manager), tuple(t.blockIdx), int(barrier))
+    b = _BARRIERS.get(key)
+    if b is None:
+        b = _BARRIERS.setdefault(key, threading.Barrier(int(nthreads), timeout=60))
+    if b.parties != int(nthreads):
+        raise RuntimeError(f"bar_sync({barrier}, {nthreads}): the barrier was used with {b.parties} threads")
+    try:
+        b.wait()
+    except threading.BrokenBarrierError:
+        raise RuntimeError(f"bar_sync({barrier}, {nthreads}): not every thread arrived (on a GPU: a hang "
+                           "or undefined behaviour)") from None
+
+
+if runtime.SIMULATOR:
+    f16_to_f32, lds_pair, bar_sync, shfl_down_sync = _py_f16_to_f32, _py_lds_pair, _py_bar_sync, _py_shfl_down_sync
+else:
+    f16_to_f32, lds_pair, bar_sync = _build_ffma_ops()
+    shfl_down_sync = cuda.shfl_down_sync
 
 
 # ---------------------------------------------------------------- device ops only the variants use
@@ -59,7 +161,7 @@ def _build_ops():
         sig = types.uint32(tab, types.uint32)
 
         def codegen(context, builder, sig, args):
-            return builder.load(gemv._shared_ptr(context, builder, sig, args, ir.IntType(32)), align=4)
+            return builder.load(_shared_ptr(context, builder, sig, args, ir.IntType(32)), align=4)
 
         return sig, codegen
 
@@ -97,12 +199,10 @@ else:
 
 def with_dynamic_shared(kern, args, nbytes):
     """``kern`` ready to launch with ``nbytes`` of dynamic shared memory (past 48 KB the kernel's attribute must be
-    raised first, which numba does not do): the shipped tensor-core kernel's own mechanism, gemv_tc.prepare."""
+    raised first, which numba does not do): the shipped tensor-core kernel's own mechanism, gemv.prepare."""
     if nbytes == 0:
         return kern
-    from nf4lab.kernels import gemv_tc
-
-    return gemv_tc.prepare(kern, args, nbytes)
+    return gemv.prepare(kern, args, nbytes)
 
 
 # ---------------------------------------------------------------- the design family

@@ -84,16 +84,16 @@ def test_bitsandbytes_cpu_output_is_close(gc):
 
 
 def test_simulator_shuffle_twin():
-    from nf4lab.kernels.gemv import shfl_down_sync
+    from nf4lab.kernels.gemv import shfl_xor_sync
 
     @cuda.jit
     def k(out):
         v = float32(cuda.threadIdx.x)
-        v += shfl_down_sync(0xFFFFFFFF, v, 16)
-        v += shfl_down_sync(0xFFFFFFFF, v, 8)
-        v += shfl_down_sync(0xFFFFFFFF, v, 4)
-        v += shfl_down_sync(0xFFFFFFFF, v, 2)
-        v += shfl_down_sync(0xFFFFFFFF, v, 1)
+        v += shfl_xor_sync(0xFFFFFFFF, v, 16)
+        v += shfl_xor_sync(0xFFFFFFFF, v, 8)
+        v += shfl_xor_sync(0xFFFFFFFF, v, 4)
+        v += shfl_xor_sync(0xFFFFFFFF, v, 2)
+        v += shfl_xor_sync(0xFFFFFFFF, v, 1)
         if cuda.threadIdx.x % 32 == 0:
             out[cuda.threadIdx.x // 32] = v
 
@@ -150,36 +150,12 @@ def _case_buffers(N, K, dtype, M=1, seed=5, **kw):
     return gc, gemv.make_gemv_buffers(gc)
 
 
-D = gemv.Design
-# The shipped kernel (nf4lab.kernels.gemv.launch) on small adversarial shapes (K a multiple of 64, as _check_layout
-# requires): (N, K, dtype, M, Design or None for auto_design, grid, case options)
-SHIPPED_CASES = [
-    (40, 128, "bf16", 1, D(rows=4, min_blocks=2), 1, {}),         # one block: 10 row groups over 8 warps (grid stride)
-    (20, 128, "fp16", 1, D(rows=4, split=2, min_blocks=3), 1, {}),  # split-K teams, 2 rounds: the double buffer flips
-    (6, 2112, "bf16", 1, None, None, {}),                           # K = 2048 + 64: 2 lanes work in a row's last item
-    (5, 64, "fp16", 1, D(rows=8, split=2), None, {}),              # rows past N, K = one block
-    (10, 1088, "bf16", 1, D(rows=8, split=2, min_blocks=2), 1, {}),  # R8 split-K (the N = 8192 design)
-    (11, 256, "bf16", 1, None, None, {"dist": "heavy", "x_dist": "heavy"}),  # heavy tails
-    (6, 256, "fp16", 1, None, None, {"blocksize": 128}),            # blocksize 128
-    (3, 1088, "bf16", 2, D(rows=4, split=2, min_blocks=3), 2, {}),  # batch 2, split, an idle team
-] + [(7, 192, ("bf16", "fp16")[m % 2], m, None, None, {}) for m in range(1, 9)]   # every batch M = 1..8
-
-
-@pytest.mark.parametrize("N,K,dtype,M,design,grid,opts", SHIPPED_CASES,
-                         ids=[f"{c[0]}x{c[1]}-{c[2]}-M{c[3]}-{i}" for i, c in enumerate(SHIPPED_CASES)])
-def test_shipped_kernel_within_tolerance(N, K, dtype, M, design, grid, opts):
-    gc, g = _case_buffers(N, K, dtype, M=M, **opts)
-    g.grid = grid
-    gemv.launch(g, design=design)
-    d = design or gemv.default_design(N, M)
-    name = f"{N}x{K} {dtype} M={M} {d.name} grid {grid} {opts}"
-    assert gemv.check(g.result(), gc, name=name, rounded_table=d.tc).ok
-
-
-# The tensor-core kernel (nf4lab.kernels.gemv_tc; its mma, PRMT and table lookups have plain-Python twins, so
-# the simulator runs it too): K past a 256-column step by 64, 128 and 192 columns, K below one step, rows past
-# N, odd N, every batch M = 1..8, both dtypes, heavy tails, blocksize 128, the persistent grid's second round.
-TC_CASES = [
+# The shipped kernel (its mma, PRMT and table lookups have plain-Python twins, so the simulator runs it too) on
+# small adversarial shapes (K a multiple of 64, as _check_layout requires): K past a 256-column step by 64, 128
+# and 192 columns, K below one step, K = 2048 + 64, rows past N, odd N, every batch M = 1..8, both dtypes, heavy
+# tails, blocksize 128, all 16 codes, plain statistics, the persistent grid's later rounds (grid 1).
+# (N, K, dtype, M, grid, case options)
+CASES = [
     (20, 320, "bf16", 1, None, {}),
     (7, 192, "fp16", 3, None, {}),
     (11, 256, "bf16", 1, None, {"dist": "heavy", "x_dist": "heavy"}),
@@ -188,18 +164,24 @@ TC_CASES = [
     (33, 448, "fp16", 1, 1, {"dist": "codes"}),        # one block for 3 tiles: the partial-sum double buffer flips
     (20, 320, "bf16", 1, None, {"nested": False}),     # plain statistics: one float32 absmax per block
     (9, 704, "fp16", 3, None, {"nested": False, "blocksize": 128, "dist": "heavy"}),
+    (6, 2112, "bf16", 1, None, {}),                    # K = 2048 + 64: one lane's block in a row's last step
+    (5, 64, "fp16", 1, None, {}),                      # K = one block
+    (40, 128, "bf16", 2, 1, {"x_dist": "heavy"}),      # three tiles in one block, a batch
 ] + [(5, 128, ("bf16", "fp16")[m % 2], m, None, {}) for m in (4, 5, 6, 7)]
 
 
-def test_plain_statistics_need_the_tensor_core_design():
-    gc, g = _case_buffers(8, 128, "bf16", nested=False)
-    with pytest.raises(ValueError, match="plain statistics"):
-        gemv.launch(g, design=D(rows=4))
+@pytest.mark.parametrize("N,K,dtype,M,grid,opts", CASES,
+                         ids=[f"{c[0]}x{c[1]}-{c[2]}-M{c[3]}-{i}" for i, c in enumerate(CASES)])
+def test_kernel_within_tolerance(N, K, dtype, M, grid, opts):
+    gc, g = _case_buffers(N, K, dtype, M=M, **opts)
+    g.grid = grid
+    gemv.launch(g)
+    assert gemv.check(g.result(), gc, name=f"{N}x{K} {dtype} M={M} grid {grid} {opts}", rounded_table=True).ok
 
 
 def test_lab_tensor_core_knobs_default_to_the_shipped_kernel():
     """lab/gemv_mma.py (the knobs bench_gemv times: blocks per SM, steps in flight, carveout) builds its kernels
-    with nf4lab.kernels.gemv_tc.make_kernel; at its defaults it is the shipped kernel, PTX for PTX, so the
+    with nf4lab.kernels.gemv.make_kernel; at its defaults it is the shipped kernel, PTX for PTX, so the
     lab's numbers for "TC B2 D1" are the shipped kernel's. (A separate prototype with the same work once
     measured 1.5 us slower on the H100 from code layout alone: one source keeps that from recurring.)"""
     import sys
@@ -210,20 +192,10 @@ def test_lab_tensor_core_knobs_default_to_the_shipped_kernel():
     from lab import gemv_mma
 
     for dtype in ("bf16", "fp16"):
-        ours = gemv.kernel_ptx(gemv.kernel(D(tc=True), dtype))
+        ours = gemv.kernel_ptx(gemv.kernel(dtype))
         lab = gemv.kernel_ptx(gemv_mma.kernel(dtype == "bf16", 1))
         assert _norm_ptx(ours) == _norm_ptx(lab)
         assert nf4lab.measure.ptx.count(ours, r"^mma\.sync") == 16
-
-
-@pytest.mark.parametrize("N,K,dtype,M,grid,opts", TC_CASES,
-                         ids=[f"{c[0]}x{c[1]}-{c[2]}-M{c[3]}-{i}" for i, c in enumerate(TC_CASES)])
-def test_tensor_core_kernel_within_tolerance(N, K, dtype, M, grid, opts):
-    gc, g = _case_buffers(N, K, dtype, M=M, **opts)
-    g.grid = grid
-    gemv.launch(g, design=D(tc=True, m=M))
-    rep = gemv.check(g.result(), gc, name=f"{N}x{K} {dtype} M={M} TC grid {grid} {opts}", rounded_table=True)
-    assert rep.ok
 
 
 def test_tensor_core_tolerance_is_needed_and_explained():
@@ -233,7 +205,7 @@ def test_tensor_core_tolerance_is_needed_and_explained():
     from nf4lab.lesson import reference
 
     gc, g = _case_buffers(11, 256, "bf16", dist="heavy", x_dist="heavy")
-    gemv.launch(g, design=D(tc=True))
+    gemv.launch(g)
     y = gemv.to_f32(g.result(), "bf16").reshape(1, -1).astype(np.float64)
     assert not gemv.compare(y.astype(np.float32), gc).ok
     lut_b = np.array([np.uint32(int(ops.bf16_bits_py(v)) << 16).view(np.float32) for v in gc.lut], np.float64)
@@ -297,17 +269,6 @@ def test_variant_entries_launch(nb09):
         assert gemv.check(g.result(), gc, name=key).ok
 
 
-def test_lds_pair_twin_reads_the_pair_table():
-    lut = reference.NF4_LUT.astype(np.float32)
-    tab = np.zeros(256 * 16, np.uint64)
-    for i in range(tab.size):
-        b = i // 16
-        tab[i] = int(lut[b >> 4].view(np.uint32)) | (int(lut[b & 15].view(np.uint32)) << 32)
-    for byte, copy in [(0x00, 0), (0x7A, 5), (0xFF, 15)]:
-        lo, hi = gemv._py_lds_pair(tab, (byte << 7) | (copy << 3))
-        assert lo == lut[byte >> 4] and hi == lut[byte & 15]
-
-
 def test_prmt_twin_and_table_offsets(nb09):
     """The byte-permute twin follows PTX's prmt (8 source bytes, sign replication by bit 3), and the four
     selectors of lut8_prmt give (byte j << 8) | lane8 for every byte of a word."""
@@ -331,73 +292,53 @@ def _norm_ptx(p):
     return [line.rstrip() for line in p.splitlines() if line.strip()]
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("fields,dtype", [(dict(rows=4, split=2, min_blocks=3), "bf16"), (dict(rows=4, min_blocks=2, m=2), "fp16")])
-def test_shipped_kernel_is_the_labs_design(nb09, fields, dtype):
-    """The shipped kernel is the lab family's design of the same name, instruction for instruction: the lab's
-    recorded numbers for it are the shipped kernel's numbers."""
-    ours = gemv.kernel_ptx(gemv.kernel(gemv.Design(**fields), dtype))
-    lab = gemv.kernel_ptx(nb09.kernel(nb09.Design(**fields), dtype), nb09.SIG)
-    assert _norm_ptx(ours) == _norm_ptx(lab)
-
-
 @pytest.mark.parametrize("cc", [(9, 0), (7, 5)])
-def test_ptx_tensor_core_kernel(cc):
-    """sm_80+: 16 mma and 64 table lookups per step, no local memory, the base in the loads' immediate;
-    below sm_80 the mma is a trap (never dispatched there: gemv_tc.available)."""
+@pytest.mark.parametrize("dtype", ["bf16", "fp16"])
+def test_ptx(cc, dtype):
+    """sm_80+: 16 mma and 64 table lookups per step, no local memory, the base in the loads' immediate. sm_75 (a
+    T4): fp16 as 32 m16n8k8 mmas, bf16 without mma (shuffles and FMAs), never a trap."""
     import nf4lab.measure.ptx  # noqa: F401
 
-    ptx = nf4lab.measure.ptx.compile_ptx(gemv.kernel(D(tc=True), "bf16"), gemv.signature(), cc=cc,
-                                         launch_bounds=(256, 2))
-    check = nf4lab.measure.ptx.check
+    ptx = nf4lab.measure.ptx.compile_ptx(gemv.kernel(dtype), gemv.signature(), cc=cc, launch_bounds=(256, 2))
+    check, count = nf4lab.measure.ptx.check, nf4lab.measure.ptx.count
+    check(ptx, present=[r"^prmt\.b32", r"^ld\.shared\.u32 %r\d+, \[%r\d+\+\d+\]"], absent=[r"\.f64", r"^trap"])
+    if cc >= (8, 0) or dtype == "fp16":
+        assert count(ptx, r"^prmt\.b32") == 64
+        check(ptx, present=[], absent=[r"^ld\.local", r"^st\.local"])
     if cc >= (8, 0):
-        check(ptx, present=[r"^mma\.sync\.aligned\.m16n8k16\.row\.col\.f32\.bf16\.bf16\.f32", r"^prmt\.b32",
-                            r"^ld\.shared\.u32 %r\d+, \[%r\d+\+\d+\]"],
-              absent=[r"^ld\.local", r"^st\.local", r"\.f64", r"^trap"])
-        assert nf4lab.measure.ptx.count(ptx, r"^mma\.sync") == 16
-        assert nf4lab.measure.ptx.count(ptx, r"^prmt\.b32") == 64
-    else:
-        check(ptx, present=[r"^trap"], absent=[r"^mma\.sync"])
+        check(ptx, present=[rf"^mma\.sync\.aligned\.m16n8k16\.row\.col\.f32\.{dict(bf16='bf16', fp16='f16')[dtype]}"],
+              absent=[r"^ld\.local", r"^st\.local"])
+        assert count(ptx, r"^mma\.sync") == 16
+    elif dtype == "fp16":
+        assert count(ptx, r"^mma\.sync\.aligned\.m16n8k8\.row\.col\.f32\.f16\.f16\.f32") == 32
+    else:  # the soft mma is long: NVVM leaves the loop over a step's two pieces rolled (32 prmt, local memory)
+        assert count(ptx, r"^mma\.sync") == 0 and count(ptx, r"^shfl\.sync\.idx") in (8 * 16, 16 * 16)
 
 
-def test_tensor_core_ptx_for_sm90_keeps_its_mma_under_nf4lab_arch(monkeypatch):
-    """NF4LAB_ARCH=sm_75 caps the bf16/f16x2 conversions but not the mma: the tensor-core kernel is never
-    dispatched under the cap (available() is False), and PTX compiled for sm_90 (notebook 09's evidence cell)
-    must still hold the mma, not the T4 stand-in's trap."""
+def test_nf4lab_arch_caps_the_mma(monkeypatch):
+    """NF4LAB_ARCH=sm_75 compiles the T4's paths for any GPU, the mma's included, so that a run on an H100
+    tests them: PTX for sm_90 then holds fp16's m16n8k8 and no mma at all for bf16."""
     import nf4lab.measure.ptx
-    from nf4lab.kernels import arch, gemv_tc
+    from nf4lab.kernels import arch
 
     monkeypatch.setattr(arch, "FORCED", (7, 5))
     monkeypatch.setenv(arch.ENV, "sm_75")                    # for the PTX subprocess of the simulator's runs
-    assert not gemv_tc.available((9, 0))
-    kern = gemv_tc.make_kernel.__wrapped__(True, 1, 0x400)   # a fresh dispatcher: nothing compiled before
-    ptx = nf4lab.measure.ptx.compile_ptx(kern, gemv.signature(), cc=(9, 0), launch_bounds=(256, 2))
-    nf4lab.measure.ptx.check(ptx, present=[r"^mma\.sync"], absent=[r"^trap"])
+    for dtype, present in (("fp16", r"^mma\.sync\.aligned\.m16n8k8"), ("bf16", r"^shfl\.sync\.idx")):
+        kern = gemv.make_kernel.__wrapped__(dtype == "bf16", 1, 0x400)   # a fresh dispatcher: nothing compiled before
+        ptx = nf4lab.measure.ptx.compile_ptx(kern, gemv.signature(), cc=(9, 0), launch_bounds=(256, 2))
+        nf4lab.measure.ptx.check(ptx, present=[present], absent=[r"^mma\.sync\.aligned\.m16n8k16"])
 
 
-def test_ptx_default_design(monkeypatch):
-    from nf4lab.kernels import gemv_tc
-
-    monkeypatch.setattr(gemv_tc, "available", lambda cc=None: False)
-    d = gemv.auto_design(4096)
-    ptx = gemv.kernel_ptx(gemv.kernel(d, "fp16"))
-    nf4lab.measure.ptx.check(ptx, present=[r"^ld\.global\.nc\.L1::no_allocate\.v4\.u32", r"^ld\.global\.v4\.u32",
-                                   r"^shfl\.sync\.down", r"^ld\.shared\.v2\.f32", r"^cvt\.f32\.f16", r"^bar\.sync"],
-                     absent=[r"^ld\.local", r"^st\.local", r"\.f64", r"^(div|rem)\.(s|u)64"])
-    assert nf4lab.measure.ptx.count(ptx, r"^ld\.global\.nc\.L1::no_allocate\.v4") == 2 * d.rows
-    assert nf4lab.measure.ptx.count(ptx, r"^ld\.shared\.v2\.f32") == d.rows * 16
-    assert nf4lab.measure.ptx.count(ptx, r"^shfl\.sync\.down") == 5 * d.rows
-    assert ".maxntid 256, 1, 1" in ptx and ".minnctapersm 3" in ptx
-
-
-def test_ptx_batch():
-    d = gemv.Design(rows=4, m=2, min_blocks=2)   # from M = 4 on, R x M sums spill even in the PTX (ld.local)
-    ptx = gemv.kernel_ptx(gemv.kernel(d, "bf16"))
-    nf4lab.measure.ptx.check(ptx, present=[r"^ld\.global\.nc\.L1::no_allocate\.v4\.u32"],
-                     absent=[r"^ld\.local", r"^st\.local", r"\.f64", r"^(div|rem)\.(s|u)64", r"^bar\.sync\s+%r"])  # no team barrier
-    assert nf4lab.measure.ptx.count(ptx, r"^shfl\.sync\.down") == 5 * d.rows * d.m   # one reduction per row and batch row
-    assert nf4lab.measure.ptx.count(ptx, r"^ld\.global\.v4\.u32") == 4 * d.m         # x: 4 loads per batch row per item
-    assert nf4lab.measure.ptx.count(ptx, r"^ld\.shared\.v2\.f32") == d.rows * 16      # the table read once for all M
+def test_shared_memory_fits_a_t4():
+    """64 KB per block is a T4's (sm_75) limit: the table takes it all, everything else sits in its spare words
+    (columns 32..63 of each 256-byte row), which the table's lanes 0..31 never touch."""
+    assert gemv.SMEM == 64 * 1024
+    used = {(e << 6) | lane for e in range(256) for lane in range(32)}
+    small = {(i << 6) | gemv.LUT for i in range(16)} | {(c << 6) | gemv.CODE2 for c in range(256)}
+    spare = {((i >> 4) << 6) | 32 | (i & 15) for i in range(2 * gemv.W * 16 * gemv.MAX_M)}
+    assert max(used | small | spare) < gemv.SMEM // 4
+    assert not used & small and not used & spare and not small & spare
+    assert len(spare) == 2 * gemv.W * 16 * gemv.MAX_M
 
 
 # ---------------------------------------------------------------- bad input: refused before any launch
@@ -453,26 +394,10 @@ def test_heavy_x_fits_fp16():
     assert np.isfinite(x).all() and np.abs(x).max() > 100
 
 
-def test_auto_design_and_grid(monkeypatch):
-    from nf4lab.kernels import gemv_tc
-
+def test_grid(monkeypatch):
     monkeypatch.setattr(nf4lab.runtime, "device_info", lambda: {"sms": 132})
     monkeypatch.setattr(gemv, "_SMS", {})
-    monkeypatch.setattr(gemv_tc, "available", lambda cc=None: True)
-    assert gemv.default_design(4096, 3) == D(tc=True, m=3, min_blocks=2)
-    assert gemv.auto_design(4096) == D(rows=4, split=2, min_blocks=3)   # notebook 09's FFMA choice, unchanged
-    assert gemv.grid_size(D(tc=True), 4096) == 256 and gemv.grid_size(D(tc=True), 14336) == 2 * 132
-    monkeypatch.setattr(gemv_tc, "available", lambda cc=None: False)   # below sm_80, or NF4LAB_ARCH=sm_75
-    # batch 1, what won on the H100: R4 S2 at N = 4096, R8 S2 at N = 8192, R4 (B2) at N = 14336; every batch R4 B2
-    assert gemv.auto_design(4096) == D(rows=4, split=2, min_blocks=3)
-    assert gemv.auto_design(8192) == D(rows=8, split=2, min_blocks=2)
-    assert gemv.auto_design(14336) == D(rows=4, min_blocks=2)
-    assert gemv.auto_design(8192, 8) == D(rows=4, min_blocks=2, m=8)
-    assert gemv.auto_design(4096, 2) == D(rows=4, min_blocks=2, m=2)
-    # 14336 rows: 3584 groups, 8 teams per block, 2 blocks per SM: 2112 resident teams, 2 rounds
-    bal = gemv.grid_size(D(rows=4, min_blocks=2), 14336)
-    assert bal * 8 * 2 >= 3584 and (bal - 1) * 8 * 2 < 3584
-    assert gemv.grid_size(D(rows=4, split=2, min_blocks=3), 4096) == 1024 // 4   # one round: one team per group
+    assert gemv.grid_size(4096) == 256 and gemv.grid_size(14336) == 2 * 132 and gemv.grid_size(20) == 2
 
 
 def test_ncu_summary_and_pipe_ceiling(nb09):

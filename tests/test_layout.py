@@ -18,7 +18,7 @@ def test_flat_names_are_the_moved_modules():
 def test_notebook_imports_resolve():
     from nf4lab import gemv
     from nf4lab.buffers import quiet_small_grids  # noqa: F401
-    from nf4lab.gemv import MAX_M, Design, auto_design, bar_sync  # noqa: F401
+    from nf4lab.gemv import MAX_M, mma_bf16, prmt, spare  # noqa: F401
     from nf4lab.lesson import BLOCK_SHIFT, block_scale  # noqa: F401
     from nf4lab.reference import NF4_LUT, lut_for  # noqa: F401
 

@@ -91,7 +91,7 @@ def exactness_lines(gpu) -> list:
 
 
 def gemv_tc_lines(gpu) -> list:
-    """The tensor-core GEMV (nf4lab.kernels.gemv_tc, the default on sm_80+): against the read bound of the same
+    """The tensor-core GEMV (nf4lab.kernels.gemv): against the read bound of the same
     session and bitsandbytes, one row of x and the batch (lab/bench_gemv.py -> 09_gemv_tc*.json)."""
     from nf4lab.measure import results
 
@@ -107,7 +107,7 @@ def gemv_tc_lines(gpu) -> list:
     from nf4lab.measure.gemv_bench import default_kernel
 
     ours, ffma, bnb1 = default_kernel(run), "fused NF4 gemv (numba) [R2 S1", "bitsandbytes matmul_4bit gemv"
-    lines = ["", f"Tensor-core GEMV (`nf4lab.kernels.gemv_tc`, the default where mma.sync exists, sm_80+), "
+    lines = ["", f"Tensor-core GEMV (`nf4lab.kernels.gemv`), "
              f"{results.label(run['meta'])}; the read bound from the same session ({results.label(bound['meta'])}):", "",
              "| W (N x K) | dtype | tensor-core us | read bound us | % of read bound | FFMA design us | bitsandbytes gemv_4bit us | x bitsandbytes |",
              "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |"]

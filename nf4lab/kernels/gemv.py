@@ -1,153 +1,62 @@
 """The fused NF4 GEMV of notebook 09: ``y = x @ W.T`` for 1 to 8 rows of x, W (N, K) in bitsandbytes' NF4.
 
-The shipped design (the one notebook 09 teaches, cell by cell) and what launching it needs:
+Table lookups feed ``mma.sync``: a code byte costs one PRMT (its table address) and one 32-bit shared load,
+whose result, the byte's two NF4 values as a bf16x2 (f16x2) pair, is an mma A-fragment register as it stands.
+The tensor core multiplies by x and sums in float32 (each product exact); the table's rounding of the NF4
+values to the dtype is the one extra error (``gemv_check.table_tolerance``). Notebook 09 builds the same
+kernel cell by cell and explains the step, the table and the lanes; tests/test_nb09.py pins both to one PTX.
 
-- ``launch(g, design=None)``: the stable entry point. ``g`` is a :class:`GemvBuffers` (batch ``g.M`` <= 8),
-  the launch runs on ``g.stream``; ``design`` None is ``default_design(N, M)``: the tensor-core kernel
-  (:mod:`nf4lab.kernels.gemv_tc`) on sm_80+, else ``auto_design(N, M)``, notebook 09's FFMA design.
-  ``validate(g)`` runs first.
-- ``Design`` / ``make_gemv(is_bf16, d)`` / ``kernel(d, dtype)`` / ``auto_design`` / ``grid_size``.
-- ``make_gemv_buffers`` / ``buffers_from_torch`` / ``validate``; ``launch_torch`` for the torch ops.
-- Device ops with plain-Python twins: ``f32_from_bits``, ``f16_to_f32``, ``lds_pair`` (ld.shared.v2.f32 at
-  a byte offset), ``load_stream_u32x4`` (ld.global.nc.L1::no_allocate.v4.u32), ``bar_sync`` (a named
-  barrier), ``shfl_down_sync``.
+Below sm_80 (a T4) there is no bf16 mma: fp16 runs each m16n8k16 as two m16n8k8 (sm_75 has those), bf16 on
+the FP32 units from the warp's fragments (``_soft_mma``, about 3x the instructions). Everything fits the 64 KB
+of shared memory a T4 block can have: the small arrays live in the table rows' unused halves (``spare``).
 
-Its float64 reference and checks (``make_gemv_case``, ``tolerance``, ``compare``/``check``, ``bnb_output``)
-are in :mod:`nf4lab.lesson.gemv_check`; its benchmark beside bitsandbytes (``benchmark``, ``summary``,
-``plot``, ``weight_bytes``) in :mod:`nf4lab.measure.gemv_bench`. Both stay reachable here
-(``gemv.check``, ``gemv.benchmark``), as notebook 09 calls them. The design family the lab measured
-(variants, profiles, SASS reports) lives in ``lab/``.
+- ``launch(g)``: the entry point (``validate(g)`` first), on ``g.stream``; ``g`` a :class:`GemvBuffers`
+  (``make_gemv_buffers``, ``buffers_from_torch``); ``launch_torch`` for the torch ops.
+- ``make_kernel`` / ``kernel(dtype, M, nested)``, ``grid_size``, ``prepare``, ``probe_base``.
+Its float64 reference and checks are in :mod:`nf4lab.lesson.gemv_check`, its benchmark beside bitsandbytes
+in :mod:`nf4lab.measure.gemv_bench`; both are reachable here (``gemv.check``, ``gemv.benchmark``). The
+designs that lost (an FFMA family, rings, chains) and their tools are in ``lab/``.
 """
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import numpy as np
 
 from .. import runtime  # first: it may switch numba to the simulator
 from ..lesson import reference
-from . import arch, ops
-from numba import cuda, float32, uint32, uint64  # noqa: E402  (a module global: the simulator swaps it in kernels)
+from . import ops
+from numba import cuda, float32, uint32, uint64  # noqa: E402  (module globals: the simulator swaps them in kernels)
 
 LLM_SHAPES = ((4096, 4096), (4096, 14336), (14336, 4096), (8192, 28672))  # (N, K) = W.shape
 TORCH_DTYPE = {"bf16": "bfloat16", "fp16": "float16"}
 NAME = "09_fused_gemv"
-MAX_M = 8  # batch rows of x the kernel takes (each weight byte is still read once)
+MAX_M = 8                       # batch rows of x the kernel takes (each weight byte is still read once)
+THREADS = 256
+W = THREADS // 32
+BLOCKS_PER_SM = 2               # 116 registers, 64 KB of shared memory: measured best (lab/gemv_mma.py)
+TAB_WORDS = 256 * 64            # entry e, lane l at word (e << 6) | l; words 32..63 of each row are spare:
+LUT, CODE2 = 62, 63             # value i at word (i << 6) | 62, code2[c] at (c << 6) | 63; partial sums: spare()
+SMEM = 4 * TAB_WORDS            # dynamic shared memory of every launch
 
 
-# ---------------------------------------------------------------- device ops with twins
+# ---------------------------------------------------------------- device ops and their plain-Python twins
 def _py_f32_from_bits(u):
     return np.uint32(int(u) & 0xFFFFFFFF).view(np.float32)
 
 
-def _py_f16_to_f32(u):
-    return np.float32(np.uint16(int(u) & 0xFFFF).view(np.float16))
+def _py_prmt(a, b, sel):
+    pool = (int(a) & 0xFFFFFFFF) | ((int(b) & 0xFFFFFFFF) << 32)
+    return np.uint32(sum(((pool >> (8 * ((int(sel) >> (4 * k)) & 7))) & 0xFF) << (8 * k) for k in range(4)))
 
 
-def _shared_ptr(context, builder, sig, args, elem):
-    """Pointer to ``elem`` at byte offset args[1] (uint32) of the shared array args[0]: the data pointer cast
-    back to the shared window, plus the offset (no index scaling, no 64-bit index math)."""
-    from llvmlite import ir
-    from numba import types
-
-    ary = context.make_array(sig.args[0])(context, builder, args[0])
-    base = builder.addrspacecast(builder.bitcast(ary.data, ir.IntType(8).as_pointer()), ir.PointerType(ir.IntType(8), 3))
-    o = context.cast(builder, args[1], sig.args[1], types.uint32)
-    return builder.bitcast(builder.gep(base, [builder.zext(o, ir.IntType(64))]), ir.PointerType(elem, 3))
+def _py_lookup(tab, off):
+    return np.uint32(np.asarray(tab).view(np.uint32)[int(off) >> 2])
 
 
-def _build_device_ops():
-    from llvmlite import ir
-    from numba import types
-    from numba.cuda.extending import intrinsic
-
-    @intrinsic
-    def f32_from_bits(typingctx, u):
-        sig = types.float32(types.uint32)
-
-        def codegen(context, builder, sig, args):
-            return builder.bitcast(context.cast(builder, args[0], sig.args[0], types.uint32), ir.FloatType())
-
-        return sig, codegen
-
-    @intrinsic
-    def f16_to_f32(typingctx, u):
-        sig = types.float32(types.uint32)
-
-        def codegen(context, builder, sig, args):
-            h = builder.trunc(context.cast(builder, args[0], sig.args[0], types.uint32), ir.IntType(16))
-            asm = ir.InlineAsm(ir.FunctionType(ir.FloatType(), [ir.IntType(16)]), "cvt.f32.f16 $0, $1;", "=f,h")
-            return builder.call(asm, [h])
-
-        return sig, codegen
-
-    @intrinsic
-    def lds_pair(typingctx, tab, off):
-        """Two float32 at byte offset ``off`` (uint32, a multiple of 8) of a shared array: one ld.shared.v2.f32."""
-        if not (isinstance(tab, types.Array) and tab.ndim == 1):
-            return None
-        sig = types.UniTuple(types.float32, 2)(tab, types.uint32)
-
-        def codegen(context, builder, sig, args):
-            v = builder.load(_shared_ptr(context, builder, sig, args, ir.VectorType(ir.FloatType(), 2)), align=8)
-            return context.make_tuple(builder, sig.return_type,
-                                      [builder.extract_element(v, ir.Constant(ir.IntType(32), i)) for i in (0, 1)])
-
-        return sig, codegen
-
-    @intrinsic
-    def load_stream_u32x4(typingctx, arr, i):
-        """128 bits at uint32 element ``i`` (a multiple of 4) of a 16-byte aligned array, read-only and not kept
-        in L1 (``ld.global.nc.L1::no_allocate.v4.u32``): weights are read once, L1 keeps x and the scales."""
-        if not (isinstance(arr, types.Array) and arr.dtype == types.uint32 and arr.ndim == 1):
-            return None
-        sig = types.UniTuple(types.uint32, 4)(arr, i)
-
-        def codegen(context, builder, sig, args):
-            from numba.cuda import cgutils
-
-            ary = context.make_array(sig.args[0])(context, builder, args[0])
-            ptr = cgutils.get_item_pointer(context, builder, sig.args[0], ary, [args[1]], wraparound=False)
-            i32 = ir.IntType(32)
-            asm = ir.InlineAsm(ir.FunctionType(ir.LiteralStructType([i32] * 4), [ir.IntType(64)]),
-                               "ld.global.nc.L1::no_allocate.v4.u32 {$0, $1, $2, $3}, [$4];", "=r,=r,=r,=r,l")
-            v = builder.call(asm, [builder.ptrtoint(ptr, ir.IntType(64))])
-            return context.make_tuple(builder, sig.return_type, [builder.extract_value(v, k) for k in range(4)])
-
-        return sig, codegen
-
-    @intrinsic
-    def bar_sync(typingctx, barrier, nthreads):
-        """``bar.sync barrier, nthreads``: wait until ``nthreads`` threads (whole warps) reached barrier
-        ``barrier`` (1..15; 0 is __syncthreads). Orders shared-memory accesses like __syncthreads."""
-        sig = types.void(types.uint32, types.uint32)
-
-        def codegen(context, builder, sig, args):
-            a, b = (context.cast(builder, v, t, types.uint32) for v, t in zip(args, sig.args))
-            asm = ir.InlineAsm(ir.FunctionType(ir.VoidType(), [ir.IntType(32), ir.IntType(32)]),
-                               "bar.sync $0, $1;", "r,r,~{memory}", side_effect=True)
-            builder.call(asm, [a, b])
-            return context.get_dummy_value()
-
-        return sig, codegen
-
-    return f32_from_bits, f16_to_f32, lds_pair, load_stream_u32x4, bar_sync
-
-
-def _py_lds_pair(tab, off):
-    t = np.asarray(tab)
-    p = int(t.view(np.uint64)[int(off) >> 3]) if t.dtype.itemsize != 8 else int(t[int(off) >> 3])
-    return _py_f32_from_bits(p & 0xFFFFFFFF), _py_f32_from_bits(p >> 32)
-
-
-
-class _Warp:
-    def __init__(self, n):
-        import threading
-
-        self.n = n
-        self.barrier = threading.Barrier(n, timeout=60)
-        self.vals = [None] * n
+def _py_load_stream_u32x4(arr, i):
+    return ops._py_load_u32x4(arr, i)
 
 
 _WARPS: dict = {}
@@ -156,296 +65,418 @@ _WARPS: dict = {}
 def _py_warp_exchange(value, source, name):
     """The simulator has no warp shuffles: exchange through a per-warp barrier. Every lane posts ``value``
     and gets the value of lane ``source(lane)``, or its own where that lane is past the warp's end
-    (``source`` None: the list of every lane's value).
-
-    Every lane of the warp must call it (as on the GPU with a full mask); a lane that
-    returned early makes the others wait, and after 60 s the barrier raises.
-    """
+    (``source`` None: the list of every lane's value). Every lane must call it, as on a GPU with a full
+    mask; a lane that returned early makes the others wait, and after 60 s the barrier raises."""
     import threading
 
     t = threading.current_thread()
-    bd = t._manager._block_dim
-    nthreads = int(np.prod(bd))
+    nthreads = int(np.prod(t._manager._block_dim))
     lane, w = t.thread_id % 32, t.thread_id // 32
     n = min(32, nthreads - 32 * w)
-    key = (id(t._manager), tuple(t.blockIdx), w, n)
-    warp = _WARPS.get(key)
-    if warp is None:
-        warp = _WARPS.setdefault(key, _Warp(n))
-    warp.vals[lane] = value
+    warp = _WARPS.setdefault((id(t._manager), tuple(t.blockIdx), w, n), [threading.Barrier(n, timeout=60), [None] * n])
+    warp[1][lane] = value
     try:
-        warp.barrier.wait()
-        if source is None:  # every lane's value, in lane order (the mma twin needs the whole warp)
-            out = list(warp.vals[:n])
-            warp.barrier.wait()
-            return out
-        src = source(lane)
-        out = warp.vals[src] if src < n else value
-        warp.barrier.wait()
+        warp[0].wait()
+        out = list(warp[1][:n]) if source is None else (warp[1][source(lane)] if source(lane) < n else value)
+        warp[0].wait()
     except threading.BrokenBarrierError:
         raise RuntimeError(f"{name}: not every lane of the warp reached the shuffle (a lane returned early or "
                            "took another branch); on a GPU that is undefined behaviour") from None
     return type(value)(out) if isinstance(value, np.generic) else out
 
 
-def _py_shfl_down_sync(mask, value, delta):
-    return _py_warp_exchange(value, lambda lane: lane + int(delta), "shfl_down_sync")
+def _py_shfl_xor_sync(mask, value, delta):
+    return _py_warp_exchange(value, lambda lane: lane ^ int(delta), "shfl_xor_sync")
 
 
+def _halves(u, is_bf16):
+    u = int(u)
+    if is_bf16:
+        return [float(np.uint32((u & 0xFFFF) << 16).view(np.float32)), float(np.uint32(u & 0xFFFF0000).view(np.float32))]
+    return [float(np.uint16(u & 0xFFFF).view(np.float16)), float(np.uint16(u >> 16).view(np.float16))]
 
-_BARRIERS: dict = {}
 
-
-def _py_bar_sync(barrier, nthreads):
-    """The simulator has no named barriers: a threading.Barrier per (block, barrier id)."""
+def _py_mma(is_bf16, a0, a1, a2, a3, b0, b1, c0, c1, c2, c3):
+    """mma.sync.m16n8k16.row.col with float32 accumulation, from the whole warp's fragments (PTX ISA layout)."""
     import threading
 
-    t = threading.current_thread()
-    key = (id(t._manager), tuple(t.blockIdx), int(barrier))
-    b = _BARRIERS.get(key)
-    if b is None:
-        b = _BARRIERS.setdefault(key, threading.Barrier(int(nthreads), timeout=60))
-    if b.parties != int(nthreads):
-        raise RuntimeError(f"bar_sync({barrier}, {nthreads}): the barrier was used with {b.parties} threads")
-    try:
-        b.wait()
-    except threading.BrokenBarrierError:
-        raise RuntimeError(f"bar_sync({barrier}, {nthreads}): not every thread arrived (on a GPU: a hang "
-                           "or undefined behaviour)") from None
+    A, B = np.zeros((16, 16)), np.zeros((16, 8))
+    for ln, (r0, r1, r2, r3, s0, s1) in enumerate(_py_warp_exchange((a0, a1, a2, a3, b0, b1), None, "mma")):
+        g, q = ln >> 2, ln & 3
+        A[g, 2 * q:2 * q + 2], A[g + 8, 2 * q:2 * q + 2] = _halves(r0, is_bf16), _halves(r1, is_bf16)
+        A[g, 2 * q + 8:2 * q + 10], A[g + 8, 2 * q + 8:2 * q + 10] = _halves(r2, is_bf16), _halves(r3, is_bf16)
+        B[2 * q:2 * q + 2, g], B[2 * q + 8:2 * q + 10, g] = _halves(s0, is_bf16), _halves(s1, is_bf16)
+    D = A @ B
+    g, q = (threading.current_thread().thread_id % 32) >> 2, threading.current_thread().thread_id & 3
+    return (np.float32(c0 + D[g, 2 * q]), np.float32(c1 + D[g, 2 * q + 1]),
+            np.float32(c2 + D[g + 8, 2 * q]), np.float32(c3 + D[g + 8, 2 * q + 1]))
 
 
-def _py_load_stream_u32x4(arr, i):
-    from . import ops
+def _soft_mma():
+    """PTX for m16n8k16 bf16 -> f32 on the FP32 units (below sm_80): lane (g, q) fetches rows g, g + 8 of A from
+    lanes (g, 0..3) and columns 2q, 2q + 1 of B from lanes (2q, 0..3), (2q + 1, 0..3) by shfl.sync, and sums
+    its four outputs with 64 FMAs. Operands as the mma's: $0-3 D, $4-7 A, $8-9 B, $10-13 C."""
+    L = ["{", ".reg .b32 %nl, %na, %nb, %nc, %ns<8>;", ".reg .f32 %nd<4>, %nf<8>;", "mov.u32 %nl, %laneid;",
+         "and.b32 %na, %nl, 28;", "and.b32 %nb, %nl, 3;", "shl.b32 %nb, %nb, 3;", "or.b32 %nc, %nb, 4;"]
+    L += [f"mov.f32 %nd{i}, ${10 + i};" for i in range(4)]
+    for qq in range(4):
+        L += [f"or.b32 %nl, %na, {qq};"] + [f"shfl.sync.idx.b32 %ns{i}, ${4 + i}, %nl, 31, -1;" for i in range(4)]
+        for j, src in ((4, "%nb"), (6, "%nc")):
+            L += [f"or.b32 %nl, {src}, {qq};", f"shfl.sync.idx.b32 %ns{j}, $8, %nl, 31, -1;",
+                  f"shfl.sync.idx.b32 %ns{j + 1}, $9, %nl, 31, -1;"]
+        for p in range(2):   # k = 2qq + p (A regs 0, 1; B regs 4, 6) and 2qq + 8 + p (A regs 2, 3; B regs 5, 7)
+            op = "shl.b32 %nl, {}, 16;" if p == 0 else "and.b32 %nl, {}, -65536;"
+            for i in range(8):
+                L += [op.format(f"%ns{i}"), f"mov.b32 %nf{i}, %nl;"]
+            for d, (ra, rb) in enumerate(((0, 4), (0, 6), (1, 4), (1, 6))):
+                L += [f"fma.rn.f32 %nd{d}, %nf{ra}, %nf{rb}, %nd{d};", f"fma.rn.f32 %nd{d}, %nf{ra + 2}, %nf{rb + 1}, %nd{d};"]
+    return "\n".join(L + [f"mov.f32 ${i}, %nd{i};" for i in range(4)] + ["}"])
 
-    return ops._py_load_u32x4(arr, i)
+
+def _build_device_ops():
+    from llvmlite import ir
+    from numba import types
+    from numba.cuda.extending import intrinsic
+
+    i32, f32 = ir.IntType(32), ir.FloatType()
+    fty = ir.FunctionType(ir.LiteralStructType([f32] * 4), [i32] * 6 + [f32] * 4)
+    cons = "=f,=f,=f,=f,r,r,r,r,r,r,f,f,f,f"
+    mma16 = "mma.sync.aligned.m16n8k16.row.col.f32.{0}.{0}.f32 {{$0, $1, $2, $3}}, {{$4, $5, $6, $7}}, {{$8, $9}}, {{$10, $11, $12, $13}};"
+    k8 = "mma.sync.aligned.m16n8k8.row.col.f32.f16.f16.f32 {}, {}, {}, {};"
+    f16_two_k8 = "\n".join(["{", ".reg .f32 %nd<4>;", k8.format("{%nd0, %nd1, %nd2, %nd3}", "{$4, $5}", "{$8}", "{$10, $11, $12, $13}"),
+                            k8.format("{$0, $1, $2, $3}", "{$6, $7}", "{$9}", "{%nd0, %nd1, %nd2, %nd3}"), "}"])
+
+    def make_mma(new, old):
+        @intrinsic
+        def mma(typingctx, a0, a1, a2, a3, b0, b1, c0, c1, c2, c3):
+            sig = types.UniTuple(types.float32, 4)(*([types.uint32] * 6 + [types.float32] * 4))
+
+            def codegen(context, builder, sig, args):
+                vals = [context.cast(builder, v, t, t) for v, t in zip(args, sig.args)]
+                v = ops.by_arch(builder, 800, lambda: builder.call(ir.InlineAsm(fty, new, cons), vals),
+                                lambda: builder.call(ir.InlineAsm(fty, old, cons), vals))
+                return context.make_tuple(builder, sig.return_type, [builder.extract_value(v, i) for i in range(4)])
+
+            return sig, codegen
+
+        return mma
+
+    @intrinsic
+    def prmt(typingctx, a, b, sel):
+        """``prmt.b32 d, a, b, sel``: byte k of d is byte (sel >> 4k) & 7 of the 8 bytes b:a (a = bytes 0-3)."""
+        def codegen(context, builder, sig, args):
+            vals = [context.cast(builder, v, t, types.uint32) for v, t in zip(args, sig.args)]
+            return builder.call(ir.InlineAsm(ir.FunctionType(i32, [i32] * 3), "prmt.b32 $0, $1, $2, $3;", "=r,r,r,r"), vals)
+
+        return types.uint32(types.uint32, types.uint32, types.uint32), codegen
+
+    @intrinsic
+    def f32_from_bits(typingctx, u):
+        def codegen(context, builder, sig, args):
+            return builder.bitcast(context.cast(builder, args[0], sig.args[0], types.uint32), f32)
+
+        return types.float32(types.uint32), codegen
+
+    @intrinsic
+    def load_stream_u32x4(typingctx, arr, i):
+        """128 bits at uint32 element ``i`` (a multiple of 4) of a 16-byte aligned array, read-only and not kept
+        in L1 (``ld.global.nc.L1::no_allocate.v4.u32``): weights are read once, L1 keeps x and the scales."""
+        if not (isinstance(arr, types.Array) and arr.dtype == types.uint32 and arr.ndim == 1):
+            return None
+
+        def codegen(context, builder, sig, args):
+            from numba.cuda import cgutils
+
+            ary = context.make_array(sig.args[0])(context, builder, args[0])
+            ptr = cgutils.get_item_pointer(context, builder, sig.args[0], ary, [args[1]], wraparound=False)
+            asm = ir.InlineAsm(ir.FunctionType(ir.LiteralStructType([i32] * 4), [ir.IntType(64)]),
+                               "ld.global.nc.L1::no_allocate.v4.u32 {$0, $1, $2, $3}, [$4];", "=r,=r,=r,=r,l")
+            v = builder.call(asm, [builder.ptrtoint(ptr, ir.IntType(64))])
+            return context.make_tuple(builder, sig.return_type, [builder.extract_value(v, k) for k in range(4)])
+
+        return types.UniTuple(types.uint32, 4)(arr, i), codegen
+
+    @intrinsic
+    def dyn_base(typingctx):
+        """The shared-window address where the block's dynamic shared memory starts."""
+        def codegen(context, builder, sig, args):
+            mod = builder.module
+            gv = mod.globals.get("nf4lab_dyn_smem")
+            if gv is None:  # every extern shared array starts where the block's dynamic shared memory does
+                gv = ir.GlobalVariable(mod, ir.ArrayType(ir.IntType(8), 0), "nf4lab_dyn_smem", addrspace=3)
+                gv.linkage, gv.align = "external", 16
+            return builder.trunc(builder.ptrtoint(gv, ir.IntType(64)), i32)
+
+        return types.uint32(), codegen
+
+    return dict(mma_bf16=make_mma(mma16.format("bf16"), _soft_mma()), mma_f16=make_mma(mma16.format("f16"), f16_two_k8),
+                prmt=prmt, f32_from_bits=f32_from_bits,
+                load_stream_u32x4=load_stream_u32x4, dyn_base=dyn_base)
 
 
+@functools.cache
+def _lookup_at(base):
+    """``ld.shared.u32 d, [off + base]``: the table's base in the load's immediate, no add per lookup."""
+    from llvmlite import ir
+    from numba import types
+    from numba.cuda.extending import intrinsic
 
-# nf4lab.measure.ptx pickles these by name, so that the PTX subprocess (compile mode) gets the device versions.
-DEVICE_OPS = ("f32_from_bits", "f16_to_f32", "lds_pair", "shfl_down_sync", "load_stream_u32x4", "bar_sync")
+    @intrinsic
+    def lookup(typingctx, off):
+        def codegen(context, builder, sig, args):
+            o = context.cast(builder, args[0], sig.args[0], types.uint32)
+            i32 = ir.IntType(32)
+            return builder.call(ir.InlineAsm(ir.FunctionType(i32, [i32]), f"ld.shared.u32 $0, [$1+{int(base)}];",
+                                             "=r,r"), [o])
 
+        return types.uint32(types.uint32), codegen
+
+    return lookup
+
+
+# nf4lab.measure.ptx pickles these by name, so that a PTX subprocess (compile mode) gets the device versions.
+DEVICE_OPS = ("mma_bf16", "mma_f16", "prmt", "lookup", "shfl_xor_sync", "f32_from_bits", "load_stream_u32x4")
 if runtime.SIMULATOR:
-    f32_from_bits, f16_to_f32, lds_pair = _py_f32_from_bits, _py_f16_to_f32, _py_lds_pair
-    load_stream_u32x4, bar_sync, shfl_down_sync = _py_load_stream_u32x4, _py_bar_sync, _py_shfl_down_sync
+    mma_bf16, mma_f16 = functools.partial(_py_mma, True), functools.partial(_py_mma, False)
+    prmt, lookup, shfl_xor_sync, dyn_base = _py_prmt, _py_lookup, _py_shfl_xor_sync, None
+    f32_from_bits, load_stream_u32x4 = _py_f32_from_bits, _py_load_stream_u32x4
 else:
-    f32_from_bits, f16_to_f32, lds_pair, load_stream_u32x4, bar_sync = _build_device_ops()
-    from numba import cuda as _cuda
-
-    shfl_down_sync = _cuda.shfl_down_sync
-
-
-# ---------------------------------------------------------------- the kernel (notebook 09 builds the same, cell by cell)
-@dataclasses.dataclass(frozen=True)
-class Design:
-    """What one warp does per loop trip (an "item": R rows x 32 lanes x 32 columns) and how warps share work;
-    ``tc``: the tensor-core kernel instead (:mod:`nf4lab.kernels.gemv_tc`, sm_80+), which has no R or S."""
-    rows: int = 4        # R: rows of W per item; each activation, converted once, feeds R rows
-    split: int = 1       # S: warps sharing a group of rows, each taking every S-th item of K (split-K)
-    m: int = 1           # batch: rows of x, each weight read once for all of them
-    min_blocks: int = 2  # launch bounds: 256-thread blocks per SM ptxas must fit (caps the registers)
-    tc: bool = False
-    nested: bool = True  # nested statistics (bitsandbytes' default); plain ones only with tc
-
-    @property
-    def name(self):  # the lab's variant names: 32 columns per lane, 8 warps per block
-        if self.tc:
-            return "TC" + (f" M{self.m}" if self.m > 1 else "") + ("" if self.nested else " plain")
-        return f"R{self.rows} S{self.split} C32 W8 B{self.min_blocks}" + (f" M{self.m}" if self.m > 1 else "")
-
-
-THREADS = 256  # 8 warps per block: the kernel's launch bounds and every launch
-
-
-def make_gemv(is_bf16, d=Design(), reduce=None):
-    """The fused kernel for one activation dtype and one Design (all compile-time constants).
-    ``reduce``: the warp reduction (default: warp_sum; the notebook's exercise passes its own)."""
-    @cuda.jit(device=True, inline="always")
-    def x_pair(u):
-        if is_bf16:  # two activations of one x word (column 2i low, 2i+1 high) as float32
-            return f32_from_bits(u << uint32(16)), f32_from_bits(u & uint32(0xFFFF0000))
-        return f16_to_f32(u), f16_to_f32(u >> uint32(16))
+    globals().update(_build_device_ops())
+    _lds_stand_in = _lookup_at(0x400)
 
     @cuda.jit(device=True, inline="always")
-    def load_x8(x_u32, i):
-        a = ops.load_u32x4(x_u32, i)
-        return x_pair(a[0]) + x_pair(a[1]) + x_pair(a[2]) + x_pair(a[3])
+    def lookup(tab, off):  # the PTX tool's stand-in for the simulator's twin (any base assembles)
+        return _lds_stand_in(off)
+
+    shfl_xor_sync = cuda.shfl_xor_sync
+
+
+@cuda.jit(device=True, inline="always")
+def spare(i):
+    """Word of partial sum i (< 2048: 2 tiles x W warps x 16 rows x M) in the table rows' spare words 32..47."""
+    return ((i >> uint32(4)) << uint32(6)) | uint32(32) | (i & uint32(15))
+
+
+@functools.cache
+def probe_base() -> int:
+    """Where dynamic shared memory starts in a block's shared window on this GPU (0x400 on an H100: the
+    first KB is reserved); 0 in the simulator, whose lookups index the array itself."""
+    if runtime.SIMULATOR:
+        return 0
+
+    @cuda.jit
+    def probe(out):
+        out[0] = dyn_base()
+
+    out = cuda.device_array(1, np.uint32)
+    probe[1, 1](out)
+    return int(out.copy_to_host()[0])
+
+
+def default_base(cc) -> int:
+    """The base compiled in where no GPU can be probed (PTX for an architecture): sm_90 reserves 1 KB."""
+    return 0x400 if tuple(cc) >= (9, 0) else 0
+
+
+# ---------------------------------------------------------------- the kernel
+@functools.cache
+def make_kernel(is_bf16, M, base, nested=True, D=1, min_blocks=BLOCKS_PER_SM):
+    """The kernel for one activation dtype, batch M (1..8) and table base (``probe_base()``). ``nested``: the
+    scales are bitsandbytes' nested statistics (code2[absmax_q[b]] * absmax2[b // 256] + offset); else
+    ``absmax2`` holds one float32 absmax per block and ``absmax_q``, ``code2`` and ``offset`` are unused.
+    ``D`` (steps whose loads are in flight ahead of the one computed) and ``min_blocks`` (the launch bounds'
+    blocks per SM) are the lab's knobs (lab/gemv_mma.py); the defaults are what measured fastest."""
+    NT = (M + 1) // 2                 # n-tiles of 8 columns: 2 batch rows x 4 blocks each
+    NACC, NCF = 2 * NT, 4 * NT
+    WIDE = M > 1                      # where a lane's two 16-byte pieces lie (see fetch)
+    FB = 24                           # per step: 16 code words (2 rows x 32 bytes), 4 absmax codes, 4 absmax2
+    NB = FB * (D + 1)
+    mma = mma_bf16 if is_bf16 else mma_f16
+    if runtime.SIMULATOR:
+        look = lookup
+    else:
+        lds = _lookup_at(base)
+
+        @cuda.jit(device=True, inline="always")
+        def look(tab, off):  # the table argument is for the simulator's twin
+            return lds(off)
 
     @cuda.jit(device=True, inline="always")
-    def lut8(tab, lane8, w, L, o):  # byte j's (lut[hi], lut[lo]) at byte offset (byte << 7) | lane8
-        L[o], L[o + 1] = lds_pair(tab, ((w << uint32(7)) & uint32(0x7F80)) | lane8)
-        L[o + 2], L[o + 3] = lds_pair(tab, ((w >> uint32(1)) & uint32(0x7F80)) | lane8)
-        L[o + 4], L[o + 5] = lds_pair(tab, ((w >> uint32(9)) & uint32(0x7F80)) | lane8)
-        L[o + 6], L[o + 7] = lds_pair(tab, ((w >> uint32(17)) & uint32(0x7F80)) | lane8)
+    def half_bits(v):
+        return uint32(ops.to_bf16_bits(v)) if is_bf16 else uint32(ops.to_f16_bits(v))
 
     @cuda.jit(device=True, inline="always")
-    def dot8(L, o, x, a):
-        return (a + L[o] * x[0] + L[o + 1] * x[1] + L[o + 2] * x[2] + L[o + 3] * x[3]
-                + L[o + 4] * x[4] + L[o + 5] * x[5] + L[o + 6] * x[6] + L[o + 7] * x[7])
+    def put(buf, i, packed_u32, w):
+        buf[i], buf[i + 1], buf[i + 2], buf[i + 3] = load_stream_u32x4(packed_u32, uint64(w))
 
     @cuda.jit(device=True, inline="always")
-    def warp_sum(v):
-        v += shfl_down_sync(0xFFFFFFFF, v, 16)
-        v += shfl_down_sync(0xFFFFFFFF, v, 8)
-        v += shfl_down_sync(0xFFFFFFFF, v, 4)
-        v += shfl_down_sync(0xFFFFFFFF, v, 2)
-        v += shfl_down_sync(0xFFFFFFFF, v, 1)
-        return v
-
-    @cuda.jit(device=True, inline="always")
-    def store(y, i, v):
-        if is_bf16:
-            y[i] = ops.to_bf16_bits(v)
+    def fetch(buf, o, packed_u32, absmax_q, absmax2, t, c, g, q, n, kw, tiles, steps, ash):
+        """Step c (256 columns) of row tile t into buf[o:o+24]: lane q's two 16-byte pieces of rows g and g + 8
+        and the statistics of the blocks its C columns hold (2 (q & 1), +1). Clamped: past the end it re-reads
+        valid bytes, never used. One row of x: the pieces are adjacent, columns 64q.. of the step (block q). A
+        batch: columns 32q.. and 128 + 32q.. (blocks q // 2 and 2 + q // 2), so that the 4 lanes of a row read 64
+        contiguous bytes per load, whole 32-byte sectors (M = 8: 2-5 us less; M = 1: 1 us more, H100)."""
+        tt = min(t, uint32(tiles - uint32(1)))
+        cc = min(c, uint32(steps - uint32(1)))
+        r0 = min(uint32(tt * uint32(16) + g), uint32(n - uint32(1)))
+        r1 = min(uint32(tt * uint32(16) + g + uint32(8)), uint32(n - uint32(1)))
+        if WIDE:
+            wq0 = min(uint32(cc * uint32(32) + uint32(4) * q), uint32(kw - uint32(4)))
+            wq1 = min(uint32(cc * uint32(32) + uint32(16) + uint32(4) * q), uint32(kw - uint32(4)))
+            put(buf, o, packed_u32, r0 * kw + wq0)
+            put(buf, o + 4, packed_u32, r0 * kw + wq1)
+            put(buf, o + 8, packed_u32, r1 * kw + wq0)
+            put(buf, o + 12, packed_u32, r1 * kw + wq1)
         else:
-            y[i] = ops.to_f16_bits(v)
+            wq = min(uint32(cc * uint32(32) + uint32(8) * q), uint32(kw - uint32(8)))   # lane q's first word
+            w0 = uint32(r0 * kw + wq)
+            w1 = uint32(r1 * kw + wq)
+            put(buf, o, packed_u32, w0)
+            put(buf, o + 4, packed_u32, w0 + uint32(4))
+            put(buf, o + 8, packed_u32, w1)
+            put(buf, o + 12, packed_u32, w1 + uint32(4))
+        if (q >> uint32(1)) < uint32(M):
+            wb = cc * uint32(32) + uint32(16) * (q & uint32(1))
+            for i in range(4):
+                r = r0 if i < 2 else r1
+                blk = uint32(r * kw + min(uint32(wb + uint32(8 * (i % 2))), uint32(kw - uint32(8)))) >> ash
+                if nested:
+                    buf[o + 16 + i] = uint32(absmax_q[blk])
+                    buf[o + 20 + i] = ops.float_bits(absmax2[blk >> uint32(8)])
+                else:
+                    buf[o + 20 + i] = ops.float_bits(absmax2[blk])
 
-    reduce = reduce or warp_sum
-    R, S, M = d.rows, d.split, d.m
-    W, STEP, SSH = 8, 1024, 10   # THREADS = 8 warps; a warp covers 32 lanes x 32 columns per item
-    TEAMS, RM, NC, NL = W // S, R * M, 4 * R, 8 * R
-    NRED = 2 * W * RM                           # split-K partial sums, double-buffered
-    TAB = 256 * 16                              # byte-pair table: 256 bytes x 16 copies, 8 bytes each
-    assert S in (1, 2, 4, 8) and 1 <= M <= MAX_M
-
-    @cuda.jit(device=True, inline="always")
-    def row_offsets(ro, g, n, kw):  # rows past N repeat the last row: loaded, never stored
-        for r in range(R):
-            ro[r] = uint32(min(uint32(g * uint32(R) + uint32(r)), uint32(n - uint32(1))) * kw)
-
-    @cuda.jit(device=True, inline="always")
-    def fetch(packed_u32, absmax_q, absmax2, nc, nq, na, ro, wofs, ash):  # one item's loads
-        for r in range(R):
-            wi = uint32(ro[r] + wofs)
-            c0, c1, c2, c3 = load_stream_u32x4(packed_u32, uint64(wi) + uint64(0))
-            nc[4 * r] = c0
-            nc[4 * r + 1] = c1
-            nc[4 * r + 2] = c2
-            nc[4 * r + 3] = c3
-            blk = uint32(wi >> ash)
-            nq[r] = uint32(absmax_q[blk])
-            na[r] = absmax2[blk >> uint32(8)]
-
-    @cuda.jit(launch_bounds=(THREADS, d.min_blocks))
-    def gemv_kernel(packed_u32, absmax_q, absmax2, code2, lut, offset, x_u32, y, N, K, bs_shift):
+    @cuda.jit(launch_bounds=(THREADS, min_blocks))
+    def gemv_tc(packed_u32, absmax_q, absmax2, code2, lut, offset, x_u32, y, N, K, bs_shift):
+        sm = cuda.shared.array(0, uint32)
         tid = uint32(cuda.threadIdx.x)
         lane = tid & uint32(31)
         warp = tid >> uint32(5)
-        part = warp & uint32(S - 1)            # which items of a row group this warp takes: part, part + S, ...
-        team = warp // uint32(S)
+        g = lane >> uint32(2)
+        q = lane & uint32(3)
         n = uint32(N)
         k = uint32(K)
-        kw = k >> uint32(3)                    # code words per row
-        kx = k >> uint32(1)                    # x words per row of x
-        steps = uint32((k + uint32(STEP - 1)) >> uint32(SSH))   # items per row
-        groups = uint32((n + uint32(R - 1)) // uint32(R))
-        nteams = uint32(uint32(cuda.gridDim.x) * uint32(TEAMS))
-        g = uint32(uint32(cuda.blockIdx.x) * uint32(TEAMS) + team)   # this team's first row group
-        lw = uint32(lane * uint32(4))          # the lane's first code word within an item
-        lwmax = uint32(kw - uint32(4))         # lanes past K re-read the row's last words (never used)
-        ash = uint32(uint32(bs_shift) - uint32(3))   # code word -> absmax block: >> (log2(blocksize) - 3)
-        nc, nq, na = cuda.local.array(NC, uint32), cuda.local.array(R, uint32), cuda.local.array(R, float32)
-        cc, cq, ca = cuda.local.array(NC, uint32), cuda.local.array(R, uint32), cuda.local.array(R, float32)
-        ro, rn, rs = cuda.local.array(R, uint32), cuda.local.array(R, uint32), cuda.local.array(R, uint32)
-        L, p, acc = cuda.local.array(NL, float32), cuda.local.array(RM, float32), cuda.local.array(RM, float32)
-        row_offsets(ro, min(g, uint32(groups - uint32(1))), n, kw)
-        fetch(packed_u32, absmax_q, absmax2, nc, nq, na, ro, min(uint32(uint32(part << uint32(SSH - 3)) + lw), lwmax), ash)
-        code2_s = cuda.shared.array(256, float32)
-        red = cuda.shared.array(NRED, float32)
-        if tid < uint32(256):
-            code2_s[tid] = code2[tid]
-        tab = cuda.shared.array(TAB, uint64)
-        for j in range(TAB // THREADS):
-            i = uint32(tid + uint32(j * THREADS))
-            tab[i] = (uint64(ops.float_bits(lut[i >> uint32(8)]))
-                      | (uint64(ops.float_bits(lut[(i >> uint32(4)) & uint32(15)])) << uint64(32)))
-        lane8 = (tid & uint32(15)) << uint32(3)
+        kw = k >> uint32(3)
+        kx = k >> uint32(1)
+        steps = (k + uint32(255)) >> uint32(8)
+        tiles = (n + uint32(15)) >> uint32(4)
+        ash = uint32(uint32(bs_shift) - uint32(3))
+        grid = uint32(cuda.gridDim.x)
+        buf = cuda.local.array(NB, uint32)
+        # the first D steps' loads go out before the table is built
+        t = uint32(cuda.blockIdx.x)
+        c = warp
+        tp, cp = t, c
+        for d in range(D):
+            fetch(buf, FB * (d + 1), packed_u32, absmax_q, absmax2, tp, cp, g, q, n, kw, tiles, steps, ash)
+            cp = uint32(cp + uint32(W))
+            if cp >= steps:
+                cp = warp
+                tp = uint32(tp + grid)
+        if tid < uint32(16):
+            sm[(tid << uint32(6)) | uint32(LUT)] = half_bits(lut[tid])
+        if nested:
+            sm[(tid << uint32(6)) | uint32(CODE2)] = ops.float_bits(code2[tid])
         cuda.syncthreads()
+        for j in range(32 * 256 // THREADS):    # the used half of each 256-byte row
+            i = uint32(tid + uint32(j * THREADS))
+            e = i >> uint32(5)
+            sm[(e << uint32(6)) | (i & uint32(31))] = (sm[((e >> uint32(4)) << uint32(6)) | uint32(LUT)]
+                                                       | (sm[((e & uint32(15)) << uint32(6)) | uint32(LUT)] << uint32(16)))
+        cuda.syncthreads()
+        lane4 = lane << uint32(2)
+        acc = cuda.local.array(NACC, float32)
+        cf = cuda.local.array(NCF, float32)
+        s = cuda.local.array(4, float32)
+        A = cuda.local.array(32, uint32)
+        xr = cuda.local.array(32, uint32)
         parity = uint32(0)
-        while g < groups:
-            gn = uint32(g + nteams)
-            row_offsets(rn, min(gn, uint32(groups - uint32(1))), n, kw)
-            for i in range(RM):
+        while t < tiles:
+            for i in range(NACC):
                 acc[i] = float32(0.0)
-            s = part
-            while s < steps:
-                for i in range(NC):
-                    cc[i] = nc[i]
-                for r in range(R):
-                    cq[r], ca[r] = nq[r], na[r]
-                s1 = uint32(s + uint32(S))
-                last = s1 >= steps
-                for r in range(R):
-                    rs[r] = rn[r] if last else ro[r]
-                nxt = uint32((part if last else s1) << uint32(SSH - 3))
-                fetch(packed_u32, absmax_q, absmax2, nc, nq, na, rs, min(uint32(nxt + lw), lwmax), ash)
-                col = uint32(uint32(s << uint32(SSH)) + lane * uint32(32))
-                if col < k:
-                    for i in range(RM):
-                        p[i] = float32(0.0)
-                    xi = uint64(col >> uint32(1))
-                    for w in range(4):
-                        for r in range(R):
-                            lut8(tab, lane8, cc[4 * r + w], L, 8 * r)
-                        for mm in range(M):
-                            xv = load_x8(x_u32, xi + uint64(uint32(mm) * kx) + uint64(4 * w))
-                            for r in range(R):
-                                p[r * M + mm] = dot8(L, 8 * r, xv, p[r * M + mm])
-                    for r in range(R):
-                        sc = ops.fadd_rn(ops.fmul_rn(code2_s[cq[r]], ca[r]), offset)
-                        for mm in range(M):
-                            acc[r * M + mm] += sc * p[r * M + mm]
-                s = s1
-            if S == 1:
-                for r in range(R):
-                    row = uint32(g * uint32(R) + uint32(r))
-                    for mm in range(M):
-                        v = reduce(acc[r * M + mm])
-                        if lane == uint32(0) and row < n:
-                            store(y, uint32(uint32(mm) * n + row), v)
-            else:
-                base = uint32((parity * uint32(W) + warp) * uint32(RM))
-                for i in range(RM):
-                    v = reduce(acc[i])
-                    if lane == uint32(0):
-                        red[base + uint32(i)] = v
-                bar_sync(uint32(1) + team, uint32(32 * S))
-                if part == uint32(0) and lane < uint32(RM):
-                    first = uint32((parity * uint32(W) + warp) * uint32(RM) + lane)
-                    v = red[first]
-                    for j in range(1, S):
-                        v += red[first + uint32(j * RM)]
-                    row = uint32(g * uint32(R) + lane // uint32(M))
-                    if row < n:
-                        store(y, uint32(uint32(lane % uint32(M)) * n + row), v)
-                parity ^= uint32(1)
-            for r in range(R):
-                ro[r] = rn[r]
-            g = gn
+            while True:
+                for i in range(FB * D):
+                    buf[i] = buf[i + FB]
+                fetch(buf, FB * D, packed_u32, absmax_q, absmax2, tp, cp, g, q, n, kw, tiles, steps, ash)
+                cp = uint32(cp + uint32(W))
+                if cp >= steps:
+                    cp = warp
+                    tp = uint32(tp + grid)
+                cn = uint32(c + uint32(W))
+                tn = t
+                if cn >= steps:
+                    cn = warp
+                    tn = uint32(t + grid)
+                if c < steps:
+                    for i in range(NCF):
+                        cf[i] = float32(0.0)
+                    xcol = uint32(c * uint32(256) + uint32(64) * q)   # lane q's 64 columns: block q of the step
+                    for h in range(2):                 # the lane's two 16-byte pieces, 8 mmas each
+                        if WIDE:                       # piece h: 32 columns at 128 h + 32 q, block 2 h + q // 2
+                            xcol = uint32(c * uint32(256) + uint32(128 * h) + uint32(32) * q)
+                            blk = uint32(2 * h) + (q >> uint32(1))
+                        else:
+                            blk = q
+                        for i in range(8):
+                            wa = buf[4 * h + (i >> 1)]
+                            wb = buf[8 + 4 * h + (i >> 1)]
+                            sel0 = uint32(0x5504 | ((2 * (i & 1)) << 4))
+                            sel1 = uint32(0x5504 | ((2 * (i & 1) + 1) << 4))
+                            A[4 * i] = look(sm, prmt(wa, lane4, sel0))
+                            A[4 * i + 1] = look(sm, prmt(wb, lane4, sel0))
+                            A[4 * i + 2] = look(sm, prmt(wa, lane4, sel1))
+                            A[4 * i + 3] = look(sm, prmt(wb, lane4, sel1))
+                        for nt in range(NT):
+                            # B: lane (g, q) holds column g = 4 mm + b: x of batch row 2 nt + mm where b is its block
+                            m = uint32(2 * nt) + (g >> uint32(2))
+                            if (blk if WIDE else q) == (g & uint32(3)) and m < uint32(M) and xcol < k:
+                                xi = uint64(m * kx + (xcol >> uint32(1)) + uint32(0 if WIDE else 16 * h))
+                                for j in range(4):
+                                    xr[4 * j], xr[4 * j + 1], xr[4 * j + 2], xr[4 * j + 3] = \
+                                        ops.load_u32x4(x_u32, xi + uint64(4 * j))
+                            else:
+                                for j in range(16):
+                                    xr[j] = uint32(0)
+                            for i in range(8):
+                                cf[4 * nt], cf[4 * nt + 1], cf[4 * nt + 2], cf[4 * nt + 3] = mma(
+                                    A[4 * i], A[4 * i + 1], A[4 * i + 2], A[4 * i + 3], xr[2 * i], xr[2 * i + 1],
+                                    cf[4 * nt], cf[4 * nt + 1], cf[4 * nt + 2], cf[4 * nt + 3])
+                    # lane q holds columns 2q, 2q+1: batch row 2 nt + q // 2, blocks 2 (q & 1), +1; rows g, g + 8
+                    if (q >> uint32(1)) < uint32(M):
+                        for i in range(4):
+                            if nested:
+                                s[i] = ops.fadd_rn(ops.fmul_rn(f32_from_bits(sm[(buf[16 + i] << uint32(6)) | uint32(CODE2)]),
+                                                               f32_from_bits(buf[20 + i])), offset)
+                            else:
+                                s[i] = f32_from_bits(buf[20 + i])
+                        for nt in range(NT):
+                            acc[2 * nt] += cf[4 * nt] * s[0] + cf[4 * nt + 1] * s[1]
+                            acc[2 * nt + 1] += cf[4 * nt + 2] * s[2] + cf[4 * nt + 3] * s[3]
+                c = cn
+                if tn != t:
+                    break
+            # the warps' partial sums of this tile meet in shared memory (lanes q, q ^ 1 hold the same batch row)
+            base = uint32(parity * uint32(W * 16 * M) + warp * uint32(16 * M))
+            for nt in range(NT):
+                a0 = acc[2 * nt] + shfl_xor_sync(0xFFFFFFFF, acc[2 * nt], 1)
+                a1 = acc[2 * nt + 1] + shfl_xor_sync(0xFFFFFFFF, acc[2 * nt + 1], 1)
+                m = uint32(2 * nt) + (q >> uint32(1))
+                if m < uint32(M) and (q & uint32(1)) == uint32(0):
+                    sm[spare(base + m * uint32(16) + g)] = ops.float_bits(a0)
+                    sm[spare(base + m * uint32(16) + g + uint32(8))] = ops.float_bits(a1)
+            cuda.syncthreads()
+            if tid < uint32(16 * M):
+                first = uint32(parity * uint32(W * 16 * M) + tid)
+                v = float32(0.0)
+                for w in range(W):
+                    v += f32_from_bits(sm[spare(first + uint32(w * 16 * M))])
+                row = uint32(t * uint32(16) + (tid & uint32(15)))
+                if row < n:
+                    y[uint32((tid >> uint32(4)) * n + row)] = half_bits(v)
+            parity ^= uint32(1)
+            t = tn
 
-    return gemv_kernel
-
-
-_KERNELS = {}  # (Design, dtype) -> kernel, made on first use (a GPU compiles it at its first launch)
-
-
-def kernel(d, dtype):
-    if (d, dtype) not in _KERNELS:
-        if d.tc:
-            from . import gemv_tc
-
-            base = gemv_tc.probe_base() if runtime.ON_GPU else gemv_tc.default_base(arch.target_cc())
-            _KERNELS[(d, dtype)] = gemv_tc.make_kernel(dtype == "bf16", d.m, base, d.nested)
-        else:
-            _KERNELS[(d, dtype)] = make_gemv(dtype == "bf16", d)
-    return _KERNELS[(d, dtype)]
-
-
-def dynamic_smem(d) -> int:
-    """Bytes of dynamic shared memory a launch of design d asks for (the FFMA designs use static memory)."""
-    if not d.tc:
-        return 0
-    from . import gemv_tc
-
-    return gemv_tc.dynamic_smem(d.m)
+    return gemv_tc
 
 
 _SMS: dict = {}
@@ -460,60 +491,48 @@ def sms():
     return _SMS[dev]
 
 
-def default_design(N, M=1):
-    """What :func:`launch` and the torch ops run: the tensor-core kernel where the GPU has bf16 mma (sm_80+, not
-    under NF4LAB_ARCH=sm_75), measured faster at every LLM shape and batch; else ``auto_design(N, M)``."""
-    from . import gemv_tc
+def kernel(dtype, M=1, nested=True):
+    """The shipped kernel for a dtype, batch and kind of statistics (compiled at its first launch)."""
+    if runtime.ON_GPU:
+        base = probe_base()
+    else:
+        from . import arch
 
-    if gemv_tc.available():
-        return Design(tc=True, m=M, min_blocks=gemv_tc.BLOCKS_PER_SM)
-    return auto_design(N, M)
-
-
-def auto_design(N, M=1):
-    """The FFMA kernel's Design (notebook 09's), chosen by measurement (lab/bench_gemv.py, H100): more rows per
-    item won on every shape; which R and whether K is split depends on how many warps the row groups give the GPU."""
-    if M == 1 and -(-N // 4) < 0.5 * 24 * sms():      # N/4 groups fill under half the warp slots (N = 4096)
-        return Design(rows=4, split=2, min_blocks=3)
-    if M == 1 and 2 * -(-N // 8) <= 16 * sms():       # R8 teams of 2 warps fit at 16 warps per SM (N = 8192)
-        return Design(rows=8, split=2, min_blocks=2)
-    return Design(rows=4, min_blocks=2, m=M)         # otherwise, and every batch (128 registers; M >= 4 spills)
+        base = default_base(arch.target_cc())
+    return make_kernel(dtype == "bf16", M, base, nested)
 
 
-def grid_size(d, N):
-    """Blocks to launch: the fewest rounds the resident teams need (d.min_blocks blocks per SM, as the
-    launch bounds make ptxas fit), and just enough teams that each does that many row groups."""
-    if d.tc:
-        from . import gemv_tc
-
-        return gemv_tc.grid_size(N)
-    teams_per_block = 8 // d.split
-    groups = -(-N // d.rows)
-    capacity = d.min_blocks * sms() * teams_per_block
-    rounds = -(-groups // capacity)
-    return min(-(-groups // teams_per_block), -(-groups // (rounds * teams_per_block)))
+def grid_size(N) -> int:
+    """Persistent blocks: every 16-row tile gets one, up to BLOCKS_PER_SM per SM."""
+    return min(-(-N // 16), BLOCKS_PER_SM * sms())
 
 
-def launch(g, design=None, kern=None):
+def prepare(kern, args, nbytes=SMEM):
+    """Allow ``kern`` (for ``args``) ``nbytes`` of dynamic shared memory: past 48 KB a function attribute
+    must be raised before the launch, which numba does not do. Compiles into the dispatcher's own overloads
+    (the torch ops' lean launcher takes the function from there). The simulator needs nothing."""
+    if runtime.SIMULATOR:
+        return kern
+    argtypes = tuple(kern.typeof_pyval(a) for a in args)
+    done = kern.__dict__.setdefault("_nf4lab_dynamic_smem", {})
+    if done.get(argtypes, 0) < nbytes:
+        from numba.cuda.cudadrv.driver import binding, driver
+
+        f = kern.compile(argtypes)._codelibrary.get_cufunc()
+        attr = binding.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
+        driver.cuKernelSetAttribute(attr, int(nbytes), f.handle, f.device.id)
+        done[argtypes] = nbytes
+    return kern
+
+
+def launch(g, kern=None):
     """Run the fused GEMV on a :class:`GemvBuffers` (batch g.M <= 8) on g.stream: the stable entry point.
-    ``design``: a Design (its m is set to g.M) or None for default_design(N, M); ``kern``: a kernel from
-    make_gemv for that design instead of the cached one; ``g.grid`` (if set) replaces grid_size."""
+    ``kern``: a kernel from make_kernel for g's dtype and M instead of the shipped one; ``g.grid`` (if set)
+    replaces grid_size."""
     validate(g)  # dtypes, sizes, alignment, M: raises before anything is launched
-    d = design or default_design(g.N, g.M)
-    if d.m != g.M or d.nested != g.nested:
-        d = dataclasses.replace(d, m=g.M, nested=g.nested)
-    if not d.nested and not d.tc:
-        raise ValueError("plain statistics: only the tensor-core design reads them (Design(tc=True), sm_80+ or "
-                         "the simulator); the FFMA designs take nested statistics")
-    kern = kern or kernel(d, g.dtype)
-    grid = g.grid or grid_size(d, g.N)
+    kern = kern or kernel(g.dtype, g.M, g.nested)
     args = (g.packed_u32, g.absmax_q, g.absmax2, g.code2, g.lut, g.offset, g.x_u32, g.y, g.N, g.K, g.bs_shift)
-    smem = dynamic_smem(d)
-    if smem:
-        from . import gemv_tc
-
-        kern = gemv_tc.prepare(kern, args, smem)
-    kern[grid, THREADS, g.stream, smem](*args)
+    prepare(kern, args)[g.grid or grid_size(g.N), THREADS, g.stream, SMEM](*args)
 
 
 def signature():
@@ -555,8 +574,6 @@ class GemvBuffers:
     nested: bool = True      # False: absmax2 holds one float32 absmax per block; absmax_q, code2, offset unused
 
     def result(self):
-        from numba import cuda
-
         cuda.synchronize()
         return self.y.copy_to_host()
 
@@ -570,15 +587,11 @@ def _check_layout(N, K, blocksize):
         raise ValueError(f"blocksize {blocksize}: a power of two >= 64 is needed (64 columns share one scale)")
 
 
-
-
 def _address(arr) -> int:
     """Device address of a numba device array (or of the host array behind a simulator array)."""
     cai = getattr(arr, "__cuda_array_interface__", None)
     if cai is not None:
         return int(cai["data"][0])
-    from . import ops
-
     return int(ops._host_array(arr).__array_interface__["data"][0])
 
 
@@ -638,8 +651,6 @@ def validate(g, max_m: int = MAX_M) -> None:
 
 def make_gemv_buffers(gc) -> GemvBuffers:
     """Device buffers of a :class:`nf4lab.lesson.gemv_check.GemvCase` (the output poisoned with NaN)."""
-    from numba import cuda
-
     _check_layout(gc.N, gc.K, gc.blocksize)
     packed = np.zeros(-(-gc.packed.size // 16) * 16, np.uint8)
     packed[: gc.packed.size] = gc.packed
@@ -655,7 +666,6 @@ def make_gemv_buffers(gc) -> GemvBuffers:
 def buffers_from_torch(packed, qs, x, y) -> GemvBuffers:
     """Zero-copy GemvBuffers over torch CUDA tensors (bitsandbytes' own QuantState), for timing."""
     import torch
-    from numba import cuda
 
     N, K = qs.shape
     _check_layout(N, K, qs.blocksize)
@@ -668,8 +678,6 @@ def buffers_from_torch(packed, qs, x, y) -> GemvBuffers:
         offset=np.float32(qs.offset.item()), x_u32=arr(x.reshape(-1).view(torch.int32)).view(np.uint32),
         y=arr(y.reshape(-1).view(torch.int16)).view(np.uint16), N=N, K=K, M=x.numel() // K,
         bs_shift=int(qs.blocksize).bit_length() - 1, dtype=dtype)
-
-
 
 
 _LUT = {}

@@ -193,15 +193,14 @@ class _GemvLean:
             raise RuntimeError(f"cuLaunchKernel failed: CUresult {err}")
 
 
-_GEMV_LEAN: dict = {}  # (Design, dtype, device) -> _GemvLean, or False once it disagreed with the dispatcher
-_GEMV_SHAPES: dict = {}  # (N, M, device) -> (Design, grid): both read the GPU's SM count, so once per shape
+_GEMV_LEAN: dict = {}  # (M, dtype, device) -> _GemvLean, or False once it disagreed with the dispatcher
+_GEMV_GRIDS: dict = {}  # (N, device) -> grid: it reads the GPU's SM count, so once per shape
 
 
-def _gemv_shape(N, M, device):
-    hit = _GEMV_SHAPES.get((N, M, device))
+def _gemv_grid(N, device):
+    hit = _GEMV_GRIDS.get((N, device))
     if hit is None:
-        d = _gemv.default_design(N, M)   # its m is M
-        hit = _GEMV_SHAPES[(N, M, device)] = (d, _gemv.grid_size(d, N))
+        hit = _GEMV_GRIDS[(N, device)] = _gemv.grid_size(N)
     return hit
 
 
@@ -210,21 +209,21 @@ def _lean_launch(lean, w, grid, x, M, out, smem=0):
                 out.data_ptr(), M * w.N, w.N, w.K, w.bs_shift, smem)
 
 
-def _first_launch(key, d, grid, w, x, M, packed, absmax_q, absmax2, code2, blocksize, out):
-    """A design's first call on a device: numba's launch (it compiles there), then once the lean
+def _first_launch(key, grid, w, x, M, packed, absmax_q, absmax2, code2, blocksize, out):
+    """A kernel's first call on a device (key: M, dtype, device): numba's launch (it compiles there), then once the lean
     launcher into a scratch tensor, compared bit for bit (same kernel, same grid: the same summation
     order); from then on the lean launcher serves alone. Under stream capture nothing is checked: an
-    unchecked design keeps numba's launch."""
+    unchecked kernel keeps numba's launch."""
     import warnings
 
     _gemv.launch_torch(x, packed, w.shape, absmax_q, absmax2, code2, w.prefix[-1], blocksize, out)
-    kern = _gemv.kernel(d, key[1])
+    kern = _gemv.kernel(key[1], key[0])
     if key in _GEMV_LEAN or len(kern.overloads) != 1 or torch.cuda.is_current_stream_capturing():
         return
     try:
         lean = _GemvLean(next(iter(kern.overloads.values())))
         scratch = torch.full_like(out, float("nan"))
-        _lean_launch(lean, w, grid, x, M, scratch, _gemv.dynamic_smem(d))
+        _lean_launch(lean, w, grid, x, M, scratch, _gemv.SMEM)
         torch.cuda.synchronize(x.device)
         same = torch.equal(scratch.view(torch.int16), out.view(torch.int16))
     except Exception as exc:  # an ABI surprise in a numba/cuda-bindings release: stay correct, be slow
@@ -311,13 +310,13 @@ def gemv_call(x, packed, shape, absmax_q, absmax2, code2, offset, blocksize):
     out = torch.empty((*x.shape[:-1], w.N), dtype=x.dtype, device=x.device)
     hit = w.launches.get((M, x.dtype))
     if hit is None:
-        d, grid = _gemv_shape(w.N, M, x.device.index)
-        key = (d, "bf16" if x.dtype is torch.bfloat16 else "fp16", x.device.index)
+        grid = _gemv_grid(w.N, x.device.index)
+        key = (M, "bf16" if x.dtype is torch.bfloat16 else "fp16", x.device.index)
         lean = _GEMV_LEAN.get(key)
         if not isinstance(lean, _GemvLean):
-            _first_launch(key, d, grid, w, x, M, packed, absmax_q, absmax2, code2, blocksize, out)
+            _first_launch(key, grid, w, x, M, packed, absmax_q, absmax2, code2, blocksize, out)
             return out
-        hit = w.launches[(M, x.dtype)] = (lean, grid, _gemv.dynamic_smem(d))
+        hit = w.launches[(M, x.dtype)] = (lean, grid, _gemv.SMEM)
     _lean_launch(hit[0], w, hit[1], x, M, out, hit[2])
     return out
 

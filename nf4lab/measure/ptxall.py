@@ -13,7 +13,7 @@ Where the kernels come from:
   argument. The solution variant gives every kernel; the student variant adds the exercise kernels
   that differ from their solution (the ones a student starts from).
 - the package: ``nf4lab.dequantize``'s kernels (``fastkernel``: every dtype x nested x path, with
-  their declared signatures), the fused GEMV's designs that ``gemv.default_design`` picks, and the
+  their declared signatures), the fused GEMV (every batch size), and the
   benchmark's kernels (``bench``).
 
 Each recorded (function, argument types) is compiled the way :func:`nf4lab.compile_ptx` compiles
@@ -385,17 +385,11 @@ def collect_package() -> tuple[list, list]:
                          bench._bound_kernel(wide, threads, units), (arr(u32), arr(u8), arr(u32), u64), {}))
     from ..kernels import gemv
 
-    # The FFMA designs gemv.auto_design picks (below sm_80): two at M = 1, one per batch size.
-    designs = [gemv.Design(rows=4, split=2, min_blocks=3), gemv.Design(rows=8, split=2, min_blocks=2)]
-    designs += [gemv.Design(rows=4, min_blocks=2, m=m) for m in range(1, gemv.MAX_M + 1)]
-    for d in designs:
+    # The fused GEMV for every batch size and dtype (below sm_80 its mma takes the older paths), and plain
+    # statistics at M = 1.
+    for m, nested in [(m, True) for m in range(1, gemv.MAX_M + 1)] + [(1, False)]:
         for dtype in ("bf16", "fp16"):
-            rows.append((f"nf4lab.gemv R{d.rows} S{d.split} M{d.m} {dtype}", gemv.kernel(d, dtype),
-                         tuple(gemv.signature()), {}))
-    # The tensor-core kernel (sm_80+; below, its mma is a trap it never reaches: gemv dispatches the FFMA designs).
-    for m in range(1, gemv.MAX_M + 1):
-        for dtype in ("bf16", "fp16"):
-            rows.append((f"nf4lab.gemv TC M{m} {dtype}", gemv.kernel(gemv.Design(tc=True, m=m), dtype),
+            rows.append((f"nf4lab.gemv M{m} {dtype}" + ("" if nested else " plain"), gemv.kernel(dtype, m, nested),
                          tuple(gemv.signature()), {}))
     from .ptx import _kernel_fn
 

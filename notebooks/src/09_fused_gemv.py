@@ -3,7 +3,7 @@
 # # 09 · Capstone: fuse NF4 dequantization into a tensor-core GEMV
 #
 # **Goal.** Decoding computes `y = x @ W.T` per layer, `x` (M, K) with M = 1..8, `W` (N, K) in NF4. We build,
-# one device function at a time, the kernel `nf4lab` ships on sm_80+ (`nf4lab.kernels.gemv_tc`): each packed
+# one device function at a time, the kernel `nf4lab` ships (`nf4lab.kernels.gemv`): each packed
 # byte read once, two codes turned into a bf16/fp16 pair by one shared-memory load, the products and float32
 # sums left to `mma.sync`; and compare it with bitsandbytes' fused `gemv_4bit` (M = 1) and `gemm_4bit` (M > 1).
 #
@@ -15,14 +15,9 @@
 import nf4lab  # first: may switch numba to its simulator
 import json, subprocess, tempfile  # noqa: E401
 from nf4lab import bench, gemv, ptx, results
-from nf4lab.kernels import arch, gemv_tc
+from nf4lab.kernels import arch
 from nf4lab.measure import ptxall
-print(nf4lab.describe())
-# The simulator runs the tensor-core kernel too: its mma, PRMT and lookups have plain-Python twins.
-TC = gemv_tc.available() or (nf4lab.SIMULATOR and arch.target_cc() >= gemv_tc.MMA_CC)
-if not TC:
-    print(f"No bf16 mma.sync on {arch.name(arch.target_cc())} (it needs sm_80+): sections 4-6 run the package's "
-          "FFMA design instead (nf4lab.kernels.gemv.launch); section 3 shows sm_90 PTX.")
+print(nf4lab.describe())   # the simulator runs the kernel too: its mma, PRMT and lookups have plain-Python twins
 RUN, BATCH, BOUND = (bench.Run.load(n) for n in ("09_gemv_tc", "09_gemv_tc_batch", "09_read_bound"))
 # %% [markdown]
 # <a id="bytes"></a>
@@ -41,10 +36,10 @@ for N, K in gemv.LLM_SHAPES:
           f"{f / copy['gbps'] / 1e3 if copy else float('nan'):>11.1f} {reads.get((N, K), float('nan')) * 1e3:>14.1f}")
 print(f"(copy: {results.label(RUN.meta)}; read bound: {results.label(BOUND.meta) if BOUND else 'none'})" if RUN else "")
 sass = json.loads((results.ROOT / "data" / "sass" / "09_fused_gemv.json").read_text())
-ffma = next(r for r in sass["rows"] if r["variant"] == gemv.auto_design(4096).name and r["dtype"] == "bf16")
+ffma = next(r for r in sass["rows"] if r["variant"] == "R4 S2 C32 W8 B3" and r["dtype"] == "bf16")  # its M = 1 design
 print(f"FFMA design {ffma['variant']}: {ffma['per_weight']:.2f} SASS instructions per weight ({sass['meta']['arch']}, offline)")
 # %% [markdown]
-# The FFMA design (09's former kernel, the fallback below sm_80) spends per code byte a pair lookup, two FFMAs
+# The FFMA design (09's former kernel, now in `lab/gemv_variants.py`) spends per code byte a pair lookup, two FFMAs
 # and address math (count above); the lab recorded the same times for it on GPUs of different DRAM speeds:
 # instructions set its pace. **Prediction:** fewer instructions per weight bring the time toward the read bound.
 # Here a byte costs one `prmt` (its table address) and one shared load of a bf16x2 pair, an mma operand as is.
@@ -58,18 +53,18 @@ print(f"FFMA design {ffma['variant']}: {ffma['per_weight']:.2f} SASS instruction
 #
 # **The per-lane table.** Entry e (a code byte) is (lut[e >> 4], lut[e & 15]) as bf16x2 (or f16x2), first
 # column low. Each lane has its own copy (no bank conflicts): lane l's entry e at word `(e << 6) | l`, 256-byte
-# rows (128 bytes used), 64 KB of dynamic shared memory.
+# rows, 64 KB of dynamic shared memory, a T4's limit per block. Words 32..63 of each row are free: the 16 values
+# (word 62), code2 (word 63) and the warps' partial sums (`spare`) live there.
 # %% tags=["kernel"]
 import nf4lab  # noqa: F811  (this cell runs on its own in nf4lab.versions)
 import functools
 from numba import cuda, float32, uint32, uint64
 from nf4lab import gemv, ops
-from nf4lab.kernels import gemv_tc
 # inline PTX, with plain-Python twins for the simulator: mma.sync, prmt, ld.shared at an immediate, shfl.xor
-from nf4lab.kernels.gemv_tc import _lookup_at, lookup, mma_bf16, mma_f16, prmt, shfl_xor_sync
+from nf4lab.kernels.gemv import _lookup_at, lookup, mma_bf16, mma_f16, prmt, shfl_xor_sync, spare
 
 THREADS, W, BLOCKS_PER_SM = 256, 8, 2   # launch bounds: 2 blocks of 8 warps per SM (measured fastest)
-TAB_WORDS = 256 * 64                    # the table; then the 16 values, code2, the warps' partial sums
+LUT, CODE2 = 62, 63                     # words of the table's rows 0-15 / 0-255 holding the values / code2
 
 @cuda.jit(device=True, inline="always")
 def bf16_bits(v):
@@ -82,22 +77,22 @@ def f16_bits(v):
 def make_build_table(half_bits):
     @cuda.jit(device=True, inline="always")
     def build_table(sm, lut, code2, tid):
-        LUT0 = uint32(TAB_WORDS)
         if tid < uint32(16):
-            sm[LUT0 + tid] = half_bits(lut[tid])
-        sm[uint32(TAB_WORDS + 16) + tid] = ops.float_bits(code2[tid])
+            sm[(tid << uint32(6)) | uint32(LUT)] = half_bits(lut[tid])
+        sm[(tid << uint32(6)) | uint32(CODE2)] = ops.float_bits(code2[tid])
         cuda.syncthreads()
-        for j in range(32 * 256 // THREADS):    # only the used half of each 256-byte row
+        for j in range(32 * 256 // THREADS):    # the used half of each 256-byte row
             i = uint32(tid + uint32(j * THREADS))
             e = i >> uint32(5)
-            sm[(e << uint32(6)) | (i & uint32(31))] = sm[LUT0 + (e >> uint32(4))] | (sm[LUT0 + (e & uint32(15))] << uint32(16))
+            sm[(e << uint32(6)) | (i & uint32(31))] = (sm[((e >> uint32(4)) << uint32(6)) | uint32(LUT)]
+                                                       | (sm[((e & uint32(15)) << uint32(6)) | uint32(LUT)] << uint32(16)))
         cuda.syncthreads()
     return build_table
 # %% [markdown]
 # **The table address is one `prmt`**: byte p of code word w is at `(w.byte p) << 8 | lane << 2`. `prmt.b32 d,
 # a, b, sel` picks d's bytes from the 8 of b:a; a = w, b = lane << 2, sel = 0x5504 | p << 4 give byte 0 = b's
 # low byte, byte 1 = w's byte p, bytes 2-3 = 0. **The lookup has no add**: dynamic shared memory starts at a
-# `base` of the shared window (`gemv_tc.probe_base()` asks the GPU once), carried in the load's immediate,
+# `base` of the shared window (`gemv.probe_base()` asks the GPU once), carried in the load's immediate,
 # `ld.shared.u32 d, [off + base]`. Four lookups make an mma's A fragment: rows g, g + 8, bytes 2i, 2i + 1.
 # %% tags=["kernel"]
 def table_lookup(base):
@@ -127,6 +122,8 @@ def make_a_fragments(look):
 # (g, q) holds A[g, 2q..2q+1], A[g+8, 2q..2q+1] and both at k + 8; B[2q..2q+1, g], B[2q+8..2q+9, g]; C[g, 2q..2q+1],
 # C[g+8, 2q..2q+1]. A sum ignores which columns are called k: lane q's k are its piece's columns, so its B holds x
 # there. B's column 4 mm + b holds batch row mm's x where the piece is in the step's 64-column block b, else 0.
+# A T4 (sm_75) has no bf16 mma: there `mma_f16` runs two m16n8k8 (k 0-7, then 8-15), and `mma_bf16` does the
+# products on the FP32 units, fetching the fragments by `shfl.sync`: about 3x the instructions. Use fp16 there.
 # %% tags=["kernel"]
 def make_mma_piece(M, is_bf16):
     NT, WIDE = (M + 1) // 2, M > 1          # n-tiles of 8 columns: 2 batch rows x 4 blocks each
@@ -210,7 +207,7 @@ def make_step(M, is_bf16, look):
             mma_piece(cf, A, xr, x_u32, g, q, blk, xcol, k, kx, h)
         if (q >> uint32(1)) < uint32(M):
             for i in range(4):
-                s[i] = ops.fadd_rn(ops.fmul_rn(gemv.f32_from_bits(sm[uint32(TAB_WORDS + 16) + buf[QO + i]]),
+                s[i] = ops.fadd_rn(ops.fmul_rn(gemv.f32_from_bits(sm[(buf[QO + i] << uint32(6)) | uint32(CODE2)]),
                                                gemv.f32_from_bits(buf[QO + 4 + i])), offset)
             for nt in range(NT):
                 acc[2 * nt] += cf[4 * nt] * s[0] + cf[4 * nt + 1] * s[1]
@@ -229,21 +226,20 @@ def make_tile_sum(M, half_bits, reduce):
     NT = (M + 1) // 2
     @cuda.jit(device=True, inline="always")
     def tile_sum(sm, acc, y, t, n, tid, warp, g, q, parity):
-        RED0 = uint32(TAB_WORDS + 16 + 256)
-        base = uint32(RED0 + parity * uint32(W * 16 * M) + warp * uint32(16 * M))
+        base = uint32(parity * uint32(W * 16 * M) + warp * uint32(16 * M))
         for nt in range(NT):
             a0 = reduce(acc[2 * nt])
             a1 = reduce(acc[2 * nt + 1])
             m = uint32(2 * nt) + (q >> uint32(1))
             if m < uint32(M) and (q & uint32(1)) == uint32(0):
-                sm[base + m * uint32(16) + g] = ops.float_bits(a0)
-                sm[base + m * uint32(16) + g + uint32(8)] = ops.float_bits(a1)
+                sm[spare(base + m * uint32(16) + g)] = ops.float_bits(a0)
+                sm[spare(base + m * uint32(16) + g + uint32(8))] = ops.float_bits(a1)
         cuda.syncthreads()
         if tid < uint32(16 * M):
-            first = uint32(RED0 + parity * uint32(W * 16 * M) + tid)
+            first = uint32(parity * uint32(W * 16 * M) + tid)
             v = float32(0.0)
             for w in range(W):
-                v += gemv.f32_from_bits(sm[first + uint32(w * 16 * M)])
+                v += gemv.f32_from_bits(sm[spare(first + uint32(w * 16 * M))])
             row = uint32(t * uint32(16) + (tid & uint32(15)))
             if row < n:
                 y[uint32((tid >> uint32(4)) * n + row)] = half_bits(v)
@@ -253,7 +249,7 @@ def make_tile_sum(M, half_bits, reduce):
 # first step's go out before the table is built, each trip fetches the next, across tiles too. Sizes are
 # compile-time constants (local arrays indexed by unrolled loops live in registers). The launcher validates
 # (a misaligned 128-bit load kills the context), takes one block per tile up to 2 per SM, and allows the kernel
-# its shared memory past 48 KB (`gemv_tc.prepare`: a driver call numba does not make).
+# its shared memory past 48 KB (`gemv.prepare`: a driver call numba does not make).
 # %% tags=["kernel"]
 @functools.cache
 def make_kernel(is_bf16, M, base, reduce=pair_sum):
@@ -326,24 +322,25 @@ def make_kernel(is_bf16, M, base, reduce=pair_sum):
 
 def launch(g, reduce=pair_sum):
     gemv.validate(g)
-    kern = make_kernel(g.dtype == "bf16", g.M, gemv_tc.probe_base() if nf4lab.ON_GPU else 0, reduce)
+    kern = make_kernel(g.dtype == "bf16", g.M, gemv.probe_base() if nf4lab.ON_GPU else 0, reduce)
     args = (g.packed_u32, g.absmax_q, g.absmax2, g.code2, g.lut, g.offset, g.x_u32, g.y, g.N, g.K, g.bs_shift)
-    smem = 4 * (TAB_WORDS + 16 + 256 + 2 * W * 16 * g.M)   # table, 16 values, code2, two tiles' partial sums
-    gemv_tc.prepare(kern, args, smem)[g.grid or min(-(-g.N // 16), BLOCKS_PER_SM * gemv.sms()), THREADS, g.stream, smem](*args)
+    smem = 4 * 256 * 64                    # the table, with everything else in its rows' spare words
+    gemv.prepare(kern, args, smem)[g.grid or min(-(-g.N // 16), BLOCKS_PER_SM * gemv.sms()), THREADS, g.stream, smem](*args)
 # %% [markdown]
 # <a id="evidence"></a>
 # ## 3. PTX and SASS evidence
 #
 # Per step: 16 `mma.sync` (2 pieces x 8), 64 `prmt`, 64 lookups with the base in the load's immediate; no local
-# memory, float64 or `trap` (the mma's stand-in below sm_80). ptxas (offline) gives registers and spills.
+# memory or float64. ptxas (offline) gives registers and spills. Below sm_80 (a T4) we look at fp16's kernel.
 # %%
-cc = arch.target_cc() if gemv_tc.available() else (9, 0)
-kern = make_kernel(True, 1, gemv_tc.probe_base() if nf4lab.ON_GPU else gemv_tc.default_base(cc))
+cc = arch.target_cc()
+T4 = cc < (8, 0)
+kern = make_kernel(not T4, 1, gemv.probe_base() if nf4lab.ON_GPU else gemv.default_base(cc))
 code = ptx.compile_ptx(kern, gemv.signature(), cc=cc, launch_bounds=(THREADS, BLOCKS_PER_SM))
 LOOKUP = r"^ld\.shared\.u32 %r\d+, \[%r\d+\+\d+\]"
+MMA = r"^mma\.sync\.aligned\.m16n8k8\.row\.col\.f32\.f16" if T4 else r"^mma\.sync\.aligned\.m16n8k16\.row\.col\.f32\.bf16"
 ptx.show(code, [r"^prmt\.b32", LOOKUP, r"^mma\.sync"], limit=2)
-ptx.check(code, present=[r"^mma\.sync\.aligned\.m16n8k16\.row\.col\.f32\.bf16\.bf16\.f32", r"^prmt\.b32", LOOKUP],
-          absent=[r"^ld\.local", r"^st\.local", r"\.f64", r"^trap"])
+ptx.check(code, present=[MMA, r"^prmt\.b32", LOOKUP], absent=[r"^ld\.local", r"^st\.local", r"\.f64"])
 print(arch.name(cc), {w: ptx.count(code, p) for w, p in [("mma", r"^mma\.sync"), ("prmt", r"^prmt"), ("lookups", LOOKUP)]})
 if nf4lab.ON_GPU:   # the driver's build for this GPU (a GPU image may have no ptxas)
     print(f"{(kk := kern.compile(gemv.signature())).regs_per_thread} registers, {kk.local_mem_per_thread} bytes of local memory (spills) per thread")
@@ -364,12 +361,11 @@ else:
 # %%
 SHAPES = ([((20, 320), "bf16", 1), ((9, 192), "fp16", 3)] if nf4lab.SIMULATOR else
           [((512, 4096), "bf16", 1), ((255, 14336), "fp16", 1), ((100, 4160), "bf16", 4), ((64, 4096), "fp16", 8)])
-run_gemv = launch if TC else gemv.launch
 for (N, K), dtype, M in SHAPES:
     gc = gemv.make_gemv_case(N, K, dtype, M=M)
     g = gemv.make_gemv_buffers(gc)
-    run_gemv(g)
-    ours = gemv.check(g.result(), gc, name=f"ours {N}x{K} {dtype} M={M}", rounded_table=TC)
+    launch(g)
+    ours = gemv.check(g.result(), gc, name=f"ours {N}x{K} {dtype} M={M}", rounded_table=True)
     theirs = gemv.compare(gemv.bnb_output(gc, "cuda" if nf4lab.ON_GPU else "cpu"), gc, rounded_table=True)
     print(f"{ours}; bitsandbytes {theirs.worst_ratio:.3g}")
 # %% [markdown]
@@ -379,7 +375,7 @@ for (N, K), dtype, M in SHAPES:
 # One run: bitsandbytes `matmul_4bit` (`gemv_4bit`), dequantize + matmul, ours; CUDA-graph GPU time, from DRAM.
 # %%
 if nf4lab.ON_GPU:   # a progress line per (shape, dtype): wall-clock seconds of that step, not a kernel time
-    run = gemv.benchmark({"notebook 09" if TC else "auto": run_gemv})
+    run = gemv.benchmark({"notebook 09": launch})
     print(f"saved {run.save(gemv.NAME + '_notebook').relative_to(results.ROOT)}")
 else:
     run = RUN
@@ -443,8 +439,7 @@ def pair_sum_ex(v):
     return v   # TODO: add the partner lane's v (shfl_xor_sync(mask, value, lane_mask); 1 line)
     ### END SOLUTION
 
-result = (gemv.check_exercise(lambda g: launch(g, reduce=pair_sum_ex), "exercise: pair sum", True, (16, 320)) if TC else
-          print("The exercise needs the tensor-core kernel (sm_80+): not graded here.") or True)
+result = gemv.check_exercise(lambda g: launch(g, reduce=pair_sum_ex), "exercise: pair sum", True, (16, 320))
 ### BEGIN SOLUTION
 assert result
 ### END SOLUTION
