@@ -37,7 +37,8 @@ THREADS = 256
 W = THREADS // 32
 BLOCKS_PER_SM = 2               # 116 registers, 64 KB of shared memory: measured best (lab/gemv_mma.py)
 TAB_WORDS = 256 * 64            # entry e, lane l at word (e << 6) | l; words 32..63 of each row are spare:
-LUT, CODE2 = 62, 63             # value i at word (i << 6) | 62, code2[c] at (c << 6) | 63; partial sums: spare()
+LUT = (255 << 6) | 48           # value i at word LUT + i, code2[c] at (c << 6) | 32 | (c & 15) (16 banks), the
+                                # partial sums at spare(): words 48..63 of rows 0..127
 SMEM = 4 * TAB_WORDS            # dynamic shared memory of every launch
 
 
@@ -253,8 +254,8 @@ else:
 
 @cuda.jit(device=True, inline="always")
 def spare(i):
-    """Word of partial sum i (< 2048: 2 tiles x W warps x 16 rows x M) in the table rows' spare words 32..47."""
-    return ((i >> uint32(4)) << uint32(6)) | uint32(32) | (i & uint32(15))
+    """Word of partial sum i (< 2048: 2 tiles x W warps x 16 rows x M): spare words 48..63 of the table's rows."""
+    return ((i >> uint32(4)) << uint32(6)) | uint32(48) | (i & uint32(15))
 
 
 @functools.cache
@@ -341,7 +342,8 @@ def make_kernel(is_bf16, M, base, nested=True, D=1, min_blocks=BLOCKS_PER_SM):
                 r = r0 if i < 2 else r1
                 blk = uint32(r * kw + min(uint32(wb + uint32(8 * (i % 2))), uint32(kw - uint32(8)))) >> ash
                 if nested:
-                    buf[o + 16 + i] = uint32(absmax_q[blk])
+                    a = uint32(absmax_q[blk])   # stored as code2[a]'s word (see LUT)
+                    buf[o + 16 + i] = (a << uint32(6)) | uint32(32) | (a & uint32(15))
                     buf[o + 20 + i] = ops.float_bits(absmax2[blk >> uint32(8)])
                 else:
                     buf[o + 20 + i] = ops.float_bits(absmax2[blk])
@@ -374,15 +376,14 @@ def make_kernel(is_bf16, M, base, nested=True, D=1, min_blocks=BLOCKS_PER_SM):
                 cp = warp
                 tp = uint32(tp + grid)
         if tid < uint32(16):
-            sm[(tid << uint32(6)) | uint32(LUT)] = half_bits(lut[tid])
+            sm[uint32(LUT) + tid] = half_bits(lut[tid])
         if nested:
-            sm[(tid << uint32(6)) | uint32(CODE2)] = ops.float_bits(code2[tid])
+            sm[(tid << uint32(6)) | uint32(32) | (tid & uint32(15))] = ops.float_bits(code2[tid])
         cuda.syncthreads()
         for j in range(32 * 256 // THREADS):    # the used half of each 256-byte row
             i = uint32(tid + uint32(j * THREADS))
             e = i >> uint32(5)
-            sm[(e << uint32(6)) | (i & uint32(31))] = (sm[((e >> uint32(4)) << uint32(6)) | uint32(LUT)]
-                                                       | (sm[((e & uint32(15)) << uint32(6)) | uint32(LUT)] << uint32(16)))
+            sm[(e << uint32(6)) | (i & uint32(31))] = sm[uint32(LUT) + (e >> uint32(4))] | (sm[uint32(LUT) + (e & uint32(15))] << uint32(16))
         cuda.syncthreads()
         lane4 = lane << uint32(2)
         acc = cuda.local.array(NACC, float32)
@@ -445,7 +446,7 @@ def make_kernel(is_bf16, M, base, nested=True, D=1, min_blocks=BLOCKS_PER_SM):
                     if (q >> uint32(1)) < uint32(M):
                         for i in range(4):
                             if nested:
-                                s[i] = ops.fadd_rn(ops.fmul_rn(f32_from_bits(sm[(buf[16 + i] << uint32(6)) | uint32(CODE2)]),
+                                s[i] = ops.fadd_rn(ops.fmul_rn(f32_from_bits(sm[buf[16 + i]]),
                                                                f32_from_bits(buf[20 + i])), offset)
                             else:
                                 s[i] = f32_from_bits(buf[20 + i])

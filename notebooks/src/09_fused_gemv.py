@@ -64,7 +64,7 @@ from nf4lab import gemv, ops
 from nf4lab.kernels.gemv import _lookup_at, lookup, mma_bf16, mma_f16, prmt, shfl_xor_sync, spare
 
 THREADS, W, BLOCKS_PER_SM = 256, 8, 2   # launch bounds: 2 blocks of 8 warps per SM (measured fastest)
-LUT, CODE2 = 62, 63                     # words of the table's rows 0-15 / 0-255 holding the values / code2
+LUT = (255 << 6) | 48                   # the 16 values: words 48..63 of the table's last row
 
 @cuda.jit(device=True, inline="always")
 def bf16_bits(v):
@@ -78,14 +78,13 @@ def make_build_table(half_bits):
     @cuda.jit(device=True, inline="always")
     def build_table(sm, lut, code2, tid):
         if tid < uint32(16):
-            sm[(tid << uint32(6)) | uint32(LUT)] = half_bits(lut[tid])
-        sm[(tid << uint32(6)) | uint32(CODE2)] = ops.float_bits(code2[tid])
+            sm[uint32(LUT) + tid] = half_bits(lut[tid])
+        sm[(tid << uint32(6)) | uint32(32) | (tid & uint32(15))] = ops.float_bits(code2[tid])
         cuda.syncthreads()
         for j in range(32 * 256 // THREADS):    # the used half of each 256-byte row
             i = uint32(tid + uint32(j * THREADS))
             e = i >> uint32(5)
-            sm[(e << uint32(6)) | (i & uint32(31))] = (sm[((e >> uint32(4)) << uint32(6)) | uint32(LUT)]
-                                                       | (sm[((e & uint32(15)) << uint32(6)) | uint32(LUT)] << uint32(16)))
+            sm[(e << uint32(6)) | (i & uint32(31))] = sm[uint32(LUT) + (e >> uint32(4))] | (sm[uint32(LUT) + (e & uint32(15))] << uint32(16))
         cuda.syncthreads()
     return build_table
 # %% [markdown]
@@ -180,7 +179,8 @@ def make_fetch(M):
             for i in range(4):
                 r = r0 if i < 2 else r1
                 blk = uint32(r * kw + min(uint32(wb + uint32(8 * (i % 2))), uint32(kw - uint32(8)))) >> ash
-                buf[o + QO + i] = uint32(absmax_q[blk])
+                a = uint32(absmax_q[blk])     # kept as the word of code2[a] in shared memory
+                buf[o + QO + i] = (a << uint32(6)) | uint32(32) | (a & uint32(15))
                 buf[o + QO + 4 + i] = ops.float_bits(absmax2[blk >> uint32(8)])
     return fetch
 # %% [markdown]
@@ -207,7 +207,7 @@ def make_step(M, is_bf16, look):
             mma_piece(cf, A, xr, x_u32, g, q, blk, xcol, k, kx, h)
         if (q >> uint32(1)) < uint32(M):
             for i in range(4):
-                s[i] = ops.fadd_rn(ops.fmul_rn(gemv.f32_from_bits(sm[(buf[QO + i] << uint32(6)) | uint32(CODE2)]),
+                s[i] = ops.fadd_rn(ops.fmul_rn(gemv.f32_from_bits(sm[buf[QO + i]]),
                                                gemv.f32_from_bits(buf[QO + 4 + i])), offset)
             for nt in range(NT):
                 acc[2 * nt] += cf[4 * nt] * s[0] + cf[4 * nt + 1] * s[1]
