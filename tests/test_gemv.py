@@ -335,11 +335,12 @@ def test_shared_memory_fits_a_t4():
     assert gemv.SMEM == 64 * 1024
     used = {(e << 6) | lane for e in range(256) for lane in range(32)}
     lut = {gemv.LUT + i for i in range(16)}
-    code2 = {(c << 6) | 32 | (c & 15) for c in range(256)}
+    code2 = {(c << 6) | 32 | j for c in range(256) for j in range(16)}      # 16 copies
     spare = {((i >> 4) << 6) | 48 | (i & 15) for i in range(2 * gemv.W * 16 * gemv.MAX_M)}
     parts = [used, lut, code2, spare]
     assert max(set().union(*parts)) < gemv.SMEM // 4 and sum(map(len, parts)) == len(set().union(*parts))
-    assert len({w % 32 for w in code2}) == 16           # code2 lookups are data-dependent: spread over banks
+    # code2 lookups are data-dependent: the 16 lanes that read them at M = 1 (q < 2) use 16 copies, 16 banks
+    assert len({(32 | (g << 1) | (q & 1)) % 32 for g in range(8) for q in range(2)}) == 16
     assert len(spare) == 2 * gemv.W * 16 * gemv.MAX_M
 
 

@@ -37,7 +37,8 @@ THREADS = 256
 W = THREADS // 32
 BLOCKS_PER_SM = 2               # 116 registers, 64 KB of shared memory: measured best (lab/gemv_mma.py)
 TAB_WORDS = 256 * 64            # entry e, lane l at word (e << 6) | l; words 32..63 of each row are spare:
-LUT = (255 << 6) | 48           # value i at word LUT + i, code2[c] at (c << 6) | 32 | (c & 15) (16 banks), the
+LUT = (255 << 6) | 48           # value i at word LUT + i; code2[c] in 16 copies, copy j at (c << 6) | 32 | j (see
+                                # the step: lanes reading one copy each never share a bank); the
                                 # partial sums at spare(): words 48..63 of rows 0..127
 SMEM = 4 * TAB_WORDS            # dynamic shared memory of every launch
 
@@ -342,8 +343,7 @@ def make_kernel(is_bf16, M, base, nested=True, D=1, min_blocks=BLOCKS_PER_SM):
                 r = r0 if i < 2 else r1
                 blk = uint32(r * kw + min(uint32(wb + uint32(8 * (i % 2))), uint32(kw - uint32(8)))) >> ash
                 if nested:
-                    a = uint32(absmax_q[blk])   # stored as code2[a]'s word (see LUT)
-                    buf[o + 16 + i] = (a << uint32(6)) | uint32(32) | (a & uint32(15))
+                    buf[o + 16 + i] = uint32(absmax_q[blk])
                     buf[o + 20 + i] = ops.float_bits(absmax2[blk >> uint32(8)])
                 else:
                     buf[o + 20 + i] = ops.float_bits(absmax2[blk])
@@ -378,7 +378,8 @@ def make_kernel(is_bf16, M, base, nested=True, D=1, min_blocks=BLOCKS_PER_SM):
         if tid < uint32(16):
             sm[uint32(LUT) + tid] = half_bits(lut[tid])
         if nested:
-            sm[(tid << uint32(6)) | uint32(32) | (tid & uint32(15))] = ops.float_bits(code2[tid])
+            for j in range(16):              # 16 copies: a step's 16 lanes that read them, one each
+                sm[(tid << uint32(6)) | uint32(32 + j)] = ops.float_bits(code2[tid])
         cuda.syncthreads()
         for j in range(32 * 256 // THREADS):    # the used half of each 256-byte row
             i = uint32(tid + uint32(j * THREADS))
@@ -444,9 +445,10 @@ def make_kernel(is_bf16, M, base, nested=True, D=1, min_blocks=BLOCKS_PER_SM):
                                     cf[4 * nt], cf[4 * nt + 1], cf[4 * nt + 2], cf[4 * nt + 3])
                     # lane q holds columns 2q, 2q+1: batch row 2 nt + q // 2, blocks 2 (q & 1), +1; rows g, g + 8
                     if (q >> uint32(1)) < uint32(M):
+                        kc = uint32(32) | (g << uint32(1)) | (q & uint32(1))   # this lane's code2 copy: 16 banks
                         for i in range(4):
                             if nested:
-                                s[i] = ops.fadd_rn(ops.fmul_rn(f32_from_bits(sm[buf[16 + i]]),
+                                s[i] = ops.fadd_rn(ops.fmul_rn(f32_from_bits(sm[buf[16 + i] * uint32(64) + kc]),
                                                                f32_from_bits(buf[20 + i])), offset)
                             else:
                                 s[i] = f32_from_bits(buf[20 + i])

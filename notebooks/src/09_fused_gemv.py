@@ -79,7 +79,8 @@ def make_build_table(half_bits):
     def build_table(sm, lut, code2, tid):
         if tid < uint32(16):
             sm[uint32(LUT) + tid] = half_bits(lut[tid])
-        sm[(tid << uint32(6)) | uint32(32) | (tid & uint32(15))] = ops.float_bits(code2[tid])
+        for j in range(16):                   # 16 copies in the rows' spare words 32..47 (see the step)
+            sm[(tid << uint32(6)) | uint32(32 + j)] = ops.float_bits(code2[tid])
         cuda.syncthreads()
         for j in range(32 * 256 // THREADS):    # the used half of each 256-byte row
             i = uint32(tid + uint32(j * THREADS))
@@ -179,8 +180,7 @@ def make_fetch(M):
             for i in range(4):
                 r = r0 if i < 2 else r1
                 blk = uint32(r * kw + min(uint32(wb + uint32(8 * (i % 2))), uint32(kw - uint32(8)))) >> ash
-                a = uint32(absmax_q[blk])     # kept as the word of code2[a] in shared memory
-                buf[o + QO + i] = (a << uint32(6)) | uint32(32) | (a & uint32(15))
+                buf[o + QO + i] = uint32(absmax_q[blk])
                 buf[o + QO + 4 + i] = ops.float_bits(absmax2[blk >> uint32(8)])
     return fetch
 # %% [markdown]
@@ -206,8 +206,9 @@ def make_step(M, is_bf16, look):
             a_fragments(A, wv, h, sm, lane4)
             mma_piece(cf, A, xr, x_u32, g, q, blk, xcol, k, kx, h)
         if (q >> uint32(1)) < uint32(M):
+            kc = uint32(32) | (g << uint32(1)) | (q & uint32(1))   # this lane's code2 copy: 16 lanes, 16 banks
             for i in range(4):
-                s[i] = ops.fadd_rn(ops.fmul_rn(gemv.f32_from_bits(sm[buf[QO + i]]),
+                s[i] = ops.fadd_rn(ops.fmul_rn(gemv.f32_from_bits(sm[buf[QO + i] * uint32(64) + kc]),
                                                gemv.f32_from_bits(buf[QO + 4 + i])), offset)
             for nt in range(NT):
                 acc[2 * nt] += cf[4 * nt] * s[0] + cf[4 * nt + 1] * s[1]
@@ -286,6 +287,7 @@ def make_kernel(is_bf16, M, base, reduce=pair_sum):
                 tp = uint32(tp + grid)
         build_table(sm, lut, code2, tid)
         lane4 = lane << uint32(2)
+        kc = uint32(32) | (g << uint32(1)) | (q & uint32(1))   # this lane's code2 copy: 16 lanes, 16 banks
         acc = cuda.local.array(NACC, float32)
         cf = cuda.local.array(NCF, float32)
         s = cuda.local.array(4, float32)
