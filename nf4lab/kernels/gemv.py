@@ -378,8 +378,9 @@ def make_kernel(is_bf16, M, base, nested=True, D=1, min_blocks=BLOCKS_PER_SM):
         if tid < uint32(16):
             sm[uint32(LUT) + tid] = half_bits(lut[tid])
         if nested:
-            for j in range(16):              # 16 copies: a step's 16 lanes that read them, one each
-                sm[(tid << uint32(6)) | uint32(32 + j)] = ops.float_bits(code2[tid])
+            for j in range(16):              # 16 copies (a step's 16 reading lanes, one each); a warp's
+                i = uint32(tid + uint32(j * THREADS))   # writes span 16 banks
+                sm[((i >> uint32(4)) << uint32(6)) | uint32(32) | (i & uint32(15))] = ops.float_bits(code2[i >> uint32(4)])
         cuda.syncthreads()
         for j in range(32 * 256 // THREADS):    # the used half of each 256-byte row
             i = uint32(tid + uint32(j * THREADS))

@@ -79,8 +79,9 @@ def make_build_table(half_bits):
     def build_table(sm, lut, code2, tid):
         if tid < uint32(16):
             sm[uint32(LUT) + tid] = half_bits(lut[tid])
-        for j in range(16):                   # 16 copies in the rows' spare words 32..47 (see the step)
-            sm[(tid << uint32(6)) | uint32(32 + j)] = ops.float_bits(code2[tid])
+        for j in range(16):                   # 16 copies in the rows' spare words 32..47 (see the step),
+            i = uint32(tid + uint32(j * THREADS))   # a warp's writes spread over 16 banks
+            sm[((i >> uint32(4)) << uint32(6)) | uint32(32) | (i & uint32(15))] = ops.float_bits(code2[i >> uint32(4)])
         cuda.syncthreads()
         for j in range(32 * 256 // THREADS):    # the used half of each 256-byte row
             i = uint32(tid + uint32(j * THREADS))
