@@ -335,66 +335,11 @@ def test_shared_memory_fits_a_t4():
     assert gemv.SMEM == 64 * 1024
     used = {(e << 6) | lane for e in range(256) for lane in range(32)}
     lut = {gemv.LUT + i for i in range(16)}
-    code2 = {(c << 6) | 32 | j for c in range(256) for j in range(16)}      # 16 copies
-    spare = {((i >> 4) << 6) | 48 | (i & 15) for i in range(2 * gemv.W * 16 * gemv.MAX_M)}
+    code2 = {c + (c & 0xE0) + 32 for c in range(256)}
+    spare = {((i >> 4) << 6) | (128 << 6) | 32 | (i & 15) for i in range(2 * gemv.W * 16 * gemv.MAX_M)}
     parts = [used, lut, code2, spare]
     assert max(set().union(*parts)) < gemv.SMEM // 4 and sum(map(len, parts)) == len(set().union(*parts))
-    # code2 lookups are data-dependent: the 16 lanes that read them at M = 1 (q < 2) use 16 copies, 16 banks
-    assert len({(32 | (g << 1) | (q & 1)) % 32 for g in range(8) for q in range(2)}) == 16
-    assert len(spare) == 2 * gemv.W * 16 * gemv.MAX_M
-
-
-# ---------------------------------------------------------------- bad input: refused before any launch
-@pytest.fixture
-def no_launch(monkeypatch):
-    def refuse(*a, **k):
-        raise AssertionError("a kernel was fetched for launching despite bad input")
-
-    monkeypatch.setattr(gemv, "kernel", refuse)
-    return gemv
-
-
-def _misaligned(arr):
-    """The same data at an address that is 4 bytes off a 16-byte boundary."""
-    host = arr.copy_to_host()
-    big = cuda.to_device(np.zeros(host.size + 4, host.dtype))
-    base = gemv._address(big)
-    off = next(o for o in range(1, 4) if (base + 4 * o) % 16)
-    view = big[off:off + host.size]
-    view.copy_to_device(host)
-    return view
-
-
-@pytest.mark.parametrize("field,make,exc,match", [
-    ("M", lambda g: 9, ValueError, "M=9"),
-    ("M", lambda g: 0, ValueError, "M=0"),
-    ("dtype", lambda g: "fp32", ValueError, "dtype"),
-    ("x_u32", lambda g: _misaligned(g.x_u32), ValueError, "x_u32 is not 16-byte aligned"),
-    ("packed_u32", lambda g: _misaligned(g.packed_u32), ValueError, "packed_u32 is not 16-byte aligned"),
-    ("y", lambda g: cuda.to_device(np.zeros(g.M * g.N, np.float32)), TypeError, "y must have dtype uint16"),
-    ("packed_u32", lambda g: cuda.to_device(np.zeros(g.N * g.K // 2, np.uint8)), TypeError, "packed_u32"),
-    ("absmax_q", lambda g: cuda.to_device(np.zeros(1, np.uint8)), ValueError, "absmax_q has 1 elements"),
-    ("K", lambda g: 100, ValueError, "multiple of 64"),
-    ("N", lambda g: 2.0, TypeError, "N must be an int"),
-])
-def test_bad_input_is_refused_before_launch(no_launch, field, make, exc, match):
-    gc, g = _case_buffers(4, 128, "bf16", M=2)
-    setattr(g, field, make(g))
-    with pytest.raises(exc, match=match):
-        no_launch.launch(g)
-    assert (g.y.copy_to_host() == 0x7FBF).all() if field not in ("y", "M") else True  # untouched poison
-
-
-def test_validate_accepts_good_buffers():
-    gc, g = _case_buffers(4, 128, "fp16", M=3)
-    gemv.validate(g)
-    with pytest.raises(ValueError, match="1 to 1 rows"):
-        gemv.validate(g, max_m=1)
-
-
-def test_heavy_x_fits_fp16():
-    bits, x = gemv.make_x(2, 4096, "fp16", dist="heavy")
-    assert np.isfinite(x).all() and np.abs(x).max() > 100
+    assert {w % 32 for w in code2} == set(range(32))   # data-dependent lookups: 32 banks, as a flat array's
 
 
 def test_grid(monkeypatch):

@@ -37,9 +37,8 @@ THREADS = 256
 W = THREADS // 32
 BLOCKS_PER_SM = 2               # 116 registers, 64 KB of shared memory: measured best (lab/gemv_mma.py)
 TAB_WORDS = 256 * 64            # entry e, lane l at word (e << 6) | l; words 32..63 of each row are spare:
-LUT = (255 << 6) | 48           # value i at word LUT + i; code2[c] in 16 copies, copy j at (c << 6) | 32 | j (see
-                                # the step: lanes reading one copy each never share a bank); the
-                                # partial sums at spare(): words 48..63 of rows 0..127
+LUT = (8 << 6) | 32             # value i at word LUT + i; code2[c] at word c + (c & 0xE0) + 32 (rows 0..7, words
+                                # 32..63: bank c & 31); the warps' partial sums at spare(): rows 128..255
 SMEM = 4 * TAB_WORDS            # dynamic shared memory of every launch
 
 
@@ -255,8 +254,8 @@ else:
 
 @cuda.jit(device=True, inline="always")
 def spare(i):
-    """Word of partial sum i (< 2048: 2 tiles x W warps x 16 rows x M): spare words 48..63 of the table's rows."""
-    return ((i >> uint32(4)) << uint32(6)) | uint32(48) | (i & uint32(15))
+    """Word of partial sum i (< 2048: 2 tiles x W warps x 16 rows x M): spare words 32..47 of rows 128..255."""
+    return ((i >> uint32(4)) << uint32(6)) | uint32((128 << 6) | 32) | (i & uint32(15))
 
 
 @functools.cache
@@ -378,9 +377,7 @@ def make_kernel(is_bf16, M, base, nested=True, D=1, min_blocks=BLOCKS_PER_SM):
         if tid < uint32(16):
             sm[uint32(LUT) + tid] = half_bits(lut[tid])
         if nested:
-            for j in range(16):              # 16 copies (a step's 16 reading lanes, one each); a warp's
-                i = uint32(tid + uint32(j * THREADS))   # writes span 16 banks
-                sm[((i >> uint32(4)) << uint32(6)) | uint32(32) | (i & uint32(15))] = ops.float_bits(code2[i >> uint32(4)])
+            sm[tid + (tid & uint32(0xE0)) + uint32(32)] = ops.float_bits(code2[tid])
         cuda.syncthreads()
         for j in range(32 * 256 // THREADS):    # the used half of each 256-byte row
             i = uint32(tid + uint32(j * THREADS))
@@ -446,10 +443,9 @@ def make_kernel(is_bf16, M, base, nested=True, D=1, min_blocks=BLOCKS_PER_SM):
                                     cf[4 * nt], cf[4 * nt + 1], cf[4 * nt + 2], cf[4 * nt + 3])
                     # lane q holds columns 2q, 2q+1: batch row 2 nt + q // 2, blocks 2 (q & 1), +1; rows g, g + 8
                     if (q >> uint32(1)) < uint32(M):
-                        kc = uint32(32) | (g << uint32(1)) | (q & uint32(1))   # this lane's code2 copy: 16 banks
                         for i in range(4):
                             if nested:
-                                s[i] = ops.fadd_rn(ops.fmul_rn(f32_from_bits(sm[buf[16 + i] * uint32(64) + kc]),
+                                s[i] = ops.fadd_rn(ops.fmul_rn(f32_from_bits(sm[buf[16 + i] + (buf[16 + i] & uint32(0xE0)) + uint32(32)]),
                                                                f32_from_bits(buf[20 + i])), offset)
                             else:
                                 s[i] = f32_from_bits(buf[20 + i])

@@ -64,7 +64,7 @@ from nf4lab import gemv, ops
 from nf4lab.kernels.gemv import _lookup_at, lookup, mma_bf16, mma_f16, prmt, shfl_xor_sync, spare
 
 THREADS, W, BLOCKS_PER_SM = 256, 8, 2   # launch bounds: 2 blocks of 8 warps per SM (measured fastest)
-LUT = (255 << 6) | 48                   # the 16 values: words 48..63 of the table's last row
+LUT = (8 << 6) | 32                     # the 16 values: row 8's spare words; code2: rows 0-7's
 
 @cuda.jit(device=True, inline="always")
 def bf16_bits(v):
@@ -79,9 +79,7 @@ def make_build_table(half_bits):
     def build_table(sm, lut, code2, tid):
         if tid < uint32(16):
             sm[uint32(LUT) + tid] = half_bits(lut[tid])
-        for j in range(16):                   # 16 copies in the rows' spare words 32..47 (see the step),
-            i = uint32(tid + uint32(j * THREADS))   # a warp's writes spread over 16 banks
-            sm[((i >> uint32(4)) << uint32(6)) | uint32(32) | (i & uint32(15))] = ops.float_bits(code2[i >> uint32(4)])
+        sm[tid + (tid & uint32(0xE0)) + uint32(32)] = ops.float_bits(code2[tid])   # word 32 + c of row c >> 5
         cuda.syncthreads()
         for j in range(32 * 256 // THREADS):    # the used half of each 256-byte row
             i = uint32(tid + uint32(j * THREADS))
@@ -207,9 +205,8 @@ def make_step(M, is_bf16, look):
             a_fragments(A, wv, h, sm, lane4)
             mma_piece(cf, A, xr, x_u32, g, q, blk, xcol, k, kx, h)
         if (q >> uint32(1)) < uint32(M):
-            kc = uint32(32) | (g << uint32(1)) | (q & uint32(1))   # this lane's code2 copy: 16 lanes, 16 banks
             for i in range(4):
-                s[i] = ops.fadd_rn(ops.fmul_rn(gemv.f32_from_bits(sm[buf[QO + i] * uint32(64) + kc]),
+                s[i] = ops.fadd_rn(ops.fmul_rn(gemv.f32_from_bits(sm[buf[QO + i] + (buf[QO + i] & uint32(0xE0)) + uint32(32)]),
                                                gemv.f32_from_bits(buf[QO + 4 + i])), offset)
             for nt in range(NT):
                 acc[2 * nt] += cf[4 * nt] * s[0] + cf[4 * nt + 1] * s[1]
@@ -288,7 +285,6 @@ def make_kernel(is_bf16, M, base, reduce=pair_sum):
                 tp = uint32(tp + grid)
         build_table(sm, lut, code2, tid)
         lane4 = lane << uint32(2)
-        kc = uint32(32) | (g << uint32(1)) | (q & uint32(1))   # this lane's code2 copy: 16 lanes, 16 banks
         acc = cuda.local.array(NACC, float32)
         cf = cuda.local.array(NCF, float32)
         s = cuda.local.array(4, float32)
