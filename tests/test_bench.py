@@ -52,14 +52,15 @@ def test_results_round_trip_and_format(tmp_path, monkeypatch):
     assert back.recorded and back.records[0]["name"] == "k"
 
 
-# Records that are not a timed kernel: tools/bench_launch.py's per-call costs and nf4lab.models'
-# decode, QLoRA and agreement records, with the fields each must carry.
+# Records that are not a timed kernel: tools/bench_launch.py's per-call costs, nf4lab.models' decode, QLoRA
+# and agreement records, and the GEMV's tolerance checks, with the fields each must carry.
 OTHER_KINDS = {"launch": ("name", "op", "host_us", "per_call_us"),
                "decode": ("name", "variant", "tok_s", "new_tokens"),
                "qlora": ("name", "variant", "ms"),
                "agreement": ("name", "a", "b", "free", "forced"),
                "qlora_agreement": ("name", "loss_equal"),
-               "profile": ("name", "mode", "top_kernels")}
+               "profile": ("name", "mode", "top_kernels"),
+               "check": ("name", "shape", "dtype", "M", "ok", "worst_ratio")}   # tools/gpu_gemv_paths.py
 
 
 def test_committed_results_have_the_documented_fields():
