@@ -247,7 +247,7 @@ def models_block() -> str:
             first = "identical" if f.get("identical") else (f"first differ at step {f['first_divergence']} (logit margins "
                                                            f"{f['margin_a']:.3g} / {f['margin_b']:.3g})")
             out.append(f"- tokens, {r['name']}: {first}; teacher-forced max abs logit difference {t['max_abs']:.3g}.")
-        tests = results.load("bnb_tests_quick", g)
+        tests = results.load("bnb_tests_all", g) or results.load("bnb_tests_quick", g)
         if tests:
             c = tests.get("counts", {})
             out.append(f"- bitsandbytes' own 4-bit tests with nf4lab installed ({tests['meta'].get('date')}): "

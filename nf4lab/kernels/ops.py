@@ -290,7 +290,7 @@ def _build_device_ops():
         load_u32x4=load_u32x4,
         store_u32x4=store_u32x4,
         store_u32x4_cs=store_u32x4_cs,
-        by_arch=by_arch,  # for other modules' intrinsics (gemv_tc's mma); not a device op itself
+        by_arch=by_arch,  # for other modules' intrinsics (gemv's mma); not a device op itself
     )
 
 
