@@ -53,8 +53,9 @@ print(f"FFMA design {ffma['variant']}: {ffma['per_weight']:.2f} SASS instruction
 #
 # **The per-lane table.** Entry e (a code byte) is (lut[e >> 4], lut[e & 15]) as bf16x2 (or f16x2), first
 # column low. Each lane has its own copy (no bank conflicts): lane l's entry e at word `(e << 6) | l`, 256-byte
-# rows, 64 KB of dynamic shared memory, a T4's limit per block. Words 32..63 of each row are free: the 16 values
-# (word 62), code2 (word 63) and the warps' partial sums (`spare`) live there.
+# rows, 64 KB of dynamic shared memory, a T4's limit per block. Words 32..63 of each row are free: code2 lives in
+# rows 0-7's (`c + (c & 0xE0) + 32`: bank c & 31, as in a flat array), the 16 values in row 8's, the warps'
+# partial sums in rows 128-255's (`spare`).
 # %% tags=["kernel"]
 import nf4lab  # noqa: F811  (this cell runs on its own in nf4lab.versions)
 import functools
@@ -387,7 +388,8 @@ if run is not None:
 # <a id="batch"></a>
 # ## 6. Batch: up to 8 rows of x
 #
-# M rows cost (M + 1) // 2 n-tiles of mmas on the same A fragments: same bytes and lookups. Recorded:
+# M rows cost (M + 1) // 2 n-tiles of mmas on the same A fragments: same bytes and lookups. Recorded by the lab
+# with the layout before the 64 KB one (section 7):
 # %%
 print(f"{BATCH.path} ({results.label(BATCH.meta)}):\n\n{gemv.summary(BATCH)}" if BATCH else "No batch run recorded here.")
 if BATCH:
@@ -396,8 +398,9 @@ if BATCH:
 # <a id="road"></a>
 # ## 7. The road here: what lost, and why
 #
-# bf16 times recorded by the lab (`lab/README.md` tells each story; `-`: no record), x = time / the shipped
-# kernel's in the same file (the ring runs timed it beside theirs), else in `09_gemv_tc*.json`:
+# bf16 times recorded by the lab (`lab/README.md` tells each story; `-`: no record), x = time / the tensor-core
+# kernel's in the same file (the ring runs timed it beside theirs), else in `09_gemv_tc*.json`. Those records
+# predate the layout above (its small arrays then sat past the table, 68 KB): section 5 times today's kernel.
 # %%
 ROAD = [("FFMA design (09's former)", "09_fused_gemv", "auto", "pair lookup + 2 FFMA per byte: issue-bound"),
         ("tensor core (shipped)", "09_gemv_tc", None, "this notebook"),
