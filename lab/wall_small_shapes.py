@@ -496,8 +496,14 @@ class _Nothing:
 
 
 # ------------------------------------------------------------------ the variants
-def variants(small: bool) -> dict:
-    """name -> launch(b) (notebook buffers) or DropIn / "shipped" (nf4lab.dequantize)."""
+def variants(small: bool, focus: bool = False) -> dict:
+    """name -> launch(b) (notebook buffers) or DropIn / "shipped" (nf4lab.dequantize). ``focus``: the candidates
+    for shipping (HC at 128 and 256 threads, as 06's kernel and as nf4lab.dequantize) beside today's, at every shape."""
+    if focus:
+        return {"06 128x2 (as shipped)": nb06(128, 2), "06 256x2": nb06(256, 2),
+                "HC 128x2": lab_variant(128, 2, "HC"), "HC 256x2": lab_variant(256, 2, "HC"),
+                "drop-in nf4lab.dequantize (shipped)": "shipped",
+                "drop-in HC 128x2": dropin(128, 2, "HC"), "drop-in HC 256x2": dropin(256, 2, "HC")}
     v = {"06 128x2 (as shipped)": nb06(128, 2)}
     if small:
         v.update({"06 128x4": nb06(128, 4), "06 64x4": nb06(64, 4), "06 256x2": nb06(256, 2)})
@@ -640,9 +646,9 @@ def gpu_main(args) -> int:
         small = shape == SMALL
         case = nf4lab.make_case(shape, "bf16")
         log(f"{shape}: case ready")
-        run.add(measure(variants(small), case, args.rounds if small else args.big_rounds, log, verify_after=small))
+        run.add(measure(variants(small, args.focus), case, args.rounds if small else args.big_rounds, log, verify_after=small))
         run.finalize()
-        path = run.save(NAME)     # after each shape: a run stopped at the time limit keeps what finished
+        path = run.save(NAME + ("_focus" if args.focus else ""))     # after each shape: a run stopped at the time limit keeps what finished
         log(f"saved {path.relative_to(ROOT) if path.is_relative_to(ROOT) else path}")
     print(table(run))
     print(f"measured on {results.label(run.meta)}; {time.time() - t_start:.0f} s")
@@ -754,6 +760,7 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--tiny", action="store_true", help="no GPU: verify every variant in the simulator")
     ap.add_argument("--small-only", action="store_true", help="4096x14336 only")
+    ap.add_argument("--focus", action="store_true", help="only the shipping candidates (HC 128x2, 256x2), every shape")
     ap.add_argument("--rounds", type=int, default=3, help="timing rounds at 4096x14336 (default 3)")
     ap.add_argument("--big-rounds", type=int, default=2, help="timing rounds at the big shapes (default 2)")
     ap.add_argument("--no-edges", action="store_true", help="skip the edge-shape verification")
