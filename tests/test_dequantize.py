@@ -71,7 +71,10 @@ def test_cpu_matches_bitsandbytes(dtype, quant_type, nested):
             exp = expected_cpu(packed, qs)
             got = nf4lab.dequantize(packed, qs)
             assert got.dtype == exp.dtype and got.shape == exp.shape, (shape, bs)
-            assert np.array_equal(bits(got), bits(exp)), f"{shape} blocksize {bs}"
+            g, e = bits(got), bits(exp)
+            bad = np.flatnonzero(g != e)
+            assert not bad.size, (f"{shape} blocksize {bs}: {bad.size} differ, first at {bad[0]}: "
+                                  f"nf4lab bits {int(g[bad[0]])}, bitsandbytes {int(e[bad[0]])}")
 
 
 def test_fp4_signed_zero_follows_bitsandbytes_cpu_path():
