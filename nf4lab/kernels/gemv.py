@@ -26,7 +26,7 @@ import numpy as np
 
 from .. import runtime  # first: it may switch numba to the simulator
 from ..lesson import reference
-from . import ops
+from . import arch, ops
 from numba import cuda, float32, uint32, uint64  # noqa: E402  (module globals: the simulator swaps them in kernels)
 
 LLM_SHAPES = ((4096, 4096), (4096, 14336), (14336, 4096), (8192, 28672))  # (N, K) = W.shape
@@ -35,9 +35,9 @@ NAME = "09_fused_gemv"
 MAX_M = 8                       # batch rows of x the kernel takes (each weight byte is still read once)
 THREADS = 256
 W = THREADS // 32
-BLOCKS_PER_SM = 2               # 116 registers, 64 KB of shared memory: measured best (lab/gemv_mma.py)
+BLOCKS_PER_SM = 2               # 64 KB of shared memory and <= 128 registers each: measured best (lab/gemv_mma.py)
 TAB_WORDS = 256 * 64            # entry e, lane l at word (e << 6) | l; words 32..63 of each row are spare:
-LUT = (8 << 6) | 32             # value i at word LUT + i; code2[c] at word c + (c & 0xE0) + 32 (rows 0..7, words
+LUT = (8 << 6) | 32             # value i at word LUT + i; code2[c] at code2_word(c) (rows 0..7, words
                                 # 32..63: bank c & 31); the warps' partial sums at spare(): rows 128..255
 SMEM = 4 * TAB_WORDS            # dynamic shared memory of every launch
 
@@ -253,6 +253,12 @@ else:
 
 
 @cuda.jit(device=True, inline="always")
+def code2_word(c):
+    """Word of code2[c] (c < 256): spare words 32..63 of rows 0..7, bank c & 31 as in a flat array."""
+    return c + (c & uint32(0xE0)) + uint32(32)
+
+
+@cuda.jit(device=True, inline="always")
 def spare(i):
     """Word of partial sum i (< 2048: 2 tiles x W warps x 16 rows x M): spare words 32..47 of rows 128..255."""
     return ((i >> uint32(4)) << uint32(6)) | uint32((128 << 6) | 32) | (i & uint32(15))
@@ -377,7 +383,7 @@ def make_kernel(is_bf16, M, base, nested=True, D=1, min_blocks=BLOCKS_PER_SM):
         if tid < uint32(16):
             sm[uint32(LUT) + tid] = half_bits(lut[tid])
         if nested:
-            sm[tid + (tid & uint32(0xE0)) + uint32(32)] = ops.float_bits(code2[tid])
+            sm[code2_word(tid)] = ops.float_bits(code2[tid])
         cuda.syncthreads()
         for j in range(32 * 256 // THREADS):    # the used half of each 256-byte row
             i = uint32(tid + uint32(j * THREADS))
@@ -445,7 +451,7 @@ def make_kernel(is_bf16, M, base, nested=True, D=1, min_blocks=BLOCKS_PER_SM):
                     if (q >> uint32(1)) < uint32(M):
                         for i in range(4):
                             if nested:
-                                s[i] = ops.fadd_rn(ops.fmul_rn(f32_from_bits(sm[buf[16 + i] + (buf[16 + i] & uint32(0xE0)) + uint32(32)]),
+                                s[i] = ops.fadd_rn(ops.fmul_rn(f32_from_bits(sm[code2_word(buf[16 + i])]),
                                                                f32_from_bits(buf[20 + i])), offset)
                             else:
                                 s[i] = f32_from_bits(buf[20 + i])
@@ -493,12 +499,7 @@ def sms():
 
 def kernel(dtype, M=1, nested=True):
     """The shipped kernel for a dtype, batch and kind of statistics (compiled at its first launch)."""
-    if runtime.ON_GPU:
-        base = probe_base()
-    else:
-        from . import arch
-
-        base = default_base(arch.target_cc())
+    base = probe_base() if runtime.ON_GPU else default_base(arch.target_cc())
     return make_kernel(dtype == "bf16", M, base, nested)
 
 

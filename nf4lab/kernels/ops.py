@@ -181,14 +181,13 @@ def _build_device_ops():
 
         return sig, codegen
 
-    def arch_at_least(builder, cc_number, capped=True):
+    def arch_at_least(builder, cc_number):
         """An i1 that is true where the kernel compiles for __CUDA_ARCH >= cc_number (e.g. 800).
 
         NVVM folds __nvvm_reflect to a constant for the target architecture and drops the other
-        branch, so each GPU's code holds one path. NF4LAB_ARCH caps it (unless ``capped`` is False):
-        then the answer is a constant.
+        branch, so each GPU's code holds one path. NF4LAB_ARCH caps it: then the answer is a constant.
         """
-        cap = arch.level() if capped else 0
+        cap = arch.level()
         if cap and cap < cc_number:
             return ir.Constant(ir.IntType(1), 0)
         mod = builder.module
@@ -204,9 +203,9 @@ def _build_device_ops():
         ptr = builder.addrspacecast(builder.bitcast(gv, ir.IntType(8).as_pointer(4)), i8p)
         return builder.icmp_signed(">=", builder.call(reflect, [ptr]), ir.Constant(i32, cc_number))
 
-    def by_arch(builder, cc_number, new_path, old_path, capped=True):
+    def by_arch(builder, cc_number, new_path, old_path):
         """new_path() where the target is at least cc_number, else old_path(); one value of either."""
-        cond = arch_at_least(builder, cc_number, capped)
+        cond = arch_at_least(builder, cc_number)
         if isinstance(cond, ir.Constant):
             return new_path() if cond.constant else old_path()
         with builder.if_else(cond) as (then, otherwise):

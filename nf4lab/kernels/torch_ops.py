@@ -194,14 +194,6 @@ class _GemvLean:
 
 
 _GEMV_LEAN: dict = {}  # (M, dtype, device) -> _GemvLean, or False once it disagreed with the dispatcher
-_GEMV_GRIDS: dict = {}  # (N, device) -> grid: it reads the GPU's SM count, so once per shape
-
-
-def _gemv_grid(N, device):
-    hit = _GEMV_GRIDS.get((N, device))
-    if hit is None:
-        hit = _GEMV_GRIDS[(N, device)] = _gemv.grid_size(N)
-    return hit
 
 
 def _lean_launch(lean, w, grid, x, M, out, smem=0):
@@ -310,7 +302,7 @@ def gemv_call(x, packed, shape, absmax_q, absmax2, code2, offset, blocksize):
     out = torch.empty((*x.shape[:-1], w.N), dtype=x.dtype, device=x.device)
     hit = w.launches.get((M, x.dtype))
     if hit is None:
-        grid = _gemv_grid(w.N, x.device.index)
+        grid = _gemv.grid_size(w.N)   # once per weight, M and dtype: w.launches keeps it
         key = (M, "bf16" if x.dtype is torch.bfloat16 else "fp16", x.device.index)
         lean = _GEMV_LEAN.get(key)
         if not isinstance(lean, _GemvLean):
