@@ -195,6 +195,15 @@ if run is not None:
 # below holds them under it, the table after the plot shows. Copy and fill (dashed) and the traffic-matched bound are measured at each size.
 # At the smallest sizes the fixed cost of a launch (start, ramp-up, the last wave) is a large
 # share of a short kernel.
+#
+# Section 4's targets are checked at 16384x16384 only. The table's `% bound` column can sit
+# under 98% at shapes that do not fit in L2 (recorded on the H200,
+# `data/executed/NVIDIA_H200/07_summary.ipynb`: 96% at 4096x14336). Measured in the lab, not
+# shipped yet: `lab/wall_small_shapes.py` found, on the H200, the dependent `code2[absmax_q]` load
+# before each block's first store holding the kernel back there; with code2 in shared memory and every load
+# issued first, at 256 threads x 2 units, it reached 98.3-99.1% of the bound at 4096x14336,
+# 16384x16384 and 8192x28672 on both the H100 and the H200
+# (`data/results/<gpu>/wall_small_shapes_focus.json`).
 
 # %%
 from nf4lab.buffers import quiet_small_grids
@@ -312,7 +321,9 @@ else:
 
 # %% [markdown]
 # **Reading it.** On the GPU the profiles were recorded on, the best versions move data at a large,
-# steady share of the DRAM peak with every access fully coalesced, and their warps wait mostly on
+# steady share of the DRAM peak with every store fully coalesced (16 sectors per request; the
+# loads' column averages the word loads with the scale and table loads, which touch 1-2 sectors,
+# so it does not show the word loads alone: notebook 08, section 4), and their warps wait mostly on
 # memory (`long_scoreboard`: a load not back yet), not on arithmetic or on the instruction
 # pipeline. The tuning rounds printed above test the rest: if the fastest variant lands close to
 # the fastest bound, and the bounds themselves stay below the copy, then neither our arithmetic
