@@ -263,7 +263,7 @@ warp_store_pattern(lambda t: [16 * t], "B (lane t stores at 16 t)     ")
 #   may return before it: lanes past the end load nothing but still reach the barrier.
 #
 # The scale is now computed per word (8 weights) rather than per chunk: 4 lookups per thread,
-# all hitting cached data.
+# which we expect to hit cached data (neighbouring lanes read the same block's statistics).
 
 # %% tags=["kernel"]
 THREADS_B = 128
