@@ -173,7 +173,7 @@ for name, s in summaries.items():
 # Look at the per-byte version first: a low DRAM %, although the bytes moved match the model.
 # The kernel does not move *more* than it must; it cannot keep enough bytes *in flight* to
 # cover the DRAM latency. The versions that reach the wall move the same bytes in less time.
-# A ratio slightly below 1 is the L2 cache: the last part of the output is still in L2 when
+# A ratio slightly below 1 is most likely the L2 cache: the last part of the output is still in L2 when
 # the kernel ends and is written back to DRAM after it; a ratio above 1 means some lines went
 # to DRAM more than once (stores that reach L2 in pieces).
 #
@@ -229,6 +229,10 @@ for name, s in summaries.items():
 #   touches 32 sectors, each only half written by it; the next three instructions come back to
 #   the same sectors. The bytes all get written, but the warp's stores no longer arrive as
 #   whole contiguous lines (the "scattered stores" version of notebook 04).
+# - **The loads' column (04-06)** is an average over every global load instruction: the code
+#   loads (16 sectors for a 128-bit load, 4 for a 32-bit word) together with the scale loads (1
+#   sector: one address per warp) and the table loads (2 sectors). The 2.3-2.9 printed is that
+#   mix, so this column alone cannot show whether the code loads are fully coalesced.
 
 # %% [markdown]
 # <a id="occupancy"></a>
@@ -290,7 +294,7 @@ for name, s in summaries.items():
 # | --- | --- | --- |
 # | `long_scoreboard` | a result from global (or local) memory | the packed codes, then the dependent `code2[absmax_q[b]]`: a load whose address needs another load |
 # | `lg_throttle` | room in the queue of global memory instructions | a thread issuing several memory instructions back to back, e.g. four 16-byte stores in a row |
-# | `mio_throttle`, `short_scoreboard` | the MIO unit: shared memory, and constant-cache accesses whose lanes read different addresses | the LUT in constant memory (05); shared-memory reads (LUT, exchange) rarely reach the top three |
+# | `mio_throttle`, `short_scoreboard` | the MIO unit: shared memory, and constant-cache accesses whose lanes read different addresses | the LUT in constant memory (05, on top); third in 04's scattered-stores version; elsewhere below the top three or small |
 # | `barrier` | the other warps of the block at `cuda.syncthreads()` | kernels that stage data in shared memory |
 # | `math_pipe_throttle` | a busy arithmetic pipe | many instructions per weight, e.g. the LUT as a tree of selects (05) |
 # | `drain` | its stores to leave, at exit | store-heavy kernels: 4 bytes out for every byte in |
@@ -366,9 +370,10 @@ show_lines(lines) if lines else print("No source page with line info recorded: n
 # %% [markdown]
 # How to read it. Instructions of device functions that numba inlines (`inline="always"`) and
 # of the `nf4lab.ops` helpers are often attributed to the kernel's `def` line, so a `def` line
-# at the top means "inside a helper": the instruction column says which. An `IMAD.WIDE.U32`
-# collecting most samples is the address of `code2[absmax_q[blk]]` being computed: the warp
-# waits there for the `absmax_q` load it depends on (a dependent load chain). And `I2F.F64` /
+# at the top means "inside a helper": the instruction column says which. An `IMAD.WIDE.U32 ...,
+# 0x4` (an index times 4 bytes: a 4-byte element's address) collecting most samples waits for its
+# index; where that index is itself loaded, as `absmax_q[blk]` is for `code2[absmax_q[blk]]`, that
+# is a dependent load chain (the page does not say which array it is). And `I2F.F64` /
 # `DSETP` instructions in a bounds check would be the signed/unsigned comparison of notebook 01
 # (numba compares int64 with uint64 in float64).
 
@@ -404,7 +409,7 @@ show_lines(lines) if lines else print("No source page with line info recorded: n
 # - DRAM throughput % is the verdict for a memory-bound kernel; the DRAM bytes ncu counts
 #   check the byte model (each byte moved once).
 # - Sectors per request measures coalescing: the access width in bytes for consecutive lanes,
-#   more when lanes stride.
+#   more when lanes stride; over a kernel it averages all its loads (or stores).
 # - Occupancy is a means: what a memory-bound kernel needs is bytes in flight, and wider
 #   accesses supply them with fewer warps.
 # - `long_scoreboard` comes first in the memory-bound versions: the warps wait on memory. Any
