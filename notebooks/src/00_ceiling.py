@@ -39,8 +39,9 @@ print(nf4lab.describe())
 # time to do its arithmetic. Dequantization reads half a byte per weight, looks it up in a
 # 16-entry table, multiplies by a scale and writes two bytes (bf16). That is about one
 # multiply per 2.5 bytes moved. A GPU does more than ten float32 operations in the time its
-# DRAM moves one byte (on every GPU from a T4 to an H200), so arithmetic would matter only at
-# more than ten operations per byte. So the only question
+# DRAM moves one byte (NVIDIA's datasheets: an H200 SXM lists 67 TFLOPS FP32 against 4.8 TB/s,
+# about 14 per byte; a T4 8.1 TFLOPS against 320 GB/s, about 25), so arithmetic would matter
+# only at more than ten operations per byte. So the only question
 # for speed is *how close to the memory ceiling do we get*, and the unit of progress in
 # this series is GB/s of the byte model (below), against what a plain copy reaches.
 
@@ -156,8 +157,8 @@ for shape in [(4096, 4096), SHAPE]:
 #   bandwidth" (the faster of torch's `copy_` and a numba kernel copying 16 bytes per thread);
 # * **write-only fill**: every byte written, none read (the faster of torch's `fill_` and a
 #   numba kernel storing 16 bytes per thread: a library's fill is not always the fastest
-#   writer). Our kernel is 79% writes; whether writes alone are faster than a copy differs
-#   from GPU to GPU, and the run below says which it is here;
+#   writer). Our kernel is 79% writes; whether writes alone are faster than a copy is not
+#   a given, and the run below says which it is here;
 # * **traffic-matched bound**: a kernel that moves exactly NF4's bytes in the same pattern
 #   (codes and `absmax_q` read, the output written) with no arithmetic. No dequantization
 #   kernel should beat it by much, so it is the target the series measures against.
