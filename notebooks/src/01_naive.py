@@ -47,8 +47,8 @@ SIG = "(uint8[::1], float32[::1], uint8[::1], float32[::1], float32[::1], float3
 #
 # One thread per byte means, for each packed byte: a 1-byte load of the codes, a 1-byte load of
 # `absmax_q`, two float32 loads of `code2` and `absmax2` (the same addresses for the 32 threads
-# of a block of 64 weights, so served by the cache), two loads from the 16-entry LUT, two
-# 16-bit stores. The byte model only counts the bytes DRAM must move; the question for this
+# of a block of 64 weights, so most likely served by the cache), two loads from the 16-entry
+# LUT, two 16-bit stores. The byte model only counts the bytes DRAM must move; the question for this
 # kernel is whether such *narrow* accesses can keep enough bytes in flight. A warp's 16-bit
 # store instruction writes 64 bytes; a warp of 16-byte stores would write 512.
 
