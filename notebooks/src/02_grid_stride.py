@@ -90,9 +90,12 @@ else:
 # keeps the helpers a notebook has already written, not retyped.
 #
 # The grid: the SM count times the blocks that fit on one SM. That is limited by threads
-# (`max_threads_per_sm`: 2048 on an H100 or H200, so 8 blocks of 256; 1024 on a T4), registers
-# and shared memory; this kernel uses few registers and no shared memory, so threads are the
-# limit. We never launch more blocks than the data needs. In the simulator there are no SMs: a
+# (`max_threads_per_sm`: 2048 on the H100 and the H200, so 8 blocks of 256, as the cell after the
+# kernel prints; 1024 on a T4, compute capability 7.5, in the CUDA C++ Programming Guide's table),
+# registers and shared memory; this kernel uses no shared memory and few enough registers that
+# threads are the limit (recorded on the H100 by Nsight Compute: 32 registers per thread, room for
+# 8 blocks of 256, `data/ncu/NVIDIA_H100_80GB_HBM3/02_grid_stride_full_occupancy.details.csv`).
+# We never launch more blocks than the data needs. In the simulator there are no SMs: a
 # small fixed number makes the loop loop. (These three helpers join `nf4lab.lesson` for 03.)
 
 # %% tags=["kernel"]
@@ -249,9 +252,10 @@ else:
 #
 # * A grid-stride loop decouples the grid from the data: the launch is sized from the GPU
 #   (SMs x resident blocks), and the kernel works for any n with any grid.
-# * Whether it is also a speed-up depends on the GPU and on how little work each thread of the
-#   naive kernel does: the comparison printed above says what it did here, measured in one run
-#   against 01. Judge by the numbers, not by the folklore.
+# * Whether it is also a speed-up depends on how little work each thread of the naive kernel
+#   does: the comparison printed above says what it did here, measured in one run against 01
+#   (a gain on both GPUs recorded here, the H100 and the H200). Judge by the numbers, not by
+#   the folklore.
 # * Occupancy is not optional: one block per SM leaves too few bytes in flight to cover DRAM
 #   latency. Bytes in flight, not threads, is what a memory-bound kernel needs; the next steps
 #   get them by moving more bytes per instruction instead of running more threads.
