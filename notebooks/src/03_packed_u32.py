@@ -146,7 +146,8 @@ VERSIONS = {
 # One `cvt.rn.bf16x2.f32` and one `st.global.u32` for the main path; the single
 # `st.global.u16` (with its `cvt.rn.bf16.f32`) is the odd-n tail, on the other side of the
 # branch. Still no `fma`, no float64. (The two `cvt` exist from compute capability 8.0; PTX for
-# a T4, sm_75, rounds in integer instructions instead, and the check below says so.)
+# a T4, sm_75, rounds in integer instructions instead; there the check below prints a line
+# saying so.)
 
 # %%
 u32_ptx = nf4lab.compile_ptx(dequant_u32, SIG)
@@ -359,8 +360,8 @@ assert nf4lab.check(launch_any_dtype, name="exercise 2: still bf16", dtype="bf16
 #
 # bitsandbytes' other 4-bit type, FP4, uses a different 16-entry table. **Predict:** does
 # `launch` (the 03 kernel) produce bit-exact FP4 results without any change? Why, or why not?
-# What would you have to change if the kernel had the NF4 table baked in as constants (as a
-# later notebook does for speed)? Run the cell to test your prediction.
+# What would you have to change if the kernel had the NF4 table baked in as constants (as two
+# of notebook 05's variants do)? Run the cell to test your prediction.
 
 # %%
 result = nf4lab.check(launch, name="exercise 3: fp4 with the 03 kernel", quant_type="fp4", shapes=SMALL)
