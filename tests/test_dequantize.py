@@ -3,6 +3,10 @@
 Bits are compared as integers (np.array_equal on int views), never with a tolerance.
 """
 import math
+import os
+import re
+import shutil
+import subprocess
 
 import numpy as np
 import pytest
@@ -274,7 +278,7 @@ def test_vector_kernel_ptx():
 def formula_numpy(packed, absmax, blocksize, n, lut, np_dtype):
     """The format's definition, written independently of nf4lab and bitsandbytes: weight i is
     lut[code_i] * absmax[i // blocksize] (one float32 multiply), code_i the high nibble of byte
-    i // 2 for even i, the low one for odd i; then rounded to the output dtype (numpy: RNE)."""
+    i // 2 for even i, the low one for odd i; then cast to ``np_dtype`` (numpy: RNE)."""
     b = np.asarray(packed, dtype=np.uint8).reshape(-1)[: (n + 1) // 2]
     codes = np.empty(2 * b.size, np.uint8)
     codes[0::2], codes[1::2] = b >> 4, b & 15
@@ -296,7 +300,11 @@ def test_block_crossing_a_row_gives_the_formats_values(shape, bs, quant_type):
     # Bits, except the sign of fp4's zero code, which depends on bitsandbytes' path (tested above).
     assert np.array_equal(np.abs(got).view(np.int32), np.abs(want).view(np.int32))
     fp16 = quantize(shape, "fp16", bs, quant_type, False)
-    want16 = formula_numpy(fp16[0].numpy(), fp16[1].absmax.numpy(), bs, n, lut, np.float16)
+    want16 = formula_numpy(fp16[0].numpy(), fp16[1].absmax.numpy(), bs, n, lut, np.float32)
+    if dequant.bnb_cpu_fp16_ties_away(dequant.bnb_cpu_path(shape, bs)):
+        want16 = dequant.fp16_bits_half_away(want16).view(np.float16)  # tested against the C below
+    else:
+        want16 = want16.astype(np.float16)
     got16 = nf4lab.dequantize(*fp16).numpy().reshape(-1)
     assert np.array_equal(np.abs(got16).view(np.int16), np.abs(want16).view(np.int16))
     if dequant.bnb_cpu_path(shape, bs) == "avx512":
@@ -305,3 +313,300 @@ def test_block_crossing_a_row_gives_the_formats_values(shape, bs, quant_type):
         assert not np.array_equal(theirs, want), "bitsandbytes' AVX-512 path now gives the format's values"
         rows_ok = np.array_equal(theirs[: shape[-1]], want[: shape[-1]])
         assert rows_ok, "row 0 is indexed the same way by both (its blocks start at 0)"
+
+
+# ---------------------------------------------------------------- which library's CPU kernels run
+# bitsandbytes loads ONE native library: libbitsandbytes_cpu on a CPU-only host, its CUDA build
+# (libbitsandbytes_cuda130.so, ...) where torch sees a GPU. Both hold csrc/cpu_ops.cpp, but only
+# the CPU build is compiled with -mavx512f/-mavx2 (CMakeLists.txt, BUILD_CPU): in the CUDA build
+# the AVX-512 loop does not exist, and csrc/cpu_ops.h's float_to_fp16 is its software branch.
+CPU_BUILD = dequant.BnbCpu(native=True, torch_avx512=True, built_avx512=True, built_avx2=True)
+CUDA_BUILD = dequant.BnbCpu(native=True, torch_avx512=True, built_avx512=False, built_avx2=False)
+
+
+@pytest.fixture
+def bnb_lib(monkeypatch):
+    """Pretend bitsandbytes loaded another library: call with a BnbCpu. The real flags are cached."""
+    dequant._bnb_cpu_flags.cache_clear()
+
+    def use(flags):
+        monkeypatch.setattr(dequant, "_bnb_cpu_flags", lambda: flags)
+
+    yield use
+    monkeypatch.undo()
+    dequant._bnb_cpu_flags.cache_clear()
+
+
+def c_float_to_fp16(bits: int) -> int:
+    """csrc/cpu_ops.h float_to_fp16, its branch without __AVX2__, line by line (uint32 input bits)."""
+    sign = (bits >> 31) & 0x1
+    exp = (bits >> 23) & 0xFF
+    mant = bits & 0x7FFFFF
+    if exp == 0xFF:  # Inf / NaN
+        mant16 = 0x200 if mant else 0
+        h = (sign << 15) | (0x1F << 10) | mant16
+    elif exp > 0x70 + 0x1E:  # overflow
+        h = (sign << 15) | (0x1F << 10)
+    elif exp < 0x71:  # subnormal or zero
+        if exp < 0x67:
+            h = sign << 15
+        else:
+            shift = 0x71 - exp
+            mant_with_hidden = mant | 0x800000
+            rounded = ((mant_with_hidden + (1 << (shift + 12))) & 0xFFFFFFFF) >> (shift + 13)
+            h = (sign << 15) | (rounded & 0xFFFF)
+    else:
+        exp_h = exp - 127 + 15
+        mant_rounded = mant + 0x00001000
+        if mant_rounded & 0x00800000:
+            mant_rounded = 0
+            exp_h += 1
+            if exp_h >= 0x1F:
+                return (sign << 15) | (0x1F << 10)
+        h = (sign << 15) | ((exp_h << 10) & 0xFFFF) | (mant_rounded >> 13)
+    return h & 0xFFFF
+
+
+def fp16_edge_bits() -> np.ndarray:
+    """float32 bit patterns at and around every fp16 rounding boundary, every exponent, both signs."""
+    mants = {0, 1, 2, 0x7FFFFF, 0x7FFFFE, 0x400000}
+    for s in range(24):
+        for m in ((1 << s) - 1, 1 << s, (1 << s) + 1, 3 << s, (1 << s) | 0x1000, (1 << s) | 0xFFF,
+                  (1 << s) | 0x1001, 0x7FF000 | (1 << s), 0x7FEFFF):
+            mants.add(m & 0x7FFFFF)
+    m = np.array(sorted(mants), dtype=np.uint32)
+    e = np.arange(256, dtype=np.uint32)
+    grid = (e[:, None] << 23 | m[None, :]).reshape(-1)
+    return np.concatenate([grid, grid | 0x80000000])
+
+
+def random_bits(n: int, seed: int) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    anywhere = rng.integers(0, 2**32, n // 2, dtype=np.uint64).astype(np.uint32)
+    # and half of them in fp16's range (exponents 100..145), where the rounding matters
+    exp = rng.integers(100, 146, n - n // 2, dtype=np.uint32)
+    near = (rng.integers(0, 2, exp.size, dtype=np.uint32) << 31) | (exp << 23) | \
+        rng.integers(0, 1 << 23, exp.size, dtype=np.uint32)
+    return np.concatenate([anywhere, near])
+
+
+def test_fp16_half_away_matches_the_c_port():
+    x = np.concatenate([fp16_edge_bits(), random_bits(200_000, 1)])
+    want = np.array([c_float_to_fp16(int(b)) for b in x], dtype=np.uint16)
+    got = dequant.fp16_bits_half_away(x.view(np.float32))
+    assert got.dtype == np.uint16 and got.shape == x.shape
+    bad = np.flatnonzero(got != want)
+    assert not bad.size, f"{bad.size} differ, first f32 bits {int(x[bad[0]]):#010x}: {int(got[bad[0]]):#06x} " \
+                         f"vs {int(want[bad[0]]):#06x}"
+
+
+def test_fp16_half_away_rounding_facts():
+    f = np.array([1 + 2**-11, -(1 + 2**-11), 1 + 3 * 2**-11, 2**-25, 1.5 * 2**-25, 3 * 2**-25, 65519.0, 65520.0,
+                  np.inf, -np.inf, np.nan, 0.0, -0.0, 2**-24], dtype=np.float32)
+    got = [int(h) for h in dequant.fp16_bits_half_away(f)]
+    # ties away from zero (RNE would give 0x3C00 / 0xBC00); 2^-25 and just above flush to zero
+    # (RNE: 0 and 2^-24), 3 * 2^-25 is a subnormal tie (away: 2 * 2^-24, RNE too: even).
+    assert got == [0x3C01, 0xBC01, 0x3C02, 0, 0, 2, 0x7BFF, 0x7C00, 0x7C00, 0xFC00, 0x7E00, 0, 0x8000, 1]
+    assert int(np.float32(1 + 2**-11).astype(np.float16).view(np.uint16)) == 0x3C00
+
+
+def _bnb_cpu_ops_h() -> str:
+    """bitsandbytes' csrc/cpu_ops.h (not shipped in its wheel): $NF4LAB_BNB_CPU_OPS_H, or a local
+    mirror of its repository; skip when neither is there."""
+    path = os.environ.get("NF4LAB_BNB_CPU_OPS_H")
+    if path and os.path.exists(path):
+        return open(path).read()
+    git_dir = "/work/.mirror/bitsandbytes-foundation+bitsandbytes/repo"
+    if os.path.isdir(git_dir) and shutil.which("git"):
+        r = subprocess.run(["git", "--git-dir", git_dir, "show", "HEAD:csrc/cpu_ops.h"], capture_output=True,
+                           text=True)
+        if r.returncode == 0:
+            return r.stdout
+    pytest.skip("bitsandbytes' csrc/cpu_ops.h not found (set NF4LAB_BNB_CPU_OPS_H)")
+
+
+@pytest.fixture(scope="module")
+def bnb_c_converters(tmp_path_factory):
+    """float_to_fp16 and float_to_bf16 cut from cpu_ops.h, compiled here without and with -mavx2."""
+    import ctypes
+
+    cxx = shutil.which("g++") or shutil.which("c++")
+    if cxx is None or os.uname().machine not in ("x86_64", "amd64"):
+        pytest.skip("needs g++ on x86_64")
+    header = _bnb_cpu_ops_h()
+    funcs = []
+    for name in ("float_to_fp16", "float_to_bf16"):
+        m = re.search(r"^static inline \w+ " + name + r"\(float x\) \{\n.*?^\}\n", header, re.S | re.M)
+        assert m, f"{name} not found in cpu_ops.h"
+        funcs.append(m.group(0))
+    src = ("#include <cstdint>\n#include <cstring>\n#include <immintrin.h>\n"
+           "struct fp16_t { uint16_t v; };\nstruct bf16_t { uint16_t v; };\n" + "\n".join(funcs) +
+           '\nextern "C" void to_fp16(const float* x, uint16_t* y, long n) '
+           "{ for (long i = 0; i < n; ++i) y[i] = float_to_fp16(x[i]).v; }\n"
+           'extern "C" void to_bf16(const float* x, uint16_t* y, long n) '
+           "{ for (long i = 0; i < n; ++i) y[i] = float_to_bf16(x[i]).v; }\n")
+    d = tmp_path_factory.mktemp("bnb_cpu_ops")
+    (d / "conv.cpp").write_text(src)
+    libs = {}
+    for build, flags in (("cuda", ["-mno-avx2", "-mno-f16c"]), ("cpu", ["-mavx2", "-mf16c"])):
+        so = d / f"conv_{build}.so"
+        subprocess.run([cxx, "-O2", "-shared", "-fPIC", "-std=c++17", *flags, "-o", str(so), str(d / "conv.cpp")],
+                       check=True, capture_output=True)
+        libs[build] = ctypes.CDLL(str(so))
+
+    def run(build, fn, f32):
+        x = np.ascontiguousarray(f32, dtype=np.float32)
+        y = np.empty(x.size, np.uint16)
+        getattr(libs[build], fn)(x.ctypes.data_as(ctypes.c_void_p), y.ctypes.data_as(ctypes.c_void_p),
+                                 ctypes.c_long(x.size))
+        return y
+
+    return run
+
+
+def test_fp16_half_away_matches_bitsandbytes_c(bnb_c_converters):
+    x = np.concatenate([fp16_edge_bits(), random_bits(4_000_000, 2)]).view(np.float32)
+    want = bnb_c_converters("cuda", "to_fp16", x)
+    got = dequant.fp16_bits_half_away(x)
+    bad = np.flatnonzero(got != want)
+    assert not bad.size, f"{bad.size} differ, first f32 bits {int(x.view(np.uint32)[bad[0]]):#010x}"
+    # The port agrees with the C on a sample too (so the port tests above test the right thing).
+    sample = x.view(np.uint32)[::997]
+    assert [c_float_to_fp16(int(b)) for b in sample] == [int(h) for h in want[::997]]
+
+
+def test_bitsandbytes_c_conversions_with_avx2_are_torchs(bnb_c_converters):
+    """The CPU build (-mavx2 -mf16c): float_to_fp16 is _mm_cvtps_ph, round to nearest even, as
+    torch's cast; float_to_bf16 has no AVX2 branch, and is RNE in both builds (finite inputs)."""
+    x = np.concatenate([fp16_edge_bits(), random_bits(1_000_000, 3)]).view(np.float32)
+    finite = np.isfinite(x)
+    t16 = torch.from_numpy(x).to(torch.float16).view(torch.int16).numpy().view(np.uint16)
+    assert np.array_equal(bnb_c_converters("cpu", "to_fp16", x)[finite], t16[finite])
+    tb16 = torch.from_numpy(x).to(torch.bfloat16).view(torch.int16).numpy().view(np.uint16)
+    for build in ("cpu", "cuda"):
+        assert np.array_equal(bnb_c_converters(build, "to_bf16", x)[finite], tb16[finite])
+
+
+def test_library_name_decides_the_compiled_kernels():
+    flags = dequant._bnb_build_flags
+    assert flags("libbitsandbytes_cpu.so", "Linux", "x86_64") == (True, True)
+    for name in ("libbitsandbytes_cuda130.so", "libbitsandbytes_cuda126.so", "libbitsandbytes_rocm64.so",
+                 "libbitsandbytes_xpu2025.so"):
+        assert flags(name, "Linux", "x86_64") == (False, False), name
+    assert flags("libbitsandbytes_cpu.so", "Linux", "aarch64") == (False, False)
+    # MSVC: /arch:AVX2 for every x86 build, and no -mavx512f (that block is NOT MSVC).
+    assert flags("libbitsandbytes_cpu.dll", "Windows", "AMD64") == (False, True)
+    assert flags("libbitsandbytes_cuda130.dll", "Windows", "AMD64") == (False, True)
+
+
+def test_bnb_cpu_flags_reads_the_loaded_library(monkeypatch):
+    import platform
+    import types
+
+    import bitsandbytes.cextension as cext
+
+    if platform.system() != "Linux" or platform.machine() not in ("x86_64", "amd64"):
+        pytest.skip("the library names below are Linux x86_64's")
+    real = dequant._bnb_cpu_flags()
+    try:
+        for name, built in (("libbitsandbytes_cuda130.so", False), ("libbitsandbytes_cpu.so", True)):
+            fake = types.SimpleNamespace(_lib=types.SimpleNamespace(_name=f"/site/bitsandbytes/{name}"))
+            monkeypatch.setattr(cext, "lib", fake)
+            dequant._bnb_cpu_flags.cache_clear()
+            f = dequant._bnb_cpu_flags()
+            assert f.native and f.built_avx512 is built and f.built_avx2 is built, name
+            assert f.torch_avx512 == real.torch_avx512
+    finally:
+        monkeypatch.undo()
+        dequant._bnb_cpu_flags.cache_clear()
+    assert dequant._bnb_cpu_flags() == real
+
+
+def test_cuda_build_takes_the_scalar_loop(bnb_lib):
+    bnb_lib(CUDA_BUILD)
+    for shape in [(4, 64), (64, 64), (33, 96), (1, 4096), (10, 18), (2,)]:
+        for bs in (32, 64, 1024):
+            assert dequant.bnb_cpu_path(shape, bs) == "scalar", (shape, bs)
+            assert dequant.bnb_cpu_fp16_ties_away("scalar")
+    # The Python side still asks torch: odd last dim, or torch's AVX-512 with blocksize >= 2048.
+    assert dequant.bnb_cpu_path((4, 17), 64) == "torch"
+    assert dequant.bnb_cpu_path((4, 64), 2048) == "torch"
+    assert not dequant.bnb_cpu_fp16_ties_away("torch")
+    bnb_lib(CUDA_BUILD._replace(torch_avx512=False))
+    assert dequant.bnb_cpu_path((4, 64), 4096) == "scalar"
+    bnb_lib(CPU_BUILD)
+    assert dequant.bnb_cpu_path((4, 64), 64) == "avx512"
+    assert dequant.bnb_cpu_path((4, 72), 64) == "scalar"  # last dim not a multiple of 16
+    assert not dequant.bnb_cpu_fp16_ties_away("scalar") and not dequant.bnb_cpu_fp16_ties_away("avx512")
+    bnb_lib(CPU_BUILD._replace(torch_avx512=False))
+    assert dequant.bnb_cpu_path((4, 64), 64) == "scalar"
+    assert not dequant.bnb_cpu_fp16_ties_away("scalar")
+    bnb_lib(dequant.BnbCpu(native=False, torch_avx512=True, built_avx512=False, built_avx2=False))
+    assert dequant.bnb_cpu_path((4, 64), 64) == "torch"
+
+
+def tie_case(shape, quant_type, dtype="fp16"):
+    """Every weight is +-1.0 (or fp4's zero) times absmax = 1 + 2^-11: a tie between two fp16s."""
+    packed, qs = quantize(shape, dtype, 64, quant_type, False)
+    qs.absmax.fill_(1 + 2**-11)
+    one, minus_one = (0xF, 0x0) if quant_type == "nf4" else (0x3, 0xB)  # fp4: code 3 = 1.0, 11 = -1.0
+    pattern = [one << 4 | minus_one, minus_one << 4 | one] + ([0x88] if quant_type == "fp4" else [])
+    flat = packed.view(-1)
+    for i, b in enumerate(pattern):
+        flat[i::len(pattern)] = b
+    codes = R.unpack_codes(packed.numpy(), math.prod(shape))
+    return packed, qs, codes
+
+
+@pytest.mark.parametrize("quant_type", ["nf4", "fp4"])
+def test_cuda_build_fp16_ties_away_and_fp4_negative_zero(bnb_lib, quant_type):
+    one, minus_one = (15, 0) if quant_type == "nf4" else (3, 11)
+    for flags, shape, away, neg_zero in [
+        (CUDA_BUILD, (4, 64), True, True),  # scalar loop, software float_to_fp16
+        (CUDA_BUILD, (4, 18), True, True),
+        (CUDA_BUILD, (4, 17), False, False),  # torch fallback
+        (CPU_BUILD, (4, 64), False, False),  # AVX-512 loop
+        (CPU_BUILD, (4, 18), False, True),  # scalar loop, _mm_cvtps_ph
+        (CPU_BUILD._replace(torch_avx512=False), (4, 64), False, True),
+    ]:
+        bnb_lib(flags)
+        packed, qs, codes = tie_case(shape, quant_type)
+        got = bits(nf4lab.dequantize(packed, qs)).view(np.uint16)
+        assert got.shape == codes.shape
+        assert (got[codes == one] == (0x3C01 if away else 0x3C00)).all(), (flags, shape)
+        assert (got[codes == minus_one] == (0xBC01 if away else 0xBC00)).all(), (flags, shape)
+        if quant_type == "fp4":
+            assert (codes == 8).any()
+            assert (got[codes == 8] == (0x8000 if neg_zero else 0)).all(), (flags, shape)
+        # bf16 and fp32 have no such tie here; fp4's zero sign follows the path in every dtype.
+        if quant_type == "fp4":
+            packed, qs, codes = tie_case(shape, quant_type, "bf16")
+            got = bits(nf4lab.dequantize(packed, qs)).view(np.uint16)
+            assert (got[codes == 8] == (0x8000 if neg_zero else 0)).all(), (flags, shape)
+
+
+@pytest.mark.parametrize("quant_type", ["nf4", "fp4"])
+def test_cuda_build_cpu_matches_bitsandbytes_c(bnb_lib, bnb_c_converters, quant_type):
+    """Every CPU case, as the CUDA build's CPU kernel would give it: bitsandbytes' float32 result
+    (its torch fallback), fp4's zero from the scalar loop's -0.0f entry, then cpu_ops.h's own
+    float_to_fp16 / float_to_bf16 compiled without AVX2, as in libbitsandbytes_cuda130.so."""
+    from copy import copy
+
+    bnb_lib(CUDA_BUILD)
+    for dtype in ("fp16", "bf16"):
+        for shape in CPU_SHAPES:
+            for bs in R.BLOCKSIZES:
+                packed, qs = quantize(shape, dtype, bs, quant_type, True)
+                path = dequant.bnb_cpu_path(shape, bs)
+                got = bits(nf4lab.dequantize(packed, qs)).view(np.uint16)
+                if path == "torch":
+                    assert np.array_equal(got, bits(F.dequantize_4bit(packed, qs)).view(np.uint16)), (shape, bs)
+                    continue
+                q32 = copy(qs)
+                q32.dtype = torch.float32
+                f32 = bnb_generic(packed, q32).numpy().reshape(-1).copy()
+                if quant_type == "fp4":
+                    f32[R.unpack_codes(packed.numpy(), f32.size) == 8] = -0.0
+                want = bnb_c_converters("cuda", "to_fp16" if dtype == "fp16" else "to_bf16", f32)
+                bad = np.flatnonzero(got != want)
+                assert not bad.size, f"{dtype} {shape} bs {bs}: {bad.size} differ, first at {bad[0]}"

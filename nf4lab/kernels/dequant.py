@@ -13,6 +13,9 @@ or ``out`` filled and returned), bit for bit:
   which picks wrong scales when the last dim is not a multiple of the blocksize. There we
   return the blockwise result that bitsandbytes' CUDA kernel, torch fallback and scalar
   kernel all give (tests check it against bitsandbytes' own torch fallback).
+  The CPU kernels whose bits count are those of the ONE native library bitsandbytes loaded:
+  on a GPU host its CUDA build, compiled without AVX2/AVX-512: its native kernel is always the
+  scalar loop, whose fp16 conversion rounds ties away from zero (``bnb_cpu_fp16_ties_away``).
 
 Every check happens before anything is launched, and raises TypeError or ValueError naming
 the parameter. Like bitsandbytes, the result is returned transposed (``out.t()``) when
@@ -20,9 +23,11 @@ the parameter. Like bitsandbytes, the result is returned transposed (``out.t()``
 """
 from __future__ import annotations
 
+import functools
 import math
 import threading
 import warnings
+from typing import NamedTuple
 
 import numpy as np
 
@@ -204,37 +209,101 @@ def _compiling() -> bool:
 
 
 # ---------------------------------------------------------------- CPU
-def _bnb_cpu_flags():
-    """(native library loaded, AVX-512 kernels used) as bitsandbytes' CPU backend decides them."""
+class BnbCpu(NamedTuple):
+    """What decides bitsandbytes' CPU ``dequantize_4bit`` bits: ``native``: a native library is
+    loaded; ``torch_avx512``: torch reports AVX-512 (backends/cpu/ops.py ``_has_avx512``, also our
+    stand-in for the C++'s cpuid avx512f); ``built_avx512`` / ``built_avx2``: the LOADED library's
+    csrc/cpu_ops.cpp was compiled with ``-mavx512f`` / ``-mavx2`` (only the CPU build is)."""
+
+    native: bool
+    torch_avx512: bool
+    built_avx512: bool
+    built_avx2: bool
+
+
+def _bnb_build_flags(lib_file: str, system: str, machine: str) -> tuple:
+    """(``__AVX512F__``, ``__AVX2__``) in the library named ``lib_file``, from CMakeLists.txt:
+    gcc/clang add -mavx512f.. and -mavx2 -mf16c only when BUILD_CPU on x86_64/amd64, so the
+    CUDA/ROCm/XPU builds (libbitsandbytes_cuda130.so, ...) have neither; MSVC builds every x86
+    target with /arch:AVX2 and never -mavx512f."""
+    machine = machine.lower()
+    if system == "Windows":
+        return False, machine in ("x86", "x64", "amd64", "x86_64")
+    cpu_build = lib_file.startswith("libbitsandbytes_cpu")
+    x86 = machine in ("x86_64", "amd64")
+    return cpu_build and x86, cpu_build and x86
+
+
+@functools.cache
+def _bnb_cpu_flags() -> BnbCpu:
+    """:class:`BnbCpu` for the bitsandbytes in this process (cached: asked per CPU dequantize)."""
+    import os
+    import platform
+
     try:
         from bitsandbytes.backends.cpu import ops as cpu_ops
         from bitsandbytes.cextension import ErrorHandlerMockBNBNativeLibrary, lib
-
-        return (not isinstance(lib, ErrorHandlerMockBNBNativeLibrary)), bool(cpu_ops._has_avx512)
     except Exception:
-        return False, False
+        return BnbCpu(False, False, False, False)
+    torch_avx512 = bool(getattr(cpu_ops, "_has_avx512", False))
+    if isinstance(lib, ErrorHandlerMockBNBNativeLibrary):
+        return BnbCpu(False, torch_avx512, False, False)
+    name = getattr(getattr(lib, "_lib", None), "_name", None)  # the ctypes.CDLL's path
+    if not isinstance(name, str):  # no file name: only a plain BNBNativeLibrary is the CPU build
+        name = "libbitsandbytes_cpu" if type(lib).__name__ == "BNBNativeLibrary" else ""
+    built_avx512, built_avx2 = _bnb_build_flags(os.path.basename(name), platform.system(), platform.machine())
+    return BnbCpu(True, torch_avx512, built_avx512, built_avx2)
 
 
 def bnb_cpu_path(shape, blocksize) -> str:
     """Which of its three CPU paths bitsandbytes 0.50.2 takes: ``torch``, ``avx512`` or ``scalar``.
 
-    backends/cpu/ops.py uses its torch fallback for an odd last dim, or with AVX-512 for
-    blocksize >= 2048; otherwise the native kernel, which (csrc/cpu_ops.cpp) runs the AVX-512
-    loop when the last dim is a multiple of 16, and a scalar loop otherwise. (bitsandbytes
-    asks torch for AVX-512, the C++ asks the CPU for avx512f: the same on real CPUs.)
+    backends/cpu/ops.py uses its torch fallback for an odd last dim, or when torch reports
+    AVX-512 and blocksize >= 2048; otherwise the native kernel, which (csrc/cpu_ops.cpp) runs
+    the AVX-512 loop when it was compiled in (the CPU build only), the CPU has avx512f, the last
+    dim is a multiple of 16 and blocksize >= 16, and a scalar loop otherwise. (bitsandbytes asks
+    torch for AVX-512, the C++ asks the CPU for avx512f: the same on real CPUs.)
     """
-    native, avx512 = _bnb_cpu_flags()
+    f = _bnb_cpu_flags()
     last = shape[-1] if shape else 1
-    if not native or last % 2 == 1 or (avx512 and blocksize >= 2048):
+    if not f.native or last % 2 == 1 or (f.torch_avx512 and blocksize >= 2048):
         return "torch"
-    if avx512 and last % 16 == 0 and blocksize >= 16:
+    if f.built_avx512 and f.torch_avx512 and last % 16 == 0 and blocksize >= 16:
         return "avx512"
     return "scalar"
 
 
+def bnb_cpu_fp16_ties_away(path: str) -> bool:
+    """Whether bitsandbytes' fp16 output on ``path`` rounds ties away from zero: its scalar loop
+    calls csrc/cpu_ops.h ``float_to_fp16``, ``_mm_cvtps_ph`` (nearest even, as torch) where
+    compiled with ``__AVX2__`` and a software conversion (:func:`fp16_bits_half_away`) where
+    not, as in the CUDA build. The AVX-512 loop and the torch fallback round to nearest even."""
+    return path == "scalar" and not _bnb_cpu_flags().built_avx2
+
+
+def fp16_bits_half_away(x) -> np.ndarray:
+    """float32 -> fp16 bit patterns (uint16), bit for bit bitsandbytes' software ``float_to_fp16``
+    (csrc/cpu_ops.h, no ``__AVX2__``): ties round away from zero; magnitudes below 2^-24 (the
+    smallest subnormal) become zero, ties included; overflow gives inf; NaN gives sign|0x7E00."""
+    b = np.ascontiguousarray(x, dtype=np.float32).reshape(-1).view(np.uint32).astype(np.int64)
+    sign = (b >> 31) << 15
+    exp = (b >> 23) & 0xFF
+    mant = b & 0x7FFFFF
+    # normal: round at bit 12 by adding 0x1000; a mantissa carry moves into the exponent,
+    # and from exponent 30 to 31 it gives 0x7C00 (inf), as the C's explicit branches do.
+    h = ((exp - 112) << 10) + ((mant + 0x1000) >> 13)
+    sub = (exp >= 0x67) & (exp < 0x71)
+    shift = np.where(sub, 0x71 - exp, 0)
+    h = np.where(sub, ((mant | 0x800000) + (np.int64(1) << (shift + 12))) >> (shift + 13), h)
+    h = np.where(exp < 0x67, 0, h)
+    h = np.where(exp > 0x70 + 0x1E, 0x7C00, h)
+    h = np.where(exp == 0xFF, np.where(mant != 0, 0x7E00, 0x7C00), h)
+    return (sign | h).astype(np.uint16).reshape(np.shape(x))
+
+
 def _cpu_fp4_zero(path: str) -> float:
-    """fp4 code 8 on CPU: the torch and AVX-512 paths read +0.0 from a table, the scalar
-    loop computes ``sign * 0.0`` = -0.0 (the CUDA kernel does too, see fastkernel)."""
+    """fp4 code 8 on CPU: the torch and AVX-512 paths read +0.0 from a table, the scalar loop's
+    table (csrc/cpu_ops.cpp ``fp4_lut``) holds -0.0f (the CUDA kernel gives -0.0 too, see fastkernel)."""
     return -0.0 if path == "scalar" else 0.0
 
 
@@ -274,7 +343,10 @@ def _dequantize_cpu(p, out):
         torch.mul(vals[:full].view(-1, bs), absmax[: full // bs].view(-1, 1), out=res[:full].view(-1, bs))
     if full < n:
         torch.mul(vals[full:], absmax[full // bs], out=res[full:])
-    out.view(-1).copy_(res)  # float32 -> bf16/fp16 rounds to nearest even, like bitsandbytes
+    if p.tdtype == torch.float16 and bnb_cpu_fp16_ties_away(path):
+        out.view(-1).view(torch.int16).copy_(torch.from_numpy(fp16_bits_half_away(res.numpy()).view(np.int16)))
+    else:
+        out.view(-1).copy_(res)  # float32 -> bf16/fp16 rounds to nearest even, like bitsandbytes
     return out
 
 
