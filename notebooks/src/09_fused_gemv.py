@@ -8,7 +8,7 @@
 # sums left to `mma.sync`; and compare it with bitsandbytes' fused `gemv_4bit` (M = 1) and `gemm_4bit` (M > 1).
 #
 # **Contents:** 1. [The byte count: a prediction](#bytes) · 2. [The kernel](#kernel) ·
-# 3. [PTX and SASS evidence](#evidence) · 4. [Correctness: a tolerance, not bits](#correctness) ·
+# 3. [PTX evidence](#evidence) · 4. [Correctness: a tolerance, not bits](#correctness) ·
 # 5. [Benchmark: against bitsandbytes and the read bound](#benchmark) · 6. [Batch: up to 8 rows of x](#batch) ·
 # 7. [The road here: what lost, and why](#road) · 8. [Reading: Marlin and FLUTE](#reading) · 9. [Exercise](#exercise)
 # %%
@@ -40,8 +40,10 @@ ffma = next(r for r in sass["rows"] if r["variant"] == "R4 S2 C32 W8 B3" and r["
 print(f"FFMA design {ffma['variant']}: {ffma['per_weight']:.2f} SASS instructions per weight ({sass['meta']['arch']}, offline)")
 # %% [markdown]
 # The FFMA design (09's former kernel, now in `lab/gemv_variants.py`) spends per code byte a pair lookup, two FFMAs
-# and address math (count above); the lab recorded the same times for it on GPUs of different DRAM speeds:
-# instructions set its pace. **Prediction:** fewer instructions per weight bring the time toward the read bound.
+# and address math (count above). In the lab its variant R2 S1 C32 W8 B4 took the same times on the H100 and the
+# H200, whose copy speeds differ (21.1 / 21.3 us at 4096x14336 bf16, `data/results/<gpu>/09_gemv_tc.json`): a sign
+# that instructions, not DRAM, set its pace. **Prediction:** fewer instructions per weight bring the time toward the
+# read bound.
 # Here a byte costs one `prmt` (its table address) and one shared load of a bf16x2 pair, an mma operand as is.
 #
 # <a id="kernel"></a>
@@ -123,7 +125,7 @@ def make_a_fragments(look):
 # C[g+8, 2q..2q+1]. A sum ignores which columns are called k: lane q's k are its piece's columns, so its B holds x
 # there. B's column 4 mm + b holds batch row mm's x where the piece is in the step's 64-column block b, else 0.
 # A T4 (sm_75) has no bf16 mma: there `mma_f16` runs two m16n8k8 (k 0-7, then 8-15), and `mma_bf16` does the
-# products on the FP32 units, fetching the fragments by `shfl.sync`: about 3x the instructions. Use fp16 there.
+# products on the FP32 units, fetching the fragments by `shfl.sync`: more instructions (not counted here). Use fp16 there.
 # %% tags=["kernel"]
 def make_mma_piece(M, is_bf16):
     NT, WIDE = (M + 1) // 2, M > 1          # n-tiles of 8 columns: 2 batch rows x 4 blocks each
@@ -147,7 +149,8 @@ def make_mma_piece(M, is_bf16):
 # %% [markdown]
 # **Fetch.** A step's loads: lane q's pieces of rows g, g + 8 (16 bytes each, skipping L1) and the statistics of
 # the blocks its C columns hold. At M = 1 the pieces are adjacent (columns 64q.., block q); for a batch, 32q..
-# and 128 + 32q.., so a row's 4 lanes read whole 32-byte sectors (faster at M = 8 in the lab, slower at M = 1).
+# and 128 + 32q.., so a row's 4 lanes read whole 32-byte sectors (a lab finding, `lab/README.md`, no record file
+# kept: faster at M = 8, 1 us slower at M = 1).
 # %% tags=["kernel"]
 def make_fetch(M):
     WIDE, QO = M > 1, 16                    # buf[o:o+16]: code words; then 4 absmax codes, 4 absmax2
@@ -328,10 +331,10 @@ def launch(g, reduce=pair_sum):
     gemv.prepare(kern, args, smem)[g.grid or min(-(-g.N // 16), BLOCKS_PER_SM * gemv.sms()), THREADS, g.stream, smem](*args)
 # %% [markdown]
 # <a id="evidence"></a>
-# ## 3. PTX and SASS evidence
+# ## 3. PTX evidence
 #
-# Per step: 16 `mma.sync` (2 pieces x 8), 64 `prmt`, 64 lookups with the base in the load's immediate; no local
-# memory or float64. ptxas (offline) gives registers and spills. Below sm_80 (a T4) we look at fp16's kernel.
+# Per step: 16 `mma.sync` (2 pieces x 8), 64 `prmt`, 64 lookups, base in the load's immediate; no local memory or
+# float64. Registers, spills: the driver's build (GPU) or ptxas (offline). Below sm_80 (a T4): fp16's kernel.
 # %%
 cc = arch.target_cc()
 T4 = cc < (8, 0)
@@ -357,7 +360,7 @@ else:
 # Each GEMV sums in its own order, so we check a bound against float64 `y64 = x @ W.T`: any float32 sum's error
 # `K * eps32 * sum|x w|` (Higham §3.1) plus the output rounding `u * |y|`. mma takes bf16/fp16, so the table
 # holds the NF4 values *rounded to the dtype*: each weight off by a factor 1 ± u at most, the bound grows by
-# `u * sum|x w|` (`rounded_table=True`). bitsandbytes' `gemv_4bit` rounds weights too (its worst ratio beside).
+# `u * sum|x w|` (`rounded_table=True`); bitsandbytes (`gemv_4bit` at M = 1, `gemm_4bit` at 4, 8): worst ratio beside.
 # %%
 SHAPES = ([((20, 320), "bf16", 1), ((9, 192), "fp16", 3)] if nf4lab.SIMULATOR else
           [((512, 4096), "bf16", 1), ((255, 14336), "fp16", 1), ((100, 4160), "bf16", 4), ((64, 4096), "fp16", 8)])
