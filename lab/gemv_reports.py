@@ -13,7 +13,8 @@ import shutil
 import subprocess
 
 from nf4lab.kernels import gemv
-from nf4lab.kernels.gemv import NAME, kernel_ptx  # noqa: F401  (kernel_ptx re-exported)
+from nf4lab.kernels.gemv import NAME
+from nf4lab.measure.ptx import compile_ptx
 from nf4lab.measure.gemv_bench import COPY, default_kernel, weight_bytes
 
 
@@ -178,7 +179,7 @@ def sass_report(kernel, sig, weights_per_trip, stem="kernel", workdir=None, ptx=
     workdir = Path(workdir) if workdir else Path(tempfile.mkdtemp())
     workdir.mkdir(parents=True, exist_ok=True)
     if ptx is None:
-        ptx = kernel_ptx(kernel, sig)
+        ptx = compile_ptx(kernel, sig)
     info, sass = sass_of(ptx, workdir, stem)
     regs = re.search(r"Used (\d+) registers", info)
     spill = re.search(r"(\d+) bytes spill stores", info)

@@ -17,7 +17,7 @@ import dataclasses
 import numpy as np
 from numba import cuda, float32, uint32, uint64
 
-from nf4lab.kernels import gemv, ops
+from nf4lab.kernels import gemv, ops, warp_ops
 from nf4lab.kernels.gemv import MAX_M, f32_from_bits, load_stream_u32x4, sms
 from nf4lab import runtime
 
@@ -90,12 +90,12 @@ def _build_ffma_ops():
 def _py_lds_pair(tab, off):
     t = np.asarray(tab)
     p = int(t.view(np.uint64)[int(off) >> 3]) if t.dtype.itemsize != 8 else int(t[int(off) >> 3])
-    return gemv._py_f32_from_bits(p & 0xFFFFFFFF), gemv._py_f32_from_bits(p >> 32)
+    return warp_ops._py_f32_from_bits(p & 0xFFFFFFFF), warp_ops._py_f32_from_bits(p >> 32)
 
 
 
 def _py_shfl_down_sync(mask, value, delta):
-    return gemv._py_warp_exchange(value, lambda lane: lane + int(delta), "shfl_down_sync")
+    return warp_ops._py_warp_exchange(value, lambda lane: lane + int(delta), "shfl_down_sync")
 
 
 _BARRIERS: dict = {}
@@ -145,7 +145,7 @@ def _py_lds_u32(tab, off):
 
 def _py_shfl_idx(value, src):
     """shfl.sync.idx: the value of lane src & 31 of this warp."""
-    return np.float32(gemv._py_warp_exchange(value, lambda lane: int(src) & 31, "shfl_idx"))
+    return np.float32(warp_ops._py_warp_exchange(value, lambda lane: int(src) & 31, "shfl_idx"))
 
 
 def _build_ops():

@@ -10,6 +10,7 @@ import pytest
 
 import nf4lab  # noqa: F401  (first: may switch numba to the simulator)
 from nf4lab.kernels import gemv
+from nf4lab.measure.ptx import compile_ptx
 from nf4lab.lesson import reference
 from numba import cuda, float32  # noqa: E402  (after nf4lab)
 
@@ -192,8 +193,8 @@ def test_lab_tensor_core_knobs_default_to_the_shipped_kernel():
     from lab import gemv_mma
 
     for dtype in ("bf16", "fp16"):
-        ours = gemv.kernel_ptx(gemv.kernel(dtype))
-        lab = gemv.kernel_ptx(gemv_mma.kernel(dtype == "bf16", 1))
+        ours = compile_ptx(gemv.kernel(dtype), gemv.signature())
+        lab = compile_ptx(gemv_mma.kernel(dtype == "bf16", 1), gemv.signature())
         assert _norm_ptx(ours) == _norm_ptx(lab)
         assert nf4lab.measure.ptx.count(ours, r"^mma\.sync") == 16
 

@@ -9,6 +9,7 @@ import pytest
 
 import nf4lab  # noqa: F401  (first: may switch numba to the simulator)
 from nf4lab.kernels import arch, gemv
+from nf4lab.measure.ptx import compile_ptx
 
 ROOT = Path(__file__).resolve().parent.parent
 SRC = ROOT / "notebooks" / "src" / "09_fused_gemv.py"
@@ -34,8 +35,9 @@ def test_notebook_kernel_is_the_shipped_kernel(nb09, dtype, M):
     """The kernel the notebook builds cell by cell is the package's at its defaults (D=1, min_blocks=2,
     nested=True), instruction for instruction, so the recorded times it prints are its own."""
     base = gemv.default_base(arch.target_cc())
-    ours = gemv.kernel_ptx(nb09.make_kernel(dtype == "bf16", M, base))
-    shipped = gemv.kernel_ptx(gemv.make_kernel(dtype == "bf16", M, base))
+    ours = compile_ptx(nb09.make_kernel(dtype == "bf16", M, base), gemv.signature())
+    shipped = compile_ptx(gemv.make_kernel(dtype == "bf16", M, base), gemv.signature())
+    assert re.search(r"\.maxntid 256, 1, 1\s+\.minnctapersm 2", shipped), "the launch bounds are part of the kernel"
     assert _norm_ptx(ours) == _norm_ptx(shipped)
 
 

@@ -131,10 +131,10 @@ def test_no_two_device_ops_share_a_twin():
     """compile_ptx finds device ops by the identity of their simulator twins: aliases are ambiguous."""
     import collections
 
-    from nf4lab.kernels import gemv
+    from nf4lab.kernels import warp_ops
 
     seen = collections.defaultdict(list)
-    for mod in (ops, gemv):
+    for mod in (ops, warp_ops):
         for name in mod.DEVICE_OPS:
             seen[id(getattr(mod, name))].append(f"{mod.__name__}.{name}")
     assert [v for v in seen.values() if len(v) > 1] == []

@@ -7,12 +7,13 @@ values to the dtype is the one extra error (``gemv_check.table_tolerance``). Not
 kernel cell by cell and explains the step, the table and the lanes; tests/test_nb09.py pins both to one PTX.
 
 Below sm_80 (a T4) there is no bf16 mma: fp16 runs each m16n8k16 as two m16n8k8 (sm_75 has those), bf16 on
-the FP32 units from the warp's fragments (``_soft_mma``, about 3x the instructions). Everything fits the 64 KB
-of shared memory a T4 block can have: the small arrays live in the table rows' unused halves (``spare``).
+the FP32 units (:mod:`nf4lab.kernels.warp_ops` holds the mma, prmt, lookup and shuffle ops and their simulator
+twins). Everything fits the 64 KB of shared memory a T4 block can have: the small arrays live in the table
+rows' unused halves (``spare``).
 
 - ``launch(g)``: the entry point (``validate(g)`` first), on ``g.stream``; ``g`` a :class:`GemvBuffers`
   (``make_gemv_buffers``, ``buffers_from_torch``); ``launch_torch`` for the torch ops.
-- ``make_kernel`` / ``kernel(dtype, M, nested)``, ``grid_size``, ``prepare``, ``probe_base``.
+- ``make_kernel`` / ``kernel(dtype, M, nested)``, ``grid_size``, ``prepare``.
 Its float64 reference and checks are in :mod:`nf4lab.lesson.gemv_check`, its benchmark beside bitsandbytes
 in :mod:`nf4lab.measure.gemv_bench`; both are reachable here (``gemv.check``, ``gemv.benchmark``). The
 designs that lost (an FFMA family, rings, chains) and their tools are in ``lab/``.
@@ -27,6 +28,8 @@ import numpy as np
 from .. import runtime  # first: it may switch numba to the simulator
 from ..lesson import reference
 from . import arch, ops
+from .warp_ops import (_lookup_at, default_base, f32_from_bits, load_stream_u32x4, lookup, mma_bf16,  # noqa: F401
+                       mma_f16, prmt, probe_base, shfl_xor_sync)
 from numba import cuda, float32, uint32, uint64  # noqa: E402  (module globals: the simulator swaps them in kernels)
 
 LLM_SHAPES = ((4096, 4096), (4096, 14336), (14336, 4096), (8192, 28672))  # (N, K) = W.shape
@@ -42,216 +45,6 @@ LUT = (8 << 6) | 32             # value i at word LUT + i; code2[c] at code2_wor
 SMEM = 4 * TAB_WORDS            # dynamic shared memory of every launch
 
 
-# ---------------------------------------------------------------- device ops and their plain-Python twins
-def _py_f32_from_bits(u):
-    return np.uint32(int(u) & 0xFFFFFFFF).view(np.float32)
-
-
-def _py_prmt(a, b, sel):
-    pool = (int(a) & 0xFFFFFFFF) | ((int(b) & 0xFFFFFFFF) << 32)
-    return np.uint32(sum(((pool >> (8 * ((int(sel) >> (4 * k)) & 7))) & 0xFF) << (8 * k) for k in range(4)))
-
-
-def _py_lookup(tab, off):
-    return np.uint32(np.asarray(tab).view(np.uint32)[int(off) >> 2])
-
-
-def _py_load_stream_u32x4(arr, i):
-    return ops._py_load_u32x4(arr, i)
-
-
-_WARPS: dict = {}
-
-
-def _py_warp_exchange(value, source, name):
-    """The simulator has no warp shuffles: exchange through a per-warp barrier. Every lane posts ``value``
-    and gets the value of lane ``source(lane)``, or its own where that lane is past the warp's end
-    (``source`` None: the list of every lane's value). Every lane must call it, as on a GPU with a full
-    mask; a lane that returned early makes the others wait, and after 60 s the barrier raises."""
-    import threading
-
-    t = threading.current_thread()
-    nthreads = int(np.prod(t._manager._block_dim))
-    lane, w = t.thread_id % 32, t.thread_id // 32
-    n = min(32, nthreads - 32 * w)
-    warp = _WARPS.setdefault((id(t._manager), tuple(t.blockIdx), w, n), [threading.Barrier(n, timeout=60), [None] * n])
-    warp[1][lane] = value
-    try:
-        warp[0].wait()
-        out = list(warp[1][:n]) if source is None else (warp[1][source(lane)] if source(lane) < n else value)
-        warp[0].wait()
-    except threading.BrokenBarrierError:
-        raise RuntimeError(f"{name}: not every lane of the warp reached the shuffle (a lane returned early or "
-                           "took another branch); on a GPU that is undefined behaviour") from None
-    return type(value)(out) if isinstance(value, np.generic) else out
-
-
-def _py_shfl_xor_sync(mask, value, delta):
-    return _py_warp_exchange(value, lambda lane: lane ^ int(delta), "shfl_xor_sync")
-
-
-def _halves(u, is_bf16):
-    u = int(u)
-    if is_bf16:
-        return [float(np.uint32((u & 0xFFFF) << 16).view(np.float32)), float(np.uint32(u & 0xFFFF0000).view(np.float32))]
-    return [float(np.uint16(u & 0xFFFF).view(np.float16)), float(np.uint16(u >> 16).view(np.float16))]
-
-
-def _py_mma(is_bf16, a0, a1, a2, a3, b0, b1, c0, c1, c2, c3):
-    """mma.sync.m16n8k16.row.col with float32 accumulation, from the whole warp's fragments (PTX ISA layout)."""
-    import threading
-
-    A, B = np.zeros((16, 16)), np.zeros((16, 8))
-    for ln, (r0, r1, r2, r3, s0, s1) in enumerate(_py_warp_exchange((a0, a1, a2, a3, b0, b1), None, "mma")):
-        g, q = ln >> 2, ln & 3
-        A[g, 2 * q:2 * q + 2], A[g + 8, 2 * q:2 * q + 2] = _halves(r0, is_bf16), _halves(r1, is_bf16)
-        A[g, 2 * q + 8:2 * q + 10], A[g + 8, 2 * q + 8:2 * q + 10] = _halves(r2, is_bf16), _halves(r3, is_bf16)
-        B[2 * q:2 * q + 2, g], B[2 * q + 8:2 * q + 10, g] = _halves(s0, is_bf16), _halves(s1, is_bf16)
-    D = A @ B
-    g, q = (threading.current_thread().thread_id % 32) >> 2, threading.current_thread().thread_id & 3
-    return (np.float32(c0 + D[g, 2 * q]), np.float32(c1 + D[g, 2 * q + 1]),
-            np.float32(c2 + D[g + 8, 2 * q]), np.float32(c3 + D[g + 8, 2 * q + 1]))
-
-
-def _soft_mma():
-    """PTX for m16n8k16 bf16 -> f32 on the FP32 units (below sm_80): lane (g, q) fetches rows g, g + 8 of A from
-    lanes (g, 0..3) and columns 2q, 2q + 1 of B from lanes (2q, 0..3), (2q + 1, 0..3) by shfl.sync, and sums
-    its four outputs with 64 FMAs. Operands as the mma's: $0-3 D, $4-7 A, $8-9 B, $10-13 C."""
-    L = ["{", ".reg .b32 %nl, %na, %nb, %nc, %ns<8>;", ".reg .f32 %nd<4>, %nf<8>;", "mov.u32 %nl, %laneid;",
-         "and.b32 %na, %nl, 28;", "and.b32 %nb, %nl, 3;", "shl.b32 %nb, %nb, 3;", "or.b32 %nc, %nb, 4;"]
-    L += [f"mov.f32 %nd{i}, ${10 + i};" for i in range(4)]
-    for qq in range(4):
-        L += [f"or.b32 %nl, %na, {qq};"] + [f"shfl.sync.idx.b32 %ns{i}, ${4 + i}, %nl, 31, -1;" for i in range(4)]
-        for j, src in ((4, "%nb"), (6, "%nc")):
-            L += [f"or.b32 %nl, {src}, {qq};", f"shfl.sync.idx.b32 %ns{j}, $8, %nl, 31, -1;",
-                  f"shfl.sync.idx.b32 %ns{j + 1}, $9, %nl, 31, -1;"]
-        for p in range(2):   # k = 2qq + p (A regs 0, 1; B regs 4, 6) and 2qq + 8 + p (A regs 2, 3; B regs 5, 7)
-            op = "shl.b32 %nl, {}, 16;" if p == 0 else "and.b32 %nl, {}, -65536;"
-            for i in range(8):
-                L += [op.format(f"%ns{i}"), f"mov.b32 %nf{i}, %nl;"]
-            for d, (ra, rb) in enumerate(((0, 4), (0, 6), (1, 4), (1, 6))):
-                L += [f"fma.rn.f32 %nd{d}, %nf{ra}, %nf{rb}, %nd{d};", f"fma.rn.f32 %nd{d}, %nf{ra + 2}, %nf{rb + 1}, %nd{d};"]
-    return "\n".join(L + [f"mov.f32 ${i}, %nd{i};" for i in range(4)] + ["}"])
-
-
-def _build_device_ops():
-    from llvmlite import ir
-    from numba import types
-    from numba.cuda.extending import intrinsic
-
-    i32, f32 = ir.IntType(32), ir.FloatType()
-    fty = ir.FunctionType(ir.LiteralStructType([f32] * 4), [i32] * 6 + [f32] * 4)
-    cons = "=f,=f,=f,=f,r,r,r,r,r,r,f,f,f,f"
-    mma16 = "mma.sync.aligned.m16n8k16.row.col.f32.{0}.{0}.f32 {{$0, $1, $2, $3}}, {{$4, $5, $6, $7}}, {{$8, $9}}, {{$10, $11, $12, $13}};"
-    k8 = "mma.sync.aligned.m16n8k8.row.col.f32.f16.f16.f32 {}, {}, {}, {};"
-    f16_two_k8 = "\n".join(["{", ".reg .f32 %nd<4>;", k8.format("{%nd0, %nd1, %nd2, %nd3}", "{$4, $5}", "{$8}", "{$10, $11, $12, $13}"),
-                            k8.format("{$0, $1, $2, $3}", "{$6, $7}", "{$9}", "{%nd0, %nd1, %nd2, %nd3}"), "}"])
-
-    def make_mma(new, old):
-        @intrinsic
-        def mma(typingctx, a0, a1, a2, a3, b0, b1, c0, c1, c2, c3):
-            sig = types.UniTuple(types.float32, 4)(*([types.uint32] * 6 + [types.float32] * 4))
-
-            def codegen(context, builder, sig, args):
-                vals = [context.cast(builder, v, t, t) for v, t in zip(args, sig.args)]
-                v = ops.by_arch(builder, 800, lambda: builder.call(ir.InlineAsm(fty, new, cons), vals),
-                                lambda: builder.call(ir.InlineAsm(fty, old, cons), vals))
-                return context.make_tuple(builder, sig.return_type, [builder.extract_value(v, i) for i in range(4)])
-
-            return sig, codegen
-
-        return mma
-
-    @intrinsic
-    def prmt(typingctx, a, b, sel):
-        """``prmt.b32 d, a, b, sel``: byte k of d is byte (sel >> 4k) & 7 of the 8 bytes b:a (a = bytes 0-3)."""
-        def codegen(context, builder, sig, args):
-            vals = [context.cast(builder, v, t, types.uint32) for v, t in zip(args, sig.args)]
-            return builder.call(ir.InlineAsm(ir.FunctionType(i32, [i32] * 3), "prmt.b32 $0, $1, $2, $3;", "=r,r,r,r"), vals)
-
-        return types.uint32(types.uint32, types.uint32, types.uint32), codegen
-
-    @intrinsic
-    def f32_from_bits(typingctx, u):
-        def codegen(context, builder, sig, args):
-            return builder.bitcast(context.cast(builder, args[0], sig.args[0], types.uint32), f32)
-
-        return types.float32(types.uint32), codegen
-
-    @intrinsic
-    def load_stream_u32x4(typingctx, arr, i):
-        """128 bits at uint32 element ``i`` (a multiple of 4) of a 16-byte aligned array, read-only and not kept
-        in L1 (``ld.global.nc.L1::no_allocate.v4.u32``): weights are read once, L1 keeps x and the scales."""
-        if not (isinstance(arr, types.Array) and arr.dtype == types.uint32 and arr.ndim == 1):
-            return None
-
-        def codegen(context, builder, sig, args):
-            from numba.cuda import cgutils
-
-            ary = context.make_array(sig.args[0])(context, builder, args[0])
-            ptr = cgutils.get_item_pointer(context, builder, sig.args[0], ary, [args[1]], wraparound=False)
-            asm = ir.InlineAsm(ir.FunctionType(ir.LiteralStructType([i32] * 4), [ir.IntType(64)]),
-                               "ld.global.nc.L1::no_allocate.v4.u32 {$0, $1, $2, $3}, [$4];", "=r,=r,=r,=r,l")
-            v = builder.call(asm, [builder.ptrtoint(ptr, ir.IntType(64))])
-            return context.make_tuple(builder, sig.return_type, [builder.extract_value(v, k) for k in range(4)])
-
-        return types.UniTuple(types.uint32, 4)(arr, i), codegen
-
-    @intrinsic
-    def dyn_base(typingctx):
-        """The shared-window address where the block's dynamic shared memory starts."""
-        def codegen(context, builder, sig, args):
-            mod = builder.module
-            gv = mod.globals.get("nf4lab_dyn_smem")
-            if gv is None:  # every extern shared array starts where the block's dynamic shared memory does
-                gv = ir.GlobalVariable(mod, ir.ArrayType(ir.IntType(8), 0), "nf4lab_dyn_smem", addrspace=3)
-                gv.linkage, gv.align = "external", 16
-            return builder.trunc(builder.ptrtoint(gv, ir.IntType(64)), i32)
-
-        return types.uint32(), codegen
-
-    return dict(mma_bf16=make_mma(mma16.format("bf16"), _soft_mma()), mma_f16=make_mma(mma16.format("f16"), f16_two_k8),
-                prmt=prmt, f32_from_bits=f32_from_bits,
-                load_stream_u32x4=load_stream_u32x4, dyn_base=dyn_base)
-
-
-@functools.cache
-def _lookup_at(base):
-    """``ld.shared.u32 d, [off + base]``: the table's base in the load's immediate, no add per lookup."""
-    from llvmlite import ir
-    from numba import types
-    from numba.cuda.extending import intrinsic
-
-    @intrinsic
-    def lookup(typingctx, off):
-        def codegen(context, builder, sig, args):
-            o = context.cast(builder, args[0], sig.args[0], types.uint32)
-            i32 = ir.IntType(32)
-            return builder.call(ir.InlineAsm(ir.FunctionType(i32, [i32]), f"ld.shared.u32 $0, [$1+{int(base)}];",
-                                             "=r,r"), [o])
-
-        return types.uint32(types.uint32), codegen
-
-    return lookup
-
-
-# nf4lab.measure.ptx pickles these by name, so that a PTX subprocess (compile mode) gets the device versions.
-DEVICE_OPS = ("mma_bf16", "mma_f16", "prmt", "lookup", "shfl_xor_sync", "f32_from_bits", "load_stream_u32x4")
-if runtime.SIMULATOR:
-    mma_bf16, mma_f16 = functools.partial(_py_mma, True), functools.partial(_py_mma, False)
-    prmt, lookup, shfl_xor_sync, dyn_base = _py_prmt, _py_lookup, _py_shfl_xor_sync, None
-    f32_from_bits, load_stream_u32x4 = _py_f32_from_bits, _py_load_stream_u32x4
-else:
-    globals().update(_build_device_ops())
-    _lds_stand_in = _lookup_at(0x400)
-
-    @cuda.jit(device=True, inline="always")
-    def lookup(tab, off):  # the PTX tool's stand-in for the simulator's twin (any base assembles)
-        return _lds_stand_in(off)
-
-    shfl_xor_sync = cuda.shfl_xor_sync
-
-
 @cuda.jit(device=True, inline="always")
 def code2_word(c):
     """Word of code2[c] (c < 256): spare words 32..63 of rows 0..7, bank c & 31 as in a flat array."""
@@ -262,27 +55,6 @@ def code2_word(c):
 def spare(i):
     """Word of partial sum i (< 2048: 2 tiles x W warps x 16 rows x M): spare words 32..47 of rows 128..255."""
     return ((i >> uint32(4)) << uint32(6)) | uint32((128 << 6) | 32) | (i & uint32(15))
-
-
-@functools.cache
-def probe_base() -> int:
-    """Where dynamic shared memory starts in a block's shared window on this GPU (0x400 on an H100: the
-    first KB is reserved); 0 in the simulator, whose lookups index the array itself."""
-    if runtime.SIMULATOR:
-        return 0
-
-    @cuda.jit
-    def probe(out):
-        out[0] = dyn_base()
-
-    out = cuda.device_array(1, np.uint32)
-    probe[1, 1](out)
-    return int(out.copy_to_host()[0])
-
-
-def default_base(cc) -> int:
-    """The base compiled in where no GPU can be probed (PTX for an architecture): sm_90 reserves 1 KB."""
-    return 0x400 if tuple(cc) >= (9, 0) else 0
 
 
 # ---------------------------------------------------------------- the kernel
@@ -542,16 +314,6 @@ def signature():
 
     return (T.uint32[::1], T.uint8[::1], T.float32[::1], T.float32[::1], T.float32[::1], T.float32,
             T.uint32[::1], T.uint16[::1], T.int64, T.int64, T.int64)
-
-
-def kernel_ptx(kern, sig=None) -> str:
-    """PTX of a kernel with the launch bounds it was jitted with (.maxntid/.minnctapersm), which
-    nf4lab.compile_ptx alone would drop; works in the simulator and without a GPU."""
-    from ..measure import ptx as _ptx
-
-    opts = getattr(kern, "_nf4lab_jit_kwargs", None)
-    bounds = (opts if opts is not None else getattr(kern, "targetoptions", None) or {}).get("launch_bounds")
-    return _ptx.compile_ptx(kern, sig or signature(), **({"launch_bounds": bounds} if bounds else {}))
 
 
 # ---------------------------------------------------------------- device buffers

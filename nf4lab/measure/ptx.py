@@ -92,14 +92,18 @@ sys.stdout.write(ptx)
 
 
 def compile_ptx(kernel, sig, cc=None, **kwargs) -> str:
-    """PTX of ``kernel`` (a @cuda.jit kernel or plain function) for signature ``sig``.
+    """PTX of ``kernel`` (a @cuda.jit kernel or plain function) for signature ``sig``, with the options it was
+    jitted with (launch bounds included).
 
     ``cc`` defaults to :func:`nf4lab.kernels.arch.target_cc`: NF4LAB_ARCH, else the GPU in hand, else sm_90.
     """
     cc = tuple(cc) if cc is not None else arch.target_cc()
     fn = _kernel_fn(kernel)
     jit_kwargs = dict(getattr(kernel, "_nf4lab_jit_kwargs", {}) or {})
-    for key in ("lineinfo", "fastmath", "debug", "opt"):
+    bounds = jit_kwargs.get("launch_bounds") or (getattr(kernel, "targetoptions", None) or {}).get("launch_bounds")
+    if bounds:   # the kernel's launch bounds (.maxntid/.minnctapersm) belong in its PTX
+        jit_kwargs["launch_bounds"] = bounds
+    for key in ("lineinfo", "fastmath", "debug", "opt", "launch_bounds"):
         if key in jit_kwargs and key not in kwargs:
             kwargs[key] = jit_kwargs[key]
     if not runtime.SIMULATOR:
