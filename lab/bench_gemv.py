@@ -1,7 +1,7 @@
 """Benchmark the fused NF4 GEMV of notebook 09 against bitsandbytes, on a GPU, in one call.
 
 Loads the design family (lab/gemv_variants.py), then, in one run:
-bitsandbytes matmul_4bit (without grad its fused gemm_4bit kernel, at M=1 and for M>1),
+bitsandbytes matmul_4bit (without grad its gemm_4bit op: the fused kernel up to M=4, then a per-GPU heuristic),
 dequantize_4bit + torch.matmul, and our kernels, with the copy ceiling. Checks every output
 against a float64 reference, prints tables, and writes
 

@@ -139,6 +139,8 @@ def keep_outputs(new: nbformat.NotebookNode, path: Path) -> None:
         if c.cell_type == "code" and c.source in by_source:
             o = by_source[c.source]
             c.outputs, c.execution_count = o.outputs, o.execution_count
+            if "execution" in o.metadata:   # when the cell ran (nbclient): kept with its outputs
+                c.metadata["execution"] = o.metadata["execution"]
     for key in ("nf4lab",):
         if key in old.metadata:
             new.metadata[key] = old.metadata[key]

@@ -109,7 +109,7 @@ def gemv_tc_lines(gpu) -> list:
     ours, ffma, bnb1 = default_kernel(run), "fused NF4 gemv (numba) [R2 S1", "bitsandbytes matmul_4bit gemv"
     lines = ["", f"Tensor-core GEMV (`nf4lab.kernels.gemv`), "
              f"{results.label(run['meta'])}; the read bound from the same session ({results.label(bound['meta'])}):", "",
-             "| W (N x K) | dtype | tensor-core us | read bound us | % of read bound | FFMA design us | bitsandbytes gemv_4bit us | x bitsandbytes |",
+             "| W (N x K) | dtype | tensor-core us | read bound us | % of read bound | FFMA design us | bitsandbytes matmul_4bit us | x bitsandbytes |",
              "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
     for b in (q for q in bound["records"] if q["kind"] == "bound"):
         for dt in ("bf16", "fp16"):
@@ -138,7 +138,7 @@ def gemv_tc_lines(gpu) -> list:
 
 
 def gemv_lines(gpu) -> list:
-    """The capstone (notebook 09): the fused GEMV's default design against bitsandbytes' gemv_4bit."""
+    """The capstone (notebook 09): the fused GEMV's default design against bitsandbytes' matmul_4bit (M = 1)."""
     from nf4lab.measure import bench, results
 
     run = results.load("09_fused_gemv", gpu)
@@ -153,7 +153,7 @@ def gemv_lines(gpu) -> list:
              "effective weight bandwidth = packed weights and scales read per second"
              + ("; *pure read*: a kernel that only reads the same bytes (`lab/gemv_read_bound.py`, "
                 f"{results.label(bound['meta'])}), the bound for any GEMV" if bound else "") + ":", "",
-             "| W (N x K) | dtype | fused us | bitsandbytes gemv_4bit us | x bitsandbytes | % of copy |"
+             "| W (N x K) | dtype | fused us | bitsandbytes matmul_4bit us | x bitsandbytes | % of copy |"
              + (" pure read us (% of copy) |" if bound else "") + " within tolerance |",
              "| --- | --- | ---: | ---: | ---: | ---: |" + (" ---: |" if bound else "") + " :---: |"]
     for r in recs:

@@ -2,7 +2,7 @@
 (GPU only) and how a run is shown.
 
 ``weight_bytes`` / ``unfused_bytes``: what a GEMV must read, fused and unfused. ``benchmark(...)`` times
-launch functions beside bitsandbytes' ``matmul_4bit`` (``gemv_4bit`` at M=1, ``gemm_4bit`` for M>1) on
+launch functions beside bitsandbytes' ``matmul_4bit`` (without grad its ``gemm_4bit`` op at every M) on
 the same data; ``summary`` and ``plot`` show a run. The kernel is :mod:`nf4lab.kernels.gemv`.
 """
 from __future__ import annotations
@@ -31,8 +31,12 @@ def unfused_bytes(N, K, itemsize=2, blocksize=64) -> int:
 
 
 FUSED = "fused NF4 gemv (numba)"  # every record of our kernels: f"{FUSED} [{variant}]" (kernel_name)
-BNB_GEMV = "bitsandbytes matmul_4bit gemv (M=1)"        # matmul_4bit runs its fused gemv_4bit kernel
-BNB_GEMM = "bitsandbytes matmul_4bit gemm_4bit (M>1)"   # ... and its fused gemm_4bit kernel for M > 1
+# Record names (kept as recorded). matmul_4bit without grad calls bitsandbytes' gemm_4bit op at every M: its
+# fused kernel up to M = 4; past that, up to M = 1536, the kernel or dequantize + F.linear, as a per-GPU heuristic
+# picks (bitsandbytes/backends/cuda/ops.py, _gemm_4bit_use_custom_cuda; on a 132-SM Hopper at M = 8:
+# dequantize + F.linear for 4096x4096 and 4096x14336). gemv_4bit is reached only through F.gemv_4bit.
+BNB_GEMV = "bitsandbytes matmul_4bit gemv (M=1)"
+BNB_GEMM = "bitsandbytes matmul_4bit gemm_4bit (M>1)"
 BNB_DQ_MM = "bitsandbytes dequantize_4bit + torch.matmul gemv"
 NAME_BATCH = NAME + "_batch"
 COPY_BYTES = 1 << 30  # the copy ceiling: a 1 GiB copy (512 MiB read + 512 MiB written), far beyond L2
@@ -97,7 +101,7 @@ def benchmark(launch, shapes=LLM_SHAPES, dtypes=("bf16", "fp16"), ms=(1,), *, va
     ``launch``: a launch function (``launch(g)``, ``g`` a :class:`GemvBuffers`, on ``g.stream``) or a dict
     {variant: launch} timed side by side, each recorded as ``kernel_name(variant)``; the first is the
     default (``run.meta["default_kernel"]``). ``ms``: batch sizes (rows of x); bitsandbytes' ``matmul_4bit``
-    without grad is its fused ``gemv_4bit`` at M = 1 and ``gemm_4bit`` for M > 1 (:data:`BNB_GEMV`, :data:`BNB_GEMM`). ``variant_dtypes``: dtypes on which
+    without grad is its ``gemm_4bit`` op (:data:`BNB_GEMV` at M = 1, :data:`BNB_GEMM` for M > 1). ``variant_dtypes``: dtypes on which
     the variants after the first are timed (default: all). ``deadline``: a ``time.time()`` after which no
     new (shape, dtype, M) is started (``meta["incomplete"]`` says so), to keep a GPU session in budget.
     To keep repeated launches from reading the weights out of L2 (50 MB on an H100), every timed function
@@ -254,7 +258,7 @@ def summary(run, bound=None) -> str:
 
 def plot(run, batch=False):
     """Effective weight bandwidth (weight bytes / time): per shape and dtype as bars (batch 1: ours,
-    bitsandbytes' gemv_4bit, dequantize + matmul), or against M as lines (``batch``: ours solid,
+    bitsandbytes' matmul_4bit, dequantize + matmul), or against M as lines (``batch``: ours solid,
     bitsandbytes' matmul_4bit dashed); the copy ceiling dashed red. Draws only what the run measured."""
     import matplotlib.pyplot as plt
 

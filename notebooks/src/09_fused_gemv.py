@@ -5,7 +5,7 @@
 # **Goal.** Decoding computes `y = x @ W.T` per layer, `x` (M, K) with M = 1..8, `W` (N, K) in NF4. We build,
 # one device function at a time, the kernel `nf4lab` ships (`nf4lab.kernels.gemv`): each packed
 # byte read once, two codes turned into a bf16/fp16 pair by one shared-memory load, the products and float32
-# sums left to `mma.sync`; and compare it with bitsandbytes' fused `gemv_4bit` (M = 1) and `gemm_4bit` (M > 1).
+# sums left to `mma.sync`; and compare it with bitsandbytes' `matmul_4bit`, which is its `gemm_4bit` op at every M.
 #
 # **Contents:** 1. [The byte count: a prediction](#bytes) · 2. [The kernel](#kernel) ·
 # 3. [PTX evidence](#evidence) · 4. [Correctness: a tolerance, not bits](#correctness) ·
@@ -42,8 +42,7 @@ print(f"FFMA design {ffma['variant']}: {ffma['per_weight']:.2f} SASS instruction
 # The FFMA design (09's former kernel, now in `lab/gemv_variants.py`) spends per code byte a pair lookup, two FFMAs
 # and address math (count above). In the lab its variant R2 S1 C32 W8 B4 took the same times on the H100 and the
 # H200, whose copy speeds differ (21.1 / 21.3 us at 4096x14336 bf16, `data/results/<gpu>/09_gemv_tc.json`): a sign
-# that instructions, not DRAM, set its pace. **Prediction:** fewer instructions per weight bring the time toward the
-# read bound.
+# that instructions, not DRAM, set its pace. **Prediction:** fewer instructions per weight bring it toward the read bound.
 # Here a byte costs one `prmt` (its table address) and one shared load of a bf16x2 pair, an mma operand as is.
 #
 # <a id="kernel"></a>
@@ -360,7 +359,7 @@ else:
 # Each GEMV sums in its own order, so we check a bound against float64 `y64 = x @ W.T`: any float32 sum's error
 # `K * eps32 * sum|x w|` (Higham §3.1) plus the output rounding `u * |y|`. mma takes bf16/fp16, so the table
 # holds the NF4 values *rounded to the dtype*: each weight off by a factor 1 ± u at most, the bound grows by
-# `u * sum|x w|` (`rounded_table=True`); bitsandbytes (`gemv_4bit` at M = 1, `gemm_4bit` at 4, 8): worst ratio beside.
+# `u * sum|x w|` (`rounded_table=True`); bitsandbytes' `matmul_4bit` (`gemm_4bit`): its worst ratio beside.
 # %%
 SHAPES = ([((20, 320), "bf16", 1), ((9, 192), "fp16", 3)] if nf4lab.SIMULATOR else
           [((512, 4096), "bf16", 1), ((255, 14336), "fp16", 1), ((100, 4160), "bf16", 4), ((64, 4096), "fp16", 8)])
@@ -375,7 +374,7 @@ for (N, K), dtype, M in SHAPES:
 # <a id="benchmark"></a>
 # ## 5. Benchmark: against bitsandbytes and the read bound
 #
-# One run: bitsandbytes `matmul_4bit` (`gemv_4bit`), dequantize + matmul, ours; CUDA-graph GPU time, from DRAM.
+# One run: bitsandbytes `matmul_4bit` (`gemm_4bit`'s fused kernel at M = 1), dequantize + matmul, ours; GPU time, DRAM.
 # %%
 if nf4lab.ON_GPU:   # a progress line per (shape, dtype): wall-clock seconds of that step, not a kernel time
     run = gemv.benchmark({"notebook 09": launch})
@@ -391,8 +390,9 @@ if run is not None:
 # <a id="batch"></a>
 # ## 6. Batch: up to 8 rows of x
 #
-# M rows cost (M + 1) // 2 n-tiles of mmas on the same A fragments: same bytes and lookups. Recorded by the lab
-# with the layout before the 64 KB one (section 7):
+# M rows cost (M + 1) // 2 n-tiles of mmas on the same A fragments: same bytes and lookups. bitsandbytes' `gemm_4bit` runs
+# its fused kernel up to M = 4; past that a per-GPU heuristic may pick dequantize + `F.linear` instead (on a 132-SM
+# Hopper at M = 8: 4096x4096, 4096x14336). Recorded by the lab with the layout before the 64 KB one (section 7):
 # %%
 print(f"{BATCH.path} ({results.label(BATCH.meta)}):\n\n{gemv.summary(BATCH)}" if BATCH else "No batch run recorded here.")
 if BATCH:
