@@ -38,10 +38,10 @@ print(nf4lab.describe())
 # A kernel is *memory-bound* when the time to move its bytes through DRAM is larger than the
 # time to do its arithmetic. Dequantization reads half a byte per weight, looks it up in a
 # 16-entry table, multiplies by a scale and writes two bytes (bf16). That is about one
-# multiply per 2.5 bytes moved. A GPU does more than ten float32 operations in the time its
-# DRAM moves one byte (NVIDIA's datasheets: an H200 SXM lists 67 TFLOPS FP32 against 4.8 TB/s,
-# about 14 per byte; a T4 8.1 TFLOPS against 320 GB/s, about 25), so arithmetic would matter
-# only at more than ten operations per byte. So the only question
+# multiply per 2.5 bytes moved. A GPU does many float32 operations in the time its DRAM moves
+# one byte (divide a datasheet's FP32 throughput by its memory bandwidth: more than ten, for
+# every GPU from a T4 to an H200), so arithmetic would matter only at more than ten operations
+# per byte. So the only question
 # for speed is *how close to the memory ceiling do we get*, and the unit of progress in
 # this series is GB/s of the byte model (below), against what a plain copy reaches.
 

@@ -285,9 +285,9 @@ for d, p in kernel_ptx.items():
 #
 # fp16 deserves attention: its range is small (largest finite value 65504) and it has subnormals,
 # so "heavy" weights with per-row scales over orders of magnitude exercise the rounding at both
-# ends. On a GPU the heavy case has the full 16384 x 16384 shape: 5 of its weights are infinite in
-# fp16, and 81 blocks are small enough (absmax below 7.7e-4) for their smallest codes to come out
-# subnormal; the simulator's small heavy case (31 x 67) reaches neither end. `cvt.rn.f16x2.f32`
+# ends. On a GPU the heavy case has the full 16384 x 16384 shape, enough for both ends: a few of its
+# weights overflow to infinity in fp16, and some blocks are small enough for their smallest codes to
+# come out subnormal; the simulator's small heavy case (31 x 67) is too small to reach them. `cvt.rn.f16x2.f32`
 # rounds to nearest even, overflows to infinity and produces subnormals exactly as torch's
 # conversion does: bit-exact here means the same infinities and subnormals too
 # (`tools/gpu_exactness.py` also checks the conversions alone, over 2^24 random float32 bit
