@@ -18,6 +18,7 @@ and copies of both under $OUT when that variable is set. Kernel records are name
     python lab/bench_gemv.py                      # everything, within --budget-s (default 170 s)
     python lab/bench_gemv.py --shapes 4096x14336 --dtypes bf16 --ms 1 --no-save
     python lab/bench_gemv.py --variants TC 'TC B3 D1'   # only these variants
+    python lab/bench_gemv.py --variants TC 'TC PP' --no-save   # the two-buffer step loop beside the shipped kernel
 
 Variants after the first are timed on --variant-dtypes only (default bf16), to keep the run short:
 each variant is a separate compile (a few seconds each).
@@ -71,6 +72,9 @@ def variant_launches(mod, names=None, policies=None) -> dict:
             for dd in (1, 2, 3):
                 out[f"TC B{bps} D{dd}"] = (lambda g, b=bps, dd=dd: gemv_mma.launch(g, blocks_per_sm=b, D=dd))
         out["TC B2 D1 carve"] = (lambda g: gemv_mma.launch(g, carveout=True))
+        from lab import gemv_pp
+
+        out["TC PP"] = gemv_pp.launch   # the step loop over two fixed buffers (lab/gemv_pp.py)
         missing = [n for n in names if n not in out]
         if missing:
             raise SystemExit(f"unknown variants {missing}; known: {list(out)}")

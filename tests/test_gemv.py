@@ -199,6 +199,27 @@ def test_lab_tensor_core_knobs_default_to_the_shipped_kernel():
         assert nf4lab.measure.ptx.count(ours, r"^mma\.sync") == 16
 
 
+@pytest.mark.parametrize("case", [CASES[i] for i in (0, 1, 5, 6, 8, 10)], ids=lambda c: f"{c[0]}x{c[1]}-{c[2]}-M{c[3]}")
+def test_lab_pingpong_variant_gives_the_shipped_bits(case):
+    """lab/gemv_pp.py (the step loop over two fixed buffers instead of a moved ring) computes the same products
+    and sums in the same order as the shipped kernel, so its output must be the same bits: including a block
+    that does three tiles (grid 1: the slot parity carries across tiles), plain statistics and K = 2048 + 64."""
+    import sys
+
+    sys.path.insert(0, str(ROOT))
+    from lab import gemv_pp
+
+    N, K, dtype, M, grid, opts = case
+    gc, g = _case_buffers(N, K, dtype, M=M, **opts)
+    g.grid = grid
+    gemv.launch(g)
+    shipped = g.result().copy()
+    g.y.copy_to_device(np.full(M * N, 0x7FBF, np.uint16))
+    gemv_pp.launch(g)
+    assert np.array_equal(g.result(), shipped)
+    assert gemv.check(g.result(), gc, rounded_table=True).ok
+
+
 def test_tensor_core_tolerance_is_needed_and_explained():
     """The table rounding is real (the fp32-table tolerance fails on a heavy-tailed case) and is all there is:
     against a float64 reference built from the bf16-rounded table the error is output rounding only."""

@@ -1,0 +1,240 @@
+"""The tensor-core GEMV with its step loop unrolled over two buffers ("PP"), a lab variant for issue
+"Decode GEMV at the read bound". Not measured yet: time it with ``python lab/bench_gemv.py --variants TC "TC PP"``.
+
+Why. In the shipped kernel (nf4lab.kernels.gemv, D = 1) each warp keeps two steps of weights in ``buf``: at the
+top of each trip ``buf[0:24] = buf[24:48]`` moves the step fetched one trip ago into place, then ``fetch`` refills
+``buf[24:48]``. The sm_90 SASS (ptxas 13.5, M = 1 bf16: 115 registers) shows the cost: 24 ``IMAD.MOV.U32``
+reading the registers the last trip's ``LDG.E.NA.128`` wrote, so the warp stalls there until that step's bytes
+have arrived, and only then issues the next step's loads (they overwrite the moved-from registers). At the wait a
+warp has no load of its own in flight but the one it waits for. A deeper ring (D = 2, 3) cannot help: its moves
+read the newest loads too (lab/README: D2, D3 lost 1-2 us). Here the two slots keep fixed registers: a trip
+computes step c from one slot and then refills that slot with step c + 2W, so while it waits on step c + W (the
+other slot) the loads of c + 2W are already out. No moves (24 fewer instructions per 4096 weights), the same
+registers, the same results bit for bit (same products, same order of sums).
+
+Everything but the loop is gemv.make_kernel's, copied (tests/test_gemv.py's lab test checks both kernels agree).
+"""
+from __future__ import annotations
+
+import nf4lab  # noqa: F401  (first: decides GPU or simulator)
+from numba import cuda, float32, uint32, uint64  # noqa: E402  (module globals: the simulator swaps them in kernels)
+
+from nf4lab import runtime
+from nf4lab.kernels import gemv, ops
+from nf4lab.kernels.gemv import LUT, THREADS, W, code2_word, spare
+from nf4lab.kernels.warp_ops import (_lookup_at, f32_from_bits, load_stream_u32x4, lookup, mma_bf16, mma_f16,
+                                     prmt, shfl_xor_sync)
+
+
+def make_kernel(is_bf16, M, base, nested=True, min_blocks=gemv.BLOCKS_PER_SM):
+    """gemv.make_kernel at D = 1 with the step loop unrolled over two buffers (see the module docstring)."""
+    NT = (M + 1) // 2                 # n-tiles of 8 columns: 2 batch rows x 4 blocks each
+    NACC, NCF = 2 * NT, 4 * NT
+    WIDE = M > 1                      # where a lane's two 16-byte pieces lie (see fetch)
+    FB = 24                           # per step: 16 code words (2 rows x 32 bytes), 4 absmax codes, 4 absmax2
+    NB = 2 * FB                       # two buffers: slot 0 at 0, slot 1 at FB
+    mma = mma_bf16 if is_bf16 else mma_f16
+    if runtime.SIMULATOR:
+        look = lookup
+    else:
+        lds = _lookup_at(base)
+
+        @cuda.jit(device=True, inline="always")
+        def look(tab, off):  # the table argument is for the simulator's twin
+            return lds(off)
+
+    @cuda.jit(device=True, inline="always")
+    def half_bits(v):
+        return uint32(ops.to_bf16_bits(v)) if is_bf16 else uint32(ops.to_f16_bits(v))
+
+    @cuda.jit(device=True, inline="always")
+    def put(buf, i, packed_u32, w):
+        buf[i], buf[i + 1], buf[i + 2], buf[i + 3] = load_stream_u32x4(packed_u32, uint64(w))
+
+    @cuda.jit(device=True, inline="always")
+    def fetch(buf, o, packed_u32, absmax_q, absmax2, t, c, g, q, n, kw, tiles, steps, ash):
+        """Step c (256 columns) of row tile t into buf[o:o+24]: lane q's two 16-byte pieces of rows g and g + 8
+        and the statistics of the blocks its C columns hold (2 (q & 1), +1). Clamped: past the end it re-reads
+        valid bytes, never used. One row of x: the pieces are adjacent, columns 64q.. of the step (block q). A
+        batch: columns 32q.. and 128 + 32q.. (blocks q // 2 and 2 + q // 2), so that the 4 lanes of a row read 64
+        contiguous bytes per load, whole 32-byte sectors (M = 8: 2-5 us less; M = 1: 1 us more, H100)."""
+        tt = min(t, uint32(tiles - uint32(1)))
+        cc = min(c, uint32(steps - uint32(1)))
+        r0 = min(uint32(tt * uint32(16) + g), uint32(n - uint32(1)))
+        r1 = min(uint32(tt * uint32(16) + g + uint32(8)), uint32(n - uint32(1)))
+        if WIDE:
+            wq0 = min(uint32(cc * uint32(32) + uint32(4) * q), uint32(kw - uint32(4)))
+            wq1 = min(uint32(cc * uint32(32) + uint32(16) + uint32(4) * q), uint32(kw - uint32(4)))
+            put(buf, o, packed_u32, r0 * kw + wq0)
+            put(buf, o + 4, packed_u32, r0 * kw + wq1)
+            put(buf, o + 8, packed_u32, r1 * kw + wq0)
+            put(buf, o + 12, packed_u32, r1 * kw + wq1)
+        else:
+            wq = min(uint32(cc * uint32(32) + uint32(8) * q), uint32(kw - uint32(8)))   # lane q's first word
+            w0 = uint32(r0 * kw + wq)
+            w1 = uint32(r1 * kw + wq)
+            put(buf, o, packed_u32, w0)
+            put(buf, o + 4, packed_u32, w0 + uint32(4))
+            put(buf, o + 8, packed_u32, w1)
+            put(buf, o + 12, packed_u32, w1 + uint32(4))
+        if (q >> uint32(1)) < uint32(M):
+            wb = cc * uint32(32) + uint32(16) * (q & uint32(1))
+            for i in range(4):
+                r = r0 if i < 2 else r1
+                blk = uint32(r * kw + min(uint32(wb + uint32(8 * (i % 2))), uint32(kw - uint32(8)))) >> ash
+                if nested:
+                    buf[o + 16 + i] = uint32(absmax_q[blk])
+                    buf[o + 20 + i] = ops.float_bits(absmax2[blk >> uint32(8)])
+                else:
+                    buf[o + 20 + i] = ops.float_bits(absmax2[blk])
+
+    @cuda.jit(device=True, inline="always")
+    def step(buf, o, c, steps, sm, x_u32, acc, cf, s, A, xr, g, q, lane4, k, kx, offset):
+        """Step c of the current tile from buf[o:o + FB]: lookups, mmas, scales into acc."""
+        if c < steps:
+            for i in range(NCF):
+                cf[i] = float32(0.0)
+            xcol = uint32(c * uint32(256) + uint32(64) * q)   # lane q's 64 columns: block q of the step
+            for h in range(2):                 # the lane's two 16-byte pieces, 8 mmas each
+                if WIDE:                       # piece h: 32 columns at 128 h + 32 q, block 2 h + q // 2
+                    xcol = uint32(c * uint32(256) + uint32(128 * h) + uint32(32) * q)
+                    blk = uint32(2 * h) + (q >> uint32(1))
+                else:
+                    blk = q
+                for i in range(8):
+                    wa = buf[o + 4 * h + (i >> 1)]
+                    wb = buf[o + 8 + 4 * h + (i >> 1)]
+                    sel0 = uint32(0x5504 | ((2 * (i & 1)) << 4))
+                    sel1 = uint32(0x5504 | ((2 * (i & 1) + 1) << 4))
+                    A[4 * i] = look(sm, prmt(wa, lane4, sel0))
+                    A[4 * i + 1] = look(sm, prmt(wb, lane4, sel0))
+                    A[4 * i + 2] = look(sm, prmt(wa, lane4, sel1))
+                    A[4 * i + 3] = look(sm, prmt(wb, lane4, sel1))
+                for nt in range(NT):
+                    # B: lane (g, q) holds column g = 4 mm + b: x of batch row 2 nt + mm where b is its block
+                    m = uint32(2 * nt) + (g >> uint32(2))
+                    if (blk if WIDE else q) == (g & uint32(3)) and m < uint32(M) and xcol < k:
+                        xi = uint64(m * kx + (xcol >> uint32(1)) + uint32(0 if WIDE else 16 * h))
+                        for j in range(4):
+                            xr[4 * j], xr[4 * j + 1], xr[4 * j + 2], xr[4 * j + 3] = \
+                                ops.load_u32x4(x_u32, xi + uint64(4 * j))
+                    else:
+                        for j in range(16):
+                            xr[j] = uint32(0)
+                    for i in range(8):
+                        cf[4 * nt], cf[4 * nt + 1], cf[4 * nt + 2], cf[4 * nt + 3] = mma(
+                            A[4 * i], A[4 * i + 1], A[4 * i + 2], A[4 * i + 3], xr[2 * i], xr[2 * i + 1],
+                            cf[4 * nt], cf[4 * nt + 1], cf[4 * nt + 2], cf[4 * nt + 3])
+            # lane q holds columns 2q, 2q+1: batch row 2 nt + q // 2, blocks 2 (q & 1), +1; rows g, g + 8
+            if (q >> uint32(1)) < uint32(M):
+                for i in range(4):
+                    if nested:
+                        s[i] = ops.fadd_rn(ops.fmul_rn(f32_from_bits(sm[code2_word(buf[o + 16 + i])]),
+                                                       f32_from_bits(buf[o + 20 + i])), offset)
+                    else:
+                        s[i] = f32_from_bits(buf[o + 20 + i])
+                for nt in range(NT):
+                    acc[2 * nt] += cf[4 * nt] * s[0] + cf[4 * nt + 1] * s[1]
+                    acc[2 * nt + 1] += cf[4 * nt + 2] * s[2] + cf[4 * nt + 3] * s[3]
+
+    @cuda.jit(launch_bounds=(THREADS, min_blocks))
+    def gemv_tc(packed_u32, absmax_q, absmax2, code2, lut, offset, x_u32, y, N, K, bs_shift):
+        sm = cuda.shared.array(0, uint32)
+        tid = uint32(cuda.threadIdx.x)
+        lane = tid & uint32(31)
+        warp = tid >> uint32(5)
+        g = lane >> uint32(2)
+        q = lane & uint32(3)
+        n = uint32(N)
+        k = uint32(K)
+        kw = k >> uint32(3)
+        kx = k >> uint32(1)
+        steps = (k + uint32(255)) >> uint32(8)
+        tiles = (n + uint32(15)) >> uint32(4)
+        ash = uint32(uint32(bs_shift) - uint32(3))
+        grid = uint32(cuda.gridDim.x)
+        buf = cuda.local.array(NB, uint32)
+        # the first two steps' loads go out before the table is built: slot 0 and slot 1
+        t = uint32(cuda.blockIdx.x)
+        c = warp
+        tp, cp = t, c
+        for d in range(2):
+            fetch(buf, FB * d, packed_u32, absmax_q, absmax2, tp, cp, g, q, n, kw, tiles, steps, ash)
+            cp = uint32(cp + uint32(W))
+            if cp >= steps:
+                cp = warp
+                tp = uint32(tp + grid)
+        if tid < uint32(16):
+            sm[uint32(LUT) + tid] = half_bits(lut[tid])
+        if nested:
+            sm[code2_word(tid)] = ops.float_bits(code2[tid])
+        cuda.syncthreads()
+        for j in range(32 * 256 // THREADS):    # the used half of each 256-byte row
+            i = uint32(tid + uint32(j * THREADS))
+            e = i >> uint32(5)
+            sm[(e << uint32(6)) | (i & uint32(31))] = sm[uint32(LUT) + (e >> uint32(4))] | (sm[uint32(LUT) + (e & uint32(15))] << uint32(16))
+        cuda.syncthreads()
+        lane4 = lane << uint32(2)
+        acc = cuda.local.array(NACC, float32)
+        cf = cuda.local.array(NCF, float32)
+        s = cuda.local.array(4, float32)
+        A = cuda.local.array(32, uint32)
+        xr = cuda.local.array(32, uint32)
+        parity = uint32(0)
+        slot = uint32(0)
+        while t < tiles:
+            for i in range(NACC):
+                acc[i] = float32(0.0)
+            while True:
+                if slot == uint32(0):           # two copies with fixed registers: no ring moves
+                    step(buf, 0, c, steps, sm, x_u32, acc, cf, s, A, xr, g, q, lane4, k, kx, offset)
+                    fetch(buf, 0, packed_u32, absmax_q, absmax2, tp, cp, g, q, n, kw, tiles, steps, ash)
+                else:
+                    step(buf, FB, c, steps, sm, x_u32, acc, cf, s, A, xr, g, q, lane4, k, kx, offset)
+                    fetch(buf, FB, packed_u32, absmax_q, absmax2, tp, cp, g, q, n, kw, tiles, steps, ash)
+                slot ^= uint32(1)
+                cp = uint32(cp + uint32(W))
+                if cp >= steps:
+                    cp = warp
+                    tp = uint32(tp + grid)
+                cn = uint32(c + uint32(W))
+                tn = t
+                if cn >= steps:
+                    cn = warp
+                    tn = uint32(t + grid)
+                c = cn
+                if tn != t:
+                    break
+            # the warps' partial sums of this tile meet in shared memory (lanes q, q ^ 1 hold the same batch row)
+            base = uint32(parity * uint32(W * 16 * M) + warp * uint32(16 * M))
+            for nt in range(NT):
+                a0 = acc[2 * nt] + shfl_xor_sync(0xFFFFFFFF, acc[2 * nt], 1)
+                a1 = acc[2 * nt + 1] + shfl_xor_sync(0xFFFFFFFF, acc[2 * nt + 1], 1)
+                m = uint32(2 * nt) + (q >> uint32(1))
+                if m < uint32(M) and (q & uint32(1)) == uint32(0):
+                    sm[spare(base + m * uint32(16) + g)] = ops.float_bits(a0)
+                    sm[spare(base + m * uint32(16) + g + uint32(8))] = ops.float_bits(a1)
+            cuda.syncthreads()
+            if tid < uint32(16 * M):
+                first = uint32(parity * uint32(W * 16 * M) + tid)
+                v = float32(0.0)
+                for w in range(W):
+                    v += f32_from_bits(sm[spare(first + uint32(w * 16 * M))])
+                row = uint32(t * uint32(16) + (tid & uint32(15)))
+                if row < n:
+                    y[uint32((tid >> uint32(4)) * n + row)] = half_bits(v)
+            parity ^= uint32(1)
+            t = tn
+
+    gemv_tc.__name__ = "gemv_tc_pp"  # (numba names the kernel from the function)
+    return gemv_tc
+
+
+def launch(g, blocks_per_sm=gemv.BLOCKS_PER_SM):
+    """Run the PP kernel on GemvBuffers ``g`` (as gemv.launch, with the shipped grid)."""
+    gemv.validate(g)
+    args = (g.packed_u32, g.absmax_q, g.absmax2, g.code2, g.lut, g.offset, g.x_u32, g.y, g.N, g.K, g.bs_shift)
+    base = gemv.probe_base() if runtime.ON_GPU else 0
+    kern = gemv.prepare(make_kernel(g.dtype == "bf16", g.M, base, g.nested, blocks_per_sm), args)
+    grid = g.grid or min(-(-g.N // 16), blocks_per_sm * gemv.sms())
+    kern[grid, THREADS, g.stream, gemv.SMEM](*args)
