@@ -121,6 +121,9 @@ def _py_bar_sync(barrier, nthreads):
 
 if runtime.SIMULATOR:
     f16_to_f32, lds_pair, bar_sync, shfl_down_sync = _py_f16_to_f32, _py_lds_pair, _py_bar_sync, _py_shfl_down_sync
+    for _f, _name in ((f16_to_f32, "f16_to_f32"), (lds_pair, "lds_pair"), (bar_sync, "bar_sync"),
+                      (shfl_down_sync, "shfl_down_sync")):
+        _f.__name__ = _f.__qualname__ = _name   # pickled by name for the PTX subprocess: see prmt below
 else:
     f16_to_f32, lds_pair, bar_sync = _build_ffma_ops()
     shfl_down_sync = cuda.shfl_down_sync
