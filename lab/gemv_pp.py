@@ -16,7 +16,11 @@ Everything but the loop is gemv.make_kernel's, copied (tests/test_gemv.py's lab 
 """
 from __future__ import annotations
 
-import nf4lab  # noqa: F401  (first: decides GPU or simulator)
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+import nf4lab  # noqa: E402,F401  (first: decides GPU or simulator)
 from numba import cuda, float32, uint32, uint64  # noqa: E402  (module globals: the simulator swaps them in kernels)
 
 from nf4lab import runtime
@@ -238,3 +242,26 @@ def launch(g, blocks_per_sm=gemv.BLOCKS_PER_SM):
     kern = gemv.prepare(make_kernel(g.dtype == "bf16", g.M, base, g.nested, blocks_per_sm), args)
     grid = g.grid or min(-(-g.N // 16), blocks_per_sm * gemv.sms())
     kern[grid, THREADS, g.stream, gemv.SMEM](*args)
+
+
+def main() -> int:
+    """Offline, no GPU: registers, spills and SASS instructions per weight of the hottest loop, PP beside the
+    shipped kernel, for sm_90 (ptxas + cuobjdump, as lab/sass_gemv.py). The PP loop holds two steps."""
+    from lab import gemv_reports
+
+    for dtype in ("bf16", "fp16"):
+        for M in (1, 8):
+            for label, kern, steps in (("shipped", gemv.make_kernel(dtype == "bf16", M, 0x400), 1),
+                                       ("PP", make_kernel(dtype == "bf16", M, 0x400), 2)):
+                r = gemv_reports.sass_report(kern, gemv.signature(), 128 * steps, f"gemv_{label}_{dtype}_M{M}")
+                moves = sum(v for k, v in r["opcodes"].items() if "MOV" in k)
+                print(f"{label:>7} {dtype} M={M}: {r['registers']} registers, {r['spill_bytes']} B spilled; hottest loop "
+                      f"{r['loop_instructions']} SASS instructions for {steps} step(s) = {r['per_weight']:.2f} per "
+                      f"weight, {moves} moves")
+    return 0
+
+
+if __name__ == "__main__":
+    import sys
+
+    sys.exit(main())
