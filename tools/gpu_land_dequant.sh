@@ -10,8 +10,9 @@
 # Each call packs the results and notebooks it wrote into $OUT/TAG.tgz. Back here: unpack it; on a GPU
 # other than the one the committed notebooks ran on, move notebooks/0[678]_*.ipynb to data/executed/<gpu>/
 # and restore notebooks/ from git; then python tools/readme_results.py.
-# Landing lab/hc_wall.patch (code2 in shared memory, every load first, 256 x 2) is: git apply it, run
-# the four calls on the H100 and on the H200, read 06-08 against both outputs, commit.
+# Landing lab/hc_wall.patch (code2 in shared memory, every load first, 256 x 2) is: git apply it, rebuild 06
+# (python tools/build_notebooks.py 06_output_dtypes: the patch changes the source, and these calls execute the
+# built notebooks), run the four calls on the H100 and on the H200, read 06-08 against both outputs, commit.
 set -uo pipefail
 part=$1; tag=$2
 case $part in a|b|c|t) ;; *) echo "usage: bash tools/gpu_land_dequant.sh a|t|b|c TAG" >&2; exit 2 ;; esac
