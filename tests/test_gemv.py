@@ -199,12 +199,12 @@ def test_lab_tensor_core_knobs_default_to_the_shipped_kernel():
         assert nf4lab.measure.ptx.count(ours, r"^mma\.sync") == 16
 
 
-@pytest.mark.parametrize("case", [CASES[i] for i in (0, 5, 6, 8, 10)], ids=lambda c: f"{c[0]}x{c[1]}-{c[2]}-M{c[3]}")
+@pytest.mark.parametrize("case", [CASES[i] for i in (5, 8, 10)], ids=lambda c: f"{c[0]}x{c[1]}-{c[2]}-M{c[3]}")
 def test_lab_pingpong_variant_gives_the_shipped_bits(case):
     """lab/gemv_pp.py (the step loop over two fixed buffers instead of a moved ring) computes the same products
     and sums in the same order as the shipped kernel, so its output must be the same bits: including a block
-    that does three tiles (grid 1: the slot parity carries across tiles), plain statistics, a batch, and K = 2048 + 64
-    (9 steps for 8 warps: one warp does two steps a tile, the others one)."""
+    that does three tiles (grid 1: the slot parity carries across tiles; all 16 codes), a batch of 2 over three
+    tiles, and K = 2048 + 64 (9 steps for 8 warps: one warp does two steps a tile, the others one)."""
     import sys
 
     sys.path.insert(0, str(ROOT))
