@@ -83,7 +83,8 @@ def test_compileable_mark_is_one_object_and_uninstall_removes_it():
 
     q, other = (tq.Bnb4BitHfQuantizer(BitsAndBytesConfig(load_in_4bit=True)) for _ in range(2))
     model = type("M", (), {"hf_quantizer": q})()
-    assert nf4lab.compile_for_decode(model) is model and q.is_compileable is False  # no GPU: unchanged
+    # install() takes over bitsandbytes' CUDA ops only where a GPU is: without one the quantizer stays as it was
+    assert nf4lab.compile_for_decode(model) is model and q.is_compileable is runtime.ON_GPU
     bnb_backend._mark_compileable(q)
     bnb_backend._mark_compileable(q)  # twice: one subclass, not two
     assert q.is_compileable is True and isinstance(q, tq.Bnb4BitHfQuantizer)
