@@ -12,7 +12,8 @@ computes step c from one slot and then refills that slot with step c + 2W, so wh
 other slot) the loads of c + 2W are already out. No moves (24 fewer instructions per 4096 weights), the same
 registers, the same results bit for bit (same products, same order of sums).
 
-Everything but the loop is gemv.make_kernel's, copied (tests/test_gemv.py's lab test checks both kernels agree).
+The step's loads and lookups are gemv.step_ops, shared with the shipped kernel; the loop and the step's compute
+are gemv.make_kernel's, rearranged (tests/test_gemv.py checks both kernels give the same bits).
 """
 from __future__ import annotations
 
@@ -25,72 +26,18 @@ from numba import cuda, float32, uint32, uint64  # noqa: E402  (module globals: 
 
 from nf4lab import runtime
 from nf4lab.kernels import gemv, ops
-from nf4lab.kernels.gemv import LUT, THREADS, W, code2_word, spare
-from nf4lab.kernels.warp_ops import (_lookup_at, f32_from_bits, load_stream_u32x4, lookup, mma_bf16, mma_f16,
-                                     prmt, shfl_xor_sync)
+from nf4lab.kernels.gemv import FB, LUT, THREADS, W, code2_word, spare
+from nf4lab.kernels.warp_ops import f32_from_bits, mma_bf16, mma_f16, prmt, shfl_xor_sync
 
 
 def make_kernel(is_bf16, M, base, nested=True, min_blocks=gemv.BLOCKS_PER_SM):
     """gemv.make_kernel at D = 1 with the step loop unrolled over two buffers (see the module docstring)."""
     NT = (M + 1) // 2                 # n-tiles of 8 columns: 2 batch rows x 4 blocks each
     NACC, NCF = 2 * NT, 4 * NT
-    WIDE = M > 1                      # where a lane's two 16-byte pieces lie (see fetch)
-    FB = 24                           # per step: 16 code words (2 rows x 32 bytes), 4 absmax codes, 4 absmax2
+    WIDE = M > 1                      # where a lane's two 16-byte pieces lie (see gemv.step_ops)
     NB = 2 * FB                       # two buffers: slot 0 at 0, slot 1 at FB
     mma = mma_bf16 if is_bf16 else mma_f16
-    if runtime.SIMULATOR:
-        look = lookup
-    else:
-        lds = _lookup_at(base)
-
-        @cuda.jit(device=True, inline="always")
-        def look(tab, off):  # the table argument is for the simulator's twin
-            return lds(off)
-
-    @cuda.jit(device=True, inline="always")
-    def half_bits(v):
-        return uint32(ops.to_bf16_bits(v)) if is_bf16 else uint32(ops.to_f16_bits(v))
-
-    @cuda.jit(device=True, inline="always")
-    def put(buf, i, packed_u32, w):
-        buf[i], buf[i + 1], buf[i + 2], buf[i + 3] = load_stream_u32x4(packed_u32, uint64(w))
-
-    @cuda.jit(device=True, inline="always")
-    def fetch(buf, o, packed_u32, absmax_q, absmax2, t, c, g, q, n, kw, tiles, steps, ash):
-        """Step c (256 columns) of row tile t into buf[o:o+24]: lane q's two 16-byte pieces of rows g and g + 8
-        and the statistics of the blocks its C columns hold (2 (q & 1), +1). Clamped: past the end it re-reads
-        valid bytes, never used. One row of x: the pieces are adjacent, columns 64q.. of the step (block q). A
-        batch: columns 32q.. and 128 + 32q.. (blocks q // 2 and 2 + q // 2), so that the 4 lanes of a row read 64
-        contiguous bytes per load, whole 32-byte sectors (M = 8: 2-5 us less; M = 1: 1 us more, H100)."""
-        tt = min(t, uint32(tiles - uint32(1)))
-        cc = min(c, uint32(steps - uint32(1)))
-        r0 = min(uint32(tt * uint32(16) + g), uint32(n - uint32(1)))
-        r1 = min(uint32(tt * uint32(16) + g + uint32(8)), uint32(n - uint32(1)))
-        if WIDE:
-            wq0 = min(uint32(cc * uint32(32) + uint32(4) * q), uint32(kw - uint32(4)))
-            wq1 = min(uint32(cc * uint32(32) + uint32(16) + uint32(4) * q), uint32(kw - uint32(4)))
-            put(buf, o, packed_u32, r0 * kw + wq0)
-            put(buf, o + 4, packed_u32, r0 * kw + wq1)
-            put(buf, o + 8, packed_u32, r1 * kw + wq0)
-            put(buf, o + 12, packed_u32, r1 * kw + wq1)
-        else:
-            wq = min(uint32(cc * uint32(32) + uint32(8) * q), uint32(kw - uint32(8)))   # lane q's first word
-            w0 = uint32(r0 * kw + wq)
-            w1 = uint32(r1 * kw + wq)
-            put(buf, o, packed_u32, w0)
-            put(buf, o + 4, packed_u32, w0 + uint32(4))
-            put(buf, o + 8, packed_u32, w1)
-            put(buf, o + 12, packed_u32, w1 + uint32(4))
-        if (q >> uint32(1)) < uint32(M):
-            wb = cc * uint32(32) + uint32(16) * (q & uint32(1))
-            for i in range(4):
-                r = r0 if i < 2 else r1
-                blk = uint32(r * kw + min(uint32(wb + uint32(8 * (i % 2))), uint32(kw - uint32(8)))) >> ash
-                if nested:
-                    buf[o + 16 + i] = uint32(absmax_q[blk])
-                    buf[o + 20 + i] = ops.float_bits(absmax2[blk >> uint32(8)])
-                else:
-                    buf[o + 20 + i] = ops.float_bits(absmax2[blk])
+    look, half_bits, fetch = gemv.step_ops(is_bf16, M, base, nested)
 
     @cuda.jit(device=True, inline="always")
     def step(buf, o, c, steps, sm, x_u32, acc, cf, s, A, xr, g, q, lane4, k, kx, offset):

@@ -13,7 +13,7 @@ rows' unused halves (``spare``).
 
 - ``launch(g)``: the entry point (``validate(g)`` first), on ``g.stream``; ``g`` a :class:`GemvBuffers`
   (``make_gemv_buffers``, ``buffers_from_torch``); ``launch_torch`` for the torch ops.
-- ``make_kernel`` / ``kernel(dtype, M, nested)``, ``grid_size``, ``prepare``.
+- ``make_kernel`` / ``kernel(dtype, M, nested)`` (``step_ops``: its per-step loads and lookups), ``grid_size``, ``prepare``.
 Its float64 reference and checks are in :mod:`nf4lab.lesson.gemv_check`, its benchmark beside bitsandbytes
 in :mod:`nf4lab.measure.gemv_bench`; both are reachable here (``gemv.check``, ``gemv.benchmark``). The
 designs that lost (an FFMA family, rings, chains) and their tools are in ``lab/``.
@@ -58,19 +58,15 @@ def spare(i):
 
 
 # ---------------------------------------------------------------- the kernel
+FB = 24                             # words per step in a lane's buffer: 16 code words (2 rows x 32 bytes),
+                                    # 4 absmax codes, 4 absmax2
+
+
 @functools.cache
-def make_kernel(is_bf16, M, base, nested=True, D=1, min_blocks=BLOCKS_PER_SM):
-    """The kernel for one activation dtype, batch M (1..8) and table base (``probe_base()``). ``nested``: the
-    scales are bitsandbytes' nested statistics (code2[absmax_q[b]] * absmax2[b // 256] + offset); else
-    ``absmax2`` holds one float32 absmax per block and ``absmax_q``, ``code2`` and ``offset`` are unused.
-    ``D`` (steps whose loads are in flight ahead of the one computed) and ``min_blocks`` (the launch bounds'
-    blocks per SM) are the lab's knobs (lab/gemv_mma.py); the defaults are what measured fastest."""
-    NT = (M + 1) // 2                 # n-tiles of 8 columns: 2 batch rows x 4 blocks each
-    NACC, NCF = 2 * NT, 4 * NT
+def step_ops(is_bf16, M, base, nested=True):
+    """(look, half_bits, fetch): the device helpers of one kernel variant: the table lookup at ``base``, the
+    output conversion and the loads of one step into a lane's buffer. make_kernel and lab/gemv_pp.py share them."""
     WIDE = M > 1                      # where a lane's two 16-byte pieces lie (see fetch)
-    FB = 24                           # per step: 16 code words (2 rows x 32 bytes), 4 absmax codes, 4 absmax2
-    NB = FB * (D + 1)
-    mma = mma_bf16 if is_bf16 else mma_f16
     if runtime.SIMULATOR:
         look = lookup
     else:
@@ -124,6 +120,23 @@ def make_kernel(is_bf16, M, base, nested=True, D=1, min_blocks=BLOCKS_PER_SM):
                     buf[o + 20 + i] = ops.float_bits(absmax2[blk >> uint32(8)])
                 else:
                     buf[o + 20 + i] = ops.float_bits(absmax2[blk])
+
+    return look, half_bits, fetch
+
+
+@functools.cache
+def make_kernel(is_bf16, M, base, nested=True, D=1, min_blocks=BLOCKS_PER_SM):
+    """The kernel for one activation dtype, batch M (1..8) and table base (``probe_base()``). ``nested``: the
+    scales are bitsandbytes' nested statistics (code2[absmax_q[b]] * absmax2[b // 256] + offset); else
+    ``absmax2`` holds one float32 absmax per block and ``absmax_q``, ``code2`` and ``offset`` are unused.
+    ``D`` (steps whose loads are in flight ahead of the one computed) and ``min_blocks`` (the launch bounds'
+    blocks per SM) are the lab's knobs (lab/gemv_mma.py); the defaults are what measured fastest."""
+    NT = (M + 1) // 2                 # n-tiles of 8 columns: 2 batch rows x 4 blocks each
+    NACC, NCF = 2 * NT, 4 * NT
+    WIDE = M > 1                      # where a lane's two 16-byte pieces lie (see fetch)
+    NB = FB * (D + 1)
+    mma = mma_bf16 if is_bf16 else mma_f16
+    look, half_bits, fetch = step_ops(is_bf16, M, base, nested)
 
     @cuda.jit(launch_bounds=(THREADS, min_blocks))
     def gemv_tc(packed_u32, absmax_q, absmax2, code2, lut, offset, x_u32, y, N, K, bs_shift):
