@@ -7,15 +7,15 @@
 #   bash tools/gpu_land_dequant.sh t TAG   # the GPU tests, native and NF4LAB_ARCH=sm_75 (NF4LAB_MODE=gpu)
 #   bash tools/gpu_land_dequant.sh b TAG   # notebook 06 under NF4LAB_ARCH=sm_75 (its T4-path record), then natively
 #   bash tools/gpu_land_dequant.sh c TAG   # notebooks 07 and 08, executed in place
+#   bash tools/gpu_land_dequant.sh e TAG   # notebooks 03 and 09 (their printed conclusions), executed in place
 # Each call packs the results and notebooks it wrote into $OUT/TAG.tgz. Back here: unpack it; on a GPU
 # other than the one the committed notebooks ran on, move notebooks/0[678]_*.ipynb to data/executed/<gpu>/
 # and restore notebooks/ from git; then python tools/readme_results.py.
-# Landing lab/hc_wall.patch (code2 in shared memory, every load first, 256 x 2) is: git apply it, rebuild 06
-# (python tools/build_notebooks.py 06_output_dtypes: the patch changes the source, and these calls execute the
-# built notebooks), run the four calls on the H100 and on the H200, read 06-08 against both outputs, commit.
+# A change to notebook 06's kernel or nf4lab.dequantize's: rebuild 06 (python tools/build_notebooks.py
+# 06_output_dtypes), run these calls on every GPU, read 06-08 against each GPU's outputs, commit.
 set -uo pipefail
 part=$1; tag=$2
-case $part in a|b|c|t) ;; *) echo "usage: bash tools/gpu_land_dequant.sh a|t|b|c TAG" >&2; exit 2 ;; esac
+case $part in a|b|c|t|e) ;; *) echo "usage: bash tools/gpu_land_dequant.sh a|t|b|c|e TAG" >&2; exit 2 ;; esac
 if [ "$part" = a ]; then
   exec bash tools/gpu_check.sh "$tag" exact shapes
 elif [ "$part" = t ]; then
@@ -25,17 +25,20 @@ source tools/gpu_env.sh
 python3 -m ipykernel install --user --name python3 >/dev/null 2>&1 || true
 log="$OUT/$tag.log"
 gpu_versions | tee -a "$log"
-pack() { tar czf "$OUT/$tag.tgz" notebooks/0[678]_*.ipynb $(find data/results -type f -newer "$stamp"); }
+# Only what this call wrote: the checkout arrives fresh each call, so an unexecuted notebook must not come back.
+pack() { tar czf "$OUT/$tag.tgz" $(find notebooks -maxdepth 1 -name "*.ipynb" -newer "$stamp") $(find data/results -type f -newer "$stamp"); }
 # The T4 paths first: 06 writes its sm_75 record (sm_75_06_output_dtypes.json), which the native run of 06
 # then prints beside its own; the native run overwrites the executed notebook.
 if [ "$part" = b ]; then
   NF4LAB_ARCH=sm_75 timeout 280 python3 -m nf4lab notebooks --only 06 --no-solutions --inplace --no-plot 2>&1 | tee -a "$log"
   pack
   set -- 06
+elif [ "$part" = e ]; then
+  set -- 03 09
 else
   set -- 07 08
 fi
 for p in "$@"; do
-  timeout 330 python3 -m nf4lab notebooks --only "$p" --no-solutions --inplace --no-plot 2>&1 | tee -a "$log"
+  timeout 300 python3 -m nf4lab notebooks --only "$p" --no-solutions --inplace --no-plot 2>&1 | tee -a "$log"
   pack
 done

@@ -52,10 +52,11 @@ from ..lesson.reference import FP4_LUT_CUDA, LUTS_CUDA  # noqa: F401  (re-export
 # kernel's globals for its fake module, and would miss a closure variable.
 from numba import cuda  # noqa: E402
 
-# One launch shape for every GPU: 128 threads x 2 units per thread. On the H200, 512-thread
-# blocks left the kernel at 89% of copy and 128 reached the traffic-matched bound; on the H100 the
-# two are equal (tools/launch_shapes.py, data/results/<gpu>/launch_shapes.json, per GPU).
-THREADS = 128
+# One launch shape for every GPU: 256 threads x 2 units per thread. On the H200, 512-thread
+# blocks left the kernel at 89% of copy; with every global load before the barrier (below), 256 x 2
+# reached 98.3-99.1% of the traffic-matched bound at 4096x14336, 16384^2 and 8192x28672 on the H100
+# and the H200 (lab/wall_small_shapes.py --focus; tools/launch_shapes.py checks the shipped shape).
+THREADS = 256
 # Units (16 output bytes each) per thread, at stride THREADS. A compile-time constant: the
 # loops below are unrolled. Change the shape here only.
 WORDS_PER_THREAD = 2
@@ -106,19 +107,36 @@ def _build(dtype: str, nested: bool, path: str):
         # output, half a word (4 weights) for fp32, so that every warp store instruction covers
         # 512 contiguous bytes (two 16-byte stores per lane, 32 bytes apart, would leave holes).
         ushift = np.uint64(2 if wide else 3)
+        c2n = -(-256 // threads)   # code2 entries each thread copies into shared memory (nested)
 
         def kernel(packed, packed_u32, stats, absmax2, code2, offset, lut, out, out_u32, n, bshift, gshift):
+            # Every global load of the block goes out first (words, statistics, the two small
+            # tables), then one barrier, then the stores: a block waits on DRAM once. Reading
+            # code2[absmax_q] from global memory after the data had arrived was a second dependent
+            # round trip before the first store (lab/wall_small_shapes.py).
             lut_s = cuda.shared.array(16, np.float32)
-            lut_load(lut, lut_s)
+            c2s = cuda.shared.array(256, np.float32)
+            tid = cuda.threadIdx.x
             off = offset[0]
             nunits = n >> ushift
             nwords = n >> np.uint64(3)
-            base = np.uint64(cuda.blockIdx.x) * np.uint64(threads * wpt) + np.uint64(cuda.threadIdx.x)
+            base = np.uint64(cuda.blockIdx.x) * np.uint64(threads * wpt) + np.uint64(tid)
             words = cuda.local.array(wpt, np.uint32)
-            for k in range(wpt):  # all loads first: wpt loads in flight per thread
+            qs = cuda.local.array(wpt, np.uint32)
+            gs = cuda.local.array(wpt, np.float32)
+            for k in range(wpt):  # all loads first: wpt units' loads in flight per thread
                 u = base + np.uint64(k * threads)
                 wi = (u << ushift) >> np.uint64(3)
                 words[k] = np.uint32(0)
+                qs[k] = np.uint32(0)
+                gs[k] = np.float32(0)
+                if u < nunits:
+                    blk = (u << ushift) >> bshift
+                    if nested:
+                        qs[k] = np.uint32(stats[blk])
+                        gs[k] = absmax2[blk >> gshift]
+                    else:
+                        gs[k] = stats[blk]
                 if wi < nwords:
                     words[k] = packed_u32[wi]
                 elif u < nunits:
@@ -126,11 +144,27 @@ def _build(dtype: str, nested: bool, path: str):
                     # user's tensor; read just its two bytes.
                     j = u << np.uint64(1)
                     words[k] = np.uint32(packed[j]) | (np.uint32(packed[j + np.uint64(1)]) << np.uint32(8))
+            entry = lut[tid & np.uint32(15)]
+            c2 = cuda.local.array(c2n, np.float32)
+            if nested:
+                for j in range(c2n):
+                    if tid + np.uint32(j * threads) < 256:
+                        c2[j] = code2[tid + np.uint32(j * threads)]
+            if tid < 16:
+                lut_s[tid] = entry
+            if nested:
+                for j in range(c2n):
+                    if tid + np.uint32(j * threads) < 256:
+                        c2s[tid + np.uint32(j * threads)] = c2[j]
+            cuda.syncthreads()
             for k in range(wpt):
                 u = base + np.uint64(k * threads)
                 first = u << ushift
                 if u < nunits:
-                    s = scale_of(stats, absmax2, code2, off, first >> bshift, gshift)
+                    if nested:
+                        s = fadd_rn(fmul_rn(c2s[qs[k]], gs[k]), off)
+                    else:
+                        s = gs[k]
                     # fp32: odd units take the upper two bytes of their word.
                     word = words[k] >> np.uint32((first & np.uint64(7)) << np.uint64(2))
                     b0 = word & np.uint32(0xFF)

@@ -88,18 +88,25 @@ if copy is None:
 #   instruction writes 512 contiguous bytes; each warp load reads 128 contiguous bytes (64 for
 #   fp32, where two lanes share a word). Step 04's shared-memory exchange is no longer needed: the
 #   16-byte load was what made it necessary.
-# * **All loads before any store.** The `UNITS` loads of a thread are issued back to back into
-#   registers (a local array that LLVM keeps in registers once the loop over `UNITS` is
-#   unrolled), so each thread has `UNITS` loads in flight before it waits for the first.
+# * **Every global load before the barrier.** A thread issues its `UNITS` word loads, the matching
+#   `absmax_q` and `absmax2` loads and its share of the two small tables back to back into
+#   registers (local arrays that LLVM keeps in registers once the loops over `UNITS` are
+#   unrolled). Then the tables go into shared memory, one barrier, and the stores. A block waits
+#   for memory once.
+# * **code2 in shared memory too.** The scale needs `code2[absmax_q[b]]`: a load whose address is
+#   known only when `absmax_q` has arrived. Read from global memory, that is a second round trip
+#   through the memory system before the first store, in every block. With the block's 256 threads
+#   copying `code2` (256 floats) alongside the data, the lookup becomes a shared-memory read after
+#   the barrier. The lab measured what each piece cost (`lab/wall_small_shapes.py`,
+#   `data/results/<gpu>/wall_small_shapes*.json`): the LUT prologue nearly nothing, the dependent
+#   `code2` load most of the gap to the bound at 4096 x 14336 on the H200.
 # * **The sizes come from measurements.** The tuning script (`lab/tune_best_kernel.py`) timed 1, 2, 4
 #   and 8 words per thread at 128 to 1024 threads, persistent grids, 16-byte loads with an
 #   exchange, streaming stores, L2 prefetch hints and TMA bulk stores on the H100
-#   (`data/results/NVIDIA_H100_80GB_HBM3/tuning_round*.json`). The block size is not neutral
-#   (recorded on the H200, `data/results/NVIDIA_H200/launch_shapes.json`: bf16 from 95% of copy
-#   at 128 threads x 2 units down to 83% at 1024 x 2), so `tools/launch_shapes.py` times this
-#   kernel at several shapes on the GPU it runs on; the one shape shipped for all, 128 threads x 2
-#   units, can be compared with that record (printed below when this GPU has one; the repository
-#   holds one for the H200 only).
+#   (`data/results/NVIDIA_H100_80GB_HBM3/tuning_round*.json`). The block size is not neutral, so
+#   `tools/launch_shapes.py` times this kernel at several launch shapes on the GPU it runs on
+#   (`data/results/<gpu>/launch_shapes.json`); the one shape shipped for all, 256 threads x 2 units,
+#   is printed beside them below when this GPU has a record.
 # * **Shared LUT** (step 05), filled once per block.
 # * **The scale once per unit** (once per word for bf16/fp16, twice for fp32; `fmul_rn`/`fadd_rn`,
 #   never an FMA), the block index a shift.
@@ -141,13 +148,14 @@ import numpy as np
 from numba import cuda, float32, uint32, uint64
 
 from nf4lab import ops
-from nf4lab.lesson import block_scale   # 01's scale, both operations rounded (never an FMA)
+from nf4lab.lesson import GROUP_SHIFT, block_scale   # 01's scale, both operations rounded (never an FMA)
 
-THREADS = 128          # threads per block: one shape for every GPU (tools/launch_shapes.py measures it)
+THREADS = 256          # threads per block: one shape for every GPU (tools/launch_shapes.py measures it)
 UNITS = 2              # units of 16 output bytes per thread, at stride THREADS
 # Typed constants: a bare Python int is int64, and uint32 >> int64 makes numba compute in 64 bits.
 NIB, BYTE, U4, U8_32, U16_32, U24_32 = uint32(15), uint32(255), uint32(4), uint32(8), uint32(16), uint32(24)
 U0, U1, U2, U3, U7 = uint64(0), uint64(1), uint64(2), uint64(3), uint64(7)
+GROUP = uint64(GROUP_SHIFT)   # log2 of the blocks that share one absmax2 (256)
 BF16, FP16, FP32 = 0, 1, 2
 OUT_KINDS = {"bf16": BF16, "fp16": FP16, "fp32": FP32}
 
@@ -163,6 +171,7 @@ def make_kernel(dtype):
     # A unit is what one 16-byte store holds: 8 weights of a 16-bit dtype (a whole packed word),
     # or 4 float32 weights (half a packed word). Unit u starts at weight u << SHIFT.
     SHIFT = uint64(2 if OUT == FP32 else 3)
+    C2N = -(-256 // THREADS)   # code2's 256 entries, copied into shared memory by the whole block
 
     @cuda.jit(device=True, inline="always")
     def pack2(lo, hi):
@@ -180,27 +189,48 @@ def make_kernel(dtype):
             return ops.to_f16_bits(x)
         return ops.float_bits(x)
 
+    @cuda.jit(device=True, inline="always")
+    def scale_of(c2s, q, g, offset):
+        """block_scale with code2 read from shared memory: the same two rounded operations."""
+        return ops.fadd_rn(ops.fmul_rn(c2s[q], g), offset)
+
     @cuda.jit
     def kernel(packed, packed_u32, lut, absmax_q, absmax2, code2, offset, out, out_u32, n, log2_bs):
         table = cuda.shared.array(16, float32)      # the LUT in shared memory (step 05)
+        c2s = cuda.shared.array(256, float32)       # code2 too: absmax_q indexes it
         tid = cuda.threadIdx.x
-        if tid < 16:
-            table[tid] = lut[tid]
-        cuda.syncthreads()
-
         nunits = n >> SHIFT                         # whole units; the rest is the tail
         base = uint64(cuda.blockIdx.x) * uint64(THREADS * UNITS) + uint64(tid)
         words = cuda.local.array(UNITS, uint32)
-        for k in range(UNITS):                      # 1. all loads first: UNITS loads in flight
+        qs = cuda.local.array(UNITS, uint32)
+        gs = cuda.local.array(UNITS, float32)
+        for k in range(UNITS):                      # 1. every global load of the block first
             u = base + uint64(k * THREADS)
+            words[k] = uint32(0)
+            qs[k] = uint32(0)
+            gs[k] = float32(0)
             if u < nunits:
+                blk = (u << SHIFT) >> log2_bs
                 words[k] = packed_u32[(u << SHIFT) >> U3]
+                qs[k] = uint32(absmax_q[blk])
+                gs[k] = absmax2[blk >> GROUP]
+        entry = lut[tid & NIB]                      #    the two small tables, in flight with the data
+        c2 = cuda.local.array(C2N, float32)
+        for j in range(C2N):
+            if tid + uint32(j * THREADS) < 256:
+                c2[j] = code2[tid + uint32(j * THREADS)]
+        if tid < 16:                                # 2. into shared memory, one barrier
+            table[tid] = entry
+        for j in range(C2N):
+            if tid + uint32(j * THREADS) < 256:
+                c2s[tid + uint32(j * THREADS)] = c2[j]
+        cuda.syncthreads()
 
-        for k in range(UNITS):                      # 2. convert and store: one 16-byte store per unit
+        for k in range(UNITS):                      # 3. convert and store: one 16-byte store per unit
             u = base + uint64(k * THREADS)
             first = u << SHIFT                      # the unit's first weight
             if u < nunits:
-                s = block_scale(absmax_q, absmax2, code2, offset, first >> log2_bs)
+                s = scale_of(c2s, qs[k], gs[k], offset)
                 w = words[k]
                 if OUT == FP32:                     # odd units take the upper two bytes of the word
                     w >>= uint32((first & U7) << U2)
@@ -213,7 +243,7 @@ def make_kernel(dtype):
                     e, f = weights(table, (w >> U16_32) & BYTE, s)
                     g, h = weights(table, w >> U24_32, s)
                     ops.store_u32x4(out_u32, u << U2, pack2(a, b), pack2(c, d), pack2(e, f), pack2(g, h))
-            elif u == nunits:                       # 3. the tail: the one thread just past the last unit
+            elif u == nunits:                       # 4. the tail: the one thread just past the last unit
                 i = first
                 while i < n:
                     byte = uint32(packed[i >> U1])
@@ -435,11 +465,10 @@ else:
 #   `cvt.rn.f16x2.f32` (round to nearest even, both lanes at once, first operand to the upper
 #   half), or no rounding at all for fp32.
 # * At the wall, what is left is the access pattern: warp-contiguous loads and stores, several
-#   loads in flight per thread, nothing else on the critical path. Compare the bars with the copy
-#   ceiling; fp32 writes twice the output bytes and is compared with the fill ceiling. Not every
-#   dtype got there on every GPU: recorded on the H200, fp32 stopped at 89% of the
-#   traffic-matched bound (bf16 and fp16: 99%), 1.03x bitsandbytes; the shipped launch shape was
-#   timed for bf16 only there (`launch_shapes.json`), and this notebook does not measure why.
+#   loads in flight per thread, and one wait on memory per block: a load whose address depends on
+#   another load (`code2[absmax_q[b]]`) is a second wait, so the small table moves to shared memory.
+#   Compare the bars with the copy ceiling; fp32 writes twice the output bytes and is compared with
+#   the fill ceiling. Whether each dtype reached its bound on this GPU is printed in section 6.
 # * Designs that look different (16-byte loads with an exchange in 04/05, u32 words here) are
 #   compared by measurement, not by argument: the benchmark printed this kernel's bf16 against
 #   04's and 05's best, each as a share of its own run's copy. Recorded on the H100 it gained

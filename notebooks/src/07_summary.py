@@ -196,14 +196,12 @@ if run is not None:
 # At the smallest sizes the fixed cost of a launch (start, ramp-up, the last wave) is a large
 # share of a short kernel.
 #
-# Section 4's targets are checked at 16384x16384 only. The table's `% bound` column can sit
-# under 98% at shapes that do not fit in L2 (recorded on the H200,
-# `data/executed/NVIDIA_H200/07_summary.ipynb`: 96% at 4096x14336). Measured in the lab, not
-# shipped yet: `lab/wall_small_shapes.py` found, on the H200, the dependent `code2[absmax_q]` load
-# before each block's first store holding the kernel back there; with code2 in shared memory and every load
-# issued first, at 256 threads x 2 units, it reached 98.3-99.1% of the bound at 4096x14336,
-# 16384x16384 and 8192x28672 on both the H100 and the H200
-# (`data/results/<gpu>/wall_small_shapes_focus.json`).
+# Section 4's targets are checked at 16384x16384 only; the table's `% bound` column gives every other
+# shape. At the LLM shapes one thing held an earlier version of 06's kernel back, on the H200 only (96% of the
+# bound at 4096x14336, where the H100 was at 98%): the dependent `code2[absmax_q]` load before each block's
+# first store. `lab/wall_small_shapes.py` found it; 06's kernel now keeps code2 in shared memory and issues
+# every global load first, at 256 threads x 2 units (`data/results/<gpu>/wall_small_shapes_focus.json` has the
+# lab's variants side by side).
 
 # %%
 from nf4lab.buffers import quiet_small_grids
