@@ -470,11 +470,11 @@ else:
 #   Compare the bars with the copy ceiling; fp32 writes twice the output bytes and is compared with
 #   the fill ceiling. Whether each dtype reached its bound on this GPU is printed in section 6.
 # * Designs that look different (16-byte loads with an exchange in 04/05, u32 words here) are
-#   compared by measurement, not by argument: the benchmark printed this kernel's bf16 against
-#   04's and 05's best, each as a share of its own run's copy. Recorded on the H100 it gained
-#   nothing (1.006x: 04's kernel was already within a few % of the traffic-matched bound, so
-#   there was nothing left to win); recorded on the H200 it gained 1.13x, where 04's kernel had
-#   stopped at 84% of copy (`data/results/<gpu>/04_vector_loads.json`, `06_output_dtypes.json`). The traffic-matched
+#   compared by measurement, not by argument: section 6 printed this kernel's bf16 against 04's
+#   and 05's best, each as a share of its own run's copy. How much there was to win depends on the
+#   GPU: where 04's kernel already ran within a few % of the traffic-matched bound (the H100's
+#   runs), little; where it stopped well short of it (the H200's 04 run recorded 84% of copy,
+#   `data/results/NVIDIA_H200/04_vector_loads.json`), more. The traffic-matched
 #   bound (the same bytes, no arithmetic at all) is the fairer target than copy: 07 holds every
 #   kernel to it.
 # * A GPU without an instruction gets a second path chosen at compile time, not a second kernel:
