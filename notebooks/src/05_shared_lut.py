@@ -361,8 +361,8 @@ plots.progress("05_shared_lut");
 ### BEGIN SOLUTION
 from nf4lab.reference import lut_for
 
-# bitsandbytes' CUDA kernel yields -0.0 for fp4 code 8, its CPU path +0.0 (see nf4lab.fastkernel):
-# match the bitsandbytes that made the cases (CUDA on a GPU, CPU in the simulator).
+# fp4 code 8 is -0.0 in bitsandbytes' CUDA kernel and +0.0 in its table-based CPU paths (the trap
+# above): take the table of the device that made the cases (CUDA on a GPU, CPU in the simulator).
 FP4_TABLE = lut_for("fp4", case.device)
 
 
