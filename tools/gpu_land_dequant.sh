@@ -8,6 +8,7 @@
 #   bash tools/gpu_land_dequant.sh b TAG   # notebook 06 under NF4LAB_ARCH=sm_75 (its T4-path record), then natively
 #   bash tools/gpu_land_dequant.sh c TAG   # notebooks 07 and 08, executed in place
 #   bash tools/gpu_land_dequant.sh e TAG   # notebooks 03 and 09 (their printed conclusions), executed in place
+#   bash tools/gpu_land_dequant.sh g TAG   # notebook 09 alone
 # Each call packs the results and notebooks it wrote into $OUT/TAG.tgz. Back here: unpack it; on a GPU
 # other than the one the committed notebooks ran on, move notebooks/0[678]_*.ipynb to data/executed/<gpu>/
 # and restore notebooks/ from git; then python tools/readme_results.py.
@@ -15,7 +16,7 @@
 # 06_output_dtypes), run these calls on every GPU, read 06-08 against each GPU's outputs, commit.
 set -uo pipefail
 part=$1; tag=$2
-case $part in a|b|c|t|e) ;; *) echo "usage: bash tools/gpu_land_dequant.sh a|t|b|c|e TAG" >&2; exit 2 ;; esac
+case $part in a|b|c|t|e|g) ;; *) echo "usage: bash tools/gpu_land_dequant.sh a|t|b|c|e|g TAG" >&2; exit 2 ;; esac
 if [ "$part" = a ]; then
   exec bash tools/gpu_check.sh "$tag" exact shapes
 elif [ "$part" = t ]; then
@@ -35,6 +36,8 @@ if [ "$part" = b ]; then
   set -- 06
 elif [ "$part" = e ]; then
   set -- 03 09
+elif [ "$part" = g ]; then
+  set -- 09
 else
   set -- 07 08
 fi
