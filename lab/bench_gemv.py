@@ -171,7 +171,7 @@ def main(argv=None) -> int:
         run = gemv_bench.benchmark({k: launches[k] for k in bkeys}, bshapes, tuple(args.batch_dtypes), ms=ms, deadline=deadline,
                              progress=lambda s: print(f"[{time.time() - T0:5.0f} s] {s}", flush=True))
         bad += _report(run, gemv)
-        _save(run, gemv_bench.NAME_BATCH, not args.no_save)
+        _save(run, gemv.NAME + "_batch", not args.no_save)
     print(f"total {time.time() - T0:.0f} s")
     return 1 if bad else 0
 

@@ -45,7 +45,8 @@ def drive(shape: str, variant: str, dtype: str = "bf16") -> None:
     launch = bench_gemv.variant_launches(mod, [variant])[variant]
     packed, qs, x = gemv_bench._quantize_gpu(N, K, dtype)
     y = torch.empty(1, N, device="cuda", dtype=x.dtype)
-    g = gemv.buffers_from_torch(packed, qs, x, y)
+    g = gemv.buffers_from_torch(x, packed, qs.shape, qs.absmax, qs.state2.absmax, qs.state2.code, qs.offset.item(),
+                                qs.blocksize, y)
     for _ in range(3):
         launch(g)
     cuda.synchronize()

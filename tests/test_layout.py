@@ -24,7 +24,7 @@ def test_notebook_imports_resolve():
 
     # notebook 09 reaches the GEMV's reference and benchmark through nf4lab.gemv
     for name in ("check", "compare", "make_gemv_case", "bnb_output", "check_exercise", "tolerance", "benchmark",
-                 "summary", "plot", "find_record", "default_kernel", "kernel_name", "COPY", "NAME_BATCH",
+                 "summary", "plot", "find_record", "default_kernel", "kernel_name", "COPY",
                  "weight_bytes", "unfused_bytes"):
         assert getattr(gemv, name) is not None
 

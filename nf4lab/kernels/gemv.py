@@ -1,22 +1,11 @@
 """The fused NF4 GEMV of notebook 09: ``y = x @ W.T`` for 1 to 8 rows of x, W (N, K) in bitsandbytes' NF4.
 
-Table lookups feed ``mma.sync``: a code byte costs one PRMT (its table address) and one 32-bit shared load,
-whose result, the byte's two NF4 values as a bf16x2 (f16x2) pair, is an mma A-fragment register as it stands.
-The tensor core multiplies by x and sums in float32 (each product exact); the table's rounding of the NF4
-values to the dtype is the one extra error (``gemv_check.table_tolerance``). Notebook 09 builds the same
-kernel cell by cell and explains the step, the table and the lanes; tests/test_nb09.py pins both to one PTX.
-
-Below sm_80 (a T4) there is no bf16 mma: fp16 runs each m16n8k16 as two m16n8k8 (sm_75 has those), bf16 on
-the FP32 units (:mod:`nf4lab.kernels.warp_ops` holds the mma, prmt, lookup and shuffle ops and their simulator
-twins). Everything fits the 64 KB of shared memory a T4 block can have: the small arrays live in the table
-rows' unused halves (``spare``).
-
-- ``launch(g)``: the entry point (``validate(g)`` first), on ``g.stream``; ``g`` a :class:`GemvBuffers`
-  (``make_gemv_buffers``, ``buffers_from_torch``); ``launch_torch`` for the torch ops.
-- ``make_kernel`` / ``kernel(dtype, M, nested)`` (``step_ops``: its per-step loads and lookups), ``grid_size``, ``prepare``.
-Its float64 reference and checks are in :mod:`nf4lab.lesson.gemv_check`, its benchmark beside bitsandbytes
-in :mod:`nf4lab.measure.gemv_bench`; both are reachable here (``gemv.check``, ``gemv.benchmark``). The
-designs that lost (an FFMA family, rings, chains) and their tools are in ``lab/``.
+A code byte costs one PRMT (its table address) and one 32-bit shared load, whose result (the byte's two NF4
+values as a bf16x2/f16x2 pair) is an ``mma.sync`` A-fragment register as it stands; the tensor core sums in
+float32. Notebook 09 builds the same kernel cell by cell (tests/test_nb09.py pins both to one PTX). Below sm_80
+(a T4) fp16 runs as two m16n8k8, bf16 on the FP32 units (:mod:`.warp_ops`); everything fits a T4's 64 KB.
+``launch(g)`` is the entry point. Its float64 check (:mod:`nf4lab.lesson.gemv_check`) and benchmark
+(:mod:`nf4lab.measure.gemv_bench`) are reachable here too (``gemv.check``, ``gemv.benchmark``).
 """
 from __future__ import annotations
 
@@ -28,6 +17,7 @@ import numpy as np
 from .. import runtime  # first: it may switch numba to the simulator
 from ..lesson import reference
 from . import arch, ops
+from .fastkernel import address
 from .warp_ops import (_lookup_at, default_base, f32_from_bits, load_stream_u32x4, lookup, mma_bf16,  # noqa: F401
                        mma_f16, prmt, probe_base, shfl_xor_sync)
 from numba import cuda, float32, uint32, uint64  # noqa: E402  (module globals: the simulator swaps them in kernels)
@@ -36,36 +26,29 @@ LLM_SHAPES = ((4096, 4096), (4096, 14336), (14336, 4096), (8192, 28672))  # (N, 
 TORCH_DTYPE = {"bf16": "bfloat16", "fp16": "float16"}
 NAME = "09_fused_gemv"
 MAX_M = 8                       # batch rows of x the kernel takes (each weight byte is still read once)
-THREADS = 256
-W = THREADS // 32
+THREADS, W = 256, 8             # threads and warps per block
 BLOCKS_PER_SM = 2               # 64 KB of shared memory and <= 128 registers each: measured best (lab/gemv_mma.py)
-TAB_WORDS = 256 * 64            # entry e, lane l at word (e << 6) | l; words 32..63 of each row are spare:
-LUT = (8 << 6) | 32             # value i at word LUT + i; code2[c] at code2_word(c) (rows 0..7, words
-                                # 32..63: bank c & 31); the warps' partial sums at spare(): rows 128..255
-SMEM = 4 * TAB_WORDS            # dynamic shared memory of every launch
+# The table: entry e of lane l at word (e << 6) | l; words 32..63 of each 256-byte row are spare and hold the
+# 16 values (row 8), code2 (rows 0..7: code2_word) and the warps' partial sums (rows 128..255: spare).
+LUT = (8 << 6) | 32             # value i at word LUT + i
+SMEM = 4 * 256 * 64             # dynamic shared memory of every launch: the whole table
+FB = 24                         # words per step in a lane's buffer: 16 code words, 4 absmax codes, 4 absmax2
 
 
 @cuda.jit(device=True, inline="always")
-def code2_word(c):
-    """Word of code2[c] (c < 256): spare words 32..63 of rows 0..7, bank c & 31 as in a flat array."""
+def code2_word(c):  # code2[c], c < 256: bank c & 31, as in a flat array
     return c + (c & uint32(0xE0)) + uint32(32)
 
 
 @cuda.jit(device=True, inline="always")
-def spare(i):
-    """Word of partial sum i (< 2048: 2 tiles x W warps x 16 rows x M): spare words 32..47 of rows 128..255."""
+def spare(i):  # partial sum i < 2048 (2 tiles x W warps x 16 rows x M): words 32..47 of rows 128..255
     return ((i >> uint32(4)) << uint32(6)) | uint32((128 << 6) | 32) | (i & uint32(15))
-
-
-# ---------------------------------------------------------------- the kernel
-FB = 24                             # words per step in a lane's buffer: 16 code words (2 rows x 32 bytes),
-                                    # 4 absmax codes, 4 absmax2
 
 
 @functools.cache
 def step_ops(is_bf16, M, base, nested=True):
-    """(look, half_bits, fetch): the device helpers of one kernel variant: the table lookup at ``base``, the
-    output conversion and the loads of one step into a lane's buffer. make_kernel and lab/gemv_pp.py share them."""
+    """(look, half_bits, fetch): the table lookup at ``base``, the output conversion and one step's loads into a
+    lane's buffer; make_kernel and lab/gemv_pp.py share them."""
     WIDE = M > 1                      # where a lane's two 16-byte pieces lie (see fetch)
     if runtime.SIMULATOR:
         look = lookup
@@ -86,13 +69,11 @@ def step_ops(is_bf16, M, base, nested=True):
 
     @cuda.jit(device=True, inline="always")
     def fetch(buf, o, packed_u32, absmax_q, absmax2, t, c, g, q, n, kw, tiles, steps, ash):
-        """Step c (256 columns) of row tile t into buf[o:o+24]: lane q's two 16-byte pieces of rows g and g + 8
-        and the statistics of the blocks its C columns hold (2 (q & 1), +1). Clamped: past the end it re-reads
-        valid bytes, never used. One row of x: the pieces are adjacent, columns 64q.. of the step (block q). A
-        batch: columns 32q.. and 128 + 32q.. (blocks q // 2 and 2 + q // 2), so that the 4 lanes of a row read 64
-        contiguous bytes per load, whole 32-byte sectors (M = 8: 2-5 us less; M = 1: 1 us more, H100)."""
-        tt = min(t, uint32(tiles - uint32(1)))
-        cc = min(c, uint32(steps - uint32(1)))
+        """Step c of row tile t into buf[o:o+24]: lane q's two 16-byte pieces of rows g, g + 8 and the statistics
+        of its C columns' blocks 2 (q & 1), +1 (clamped: past the end it re-reads valid bytes, unused). M = 1:
+        the pieces are adjacent (columns 64q..); a batch: 32q.. and 128 + 32q.., so a row's 4 lanes read whole
+        32-byte sectors (M = 8: 2-5 us less; M = 1: 1 us more, H100)."""
+        tt, cc = min(t, uint32(tiles - uint32(1))), min(c, uint32(steps - uint32(1)))
         r0 = min(uint32(tt * uint32(16) + g), uint32(n - uint32(1)))
         r1 = min(uint32(tt * uint32(16) + g + uint32(8)), uint32(n - uint32(1)))
         if WIDE:
@@ -104,8 +85,7 @@ def step_ops(is_bf16, M, base, nested=True):
             put(buf, o + 12, packed_u32, r1 * kw + wq1)
         else:
             wq = min(uint32(cc * uint32(32) + uint32(8) * q), uint32(kw - uint32(8)))   # lane q's first word
-            w0 = uint32(r0 * kw + wq)
-            w1 = uint32(r1 * kw + wq)
+            w0, w1 = uint32(r0 * kw + wq), uint32(r1 * kw + wq)
             put(buf, o, packed_u32, w0)
             put(buf, o + 4, packed_u32, w0 + uint32(4))
             put(buf, o + 8, packed_u32, w1)
@@ -126,11 +106,9 @@ def step_ops(is_bf16, M, base, nested=True):
 
 @functools.cache
 def make_kernel(is_bf16, M, base, nested=True, D=1, min_blocks=BLOCKS_PER_SM):
-    """The kernel for one activation dtype, batch M (1..8) and table base (``probe_base()``). ``nested``: the
-    scales are bitsandbytes' nested statistics (code2[absmax_q[b]] * absmax2[b // 256] + offset); else
-    ``absmax2`` holds one float32 absmax per block and ``absmax_q``, ``code2`` and ``offset`` are unused.
-    ``D`` (steps whose loads are in flight ahead of the one computed) and ``min_blocks`` (the launch bounds'
-    blocks per SM) are the lab's knobs (lab/gemv_mma.py); the defaults are what measured fastest."""
+    """The kernel for a dtype, batch M (1..8) and table base (``probe_base()``). ``nested``: bitsandbytes' nested
+    statistics; else ``absmax2`` holds each block's float32 absmax. ``D`` (steps of loads in flight ahead) and
+    ``min_blocks`` (blocks per SM) are lab/gemv_mma.py's knobs; the defaults measured fastest."""
     NT = (M + 1) // 2                 # n-tiles of 8 columns: 2 batch rows x 4 blocks each
     NACC, NCF = 2 * NT, 4 * NT
     WIDE = M > 1                      # where a lane's two 16-byte pieces lie (see fetch)
@@ -142,23 +120,16 @@ def make_kernel(is_bf16, M, base, nested=True, D=1, min_blocks=BLOCKS_PER_SM):
     def gemv_tc(packed_u32, absmax_q, absmax2, code2, lut, offset, x_u32, y, N, K, bs_shift):
         sm = cuda.shared.array(0, uint32)
         tid = uint32(cuda.threadIdx.x)
-        lane = tid & uint32(31)
-        warp = tid >> uint32(5)
-        g = lane >> uint32(2)
-        q = lane & uint32(3)
-        n = uint32(N)
-        k = uint32(K)
-        kw = k >> uint32(3)
-        kx = k >> uint32(1)
-        steps = (k + uint32(255)) >> uint32(8)
-        tiles = (n + uint32(15)) >> uint32(4)
+        lane, warp = tid & uint32(31), tid >> uint32(5)
+        g, q = lane >> uint32(2), lane & uint32(3)
+        n, k = uint32(N), uint32(K)
+        kw, kx = k >> uint32(3), k >> uint32(1)
+        steps, tiles = (k + uint32(255)) >> uint32(8), (n + uint32(15)) >> uint32(4)
         ash = uint32(uint32(bs_shift) - uint32(3))
         grid = uint32(cuda.gridDim.x)
         buf = cuda.local.array(NB, uint32)
-        # the first D steps' loads go out before the table is built
-        t = uint32(cuda.blockIdx.x)
-        c = warp
-        tp, cp = t, c
+        t, c = uint32(cuda.blockIdx.x), warp
+        tp, cp = t, c                  # the step whose loads go out next: the first D before the table is built
         for d in range(D):
             fetch(buf, FB * (d + 1), packed_u32, absmax_q, absmax2, tp, cp, g, q, n, kw, tiles, steps, ash)
             cp = uint32(cp + uint32(W))
@@ -209,10 +180,8 @@ def make_kernel(is_bf16, M, base, nested=True, D=1, min_blocks=BLOCKS_PER_SM):
                         else:
                             blk = q
                         for i in range(8):
-                            wa = buf[4 * h + (i >> 1)]
-                            wb = buf[8 + 4 * h + (i >> 1)]
-                            sel0 = uint32(0x5504 | ((2 * (i & 1)) << 4))
-                            sel1 = uint32(0x5504 | ((2 * (i & 1) + 1) << 4))
+                            wa, wb = buf[4 * h + (i >> 1)], buf[8 + 4 * h + (i >> 1)]
+                            sel0, sel1 = uint32(0x5504 | ((2 * (i & 1)) << 4)), uint32(0x5504 | ((2 * (i & 1) + 1) << 4))
                             A[4 * i] = look(sm, prmt(wa, lane4, sel0))
                             A[4 * i + 1] = look(sm, prmt(wb, lane4, sel0))
                             A[4 * i + 2] = look(sm, prmt(wa, lane4, sel1))
@@ -270,12 +239,11 @@ def make_kernel(is_bf16, M, base, nested=True, D=1, min_blocks=BLOCKS_PER_SM):
     return gemv_tc
 
 
-_SMS: dict = {}
+_SMS: dict = {}  # per device: device_info asks the driver for much more, tens of microseconds a launch
 
 
 def sms():
-    """The current GPU's SM count (the simulator has none: plan for an H100). Cached per device:
-    device_info asks the driver for much more, which would cost each launch tens of microseconds."""
+    """The GPU's SM count (the simulator plans for an H100)."""
     dev = cuda.get_current_device().id if runtime.ON_GPU else None
     if dev not in _SMS:
         _SMS[dev] = runtime.device_info().get("sms") or 132
@@ -284,19 +252,17 @@ def sms():
 
 def kernel(dtype, M=1, nested=True):
     """The shipped kernel for a dtype, batch and kind of statistics (compiled at its first launch)."""
-    base = probe_base() if runtime.ON_GPU else default_base(arch.target_cc())
-    return make_kernel(dtype == "bf16", M, base, nested)
+    return make_kernel(dtype == "bf16", M, probe_base() if runtime.ON_GPU else default_base(arch.target_cc()), nested)
 
 
 def grid_size(N) -> int:
-    """Persistent blocks: every 16-row tile gets one, up to BLOCKS_PER_SM per SM."""
+    """Persistent blocks: one per 16-row tile, up to BLOCKS_PER_SM per SM."""
     return min(-(-N // 16), BLOCKS_PER_SM * sms())
 
 
 def prepare(kern, args, nbytes=SMEM):
-    """Allow ``kern`` (for ``args``) ``nbytes`` of dynamic shared memory: past 48 KB a function attribute
-    must be raised before the launch, which numba does not do. Compiles into the dispatcher's own overloads
-    (the torch ops' lean launcher takes the function from there). The simulator needs nothing."""
+    """Allow ``kern`` (for ``args``) ``nbytes`` of dynamic shared memory: past 48 KB the driver wants a function
+    attribute set first, which numba does not do. Compiles into the dispatcher's own overloads."""
     if runtime.SIMULATOR:
         return kern
     argtypes = tuple(kern.typeof_pyval(a) for a in args)
@@ -311,14 +277,11 @@ def prepare(kern, args, nbytes=SMEM):
     return kern
 
 
-def launch(g, kern=None):
-    """Run the fused GEMV on a :class:`GemvBuffers` (batch g.M <= 8) on g.stream: the stable entry point.
-    ``kern``: a kernel from make_kernel for g's dtype and M instead of the shipped one; ``g.grid`` (if set)
-    replaces grid_size."""
-    validate(g)  # dtypes, sizes, alignment, M: raises before anything is launched
-    kern = kern or kernel(g.dtype, g.M, g.nested)
+def launch(g):
+    """Run the fused GEMV on a :class:`GemvBuffers` on g.stream (``g.grid``, if set, replaces grid_size)."""
+    validate(g)  # raises before anything is launched
     args = (g.packed_u32, g.absmax_q, g.absmax2, g.code2, g.lut, g.offset, g.x_u32, g.y, g.N, g.K, g.bs_shift)
-    prepare(kern, args)[g.grid or grid_size(g.N), THREADS, g.stream, SMEM](*args)
+    prepare(kernel(g.dtype, g.M, g.nested), args)[g.grid or grid_size(g.N), THREADS, g.stream, SMEM](*args)
 
 
 def signature():
@@ -329,16 +292,15 @@ def signature():
             T.uint32[::1], T.uint16[::1], T.int64, T.int64, T.int64)
 
 
-# ---------------------------------------------------------------- device buffers
 @dataclasses.dataclass
 class GemvBuffers:
     packed_u32: object      # uint32 view of the packed codes (16-byte aligned)
     absmax_q: object
-    absmax2: object
+    absmax2: object         # nested=False: one float32 absmax per block (absmax_q, code2, offset unused)
     code2: object
     lut: object
     offset: np.float32
-    x_u32: object           # uint32 view of x bits (M, K) flattened: x[m, 2j] low half of word m*K/2 + j
+    x_u32: object           # uint32 view of x's bits (M, K) flattened: x[m, 2j] low half of word m*K/2 + j
     y: object               # uint16 (M * N) output bits
     N: int
     K: int
@@ -346,8 +308,8 @@ class GemvBuffers:
     bs_shift: int           # log2(blocksize)
     dtype: str
     stream: object = 0
-    grid: int | None = None  # a launch may honour it instead of its own grid (tests: the grid-stride loop)
-    nested: bool = True      # False: absmax2 holds one float32 absmax per block; absmax_q, code2, offset unused
+    grid: int | None = None  # replaces grid_size (tests: the grid-stride loop)
+    nested: bool = True
 
     def result(self):
         cuda.synchronize()
@@ -363,43 +325,16 @@ def _check_layout(N, K, blocksize):
         raise ValueError(f"blocksize {blocksize}: a power of two >= 64 is needed (64 columns share one scale)")
 
 
-def _address(arr) -> int:
-    """Device address of a numba device array (or of the host array behind a simulator array)."""
-    cai = getattr(arr, "__cuda_array_interface__", None)
-    if cai is not None:
-        return int(cai["data"][0])
-    return int(ops._host_array(arr).__array_interface__["data"][0])
-
-
-def _ceil_div(a, b):
-    return -(-a // b)
-
-
-# (parameter, dtype, elements needed as a function of N, K, M and the blocksize, read with 128-bit loads)
-_PARAMS = (
-    ("packed_u32", np.uint32, lambda N, K, M, bs, nested: _ceil_div(N * K, 8), True),
-    ("absmax_q", np.uint8, lambda N, K, M, bs, nested: _ceil_div(N * K, bs) if nested else 0, False),
-    ("absmax2", np.float32, lambda N, K, M, bs, nested: _ceil_div(_ceil_div(N * K, bs), reference.NESTED_BLOCKSIZE)
-     if nested else _ceil_div(N * K, bs), False),
-    ("code2", np.float32, lambda N, K, M, bs, nested: 256 if nested else 0, False),
-    ("lut", np.float32, lambda N, K, M, bs, nested: 16, False),
-    ("x_u32", np.uint32, lambda N, K, M, bs, nested: M * K // 2, True),
-    ("y", np.uint16, lambda N, K, M, bs, nested: M * N, False),
-)
-
-
-def validate(g, max_m: int = MAX_M) -> None:
-    """Everything a launch checks before it launches, so that bad input raises here, naming the parameter,
-    instead of reading out of bounds or faulting on a misaligned 128-bit load (a sticky error that kills the
-    CUDA context). TypeError for a wrong dtype, ValueError for a wrong size, batch or alignment."""
+def validate(g) -> None:
+    """What a launch checks first, so that bad input raises here, naming the parameter, instead of reading out of
+    bounds or faulting on a misaligned 128-bit load (a sticky error that kills the CUDA context)."""
     if g.dtype not in TORCH_DTYPE:
         raise ValueError(f"dtype must be 'bf16' or 'fp16', got {g.dtype!r}")
     for name in ("N", "K", "M", "bs_shift"):
-        v = getattr(g, name)
-        if isinstance(v, bool) or not isinstance(v, (int, np.integer)):
-            raise TypeError(f"{name} must be an int, got {type(v).__name__}")
-    if not 1 <= g.M <= max_m:
-        raise ValueError(f"M={g.M}: this kernel takes 1 to {max_m} rows of x (batch), got {g.M}")
+        if isinstance(getattr(g, name), bool) or not isinstance(getattr(g, name), (int, np.integer)):
+            raise TypeError(f"{name} must be an int, got {type(getattr(g, name)).__name__}")
+    if not 1 <= g.M <= MAX_M:
+        raise ValueError(f"M={g.M}: this kernel takes 1 to {MAX_M} rows of x (batch), got {g.M}")
     if g.N < 1:
         raise ValueError(f"N={g.N}: W needs at least one row")
     if not 6 <= g.bs_shift <= 12:
@@ -409,7 +344,12 @@ def validate(g, max_m: int = MAX_M) -> None:
         raise ValueError(f"N*K={g.N * g.K}: word indices must fit in 32 bits (N*K < 2**35)")
     if not isinstance(g.offset, (float, np.floating)):
         raise TypeError(f"offset must be a float32 scalar, got {type(g.offset).__name__}")
-    for name, dt, need, aligned in _PARAMS:
+    blocks = -(-g.N * g.K // (1 << g.bs_shift))
+    need = {"packed_u32": (np.uint32, -(-g.N * g.K // 8)), "absmax_q": (np.uint8, blocks if g.nested else 0),
+            "absmax2": (np.float32, -(-blocks // reference.NESTED_BLOCKSIZE) if g.nested else blocks),
+            "code2": (np.float32, 256 if g.nested else 0), "lut": (np.float32, 16),
+            "x_u32": (np.uint32, g.M * g.K // 2), "y": (np.uint16, g.M * g.N)}
+    for name, (dt, n) in need.items():
         arr = getattr(g, name)
         if arr is None or not hasattr(arr, "dtype") or not hasattr(arr, "shape"):
             raise TypeError(f"{name} must be a device array, got {type(arr).__name__}")
@@ -417,17 +357,15 @@ def validate(g, max_m: int = MAX_M) -> None:
             raise TypeError(f"{name} must have dtype {np.dtype(dt).name}, got {np.dtype(arr.dtype).name}")
         if len(arr.shape) != 1:
             raise ValueError(f"{name} must be 1-D (flattened), got shape {tuple(arr.shape)}")
-        n = need(g.N, g.K, g.M, 1 << g.bs_shift, g.nested)
         if arr.shape[0] < n:
             raise ValueError(f"{name} has {arr.shape[0]} elements; N={g.N}, K={g.K}, M={g.M} need {n}")
-        if aligned and _address(arr) % 16:
-            raise ValueError(f"{name} is not 16-byte aligned (address {_address(arr):#x}): the kernel reads it "
+        if name in ("packed_u32", "x_u32") and address(arr) % 16:
+            raise ValueError(f"{name} is not 16-byte aligned (address {address(arr):#x}): the kernel reads it "
                              "with 128-bit loads, and a misaligned one kills the CUDA context")
 
 
 def make_gemv_buffers(gc) -> GemvBuffers:
     """Device buffers of a :class:`nf4lab.lesson.gemv_check.GemvCase` (the output poisoned with NaN)."""
-    _check_layout(gc.N, gc.K, gc.blocksize)
     packed = np.zeros(-(-gc.packed.size // 16) * 16, np.uint8)
     packed[: gc.packed.size] = gc.packed
     xb = np.ascontiguousarray(gc.x_bits.reshape(-1)).view(np.uint32)
@@ -439,54 +377,40 @@ def make_gemv_buffers(gc) -> GemvBuffers:
         N=gc.N, K=gc.K, M=gc.M, bs_shift=int(gc.blocksize).bit_length() - 1, dtype=gc.dtype, nested=gc.nested)
 
 
-def buffers_from_torch(packed, qs, x, y) -> GemvBuffers:
-    """Zero-copy GemvBuffers over torch CUDA tensors (bitsandbytes' own QuantState), for timing."""
+_LUT = {}  # per device: the 16 NF4 values
+
+
+def buffers_from_torch(x, packed, shape, absmax_q, absmax2, code2, offset, blocksize, y, stream=0) -> GemvBuffers:
+    """Zero-copy GemvBuffers over torch CUDA tensors: x (M, K) and y (M, N) bf16 or fp16, W (N, K) = ``shape`` in
+    NF4 with nested statistics (a QuantState's absmax, state2.absmax, state2.code, offset and blocksize)."""
     import torch
 
-    N, K = qs.shape
-    _check_layout(N, K, qs.blocksize)
-    dtype = {torch.bfloat16: "bf16", torch.float16: "fp16"}[x.dtype]
-    assert packed.data_ptr() % 16 == 0 and x.data_ptr() % 16 == 0
-    arr = lambda t: cuda.as_cuda_array(t.reshape(-1))  # noqa: E731
-    return GemvBuffers(
-        packed_u32=arr(packed.reshape(-1).view(torch.int32)).view(np.uint32), absmax_q=arr(qs.absmax),
-        absmax2=arr(qs.state2.absmax.float()), code2=arr(qs.state2.code.float()), lut=arr(qs.code.float()),
-        offset=np.float32(qs.offset.item()), x_u32=arr(x.reshape(-1).view(torch.int32)).view(np.uint32),
-        y=arr(y.reshape(-1).view(torch.int16)).view(np.uint16), N=N, K=K, M=x.numel() // K,
-        bs_shift=int(qs.blocksize).bit_length() - 1, dtype=dtype)
-
-
-_LUT = {}
-
-
-def launch_torch(x, packed, shape, absmax_q, absmax2, code2, offset, blocksize, out):
-    """y = x @ W.T into ``out`` (M, N) on torch's current stream, W (N, K) = ``shape`` in NF4 with nested
-    statistics; all CUDA tensors, x/out bf16 or fp16, x and packed 16-byte aligned (validate checks)."""
-    import torch
-
-    N, K = shape
     dev = x.device.index or 0
     if dev not in _LUT:
         _LUT[dev] = cuda.to_device(reference.NF4_LUT.astype(np.float32))
-    arr = lambda t: cuda.as_cuda_array(t.reshape(-1))  # noqa: E731
-    g = GemvBuffers(packed_u32=arr(packed.reshape(-1).view(torch.int32)).view(np.uint32), absmax_q=arr(absmax_q),
-                    absmax2=arr(absmax2), code2=arr(code2), lut=_LUT[dev], offset=np.float32(offset),
-                    x_u32=arr(x.reshape(-1).view(torch.int32)).view(np.uint32),
-                    y=arr(out.reshape(-1).view(torch.int16)).view(np.uint16), N=int(N), K=int(K),
-                    M=x.numel() // K, bs_shift=int(blocksize).bit_length() - 1,
-                    dtype={torch.bfloat16: "bf16", torch.float16: "fp16"}[x.dtype],
-                    stream=cuda.external_stream(torch.cuda.current_stream(x.device).cuda_stream))
-    launch(g)
+    arr = lambda t, as_=None: cuda.as_cuda_array(t.reshape(-1) if as_ is None else t.reshape(-1).view(as_))  # noqa: E731
+    N, K = shape
+    return GemvBuffers(packed_u32=arr(packed, torch.int32).view(np.uint32), absmax_q=arr(absmax_q),
+                       absmax2=arr(absmax2), code2=arr(code2), lut=_LUT[dev], offset=np.float32(offset),
+                       x_u32=arr(x, torch.int32).view(np.uint32), y=arr(y, torch.int16).view(np.uint16), N=int(N),
+                       K=int(K), M=x.numel() // K, bs_shift=int(blocksize).bit_length() - 1,
+                       dtype={torch.bfloat16: "bf16", torch.float16: "fp16"}[x.dtype], stream=stream)
 
 
-# Notebook 09 reaches the GEMV's reference and benchmark through this module (gemv.check,
-# gemv.benchmark, ...): those names load from where they live on first use.
-_ELSEWHERE = dict.fromkeys(("GemvCase", "GemvReport", "GemvError", "make_x", "reference_y64", "tolerance",
-                            "make_gemv_case", "to_f32", "compare", "check", "bnb_output", "check_exercise",
-                            "EPS32", "UNIT_OUT"), "..lesson.gemv_check")
-_ELSEWHERE.update(dict.fromkeys(("weight_bytes", "unfused_bytes", "FUSED", "BNB_GEMV", "BNB_GEMM", "BNB_DQ_MM",
-                                 "NAME_BATCH", "COPY_BYTES", "COPY", "kernel_name", "bnb_name", "default_kernel",
-                                 "benchmark", "find_record", "summary", "plot"), "..measure.gemv_bench"))
+def launch_torch(x, packed, shape, absmax_q, absmax2, code2, offset, blocksize, out):
+    """y = x @ W.T into ``out`` on torch's current stream (the tensors as :func:`buffers_from_torch` takes them)."""
+    import torch
+
+    stream = cuda.external_stream(torch.cuda.current_stream(x.device).cuda_stream)
+    launch(buffers_from_torch(x, packed, shape, absmax_q, absmax2, code2, offset, blocksize, out, stream))
+
+
+# Notebook 09 reaches the GEMV's float64 check and benchmark through this module: those load on first use.
+_ELSEWHERE = {**dict.fromkeys(("GemvCase", "GemvReport", "GemvError", "reference_y64", "tolerance", "make_gemv_case",
+                               "to_f32", "compare", "check", "bnb_output", "check_exercise", "UNIT_OUT"),
+                              "..lesson.gemv_check"),
+              **dict.fromkeys(("weight_bytes", "unfused_bytes", "COPY", "kernel_name", "default_kernel", "benchmark",
+                               "find_record", "summary", "plot"), "..measure.gemv_bench")}
 
 
 def __getattr__(name):

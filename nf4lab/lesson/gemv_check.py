@@ -1,9 +1,5 @@
-"""The fused GEMV's data and float64 reference (notebook 09, section 4): a fused kernel sums in its own
-order, so it is checked against a bound, not bits.
-
-``make_gemv_case`` (W quantized by bitsandbytes, x, the float64 ``y64`` and the ``tolerance``),
-``compare``/``check`` (a :class:`GemvReport`), ``bnb_output`` (bitsandbytes' own result on the case),
-``check_exercise`` (grades the notebook's exercise). The kernel is :mod:`nf4lab.kernels.gemv`.
+"""The fused GEMV's data and float64 reference (notebook 09, section 4): a fused kernel sums in its own order,
+so it is checked against a bound, not bits. The kernel is :mod:`nf4lab.kernels.gemv`.
 """
 from __future__ import annotations
 
@@ -18,7 +14,7 @@ EPS32 = float(np.finfo(np.float32).eps)        # 2^-23
 UNIT_OUT = {"bf16": 2.0 ** -8, "fp16": 2.0 ** -11, "fp32": 2.0 ** -24}  # unit roundoff of the output
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(repr=False)
 class GemvCase:
     N: int
     K: int
@@ -27,7 +23,7 @@ class GemvCase:
     blocksize: int
     packed: np.ndarray      # uint8, N*K/2, high nibble first, flat index row*K + col
     absmax_q: np.ndarray    # uint8 per block
-    absmax2: np.ndarray     # float32 per 256 blocks
+    absmax2: np.ndarray     # float32 per 256 blocks (nested=False: per block; absmax_q, code2 unused)
     code2: np.ndarray       # float32[256]
     offset: np.float32
     lut: np.ndarray         # float32[16]
@@ -35,26 +31,8 @@ class GemvCase:
     x: np.ndarray           # float32 (M, K): the same values
     w: np.ndarray           # float32 (N, K): what bitsandbytes dequantizes to before the output cast
     y64: np.ndarray         # float64 (M, N): x @ w.T in float64
-    tol: np.ndarray         # float64 (M, N): allowed |y - y64|
     case: object = None     # the nf4lab.lesson.cases.Case it was made from
-    tol_table: np.ndarray = None  # tol plus the rounding of the 16 NF4 values to the dtype (table_tolerance)
-    nested: bool = True     # False: plain statistics, absmax2 holds each block's float32 absmax (absmax_q, code2 unused)
-
-    @property
-    def shape(self):
-        return (self.N, self.K)
-
-    def __repr__(self):
-        return (f"GemvCase(W {self.N}x{self.K} NF4 ({self.packed.size:,} packed bytes, {self.absmax_q.size} blocks, "
-                f"{self.absmax2.size} groups), x {self.M}x{self.K} {self.dtype})")
-
-    def bnb_tensors(self, device="cpu"):
-        """(W_packed, quant_state, x) as bitsandbytes takes them."""
-        import torch
-
-        packed, qs = self.case.quant_state(device)
-        x = torch.from_numpy(self.x_bits.view(np.int16).copy()).view(getattr(torch, TORCH_DTYPE[self.dtype]))
-        return packed, qs, x.to(device)
+    nested: bool = True
 
 
 def make_x(M, K, dtype, seed=0, dist="randn") -> tuple[np.ndarray, np.ndarray]:
@@ -78,35 +56,26 @@ def reference_y64(x, w) -> np.ndarray:
     return np.asarray(x, np.float64) @ np.asarray(w, np.float64).T
 
 
-def tolerance(x, w, dtype, c: float = 1.0) -> np.ndarray:
-    """Allowed |y - y64| for a float32 dot product of length K rounded to ``dtype``.
+def tolerance(x, w, dtype, c: float = 1.0, table=False):
+    """Allowed |y - y64| for a float32 dot product of length K rounded to ``dtype`` (x, w numpy, or torch
+    tensors: the benchmark checks on the GPU).
 
-    Any float32 summation of K products (any order, FMA or not) is within
-    gamma_K * sum|x_k w_k| of the exact value, gamma_K ~= K * u32 (u32 = 2^-24, Higham's bound).
-    We allow c * K * eps32 (eps32 = 2 u32) to cover the extra rounding of multiplying a
-    partial sum by the block scale. Rounding the result to bf16/fp16 adds u_out * |y|.
+    Any float32 summation of K products (any order, FMA or not) is within gamma_K * sum|x_k w_k| of the exact
+    value, gamma_K ~= K * u32 (u32 = 2^-24, Higham's bound). We allow c * K * eps32 (eps32 = 2 u32) to cover the
+    extra rounding of multiplying a partial sum by the block scale. Rounding to bf16/fp16 adds u_out * |y|.
+    ``table``: the kernel's table holds the NF4 values rounded to the dtype (the tensor-core GEMV: mma takes
+    bf16/fp16; bitsandbytes' gemv_4bit rounds its weights too), each off by a factor 1 +- u at most: u * sum|x w| more.
     """
-    x = np.asarray(x, np.float64)
-    w = np.asarray(w, np.float64)
-    K = x.shape[-1]
-    s = np.abs(x) @ np.abs(w).T
-    acc = c * K * EPS32 * s
+    x, w = (x.double(), w.double()) if hasattr(x, "double") else (np.asarray(x, np.float64), np.asarray(w, np.float64))
+    s = abs(x) @ abs(w).T
     u = UNIT_OUT[dtype]
-    return (1 + u) * acc + u * np.abs(reference_y64(x, w)) + np.finfo(np.float32).tiny
-
-
-def table_tolerance(x, w, dtype, tol) -> np.ndarray:
-    """``tol`` for a kernel whose table holds the NF4 values rounded to the activation dtype (the tensor-core
-    GEMV: mma takes bf16/fp16), as bitsandbytes' gemv_4bit also rounds its weights: each weight then carries a
-    relative error of at most u (the dtype's unit roundoff), so the sum at most u * sum|x w| more."""
-    s = np.abs(np.asarray(x, np.float64)) @ np.abs(np.asarray(w, np.float64)).T
-    return tol + UNIT_OUT[dtype] * s
+    return (1 + u) * (c * x.shape[-1] * EPS32 * s) + u * abs(x @ w.T) + np.finfo(np.float32).tiny + (u * s if table else 0)
 
 
 def make_gemv_case(N, K, dtype="bf16", M=1, dist="randn", seed=0, blocksize=64, x_dist="randn",
                    nested=True) -> GemvCase:
     """W (N, K) quantized by bitsandbytes (through nf4lab.lesson.cases, cached; ``dist`` as there: "heavy" is
-    Student t weights), x (M, K) (``x_dist``: see :func:`make_x`), reference and tolerance. ``nested=False``:
+    Student t weights), x (M, K) (``x_dist``: see :func:`make_x`) and the float64 reference. ``nested=False``:
     plain statistics, each block's absmax as one float32 (the same values, so the same W and reference)."""
     from .cases import make_case
 
@@ -120,8 +89,7 @@ def make_gemv_case(N, K, dtype="bf16", M=1, dist="randn", seed=0, blocksize=64, 
              dict(absmax_q=np.zeros(1, np.uint8), absmax2=np.asarray(absmax, np.float32), code2=np.zeros(1, np.float32)))
     return GemvCase(N=N, K=K, M=M, dtype=dtype, blocksize=blocksize, packed=case.packed, nested=nested, **stats,
                     offset=np.float32(case.offset), lut=case.lut.copy(), x_bits=x_bits, x=x, w=w,
-                    y64=reference_y64(x, w), tol=(tol := tolerance(x, w, dtype)), case=case,
-                    tol_table=table_tolerance(x, w, dtype, tol))
+                    y64=reference_y64(x, w), case=case)
 
 
 def to_f32(y, dtype) -> np.ndarray:
@@ -146,42 +114,36 @@ class GemvReport:
     n: int
     first_bad: list
 
-    def __bool__(self):
-        return self.ok
-
     def __str__(self):
-        head = (f"{self.name}: {'within' if self.ok else 'OUTSIDE'} the float32 tolerance "
-                f"({self.n:,} outputs, max |y - y64| = {self.max_err:.3g}, worst error/tolerance = "
-                f"{self.worst_ratio:.3g})")
+        head = (f"{self.name}: {'within' if self.ok else 'OUTSIDE'} the float32 tolerance ({self.n:,} outputs, "
+                f"max |y - y64| = {self.max_err:.3g}, worst error/tolerance = {self.worst_ratio:.3g})")
         if self.ok:
             return head
-        lines = [head, f"  {self.n_bad:,} outputs outside; first ones (m, n, y, y64, tol):"]
-        lines += [f"    {m:>3} {n:>6} {y:>12.6g} {r:>12.6g} {t:>10.3g}" for m, n, y, r, t in self.first_bad]
-        return "\n".join(lines)
+        return "\n".join([head, f"  {self.n_bad:,} outputs outside; first ones (m, n, y, y64, tol):"]
+                         + [f"    {m:>3} {n:>6} {y:>12.6g} {r:>12.6g} {t:>10.3g}" for m, n, y, r, t in self.first_bad])
 
 
 class GemvError(AssertionError):
     pass
 
 
-def compare(y, gc: GemvCase, name="kernel", M=None, rounded_table=False) -> GemvReport:
-    """``rounded_table``: the kernel's table holds the NF4 values in the dtype (see table_tolerance)."""
-    M = gc.M if M is None else M
-    yv = to_f32(y, gc.dtype).reshape(-1)[: M * gc.N].reshape(M, gc.N).astype(np.float64)
-    ref, tol = gc.y64[:M], (gc.tol_table if rounded_table else gc.tol)[:M]
-    err = np.abs(yv - ref)
+def compare(y, gc: GemvCase, name="kernel", rounded_table=False) -> GemvReport:
+    """``y`` against the float64 reference; ``rounded_table``: the kernel's table holds the NF4 values in the
+    dtype (see :func:`tolerance`)."""
+    yv = to_f32(y, gc.dtype).reshape(-1)[: gc.M * gc.N].reshape(gc.M, gc.N).astype(np.float64)
+    tol = tolerance(gc.x, gc.w, gc.dtype, table=rounded_table)
+    err = np.abs(yv - gc.y64)
     bad = ~(err <= tol)  # NaN counts as bad
-    idx = np.argwhere(bad)[:8]
-    first = [(int(m), int(n), float(yv[m, n]), float(ref[m, n]), float(tol[m, n])) for m, n in idx]
+    first = [(int(m), int(n), float(yv[m, n]), float(gc.y64[m, n]), float(tol[m, n])) for m, n in np.argwhere(bad)[:8]]
     ratio = float(np.nanmax(np.where(np.isfinite(err), err / tol, np.inf))) if err.size else 0.0
     return GemvReport(name, not bad.any(), float(np.nanmax(err)) if err.size else 0.0, ratio,
                       int(bad.sum()), yv.size, first)
 
 
-def check(y, gc: GemvCase, name="kernel", raise_on_error=True, M=None, rounded_table=False) -> GemvReport:
-    """Compare an output with the float64 reference; raise :class:`GemvError` if outside the tolerance."""
-    rep = compare(y, gc, name, M, rounded_table)
-    if not rep.ok and raise_on_error:
+def check(y, gc: GemvCase, name="kernel", rounded_table=False) -> GemvReport:
+    """:func:`compare`, raising :class:`GemvError` if outside the tolerance."""
+    rep = compare(y, gc, name, rounded_table)
+    if not rep.ok:
         raise GemvError(str(rep))
     return rep
 
@@ -191,7 +153,8 @@ def bnb_output(gc: GemvCase, device="cpu"):
     import bitsandbytes as bnb
     import torch
 
-    packed, qs, x = gc.bnb_tensors(device)
+    packed, qs = gc.case.quant_state(device)
+    x = torch.from_numpy(gc.x_bits.view(np.int16).copy()).view(getattr(torch, TORCH_DTYPE[gc.dtype])).to(device)
     with torch.no_grad():
         return bnb.matmul_4bit(x, packed.t(), quant_state=qs)
 

@@ -1,45 +1,34 @@
-"""The fused GEMV beside bitsandbytes (notebook 09, sections 1, 5 and 6): the byte model, the benchmark
-(GPU only) and how a run is shown.
-
-``weight_bytes`` / ``unfused_bytes``: what a GEMV must read, fused and unfused. ``benchmark(...)`` times
-launch functions beside bitsandbytes' ``matmul_4bit`` (without grad its ``gemm_4bit`` op at every M) on
-the same data; ``summary`` and ``plot`` show a run. The kernel is :mod:`nf4lab.kernels.gemv`.
+"""The fused GEMV beside bitsandbytes (notebook 09, sections 1, 5 and 6): what a GEMV must read
+(``weight_bytes``, ``unfused_bytes``), the ``benchmark`` (GPU only), ``summary`` and ``plot`` of a run.
 """
 from __future__ import annotations
 
 import math
 
-import numpy as np
-
 from .. import runtime
-from ..kernels.gemv import LLM_SHAPES, NAME, TORCH_DTYPE, buffers_from_torch
+from ..kernels.gemv import LLM_SHAPES, TORCH_DTYPE, buffers_from_torch
 from ..lesson import reference
-from ..lesson.gemv_check import EPS32, UNIT_OUT
+from ..lesson.gemv_check import tolerance
 from .bench import COPY  # the copy ceiling's record name: one spelling, bench's
+
+FUSED = "fused NF4 gemv (numba)"  # every record of our kernels: f"{FUSED} [{variant}]" (kernel_name)
+# Record names, as recorded. matmul_4bit without grad is bitsandbytes' gemm_4bit op at every M: its fused kernel
+# up to M = 4, then that or dequantize + F.linear as a per-GPU heuristic picks (_gemm_4bit_use_custom_cuda).
+BNB_GEMV = "bitsandbytes matmul_4bit gemv (M=1)"
+BNB_GEMM = "bitsandbytes matmul_4bit gemm_4bit (M>1)"
+BNB_DQ_MM = "bitsandbytes dequantize_4bit + torch.matmul gemv"
+COPY_BYTES = 1 << 30  # the copy ceiling: a 1 GiB copy (512 MiB read + 512 MiB written), far beyond L2
 
 
 def weight_bytes(N, K, blocksize=64) -> int:
     """Bytes a GEMV must read for the weight: packed codes + absmax_q + absmax2 + code2 (x, y not counted)."""
-    n = N * K
-    nblocks = -(-n // blocksize)
-    return -(-n // 2) + nblocks + 4 * -(-nblocks // reference.NESTED_BLOCKSIZE) + 1024
+    nblocks = -(-N * K // blocksize)
+    return -(-N * K // 2) + nblocks + 4 * -(-nblocks // reference.NESTED_BLOCKSIZE) + 1024
 
 
 def unfused_bytes(N, K, itemsize=2, blocksize=64) -> int:
     """Dequantize then multiply: read the packed weight, write W in 16 bits, read it again."""
     return weight_bytes(N, K, blocksize) + 2 * itemsize * N * K
-
-
-FUSED = "fused NF4 gemv (numba)"  # every record of our kernels: f"{FUSED} [{variant}]" (kernel_name)
-# Record names (kept as recorded). matmul_4bit without grad calls bitsandbytes' gemm_4bit op at every M: its
-# fused kernel up to M = 4; past that, up to M = 1536, the kernel or dequantize + F.linear, as a per-GPU heuristic
-# picks (bitsandbytes/backends/cuda/ops.py, _gemm_4bit_use_custom_cuda; on a 132-SM Hopper at M = 8:
-# dequantize + F.linear for 4096x4096 and 4096x14336). gemv_4bit is reached only through F.gemv_4bit.
-BNB_GEMV = "bitsandbytes matmul_4bit gemv (M=1)"
-BNB_GEMM = "bitsandbytes matmul_4bit gemm_4bit (M>1)"
-BNB_DQ_MM = "bitsandbytes dequantize_4bit + torch.matmul gemv"
-NAME_BATCH = NAME + "_batch"
-COPY_BYTES = 1 << 30  # the copy ceiling: a 1 GiB copy (512 MiB read + 512 MiB written), far beyond L2
 
 
 def kernel_name(variant: str) -> str:
@@ -56,6 +45,11 @@ def default_kernel(run) -> str:
     return meta.get("default_kernel") or kernel_name("auto")
 
 
+def find_record(run, name, shape, dtype, M=1):
+    return next((r for r in run.records if r["name"] == name and list(r["shape"]) == list(shape)
+                 and r["dtype"] == dtype and r.get("M", 1) == M), None)
+
+
 def _quantize_gpu(N, K, dtype, seed=0, M=1):
     import bitsandbytes.functional as F
     import torch
@@ -64,8 +58,7 @@ def _quantize_gpu(N, K, dtype, seed=0, M=1):
     t = getattr(torch, TORCH_DTYPE[dtype])
     w = torch.randn(N, K, generator=g, device="cuda", dtype=torch.float32).to(t)
     packed, qs = F.quantize_4bit(w, blocksize=64, quant_type="nf4", compress_statistics=True)
-    x = torch.randn(M, K, generator=g, device="cuda", dtype=torch.float32).to(t)
-    return packed, qs, x
+    return packed, qs, torch.randn(M, K, generator=g, device="cuda", dtype=torch.float32).to(t)
 
 
 def _gpu_reference(packed, qs, x):
@@ -75,46 +68,35 @@ def _gpu_reference(packed, qs, x):
 
     qs32 = qs.__class__(absmax=qs.absmax, shape=qs.shape, code=qs.code, blocksize=qs.blocksize,
                         quant_type=qs.quant_type, dtype=torch.float32, offset=qs.offset, state2=qs.state2)
-    w = F.dequantize_4bit(packed, qs32).double()
-    xd = x.double()
-    y64 = xd @ w.T
-    K = x.shape[-1]
-    dtype = {torch.bfloat16: "bf16", torch.float16: "fp16"}[x.dtype]
-    u = UNIT_OUT[dtype]
-    acc = K * EPS32 * (xd.abs() @ w.abs().T)
-    tol = (1 + u) * acc + u * y64.abs() + np.finfo(np.float32).tiny
-    del w
-    return y64, tol
+    w, xd = F.dequantize_4bit(packed, qs32).double(), x.double()
+    return xd @ w.T, tolerance(xd, w, {torch.bfloat16: "bf16", torch.float16: "fp16"}[x.dtype])
 
 
 def _gpu_check(y, y64, tol, name):
     err = (y.double().reshape(y64.shape) - y64).abs()
-    bad = ~(err <= tol)
-    ratio = float((err / tol).max())
-    return {"name": name, "ok": not bool(bad.any()), "worst_ratio": ratio, "max_err": float(err.max())}
+    return {"name": name, "ok": not bool((~(err <= tol)).any()), "worst_ratio": float((err / tol).max()),
+            "max_err": float(err.max())}
 
 
 def benchmark(launch, shapes=LLM_SHAPES, dtypes=("bf16", "fp16"), ms=(1,), *, variant_dtypes=None,
               deadline=None, progress=print):
-    """Fused kernel(s) vs bitsandbytes on the same data, in one run (GPU only).
+    """Fused kernel(s) vs bitsandbytes' ``matmul_4bit`` on the same data, in one run (GPU only): a
+    :class:`nf4lab.measure.bench.Run` of ceilings, baselines and kernels, each with its "M" (``ms``: batch sizes).
 
-    ``launch``: a launch function (``launch(g)``, ``g`` a :class:`GemvBuffers`, on ``g.stream``) or a dict
-    {variant: launch} timed side by side, each recorded as ``kernel_name(variant)``; the first is the
-    default (``run.meta["default_kernel"]``). ``ms``: batch sizes (rows of x); bitsandbytes' ``matmul_4bit``
-    without grad is its ``gemm_4bit`` op (:data:`BNB_GEMV` at M = 1, :data:`BNB_GEMM` for M > 1). ``variant_dtypes``: dtypes on which
-    the variants after the first are timed (default: all). ``deadline``: a ``time.time()`` after which no
-    new (shape, dtype, M) is started (``meta["incomplete"]`` says so), to keep a GPU session in budget.
-    To keep repeated launches from reading the weights out of L2 (50 MB on an H100), every timed function
-    cycles through enough copies of the weight to exceed 4x the L2 size, as a decoding step does (each
-    layer's weights are read once per token). Every output is checked against a float64 reference first.
-    Returns a :class:`nf4lab.measure.bench.Run` (records: ceilings, baselines, kernels, each with its "M").
+    ``launch``: ``launch(g)`` (``g`` a GemvBuffers, on ``g.stream``) or a dict {variant: launch}, each recorded
+    as ``kernel_name(variant)``, the first the default (``meta["default_kernel"]``), the others timed on
+    ``variant_dtypes`` only (default: all). ``deadline``: a ``time.time()`` after which no new (shape, dtype, M)
+    starts (``meta["incomplete"]``). Each timed function cycles through copies of the weight totalling > 4x L2,
+    so that every launch reads it from DRAM, as a decoding step does. Every output is first checked against float64.
     """
+    import itertools
     import time
 
-    from . import bench
     import bitsandbytes as bnb
     import bitsandbytes.functional as F
     import torch
+
+    from . import bench
 
     bench._require_gpu()
     launches = dict(launch) if isinstance(launch, dict) else {"default": launch}
@@ -123,115 +105,72 @@ def benchmark(launch, shapes=LLM_SHAPES, dtypes=("bf16", "fp16"), ms=(1,), *, va
     run = bench.Run(method=bench.METHOD + "; weights cycled over copies totalling > 4x L2 so each "
                     "launch reads them from DRAM; effective bandwidth = weight bytes (packed + absmax_q + "
                     "absmax2 + code2) / time")
-    l2 = runtime.device_info().get("l2_bytes") or (50 << 20)
-    t0 = time.time()
-    ceil = bench.ceilings(COPY_BYTES)
+    l2, t0, ceil = runtime.device_info().get("l2_bytes") or (50 << 20), time.time(), bench.ceilings(COPY_BYTES)
     run.meta.update(copy_ceiling_bytes=COPY_BYTES, checks=[], default_kernel=names[first], variants=list(launches),
                     batch_sizes=list(ms), incomplete=False)
-    for N, K in shapes:
-        for dtype in dtypes:
-            for M in ms:
-                if deadline is not None and time.time() > deadline:
-                    run.meta["incomplete"] = True
-                    if progress:
-                        progress(f"deadline reached: {N}x{K} {dtype} M={M} and later skipped")
-                    continue
-                keys = [k for k in launches if k == first or variant_dtypes is None or dtype in variant_dtypes]
-                _bench_one(run, launches, keys, names, N, K, dtype, M, l2, ceil, bnb, F, torch, bench, progress)
+    for (N, K), dtype, M in itertools.product(shapes, dtypes, ms):
+        if deadline is not None and time.time() > deadline:
+            run.meta["incomplete"] = True
+            if progress:
+                progress(f"deadline reached: {N}x{K} {dtype} M={M} and later skipped")
+            continue
+        t_start, nb = time.time(), weight_bytes(N, K)
+        keys = [k for k in launches if k == first or variant_dtypes is None or dtype in variant_dtypes]
+        copies = max(2, math.ceil(4 * l2 / nb))
+        data = [_quantize_gpu(N, K, dtype, seed=i, M=M) for i in range(copies)]
+        x, y = data[0][2], torch.empty(M, N, dtype=data[0][2].dtype, device="cuda")  # one x for all copies
+        bufs = [buffers_from_torch(x, p, q.shape, q.absmax, q.state2.absmax, q.state2.code, q.offset.item(),
+                                   q.blocksize, y) for p, q, _ in data]
+        y64, tol = _gpu_reference(*data[0])  # copy 0 checked against float64, ours and bitsandbytes'
+        yb = bnb.matmul_4bit(x, data[0][0].t(), quant_state=data[0][1])
+        checks = {}
+        for key in keys:
+            launches[key](bufs[0])  # the first launch compiles (a launch may size its grid from the kernel)
+            y.fill_(float("nan"))
+            launches[key](bufs[0])
+            torch.cuda.synchronize()
+            checks[key] = dict(_gpu_check(y, y64, tol, names[key]), shape=[N, K], dtype=dtype, M=M,
+                               max_abs_diff_vs_bnb=float((y.float() - yb.float().reshape(y.shape)).abs().max()))
+        chk = checks[keys[0]]
+        chk_b = dict(_gpu_check(yb, y64, tol, bnb_name(M)), shape=[N, K], dtype=dtype, M=M,
+                     max_abs_diff_vs_bnb=chk["max_abs_diff_vs_bnb"])
+        run.meta["checks"] += [*checks.values(), chk_b]
+        del y64, tol
+
+        def ours(fn):
+            def call(i, stream):
+                bufs[i].stream = stream
+                fn(bufs[i])
+
+            return call
+
+        for kind, name, call, ok in (
+                ("baseline", bnb_name(M), lambda i, s: bnb.matmul_4bit(x, data[i][0].t(), quant_state=data[i][1]),
+                 chk_b["ok"]),
+                ("baseline", BNB_DQ_MM, lambda i, s: torch.matmul(x, F.dequantize_4bit(*data[i][:2]).t()), None),
+                *(("kernel", names[k], ours(launches[k]), checks[k]["ok"]) for k in keys)):
+            turn = itertools.cycle(range(copies))  # each launch takes the next copy, from copy 0
+            t = bench.gpu_time_ms(lambda stream: call(next(turn), stream), launches=max(bench.LAUNCHES, copies))
+            run.add(bench._record(kind, name, (N, K), dtype, t, nb, bit_exact=None, within_tol=ok,
+                                  copies=copies, fits_l2=False, M=M))
+        if not any(r["kind"] == "ceiling" and r["shape"] == [N, K] and r["dtype"] == dtype for r in run.records):
+            run.add([dict(c, shape=[N, K], dtype=dtype) for c in ceil])
+        if progress:  # wall-clock seconds of this whole step, not a kernel time (those are in the records)
+            others = ", ".join(f"{k} {'ok' if checks[k]['ok'] else 'OUTSIDE TOLERANCE'}" for k in keys[1:])
+            progress(f"{N}x{K} {dtype} M={M}: this shape took {time.time() - t_start:.1f} s wall clock (quantizing "
+                     f"{copies} weight copies, checking, timing); {names[keys[0]]} within tolerance: {chk['ok']} "
+                     f"(worst {chk['worst_ratio']:.2g}), bnb: {chk_b['ok']} (worst {chk_b['worst_ratio']:.2g}), "
+                     f"max |ours - bnb| = {chk['max_abs_diff_vs_bnb']:.3g}" + (f"; {others}" if others else ""))
+        data.clear()  # the closures above keep the lists, not the tensors
+        bufs.clear()
+        torch.cuda.empty_cache()
     run.meta["seconds"] = round(time.time() - t0, 1)
     run.finalize()
     for r in run.records:  # speedup relative to bitsandbytes' matmul_4bit at the same shape, dtype and M
-        if r["kind"] == "ceiling" or not r.get("ms"):
-            continue
-        b = next((q for q in run.records if q["name"] == bnb_name(r.get("M", 1)) and q["shape"] == r["shape"]
-                  and q["dtype"] == r["dtype"] and q.get("M", 1) == r.get("M", 1)), None)
-        r["speedup_vs_bnb"] = b["ms"] / r["ms"] if b and b.get("ms") else None
+        if r["kind"] != "ceiling" and r.get("ms"):
+            b = find_record(run, bnb_name(r.get("M", 1)), r["shape"], r["dtype"], r.get("M", 1))
+            r["speedup_vs_bnb"] = b["ms"] / r["ms"] if b and b.get("ms") else None
     return run
-
-
-def _bench_one(run, launches, keys, names, N, K, dtype, M, l2, ceil, bnb, F, torch, bench, progress):
-    import time
-
-    t_start = time.time()
-    nb = weight_bytes(N, K)
-    copies = max(2, math.ceil(4 * l2 / nb))
-    data = [_quantize_gpu(N, K, dtype, seed=i, M=M) for i in range(copies)]
-    x = data[0][2]
-    data = [(p, q, x) for p, q, _ in data]
-    y = torch.empty(M, N, dtype=x.dtype, device="cuda")
-    bufs = [buffers_from_torch(p, q, x, y) for p, q, _ in data]
-    # correctness on copy 0, against float64, for ours and bitsandbytes
-    y64, tol = _gpu_reference(*data[0])
-    bufs[0].stream = 0
-    yb = bnb.matmul_4bit(x, data[0][0].t(), quant_state=data[0][1])
-    chk_b = _gpu_check(yb, y64, tol, bnb_name(M))
-    checks = {}
-    for key in keys:
-        fn = launches[key]
-        fn(bufs[0])  # the first launch compiles (a launch may size its grid from the compiled kernel)
-        y.fill_(float("nan"))
-        fn(bufs[0])
-        torch.cuda.synchronize()
-        checks[key] = _gpu_check(y, y64, tol, names[key])
-        diff = float((y.float() - yb.float().reshape(y.shape)).abs().max())
-        checks[key].update(shape=[N, K], dtype=dtype, M=M, max_abs_diff_vs_bnb=diff)
-        run.meta["checks"].append(checks[key])
-    chk = checks[keys[0]]
-    chk_b.update(shape=[N, K], dtype=dtype, M=M, max_abs_diff_vs_bnb=chk["max_abs_diff_vs_bnb"])
-    run.meta["checks"].append(chk_b)
-    del y64, tol
-    state = {"i": 0}
-
-    def nxt():
-        i = state["i"]
-        state["i"] = (i + 1) % copies
-        return i
-
-    def make_ours(fn):
-        def ours(stream):
-            g = bufs[nxt()]
-            g.stream = stream
-            fn(g)
-
-        return ours
-
-    def bnb_mm(stream):
-        p, q, xx = data[nxt()]
-        bnb.matmul_4bit(xx, p.t(), quant_state=q)
-
-    def bnb_dq_mm(stream):
-        p, q, xx = data[nxt()]
-        torch.matmul(xx, F.dequantize_4bit(p, q).t())
-
-    for kind, name, fn, ok in (("baseline", bnb_name(M), bnb_mm, chk_b["ok"]),
-                               ("baseline", BNB_DQ_MM, bnb_dq_mm, None),
-                               *(("kernel", names[key], make_ours(launches[key]), checks[key]["ok"])
-                                 for key in keys)):
-        state["i"] = 0
-        t = bench.gpu_time_ms(fn, launches=max(bench.LAUNCHES, copies))
-        rec = bench._record(kind, name, (N, K), dtype, t, nb, bit_exact=None, within_tol=ok,
-                            copies=copies, fits_l2=False, M=M)
-        run.add(rec)
-    if not any(r["kind"] == "ceiling" and r["shape"] == [N, K] and r["dtype"] == dtype for r in run.records):
-        for c in ceil:
-            run.add(dict(c, shape=[N, K], dtype=dtype))
-    if progress:
-        # Wall-clock seconds of this whole step, not a kernel time (those are in the records).
-        others = ", ".join(f"{k} {'ok' if checks[k]['ok'] else 'OUTSIDE TOLERANCE'}" for k in keys[1:])
-        progress(f"{N}x{K} {dtype} M={M}: this shape took {time.time() - t_start:.1f} s wall clock "
-                 f"(quantizing {copies} weight copies, checking, timing); "
-                 f"{names[keys[0]]} within tolerance: {chk['ok']} (worst {chk['worst_ratio']:.2g}), "
-                 f"bnb: {chk_b['ok']} (worst {chk_b['worst_ratio']:.2g}), "
-                 f"max |ours - bnb| = {chk['max_abs_diff_vs_bnb']:.3g}" + (f"; {others}" if others else ""))
-    data.clear()  # the closures above keep the lists, not the tensors
-    bufs.clear()
-    torch.cuda.empty_cache()
-
-
-
-def find_record(run, name, shape, dtype, M=1):
-    return next((r for r in run.records if r["name"] == name and list(r["shape"]) == list(shape)
-                 and r["dtype"] == dtype and r.get("M", 1) == M), None)
 
 
 def summary(run, bound=None) -> str:
@@ -242,9 +181,7 @@ def summary(run, bound=None) -> str:
     ok = {(c["name"], tuple(c["shape"]), c["dtype"], c.get("M", 1)): c["ok"] for c in run.meta.get("checks", [])}
     lines = [f"{'W (N x K)':>11} {'dtype':>5} {'M':>2} {'ours us':>8} {'bnb us':>7} {'x bnb':>6} {'% copy':>7} "
              f"{'% of read':>9}  within tolerance (ours, bnb)"]
-    for r in run.records:
-        if r["name"] != ours:
-            continue
+    for r in (r for r in run.records if r["name"] == ours):
         M, key = r.get("M", 1), (tuple(r["shape"]), r["dtype"], r.get("M", 1))
         b = find_record(run, bnb_name(M), r["shape"], r["dtype"], M)
         rb = bound and next((q for q in bound.records if q["kind"] == "bound" and q["shape"] == r["shape"]), None)
@@ -281,8 +218,7 @@ def plot(run, batch=False):
         ax.minorticks_off()
         ax.set_xlabel("batch M (rows of x)")
     else:
-        names = [BNB_DQ_MM, BNB_GEMV, ours]
-        for j, name in enumerate(names):
+        for j, name in enumerate([BNB_DQ_MM, BNB_GEMV, ours]):
             pts = [(i + (j - 1) * 0.27, r["gbps"]) for i, k in enumerate(keys) if (r := find_record(run, name, *k))]
             if pts:
                 ax.bar(*zip(*pts), 0.27, label=name + (" (default)" if name == ours else ""))
