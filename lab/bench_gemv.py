@@ -26,6 +26,7 @@ each variant is a separate compile (a few seconds each).
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import shutil
@@ -113,16 +114,42 @@ def _save(run, name, save):
     print("measured on", results.label(run.meta))
 
 
+def benchmark(launches, shapes, dtypes, ms, variant_dtypes=None, deadline=None, progress=print):
+    """gemv.benchmark one (shape, dtype) at a time, merged into one run: the variants after the first only on
+    ``variant_dtypes`` (default: all), and no (shape, dtype) started after ``deadline`` (a ``time.time()``;
+    ``meta["incomplete"]`` then says so). Each part measures its own copy ceiling."""
+    from nf4lab.kernels import gemv
+    from nf4lab.measure import bench
+
+    first, run, skipped = next(iter(launches)), None, False
+    for (N, K), dtype in itertools.product(shapes, dtypes):
+        if deadline is not None and time.time() > deadline:
+            skipped = True
+            progress(f"deadline reached: {N}x{K} {dtype} and later skipped")
+            continue
+        keys = [k for k in launches if k == first or variant_dtypes is None or dtype in variant_dtypes]
+        part = gemv.benchmark({k: launches[k] for k in keys}, [(N, K)], [dtype], ms, progress=progress)
+        if run is None:
+            run = part
+        else:
+            run.records += part.records
+            run.meta["checks"] += part.meta["checks"]
+            run.meta["seconds"] = round(run.meta["seconds"] + part.meta["seconds"], 1)
+    run = run or bench.Run()
+    run.meta.setdefault("checks", [])
+    run.meta.update(variants=list(launches), incomplete=skipped, default_kernel=gemv.kernel_name(first))
+    return run
+
+
 def _report(run, gemv):
     from lab import gemv_reports
-    from nf4lab.measure import gemv_bench
 
     print(gemv_reports.table(run))
     for c in run.meta["checks"]:
         print(f"  {c['name']:<58} {'x'.join(map(str, c['shape'])):>11} {c['dtype']} M={c.get('M', 1)}: within "
               f"tolerance {c['ok']} (worst error/tolerance {c['worst_ratio']:.2g}), max |ours - bnb| "
               f"{c['max_abs_diff_vs_bnb']:.3g}")
-    return [c for c in run.meta["checks"] if c["name"].startswith(gemv_bench.FUSED) and not c["ok"]]
+    return [c for c in run.meta["checks"] if c["name"].startswith(gemv.FUSED) and not c["ok"]]
 
 
 def main(argv=None) -> int:
@@ -142,7 +169,6 @@ def main(argv=None) -> int:
     ap.add_argument("--no-save", action="store_true")
     args = ap.parse_args(argv)
     from nf4lab.kernels import gemv
-    from nf4lab.measure import gemv_bench
 
     if not nf4lab.ON_GPU:
         print("no CUDA GPU: nothing to measure (the simulator's timings mean nothing)")
@@ -157,8 +183,8 @@ def main(argv=None) -> int:
     print(f"variants: {', '.join(launches)} (default: {first!r}; the others on {args.variant_dtypes} only)")
     bad = []
     if 1 in args.ms:
-        run = gemv_bench.benchmark(launches, shapes, tuple(args.dtypes), ms=(1,), variant_dtypes=args.variant_dtypes,
-                             deadline=deadline, progress=lambda s: print(f"[{time.time() - T0:5.0f} s] {s}", flush=True))
+        run = benchmark(launches, shapes, tuple(args.dtypes), ms=(1,), variant_dtypes=args.variant_dtypes,
+                        deadline=deadline, progress=lambda s: print(f"[{time.time() - T0:5.0f} s] {s}", flush=True))
         run.meta["grid_policies"] = list(getattr(mod, "GRID_POLICIES", ()))
         run.meta["designs"] = {k: describe_design(v) for k, v in getattr(mod, "VARIANTS", {}).items()}
         bad += _report(run, gemv)
@@ -168,8 +194,8 @@ def main(argv=None) -> int:
         bshapes = parse(args.batch_shapes) if args.batch_shapes else TARGET_SHAPES
         bkeys = [first] + [k for k in getattr(mod, "BATCH_VARIANTS", ()) if k != first and k in launches]
         bkeys += [k for k in launches if k.startswith("TC") and k not in bkeys]
-        run = gemv_bench.benchmark({k: launches[k] for k in bkeys}, bshapes, tuple(args.batch_dtypes), ms=ms, deadline=deadline,
-                             progress=lambda s: print(f"[{time.time() - T0:5.0f} s] {s}", flush=True))
+        run = benchmark({k: launches[k] for k in bkeys}, bshapes, tuple(args.batch_dtypes), ms=ms, deadline=deadline,
+                        progress=lambda s: print(f"[{time.time() - T0:5.0f} s] {s}", flush=True))
         bad += _report(run, gemv)
         _save(run, gemv.NAME + "_batch", not args.no_save)
     print(f"total {time.time() - T0:.0f} s")

@@ -104,12 +104,15 @@ def test_simulator_shuffle_twin():
 
 
 def test_layout_is_checked():
+    def g(**kw):
+        return types.SimpleNamespace(**{**dict(dtype="bf16", N=4, K=128, M=1, bs_shift=6, offset=np.float32(0)), **kw})
+
     with pytest.raises(ValueError, match="N\\*K"):
-        gemv.validate(types.SimpleNamespace(dtype="bf16", N=1 << 20, K=1 << 15, M=1, bs_shift=6, offset=np.float32(0)))
+        gemv.validate(g(N=1 << 20, K=1 << 15))
     with pytest.raises(ValueError, match="multiple of 64"):
-        gemv._check_layout(4, 96, 64)
+        gemv.validate(g(K=96))
     with pytest.raises(ValueError, match="blocksize 32"):
-        gemv._check_layout(4, 128, 32)
+        gemv.validate(g(bs_shift=5))
 
 
 def test_weight_bytes():
@@ -152,7 +155,7 @@ def _case_buffers(N, K, dtype, M=1, seed=5, **kw):
 
 
 # The shipped kernel (its mma, PRMT and table lookups have plain-Python twins, so the simulator runs it too) on
-# small adversarial shapes (K a multiple of 64, as _check_layout requires): K past a 256-column step by 64, 128
+# small adversarial shapes (K a multiple of 64, as validate requires): K past a 256-column step by 64, 128
 # and 192 columns, K below one step, K = 2048 + 64, rows past N, odd N, every batch M = 1..8, both dtypes, heavy
 # tails, blocksize 128, all 16 codes, plain statistics, the persistent grid's later rounds (grid 1).
 # (N, K, dtype, M, grid, case options)
@@ -273,7 +276,7 @@ def test_fp16_table_experiment_is_the_rounded_dot_product(nb09):
     lut16 = gc.lut.astype(np.float16).astype(np.float32)
     assert (lut16 != gc.lut).sum() >= 10                       # the rounding is real
     w16 = (lut16[q[: gc.N * gc.K]] * np.repeat(absmax, 64)[: gc.N * gc.K]).reshape(gc.N, gc.K)
-    y64 = gemv.reference_y64(gc.x, w16)
+    y64 = gc.x.astype(np.float64) @ w16.astype(np.float64).T
     tol = gemv.tolerance(gc.x, w16, "bf16")
     err = np.abs(gemv.to_f32(g.result(), "bf16").reshape(y64.shape) - y64)
     assert (err <= tol).all(), float((err / tol).max())

@@ -282,10 +282,10 @@ def test_gpu_install_serves_bitsandbytes_and_uninstall_restores(clean):
 
 
 def _within_tolerance(y, packed, qs, x):
-    from nf4lab.measure import gemv_bench
+    from nf4lab.kernels import gemv
 
-    y64, tol = gemv_bench._gpu_reference(packed, qs, x.reshape(-1, x.shape[-1]))
-    return gemv_bench._gpu_check(y, y64, tol, "nf4lab")
+    y64, tol = gemv._gpu_reference(packed, qs, x.reshape(-1, x.shape[-1]))
+    return gemv._gpu_check(y, y64, tol, "nf4lab")
 
 
 @gpu

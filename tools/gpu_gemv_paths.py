@@ -1,6 +1,6 @@
 """The fused GEMV on a GPU, every code path: bf16 and fp16, M = 1..8, nested and plain statistics, small
 adversarial shapes and the LLM shapes, each output checked against float64 (within the table-rounding
-tolerance of nf4lab.lesson.gemv_check). Run it twice, as tools/gpu_check.sh does for the dequantizer:
+tolerance of nf4lab.kernels.gemv). Run it twice, as tools/gpu_check.sh does for the dequantizer:
 
     python tools/gpu_gemv_paths.py                    # this GPU's paths (mma.sync m16n8k16 on sm_80+)
     NF4LAB_ARCH=sm_75 python tools/gpu_gemv_paths.py  # a T4's: fp16 as two m16n8k8, bf16 on the FP32 units

@@ -7,7 +7,7 @@ functions with the same results, so a kernel reads the same in both modes.
 - ``mma_bf16`` / ``mma_f16``: ``mma.sync.m16n8k16`` with float32 accumulation. Below sm_80 (a T4) fp16 runs
   as two m16n8k8 and bf16 on the FP32 units from the warp's fragments (``_soft_mma``, about 3x the
   instructions); the simulator twin gathers the whole warp's fragments (``_py_warp_exchange``).
-- ``prmt``: the byte permute. ``lookup`` / ``lookup_at(base)``: a 32-bit shared load with the table's base
+- ``prmt``: the byte permute. ``lookup`` / ``table_lookup(base)``: a 32-bit shared load with the table's base
   in the load's immediate. ``shfl_xor_sync``, ``f32_from_bits``.
 - ``load_stream_u32x4``: a read-only 128-bit load that does not allocate in L1.
 - ``probe_base()``: where dynamic shared memory starts in a block's shared window on this GPU.
@@ -250,3 +250,18 @@ def probe_base() -> int:
 def default_base(cc) -> int:
     """The base compiled in where no GPU can be probed (PTX for an architecture): sm_90 reserves 1 KB."""
     return 0x400 if tuple(cc) >= (9, 0) else 0
+
+
+@functools.cache
+def table_lookup(base):
+    """``look(tab, off)``: the shared table's word at byte ``off``, with ``base`` (where dynamic shared memory
+    starts, :func:`probe_base`) in the load's immediate; in the simulator the twin, which indexes ``tab``."""
+    if runtime.SIMULATOR:
+        return lookup
+    lds = _lookup_at(base)
+
+    @cuda.jit(device=True, inline="always")
+    def look(tab, off):
+        return lds(off)
+
+    return look
