@@ -370,8 +370,11 @@ def test_shared_memory_fits_a_t4():
 
 def test_grid(monkeypatch):
     monkeypatch.setattr(nf4lab.runtime, "device_info", lambda: {"sms": 132})
-    monkeypatch.setattr(gemv, "_SMS", {})
-    assert gemv.grid_size(4096) == 256 and gemv.grid_size(14336) == 2 * 132 and gemv.grid_size(20) == 2
+    gemv._sm_count.cache_clear()
+    try:
+        assert gemv.grid_size(4096) == 256 and gemv.grid_size(14336) == 2 * 132 and gemv.grid_size(20) == 2
+    finally:
+        gemv._sm_count.cache_clear()
 
 
 def test_ncu_summary_and_pipe_ceiling(nb09):

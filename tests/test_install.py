@@ -282,10 +282,16 @@ def test_gpu_install_serves_bitsandbytes_and_uninstall_restores(clean):
 
 
 def _within_tolerance(y, packed, qs, x):
-    from nf4lab.kernels import gemv
+    """y against float64 on the GPU: bitsandbytes' float32 weights, float64 products and sums."""
+    from bitsandbytes.functional import QuantState
+    from nf4lab.lesson.gemv_check import tolerance
+    from nf4lab.measure.gemv_bench import _gpu_check
 
-    y64, tol = gemv._gpu_reference(packed, qs, x.reshape(-1, x.shape[-1]))
-    return gemv._gpu_check(y, y64, tol, "nf4lab")
+    qs32 = QuantState(absmax=qs.absmax, shape=qs.shape, code=qs.code, blocksize=qs.blocksize, quant_type=qs.quant_type,
+                      dtype=torch.float32, offset=qs.offset, state2=qs.state2)
+    w, xd = F.dequantize_4bit(packed, qs32).double(), x.reshape(-1, x.shape[-1]).double()
+    y64 = xd @ w.T
+    return _gpu_check(y, y64, tolerance(xd, w, {torch.bfloat16: "bf16", torch.float16: "fp16"}[x.dtype]), "nf4lab")
 
 
 @gpu

@@ -1,6 +1,7 @@
 """The flat names the notebooks use (nf4lab was flat when their outputs were recorded) are the moved modules."""
 import subprocess
 import sys
+from pathlib import Path
 
 import nf4lab
 from nf4lab import _FLAT
@@ -33,3 +34,12 @@ def test_python_m_flat_name_runs_the_moved_module():
     out = subprocess.run([sys.executable, "-m", "nf4lab.profiling", "--help"], capture_output=True, text=True,
                          timeout=120)
     assert out.returncode == 0 and "drive" in out.stdout, out.stderr
+
+
+def test_the_gemv_stays_small():
+    """The GEMV's code in nf4lab (kernel, float64 check, benchmark; its device ops apart) stays at most 700 lines:
+    what only the lab uses belongs in lab/."""
+    root = Path(nf4lab.__file__).parent
+    files = ("kernels/gemv.py", "lesson/gemv_check.py", "measure/gemv_bench.py")
+    n = sum(len((root / f).read_text().splitlines()) for f in files)
+    assert n <= 700, f"{n} lines in {files}"

@@ -1,25 +1,18 @@
-"""The fused NF4 GEMV of notebook 09, ``y = x @ W.T`` for 1 to 8 rows of x, W (N, K) in bitsandbytes' NF4
-(``launch``), its float64 check (``make_gemv_case``, ``check``) and its benchmark beside bitsandbytes.
+"""The fused NF4 GEMV of notebook 09, ``y = x @ W.T`` for 1 to 8 rows of x, W (N, K) in bitsandbytes' NF4 (``launch``,
+``launch_torch``); its check (..lesson.gemv_check) and benchmark (..measure.gemv_bench), as gemv.<name> too.
 
 A code byte costs one PRMT (its table address) and one 32-bit shared load, whose result (the byte's two NF4
 values as a bf16x2/f16x2 pair) is an ``mma.sync`` A-fragment register as it stands; the tensor core sums in
 float32. Notebook 09 builds the same kernel cell by cell (tests/test_nb09.py pins both to one PTX). Below sm_80
 (a T4) fp16 runs as two m16n8k8, bf16 on the FP32 units (:mod:`.warp_ops`); everything fits a T4's 64 KB.
 """
-from __future__ import annotations
-
 import dataclasses
 import functools
-import itertools
-import math
-import time
 
 import numpy as np
 
 from .. import runtime  # first: it may switch numba to the simulator
-from ..lesson import cases, reference
-from ..measure import bench, results
-from ..measure.bench import COPY  # the copy ceiling's record name: one spelling, bench's
+from ..lesson import reference
 from . import arch, ops
 from .fastkernel import address
 from .warp_ops import (_lookup_at, default_base, f32_from_bits, load_stream_u32x4, lookup, mma_bf16,  # noqa: F401
@@ -216,15 +209,14 @@ def make_kernel(is_bf16, M, base, nested=True, D=1, min_blocks=BLOCKS_PER_SM):
     return gemv_tc
 
 
-_SMS: dict = {}  # per device: device_info asks the driver for much more, tens of microseconds a launch
+@functools.cache
+def _sm_count(dev):  # device_info asks the driver for much more: tens of microseconds, once per device
+    return runtime.device_info().get("sms") or 132
 
 
 def sms():
     """The GPU's SM count (the simulator plans for an H100)."""
-    dev = cuda.get_current_device().id if runtime.ON_GPU else None
-    if dev not in _SMS:
-        _SMS[dev] = runtime.device_info().get("sms") or 132
-    return _SMS[dev]
+    return _sm_count(cuda.get_current_device().id if runtime.ON_GPU else None)
 
 
 def kernel(dtype, M=1, nested=True):
@@ -368,330 +360,9 @@ def launch_torch(x, packed, shape, absmax_q, absmax2, code2, offset, blocksize, 
     launch(buffers_from_torch(x, packed, shape, absmax_q, absmax2, code2, offset, blocksize, out, stream))
 
 
-# ---------------------------------------------------------------- the float64 check (notebook 09, section 4)
-EPS32 = float(np.finfo(np.float32).eps)        # 2^-23
-UNIT_OUT = {"bf16": 2.0 ** -8, "fp16": 2.0 ** -11, "fp32": 2.0 ** -24}  # unit roundoff of the output
-
-
-@dataclasses.dataclass(repr=False)
-class GemvCase:
-    N: int
-    K: int
-    M: int
-    dtype: str
-    blocksize: int
-    packed: np.ndarray      # uint8, N*K/2, high nibble first, flat index row*K + col
-    absmax_q: np.ndarray    # uint8 per block
-    absmax2: np.ndarray     # float32 per 256 blocks (nested=False: per block; absmax_q, code2 unused)
-    code2: np.ndarray       # float32[256]
-    offset: np.float32
-    lut: np.ndarray         # float32[16]
-    x_bits: np.ndarray      # uint16 (M, K): the activations as bf16/fp16 bits
-    x: np.ndarray           # float32 (M, K): the same values
-    w: np.ndarray           # float32 (N, K): what bitsandbytes dequantizes to before the output cast
-    y64: np.ndarray         # float64 (M, N): x @ w.T in float64
-    case: object = None     # the nf4lab.lesson.cases.Case it was made from
-    nested: bool = True
-
-
-def tolerance(x, w, dtype, table=False):
-    """Allowed |y - y64| for a float32 dot product of length K rounded to ``dtype`` (x, w numpy or torch). Any float32
-    sum of K products, in any order, is within about K * u32 * sum|x_k w_k| of the exact one (Higham); K * eps32
-    (twice that) also covers the block scale's product, and rounding to the dtype adds u * |y|. ``table``: the NF4
-    values rounded to the dtype (mma takes bf16/fp16), each off by a factor 1 +- u at most: u * sum|x w| more."""
-    x, w = (x.double(), w.double()) if hasattr(x, "double") else (np.asarray(x, np.float64), np.asarray(w, np.float64))
-    s, u = abs(x) @ abs(w).T, UNIT_OUT[dtype]
-    return (1 + u) * (x.shape[-1] * EPS32 * s) + u * abs(x @ w.T) + np.finfo(np.float32).tiny + (u * s if table else 0)
-
-
-def make_gemv_case(N, K, dtype="bf16", M=1, dist="randn", seed=0, blocksize=64, x_dist="randn",
-                   nested=True) -> GemvCase:
-    """W (N, K) quantized by bitsandbytes (nf4lab.lesson.cases, cached; ``dist`` as there), x (M, K) rounded to the
-    dtype (``x_dist``: "randn", or "heavy": Student t with 2 degrees of freedom plus a few outlier columns 100x
-    larger, as LLM activations have) and y64. ``nested=False``: each block's absmax as one float32."""
-    if x_dist not in ("randn", "heavy"):
-        raise ValueError(f"x_dist must be 'randn' or 'heavy', got {x_dist!r}")
-    case = cases.make_case((N, K), dtype=dtype, dist=dist, seed=seed, blocksize=blocksize)
-    absmax = reference.block_absmax(case.absmax_q, case.absmax2, case.code2, case.offset)
-    w = reference.dequantize_f32(case.packed, absmax, case.n, blocksize).reshape(N, K)
-    rng = np.random.default_rng(1000 + seed)
-    xf = rng.standard_normal((M, K)) if x_dist == "randn" else rng.standard_t(2.0, (M, K))
-    if x_dist == "heavy":
-        xf[:, rng.choice(K, size=max(1, K // 64), replace=False)] *= 100.0
-        xf = np.clip(xf, -3e4, 3e4)  # inside the fp16 range
-    x_bits = reference.f32_to_bits(xf.astype(np.float32), dtype).reshape(M, K)
-    x = reference.bits_to_f32(x_bits, dtype).reshape(M, K)
-    stats = (dict(absmax_q=case.absmax_q, absmax2=case.absmax2, code2=case.code2) if nested else
-             dict(absmax_q=np.zeros(1, np.uint8), absmax2=np.asarray(absmax, np.float32), code2=np.zeros(1, np.float32)))
-    return GemvCase(N=N, K=K, M=M, dtype=dtype, blocksize=blocksize, packed=case.packed, nested=nested, **stats,
-                    offset=np.float32(case.offset), lut=case.lut.copy(), x_bits=x_bits, x=x, w=w,
-                    y64=x.astype(np.float64) @ w.astype(np.float64).T, case=case)
-
-
-def to_f32(y, dtype) -> np.ndarray:
-    """Output (numpy bits / floats, numba device array or torch tensor) as float32 values."""
-    y = y.copy_to_host() if hasattr(y, "copy_to_host") else y
-    y = np.asarray(y.detach().float().cpu() if type(y).__module__.startswith("torch") else y)
-    if y.dtype.kind in "ui":
-        return reference.bits_to_f32(y.astype(np.uint16), dtype).reshape(y.shape)
-    return y.astype(np.float32)
-
-
-@dataclasses.dataclass
-class GemvReport:
-    name: str
-    ok: bool
-    max_err: float
-    worst_ratio: float       # max |y - y64| / tol (<= 1 passes)
-    n_bad: int
-    n: int
-    first_bad: list
-
-    def __str__(self):
-        head = (f"{self.name}: {'within' if self.ok else 'OUTSIDE'} the float32 tolerance ({self.n:,} outputs, "
-                f"max |y - y64| = {self.max_err:.3g}, worst error/tolerance = {self.worst_ratio:.3g})")
-        if self.ok:
-            return head
-        return "\n".join([head, f"  {self.n_bad:,} outputs outside; first ones (m, n, y, y64, tol):"]
-                         + [f"    {m:>3} {n:>6} {y:>12.6g} {r:>12.6g} {t:>10.3g}" for m, n, y, r, t in self.first_bad])
-
-
-class GemvError(AssertionError):
-    pass
-
-
-def compare(y, gc: GemvCase, name="kernel", rounded_table=False) -> GemvReport:
-    """``y`` against the float64 reference; ``rounded_table``: the kernel's table holds the NF4 values in the
-    dtype, as the tensor-core GEMV's does (see :func:`tolerance`)."""
-    yv = to_f32(y, gc.dtype).reshape(-1)[: gc.M * gc.N].reshape(gc.M, gc.N).astype(np.float64)
-    tol = tolerance(gc.x, gc.w, gc.dtype, table=rounded_table)
-    err = np.abs(yv - gc.y64)
-    bad = ~(err <= tol)  # NaN counts as bad
-    first = [(int(m), int(n), float(yv[m, n]), float(gc.y64[m, n]), float(tol[m, n])) for m, n in np.argwhere(bad)[:8]]
-    ratio = float(np.nanmax(np.where(np.isfinite(err), err / tol, np.inf)))
-    return GemvReport(name, not bad.any(), float(np.nanmax(err)), ratio, int(bad.sum()), yv.size, first)
-
-
-def check(y, gc: GemvCase, name="kernel", rounded_table=False) -> GemvReport:
-    """:func:`compare`, raising :class:`GemvError` if outside the tolerance."""
-    rep = compare(y, gc, name, rounded_table)
-    if not rep.ok:
-        raise GemvError(str(rep))
-    return rep
-
-
-def bnb_output(gc: GemvCase, device="cpu"):
-    """bitsandbytes.matmul_4bit(x, W.t(), quant_state) on the case (CPU in the simulator)."""
-    import bitsandbytes as bnb
-    import torch
-
-    packed, qs = gc.case.quant_state(device)
-    x = torch.from_numpy(gc.x_bits.view(np.int16).copy()).view(getattr(torch, TORCH_DTYPE[gc.dtype])).to(device)
-    with torch.no_grad():
-        return bnb.matmul_4bit(x, packed.t(), quant_state=qs)
-
-
-def check_exercise(launch_fn, name="exercise: warp reduction", rounded_table=False, shape=(16, 128)) -> bool:
-    """Grade a GEMV launch function on a small case (``shape``: (N, K)) against the float64 reference and print
-    the verdict; ``rounded_table`` as for :func:`compare`."""
-    g = make_gemv_buffers(gc := make_gemv_case(*shape, "bf16", seed=3))
-    try:
-        launch_fn(g)
-        rep = compare(g.result(), gc, name=name, rounded_table=rounded_table)
-    except Exception as exc:  # a broken kernel must not stop the notebook
-        print(f"NOT PASSED: the kernel raised {type(exc).__name__}: {exc}")
-        return False
-    print(("PASSED: " if rep.ok else "NOT PASSED (not solved yet): ") + str(rep))
-    return rep.ok
-
-
-# ---------------------------------------------------------------- the benchmark (notebook 09, sections 1, 5, 6)
-FUSED = "fused NF4 gemv (numba)"  # every record of our kernels: f"{FUSED} [{variant}]" (kernel_name)
-# Record names, as recorded. matmul_4bit without grad is bitsandbytes' gemm_4bit op at every M: its fused kernel
-# up to M = 4, then that or dequantize + F.linear as a per-GPU heuristic picks (_gemm_4bit_use_custom_cuda).
-BNB_GEMV = "bitsandbytes matmul_4bit gemv (M=1)"
-BNB_GEMM = "bitsandbytes matmul_4bit gemm_4bit (M>1)"
-BNB_DQ_MM = "bitsandbytes dequantize_4bit + torch.matmul gemv"
-COPY_BYTES = 1 << 30  # the copy ceiling: a 1 GiB copy (512 MiB read + 512 MiB written), far beyond L2
-
-
-def weight_bytes(N, K, blocksize=64) -> int:
-    """Bytes a GEMV must read for the weight: packed codes + absmax_q + absmax2 + code2 (x, y not counted)."""
-    nblocks = -(-N * K // blocksize)
-    return -(-N * K // 2) + nblocks + 4 * -(-nblocks // reference.NESTED_BLOCKSIZE) + 1024
-
-
-def unfused_bytes(N, K, itemsize=2, blocksize=64) -> int:
-    """Dequantize then multiply: read the packed weight, write W in 16 bits, read it again."""
-    return weight_bytes(N, K, blocksize) + 2 * itemsize * N * K
-
-
-def kernel_name(variant: str) -> str:
-    return f"{FUSED} [{variant}]"
-
-
-def bnb_name(M: int) -> str:
-    return BNB_GEMV if M == 1 else BNB_GEMM
-
-
-def default_kernel(run) -> str:
-    """Name of the kernel record a run shows: the first variant timed (``run``: a Run, or a results file's dict)."""
-    return (run["meta"] if isinstance(run, dict) else run.meta).get("default_kernel") or kernel_name("auto")
-
-
-def find_record(run, name, shape, dtype, M=1):
-    return next((r for r in run.records if r["name"] == name and list(r["shape"]) == list(shape)
-                 and r["dtype"] == dtype and r.get("M", 1) == M), None)
-
-
-def _quantize_gpu(N, K, dtype, seed=0, M=1):
-    import bitsandbytes.functional as F
-    import torch
-
-    g = torch.Generator(device="cuda").manual_seed(seed)
-    t = getattr(torch, TORCH_DTYPE[dtype])
-    w = torch.randn(N, K, generator=g, device="cuda", dtype=torch.float32).to(t)
-    packed, qs = F.quantize_4bit(w, blocksize=64, quant_type="nf4", compress_statistics=True)
-    return packed, qs, torch.randn(M, K, generator=g, device="cuda", dtype=torch.float32).to(t)
-
-
-def _gpu_reference(packed, qs, x):
-    """(y64, tol) on the GPU: bitsandbytes' float32 weights, float64 products and sums."""
-    import bitsandbytes.functional as F
-    import torch
-
-    qs32 = qs.__class__(absmax=qs.absmax, shape=qs.shape, code=qs.code, blocksize=qs.blocksize,
-                        quant_type=qs.quant_type, dtype=torch.float32, offset=qs.offset, state2=qs.state2)
-    w, xd = F.dequantize_4bit(packed, qs32).double(), x.double()
-    return xd @ w.T, tolerance(xd, w, {torch.bfloat16: "bf16", torch.float16: "fp16"}[x.dtype])
-
-
-def _gpu_check(y, y64, tol, name):
-    err = (y.double().reshape(y64.shape) - y64).abs()
-    return {"name": name, "ok": not bool((~(err <= tol)).any()), "worst_ratio": float((err / tol).max()),
-            "max_err": float(err.max())}
-
-
-def benchmark(launch, shapes=LLM_SHAPES, dtypes=("bf16", "fp16"), ms=(1,), progress=print):
-    """Fused kernel(s) vs bitsandbytes' ``matmul_4bit`` on the same data (GPU only): a Run (nf4lab.measure.bench) of
-    ceilings, baselines and kernels per shape, dtype and batch size M (``ms``), every output checked against float64
-    first. ``launch``: ``launch(g)`` or {variant: launch} (records ``kernel_name(variant)``, the first the default).
-    Each timed function cycles through weight copies totalling > 4x L2, so every launch reads DRAM, as in decoding."""
-    import bitsandbytes as bnb
-    import bitsandbytes.functional as F
-    import torch
-
-    bench._require_gpu()
-    launches = dict(launch) if isinstance(launch, dict) else {"default": launch}
-    first, names = next(iter(launches)), {key: kernel_name(key) for key in launches}
-    run = bench.Run(method=bench.METHOD + "; weights cycled over copies totalling > 4x L2 so each "
-                    "launch reads them from DRAM; effective bandwidth = weight bytes (packed + absmax_q + "
-                    "absmax2 + code2) / time")
-    l2, t0, ceil = runtime.device_info().get("l2_bytes") or (50 << 20), time.time(), bench.ceilings(COPY_BYTES)
-    run.meta.update(copy_ceiling_bytes=COPY_BYTES, checks=[], default_kernel=names[first], variants=list(launches),
-                    batch_sizes=list(ms))
-    for (N, K), dtype, M in itertools.product(shapes, dtypes, ms):
-        t_start, nb, keys = time.time(), weight_bytes(N, K), list(launches)
-        copies = max(2, math.ceil(4 * l2 / nb))
-        data = [_quantize_gpu(N, K, dtype, seed=i, M=M) for i in range(copies)]
-        x, y = data[0][2], torch.empty(M, N, dtype=data[0][2].dtype, device="cuda")  # one x for all copies
-        bufs = [buffers_from_torch(x, p, q.shape, q.absmax, q.state2.absmax, q.state2.code, q.offset.item(),
-                                   q.blocksize, y) for p, q, _ in data]
-        y64, tol = _gpu_reference(*data[0])  # copy 0 checked against float64, ours and bitsandbytes'
-        yb = bnb.matmul_4bit(x, data[0][0].t(), quant_state=data[0][1])
-        checks = {}
-        for key in keys:
-            launches[key](bufs[0])  # the first launch compiles (a launch may size its grid from the kernel)
-            y.fill_(float("nan"))
-            launches[key](bufs[0])
-            torch.cuda.synchronize()
-            checks[key] = dict(_gpu_check(y, y64, tol, names[key]), shape=[N, K], dtype=dtype, M=M,
-                               max_abs_diff_vs_bnb=float((y.float() - yb.float().reshape(y.shape)).abs().max()))
-        chk = checks[keys[0]]
-        chk_b = dict(_gpu_check(yb, y64, tol, bnb_name(M)), shape=[N, K], dtype=dtype, M=M,
-                     max_abs_diff_vs_bnb=chk["max_abs_diff_vs_bnb"])
-        run.meta["checks"] += [*checks.values(), chk_b]
-        del y64, tol
-        for kind, name, call, ok in (  # call(i, stream): one launch on copy i of the weight
-                ("baseline", bnb_name(M), lambda i, s: bnb.matmul_4bit(x, data[i][0].t(), quant_state=data[i][1]),
-                 chk_b["ok"]),
-                ("baseline", BNB_DQ_MM, lambda i, s: torch.matmul(x, F.dequantize_4bit(*data[i][:2]).t()), None),
-                *(("kernel", names[k], lambda i, s, fn=launches[k]: fn(dataclasses.replace(bufs[i], stream=s)),
-                   checks[k]["ok"]) for k in keys)):
-            turn = itertools.cycle(range(copies))  # each launch takes the next copy, from copy 0
-            t = bench.gpu_time_ms(lambda stream: call(next(turn), stream), launches=max(bench.LAUNCHES, copies))
-            run.add(bench._record(kind, name, (N, K), dtype, t, nb, bit_exact=None, within_tol=ok,
-                                  copies=copies, fits_l2=False, M=M))
-        if not any(r["kind"] == "ceiling" and r["shape"] == [N, K] and r["dtype"] == dtype for r in run.records):
-            run.add([dict(c, shape=[N, K], dtype=dtype) for c in ceil])
-        if progress:  # wall-clock seconds of this whole step, not a kernel time (those are in the records)
-            others = "".join(f"; {k} {'ok' if checks[k]['ok'] else 'OUTSIDE TOLERANCE'}" for k in keys[1:])
-            progress(f"{N}x{K} {dtype} M={M}: {time.time() - t_start:.1f} s wall clock ({copies} weight copies); "
-                     f"{names[keys[0]]} within tolerance: {chk['ok']} (worst {chk['worst_ratio']:.2g}), bnb: "
-                     f"{chk_b['ok']} (worst {chk_b['worst_ratio']:.2g}), max |ours - bnb| = "
-                     f"{chk['max_abs_diff_vs_bnb']:.3g}{others}")
-        del data, bufs  # the weight copies
-        torch.cuda.empty_cache()
-    run.meta["seconds"] = round(time.time() - t0, 1)
-    run.finalize()
-    for r in run.records:  # speedup relative to bitsandbytes' matmul_4bit at the same shape, dtype and M
-        if r["kind"] != "ceiling" and r.get("ms"):
-            b = find_record(run, bnb_name(r.get("M", 1)), r["shape"], r["dtype"], r.get("M", 1))
-            r["speedup_vs_bnb"] = b["ms"] / r["ms"] if b and b.get("ms") else None
-    return run
-
-
-def summary(run, bound=None) -> str:
-    """Per shape, dtype and M: the default kernel against bitsandbytes' matmul_4bit (us, x bnb), the copy ceiling
-    and ``bound`` (lab/gemv_read_bound.py's run: only reads the weight bytes), and both's tolerance verdicts."""
-    ours, copy = default_kernel(run), next((r for r in run.records if r["name"] == COPY), None)
-    ok = {(c["name"], tuple(c["shape"]), c["dtype"], c.get("M", 1)): c["ok"] for c in run.meta.get("checks", [])}
-    lines = [f"{'W (N x K)':>11} {'dtype':>5} {'M':>2} {'ours us':>8} {'bnb us':>7} {'x bnb':>6} {'% copy':>7} "
-             f"{'% of read':>9}  within tolerance (ours, bnb)"]
-    for r in (r for r in run.records if r["name"] == ours):
-        M, key = r.get("M", 1), (tuple(r["shape"]), r["dtype"], r.get("M", 1))
-        b = find_record(run, bnb_name(M), r["shape"], r["dtype"], M)
-        rb = bound and next((q for q in bound.records if q["kind"] == "bound" and q["shape"] == r["shape"]), None)
-        lines.append(f"{'x'.join(map(str, r['shape'])):>11} {r['dtype']:>5} {M:>2} {r['ms'] * 1e3:8.1f} "
-                     f"{b['ms'] * 1e3 if b else float('nan'):7.1f} {b['ms'] / r['ms'] if b else float('nan'):6.2f} "
-                     + (f"{100 * r['gbps'] / copy['gbps']:6.0f}% " if copy else f"{'-':>7} ")
-                     + (f"{100 * rb['ms'] / r['ms']:8.0f}%  " if rb else f"{'-':>9}  ")
-                     + f"{ok.get((ours, *key))}, {ok.get((bnb_name(M), *key))}")
-    return "\n".join(lines)
-
-
-def plot(run, batch=False):
-    """Effective weight bandwidth (weight bytes / time) per shape and dtype: bars at batch 1 (ours, matmul_4bit,
-    dequantize + matmul) or, ``batch``, lines against M (ours solid, matmul_4bit dashed); the copy ceiling red."""
-    import matplotlib.pyplot as plt
-
-    ours, recs = default_kernel(run), [r for r in run.records if r["kind"] in ("kernel", "baseline")]
-    keys = list(dict.fromkeys((tuple(r["shape"]), r["dtype"]) for r in recs))
-    fig, ax = plt.subplots(figsize=(10, 4.8))
-    if batch:
-        for i, (shape, dtype) in enumerate(keys):
-            for names, style, who in (((ours,), "-o", "ours"), ((BNB_GEMV, BNB_GEMM), "--s", "bitsandbytes matmul_4bit")):
-                pts = sorted((r.get("M", 1), r["gbps"]) for r in recs
-                             if tuple(r["shape"]) == shape and r["dtype"] == dtype and r["name"] in names)
-                if pts:
-                    ax.plot(*zip(*pts), style, color=f"C{i % 10}", label=f"{shape[0]}x{shape[1]} {dtype}: {who}")
-        ms = sorted({r.get("M", 1) for r in recs})
-        ax.set_xscale("log", base=2)
-        ax.set_xticks(ms, [str(m) for m in ms])
-        ax.minorticks_off()
-        ax.set_xlabel("batch M (rows of x)")
-    else:
-        for j, name in enumerate([BNB_DQ_MM, BNB_GEMV, ours]):
-            pts = [(i + (j - 1) * 0.27, r["gbps"]) for i, k in enumerate(keys) if (r := find_record(run, name, *k))]
-            if pts:
-                ax.bar(*zip(*pts), 0.27, label=name + (" (default)" if name == ours else ""))
-        ax.set_xticks(range(len(keys)), [f"{s[0]}x{s[1]}\n{d}" for s, d in keys], fontsize=8)
-        ax.set_xlabel("W shape (N out x K in), activation dtype; batch 1")
-    copy = next((r for r in run.records if r["name"] == COPY), None)
-    if copy:
-        ax.axhline(copy["gbps"], color="tab:red", ls="--", lw=1, label=f"copy ceiling {copy['gbps']:.0f} GB/s")
-    ax.set(ylabel="effective weight bandwidth, GB/s", title="Fused NF4 GEMV: weight bytes read per second")
-    ax.legend(fontsize=7)
-    fig.tight_layout(rect=(0, 0.06, 1, 1))
-    fig.text(0.01, 0.005, "measured on " + results.label(run.meta), fontsize=7, color="0.35", va="bottom")
-    return ax
+def __getattr__(name):  # the check's and the benchmark's names, as notebook 09 and the lab use them
+    if name.startswith("__"):  # the import system's probes (__path__, ...): answering them would import in a cycle
+        raise AttributeError(name)
+    from ..lesson import gemv_check
+    from ..measure import gemv_bench
+    return getattr(gemv_check if name in vars(gemv_check) else gemv_bench, name)
