@@ -23,8 +23,8 @@ for s in $steps; do
       for a in "" sm_75; do
         echo "== pytest on the GPU, NF4LAB_ARCH=${a:-unset}" | tee -a "$log"
         # NF4LAB_MODE=gpu: tests/conftest.py otherwise puts every test in the simulator, GPU or not
-        # natively also the torch ops and install() (their GPU tests: compile, CUDA graphs, bitsandbytes served)
-        more=$([ -z "$a" ] && echo "tests/test_install.py tests/test_torch_ops.py")
+        # natively also the torch ops, install() and the GEMV (their GPU tests: compile, CUDA graphs, bitsandbytes served)
+        more=$([ -z "$a" ] && echo "tests/test_install.py tests/test_torch_ops.py tests/test_gemv.py")
         NF4LAB_MODE=gpu NF4LAB_ARCH=$a timeout 300 python3 -m pytest -q -x -p no:cacheprovider -m "not slow" \
           tests/test_dequantize.py tests/test_exercises.py tests/test_ops_ptx.py tests/test_runtime.py $more 2>&1 \
           | tail -15 | tee -a "$log"
