@@ -43,3 +43,14 @@ def test_the_gemv_stays_small():
     files = ("kernels/gemv.py", "lesson/gemv_check.py", "measure/gemv_bench.py")
     n = sum(len((root / f).read_text().splitlines()) for f in files)
     assert n <= 700, f"{n} lines in {files}"
+
+
+def test_no_code_cell_is_longer_than_a_lesson_cell():
+    """A code cell a student reads at once: at most 120 non-blank lines, in every notebook and solution."""
+    import nbformat
+    from nf4lab.__main__ import notebook_paths
+
+    for path in notebook_paths(solutions=True):
+        for cell in nbformat.read(path, as_version=4).cells:
+            n = sum(1 for line in cell.source.splitlines() if line.strip())
+            assert cell.cell_type != "code" or n <= 120, f"{path.name}: a code cell of {n} non-blank lines"
