@@ -262,7 +262,7 @@ def models_block() -> str:
                        + "; ".join(f"{k} {v:.0f}" for k, v in per.items()) + ".")
         others = sorted((ROOT / "data" / "results" / g).glob("models_20*.json"))
         if others:
-            out += ["", "Earlier runs of the same benchmark on this GPU kind (they vary: eager decode is bound by the "
+            out += ["", "Other runs of the same benchmark on this GPU kind, newest last (they vary: eager decode is bound by the "
                     "host, and the compiled runs moved too):", ""]
         for p in others:
             o = results.load(p.stem, g)
