@@ -115,11 +115,10 @@ def _save(run, name, save):
 
 
 def benchmark(launches, shapes, dtypes, ms, variant_dtypes=None, deadline=None, progress=print):
-    """gemv.benchmark one (shape, dtype) at a time, merged into one run: the variants after the first only on
+    """gemv_bench.benchmark one (shape, dtype) at a time, merged into one run: the variants after the first only on
     ``variant_dtypes`` (default: all), and no (shape, dtype) started after ``deadline`` (a ``time.time()``;
     ``meta["incomplete"]`` then says so). Each part measures its own copy ceiling."""
-    from nf4lab.kernels import gemv
-    from nf4lab.measure import bench
+    from nf4lab.measure import bench, gemv_bench
 
     first, run, skipped = next(iter(launches)), None, False
     for (N, K), dtype in itertools.product(shapes, dtypes):
@@ -128,7 +127,7 @@ def benchmark(launches, shapes, dtypes, ms, variant_dtypes=None, deadline=None, 
             progress(f"deadline reached: {N}x{K} {dtype} and later skipped")
             continue
         keys = [k for k in launches if k == first or variant_dtypes is None or dtype in variant_dtypes]
-        part = gemv.benchmark({k: launches[k] for k in keys}, [(N, K)], [dtype], ms, progress=progress)
+        part = gemv_bench.benchmark({k: launches[k] for k in keys}, [(N, K)], [dtype], ms, progress=progress)
         if run is None:
             run = part
         else:
@@ -137,19 +136,20 @@ def benchmark(launches, shapes, dtypes, ms, variant_dtypes=None, deadline=None, 
             run.meta["seconds"] = round(run.meta["seconds"] + part.meta["seconds"], 1)
     run = run or bench.Run()
     run.meta.setdefault("checks", [])
-    run.meta.update(variants=list(launches), incomplete=skipped, default_kernel=gemv.kernel_name(first))
+    run.meta.update(variants=list(launches), incomplete=skipped, default_kernel=gemv_bench.kernel_name(first))
     return run
 
 
-def _report(run, gemv):
+def _report(run):
     from lab import gemv_reports
+    from nf4lab.measure.gemv_bench import FUSED
 
     print(gemv_reports.table(run))
     for c in run.meta["checks"]:
         print(f"  {c['name']:<58} {'x'.join(map(str, c['shape'])):>11} {c['dtype']} M={c.get('M', 1)}: within "
               f"tolerance {c['ok']} (worst error/tolerance {c['worst_ratio']:.2g}), max |ours - bnb| "
               f"{c['max_abs_diff_vs_bnb']:.3g}")
-    return [c for c in run.meta["checks"] if c["name"].startswith(gemv.FUSED) and not c["ok"]]
+    return [c for c in run.meta["checks"] if c["name"].startswith(FUSED) and not c["ok"]]
 
 
 def main(argv=None) -> int:
@@ -187,7 +187,7 @@ def main(argv=None) -> int:
                         deadline=deadline, progress=lambda s: print(f"[{time.time() - T0:5.0f} s] {s}", flush=True))
         run.meta["grid_policies"] = list(getattr(mod, "GRID_POLICIES", ()))
         run.meta["designs"] = {k: describe_design(v) for k, v in getattr(mod, "VARIANTS", {}).items()}
-        bad += _report(run, gemv)
+        bad += _report(run)
         _save(run, gemv.NAME, not args.no_save)
     ms = tuple(m for m in args.ms if m > 1)
     if ms:
@@ -196,7 +196,7 @@ def main(argv=None) -> int:
         bkeys += [k for k in launches if k.startswith("TC") and k not in bkeys]
         run = benchmark({k: launches[k] for k in bkeys}, bshapes, tuple(args.batch_dtypes), ms=ms, deadline=deadline,
                         progress=lambda s: print(f"[{time.time() - T0:5.0f} s] {s}", flush=True))
-        bad += _report(run, gemv)
+        bad += _report(run)
         _save(run, gemv.NAME + "_batch", not args.no_save)
     print(f"total {time.time() - T0:.0f} s")
     return 1 if bad else 0

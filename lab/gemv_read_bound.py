@@ -64,7 +64,8 @@ def main() -> int:
     import torch
 
     from nf4lab.measure import bench, results
-    from nf4lab.kernels import gemv
+    from nf4lab.kernels.gemv import LLM_SHAPES
+    from nf4lab.measure import gemv_bench
     from nf4lab import runtime
 
     t0 = time.time()
@@ -72,11 +73,11 @@ def main() -> int:
     sms, l2 = info.get("sms") or 132, info.get("l2_bytes") or (50 << 20)
     run = bench.Run(method=bench.METHOD + "; read-only kernel over the GEMV's weight bytes, cycled over copies "
                     "totalling > 4x L2; best of unroll x blocks-per-SM configurations")
-    run.add(bench.ceilings(gemv.COPY_BYTES))
+    run.add(bench.ceilings(gemv_bench.COPY_BYTES))
     readers = {u: make_reader(u) for u in UNROLLS}
     out = cuda.device_array(1, dtype="uint32")
-    for N, K in gemv.LLM_SHAPES:
-        nb = gemv.weight_bytes(N, K)
+    for N, K in LLM_SHAPES:
+        nb = gemv_bench.weight_bytes(N, K)
         nvec = -(-nb // 16)
         copies = max(2, math.ceil(4 * l2 / nb))
         bufs = [cuda.as_cuda_array(torch.randint(0, 2**31 - 1, (nvec * 4,), dtype=torch.int32, device="cuda")).view("uint32")
@@ -102,7 +103,7 @@ def main() -> int:
         del bufs
         torch.cuda.empty_cache()
     run.finalize()
-    copy = max(r["gbps"] for r in run.records if r["name"] == gemv.COPY)
+    copy = max(r["gbps"] for r in run.records if r["name"] == gemv_bench.COPY)
     for r in run.records:
         if r["kind"] == "bound":
             print(f"{'x'.join(map(str, r['shape'])):>11}: {r['ms'] * 1e3:6.1f} us, {r['gbps']:5.0f} GB/s = "

@@ -13,7 +13,8 @@ import shutil
 import subprocess
 
 from nf4lab.kernels import gemv
-from nf4lab.kernels.gemv import COPY, NAME, default_kernel, weight_bytes
+from nf4lab.kernels.gemv import NAME
+from nf4lab.measure.gemv_bench import COPY, default_kernel, weight_bytes
 from nf4lab.measure.ptx import compile_ptx
 
 

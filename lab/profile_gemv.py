@@ -38,11 +38,12 @@ def drive(shape: str, variant: str, dtype: str = "bf16") -> None:
 
     from lab import bench_gemv, gemv_reports  # noqa: F401
     from nf4lab.kernels import gemv
+    from nf4lab.measure import gemv_bench
 
     N, K = (int(v) for v in shape.split("x"))
     mod = bench_gemv.load_kernel()
     launch = bench_gemv.variant_launches(mod, [variant])[variant]
-    packed, qs, x = gemv._quantize_gpu(N, K, dtype)
+    packed, qs, x = gemv_bench._quantize_gpu(N, K, dtype)
     y = torch.empty(1, N, device="cuda", dtype=x.dtype)
     g = gemv.buffers_from_torch(x, packed, qs.shape, qs.absmax, qs.state2.absmax, qs.state2.code, qs.offset.item(),
                                 qs.blocksize, y)

@@ -14,6 +14,7 @@ import time
 
 import nf4lab
 from nf4lab.kernels import arch, gemv
+from nf4lab.lesson import gemv_check
 from nf4lab.measure import bench
 
 CASES = [(20, 320, 1, {}), (7, 192, 3, {}), (11, 256, 1, {"dist": "heavy", "x_dist": "heavy"}), (17, 576, 8, {}),
@@ -33,10 +34,10 @@ def main() -> int:
     for N, K, M, opts in CASES:
         for dtype in ("bf16", "fp16"):
             t0 = time.time()
-            gc = gemv.make_gemv_case(N, K, dtype, M=M, seed=N + M, **opts)
+            gc = gemv_check.make_gemv_case(N, K, dtype, M=M, seed=N + M, **opts)
             g = gemv.make_gemv_buffers(gc)
             gemv.launch(g)
-            rep = gemv.compare(g.result(), gc, name=f"{N}x{K} {dtype} M={M} {opts}", rounded_table=True)
+            rep = gemv_check.compare(g.result(), gc, name=f"{N}x{K} {dtype} M={M} {opts}", rounded_table=True)
             bad += not rep.ok
             print(f"{rep} ({time.time() - t0:.1f} s)", flush=True)
             run.add(dict(kind="check", name=rep.name, shape=[N, K], dtype=dtype, M=M, ok=rep.ok,

@@ -105,7 +105,7 @@ def gemv_tc_lines(gpu) -> list:
         return next((q["ms"] for q in rs if q["name"].startswith(name) and q["shape"] == shape and q["dtype"] == dtype
                      and (q.get("M") or 1) == M and q.get("ms")), None)
 
-    from nf4lab.kernels.gemv import default_kernel
+    from nf4lab.measure.gemv_bench import default_kernel
 
     ours, ffma, bnb1 = default_kernel(run), "fused NF4 gemv (numba) [R2 S1", "bitsandbytes matmul_4bit gemv"
     lines = ["", f"Tensor-core GEMV (`nf4lab.kernels.gemv`), "
