@@ -334,7 +334,8 @@ for reason, (name, v) in sorted(most.items(), key=lambda x: -x[1][1]):
 # came from (line info). Below: the lines where a version's warps spent their samples, and the
 # instruction of each line that collected most of them. It shows the version chosen above when
 # its profile has line info; numba-cuda 0.30 cannot compile every kernel with `lineinfo=True`
-# (notebook 06's among them), so otherwise the fastest version whose recorded profile has it.
+# (section 1 prints which recorded profiles lack it), so otherwise the fastest version whose
+# recorded profile has it.
 
 # %%
 def hot_lines(path, top=6):
