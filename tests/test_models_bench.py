@@ -176,3 +176,29 @@ def test_decode_variants_in_their_own_processes_on_cpu():
     assert iso["meta"]["isolated"] and not one["meta"]["isolated"]
     rec, run = models._run_isolated(s, "bf16_eager", lambda *x: None, 0.0)
     assert rec["tokens"] == b["tokens"] and run["logits"] is not None and run["forced_logits"] is not None
+
+
+def test_qlora_steps_interleave_the_backends_abba():
+    """The two QLoRA backends take turns step by step (ABBA), on one model and one optimizer, so a drift
+    of the machine lands on both; each gets its own warm-up and timed steps."""
+    import torch
+
+    class Tiny(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.w = torch.nn.Parameter(torch.ones(3))
+
+        def forward(self, input_ids, labels):
+            return type("Out", (), {"loss": (self.w * input_ids.float()).sum() ** 2})()
+
+    order = []
+    s = models.Settings.cpu_smoke()
+    s.qlora_warmup, s.qlora_steps = 1, 3
+    got = models.qlora_time(Tiny(), torch.ones(3), s, {"a": lambda: order.append("a"),
+                                                         "b": lambda: order.append("b")})
+    assert "".join(order) == "ab" + "ba" + "ab" + "ba"
+    for v in "ab":
+        assert len(got[v]["ms_all"]) == 3 and len(got[v]["losses"]) == 4
+        assert got[v]["ms"] == sorted(got[v]["ms_all"])[1] and got[v]["trainable_params"] == 3
+    # The optimizer steps between them: b's first loss already follows a's first step.
+    assert got["b"]["losses"][0] < got["a"]["losses"][0]

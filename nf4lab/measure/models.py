@@ -92,7 +92,7 @@ class Settings:
     qlora_batch: int = 2
     qlora_seq: int = 512
     qlora_warmup: int = 2
-    qlora_steps: int = 5
+    qlora_steps: int = 8
     lora_r: int = 16
     seed: int = 0
     device: str = "cuda"
@@ -347,27 +347,39 @@ def qlora_grads(model, ids) -> tuple:
     return float(loss.detach()), grads
 
 
-def qlora_time(model, ids, s: Settings) -> dict:
+def qlora_time(model, ids, s: Settings, backends: dict) -> dict:
+    """Median ms of a QLoRA step (forward, backward, AdamW) per backend, the backends interleaved.
+
+    ``backends`` maps a variant to a function that switches to it. Every step of one variant is
+    followed by a step of the other, on the same model and optimizer, in ABBA order: a drift of the
+    machine (clocks, allocator, other tenants) lands on both alike. Sequential blocks of steps did not
+    give that: in the H100's models.json of 2026-11-24 one block spread over 548-737 ms, the other
+    over 637-827 ms.
+    """
     import torch
 
     params = [p for p in model.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=1e-4)
-    times, losses = [], []
+    names = list(backends)
+    times = {v: [] for v in names}
+    losses = {v: [] for v in names}
     for i in range(s.qlora_warmup + s.qlora_steps):
-        _sync(s.device)
-        t = time.perf_counter()
-        loss = model(input_ids=ids, labels=ids).loss
-        loss.backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        _sync(s.device)
-        if i >= s.qlora_warmup:
-            times.append((time.perf_counter() - t) * 1e3)
-        losses.append(float(loss.detach()))
+        for v in (names if i % 2 == 0 else names[::-1]):
+            backends[v]()
+            _sync(s.device)
+            t = time.perf_counter()
+            loss = model(input_ids=ids, labels=ids).loss
+            loss.backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            _sync(s.device)
+            if i >= s.qlora_warmup:
+                times[v].append((time.perf_counter() - t) * 1e3)
+            losses[v].append(float(loss.detach()))
     del opt
-    times_sorted = sorted(times)
-    return {"ms": times_sorted[len(times) // 2], "ms_all": times, "losses": losses,
-            "trainable_params": int(sum(p.numel() for p in params))}
+    n_params = int(sum(p.numel() for p in params))
+    return {v: {"ms": sorted(times[v])[len(times[v]) // 2], "ms_all": times[v], "losses": losses[v],
+                "trainable_params": n_params} for v in names}
 
 
 # ---------------------------------------------------------------- the run
@@ -608,28 +620,40 @@ def _qlora(nf4, s: Settings, want, log, t_start) -> list:
             grads[v] = exc
         finally:
             nf4lab.uninstall()
+    def use_nf4lab():
+        if not nf4lab.install():
+            raise RuntimeError("nf4lab.install() returned False")
+
+    switch = {"qlora_bnb": nf4lab.uninstall, "qlora_nf4lab": use_nf4lab}
+    run_ = [v for v in QLORA if v in want and not isinstance(grads.get(v), Exception)]
+    log(f"[{time.perf_counter() - t_start:6.1f} s] {', '.join(run_)}, interleaved step by step ...")
+    timed, err = {}, None
+    served = None
+    try:
+        if "qlora_nf4lab" in run_:
+            use_nf4lab()
+            served = _served_ops()
+        if run_:
+            timed = qlora_time(model, ids, s, {v: switch[v] for v in run_})
+    except Exception as exc:
+        err = _err(exc)
+        log(f"    FAILED: {err.splitlines()[0]}")
+    finally:
+        nf4lab.uninstall()
     for v in QLORA:
         if v not in want:
             continue
-        log(f"[{time.perf_counter() - t_start:6.1f} s] {v} ...")
-        rec = dict(base, name=LABELS[v], variant=v)
+        rec = dict(base, name=LABELS[v], variant=v, interleaved=len(run_) > 1)
         if v == "qlora_nf4lab":
-            rec["nf4lab_ops"] = None
-        try:
-            if isinstance(grads.get(v), Exception):
-                raise grads[v]
-            if v == "qlora_nf4lab":
-                if not nf4lab.install():
-                    raise RuntimeError("nf4lab.install() returned False")
-                rec["nf4lab_ops"] = _served_ops()
+            rec["nf4lab_ops"] = served
+        if isinstance(grads.get(v), Exception):
+            rec["error"] = _err(grads[v])
+        elif err:
+            rec["error"] = err
+        else:
             rec["loss_at_start"] = grads[v][0]
-            rec.update(qlora_time(model, ids, s))
-            log(f"    {rec['ms']:.1f} ms/step")
-        except Exception as exc:
-            rec["error"] = _err(exc)
-            log(f"    FAILED: {rec['error'].splitlines()[0]}")
-        finally:
-            nf4lab.uninstall()
+            rec.update(timed[v])
+            log(f"    {v}: {rec['ms']:.1f} ms/step")
         recs.append(rec)
     a, b = grads.get("qlora_bnb"), grads.get("qlora_nf4lab")
     if isinstance(a, tuple) and isinstance(b, tuple):
@@ -768,6 +792,8 @@ def add_arguments(p) -> None:
     p.add_argument("--layers", type=int, help="override the number of layers")
     p.add_argument("--new-tokens", type=int, help="override the number of new tokens")
     p.add_argument("--no-save", action="store_true", help="print only")
+    p.add_argument("--name", help="results file name (default models, or models_quick with --quick); a run of "
+                   "some variants (--only) under its own name leaves models.json whole")
     p.add_argument("--one-process", action="store_true",
                    help="every variant in this process (default on a GPU: each decode variant in its own)")
     p.add_argument("--dump", help=argparse.SUPPRESS)   # a child of an isolated run: where to write its run
@@ -804,7 +830,7 @@ def main(args) -> int:
         out.write_text(json.dumps(data, indent=1, default=str) + "\n")
         print(f"\nresults (CPU smoke, not a measurement): {out}")
     elif not args.no_save:
-        path = save(data, "models_quick" if args.quick else "models")
+        path = save(data, args.name or ("models_quick" if args.quick else "models"))
         print(f"\nresults: {path}")
     if bad:
         print("failed: " + ", ".join(bad), file=sys.stderr)
