@@ -347,6 +347,33 @@ def test_gpu_linear4bit_compiled_installed_forward_and_backward(clean):
     torch.testing.assert_close(xg.grad, ref_grad)
 
 
+@gpu
+@pytest.mark.parametrize("nested", [True, False])
+def test_gpu_installed_gemm_past_the_gemv_has_bitsandbytes_bits(nested, clean):
+    """A training step's gemm_4bit (M = 2048: bitsandbytes dequantizes and calls F.linear there): with
+    install(), nf4lab's kernel dequantizes, and the product is bitsandbytes' to the bit, forward and backward."""
+    from nf4lab.kernels import bnb_backend
+
+    packed, qs = gpu_quantize((1024, 4096), "bf16", nested=nested)
+    g = torch.Generator(device="cuda").manual_seed(3)
+    x = torch.randn(2048, 4096, generator=g, device="cuda").to(torch.bfloat16).requires_grad_()
+
+    def step():
+        y = bnb.matmul_4bit(x, packed.t(), quant_state=qs)
+        y.float().square().sum().backward()
+        grad, x.grad = x.grad, None
+        return y.detach(), grad
+
+    want = step()
+    with nf4lab.installed_in():
+        key = ("gemm_4bit", "nf4lab dequantize + linear")
+        before = bnb_backend.calls.get(key, 0)
+        got = step()
+        assert bnb_backend.calls.get(key, 0) == before + 1, "gemm_4bit was not served by nf4lab's dequantize"
+    for a, b in zip(got, want):
+        assert torch.equal(a.view(torch.int16), b.view(torch.int16))
+
+
 _FRESH_REDUCE_OVERHEAD = """
 import torch, nf4lab, bitsandbytes as bnb, bitsandbytes.functional as F
 g = torch.Generator(device="cuda").manual_seed(0)
@@ -407,3 +434,38 @@ def test_checked_plan_equals_the_validated_plan(shape, bs, dtype):
     for f in ("shape", "n", "nbytes", "dtype", "tdtype", "blocksize", "nested", "nblocks", "gsize", "quant_type"):
         assert getattr(fast, f) == getattr(full, f), f
     assert fast.qs.absmax is full.qs.absmax and fast.A is full.A
+
+
+@pytest.mark.parametrize("nested", [True, False])
+def test_gemm_4bit_where_bitsandbytes_dequantizes_is_nf4lab_dequantize_then_linear(nested):
+    """Where bitsandbytes' gemm_4bit would dequantize and call F.linear (M past its fused kernels, as in a
+    training step), nf4lab's kernel does the dequantization: the same bits as bitsandbytes' own fallback, bias
+    included; where bitsandbytes would run its fused kernel, or the tensors are not nf4lab's to take
+    (another quant_storage), the call is bitsandbytes'. Exercised on the CPU key."""
+    N, K, M = 96, 128, 16
+    packed, qs = quantize((N, K), nested=nested)
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(M, K, generator=g).to(torch.bfloat16)
+    bias = torch.randn(N, generator=g).to(torch.bfloat16)
+    want = torch.nn.functional.linear(x, F.dequantize_4bit(packed, qs), bias)
+    fell, dequantizes = [], {"yes": True}
+    fallbacks = {"gemm_4bit": lambda *a: fell.append(a) or torch.zeros(M, N, dtype=x.dtype),
+                 "gemm_4bit_dequantizes": lambda A, shapeB, bs: dequantizes["yes"]}
+    if nested:
+        stats = (qs.state2.absmax, qs.blocksize, qs.quant_type, bias, qs.absmax, qs.state2.code, qs.offset)
+    else:
+        stats = (qs.absmax, qs.blocksize, qs.quant_type, bias)
+    bnb_backend._register("CPU", fallbacks, ["gemm_4bit"])
+    try:
+        key = ("gemm_4bit", "nf4lab dequantize + linear")
+        before = bnb_backend.calls.get(key, 0)
+        got = torch.ops.bitsandbytes.gemm_4bit(x, packed, list(qs.shape), *stats)
+        assert np.array_equal(bits(got), bits(want)) and not fell
+        assert bnb_backend.calls.get(key, 0) == before + 1
+        torch.ops.bitsandbytes.gemm_4bit(x, packed.view(torch.int8), list(qs.shape), *stats)
+        assert len(fell) == 1, "another quant_storage must go to bitsandbytes"
+        dequantizes["yes"] = False
+        torch.ops.bitsandbytes.gemm_4bit(x, packed, list(qs.shape), *stats)
+        assert len(fell) == 2, "where bitsandbytes runs its fused kernel, the call must stay bitsandbytes'"
+    finally:
+        bnb_backend.uninstall()

@@ -17,8 +17,8 @@ Writes data/results/<gpu>/launch_cost.json (and $OUT/) through nf4lab.measure.re
 
     python tools/bench_launch.py [--calls 200] [--reps 7] [--profile]
 
-``--profile`` also runs cProfile over 2000 calls of ``matmul_4bit`` after install() and prints where
-the host time goes (the functions with the most own time).
+``--profile`` also runs cProfile over 2000 calls of ``matmul_4bit`` and of ``F.dequantize_4bit`` after
+install() and prints where the host time goes (the functions with the most own time).
 """
 from __future__ import annotations
 
@@ -51,7 +51,7 @@ def timed(fn, calls, reps, torch):
     return statistics.median(host), statistics.median(total)
 
 
-def profile_installed(fn, torch, calls=2000):
+def profile_installed(fn, torch, label, calls=2000):
     import cProfile
     import pstats
 
@@ -67,7 +67,7 @@ def profile_installed(fn, torch, calls=2000):
         torch.cuda.synchronize()
     finally:
         nf4lab.uninstall()
-    print(f"\ncProfile, {calls} calls of matmul_4bit after install() (own time first):")
+    print(f"\ncProfile, {calls} calls of {label} after install() (own time first):")
     pstats.Stats(prof).sort_stats("tottime").print_stats(25)
 
 
@@ -130,7 +130,8 @@ def main(argv=None):
                         "host_us": round(host, 2), "per_call_us": round(per, 2), "installed": inst})
         print(f"{op:11s} {name:45s} host {host:7.1f} us   per call {per:7.1f} us")
     if a.profile:
-        profile_installed(bnb_mm, torch)
+        profile_installed(bnb_mm, torch, "matmul_4bit (M=1)")
+        profile_installed(lambda: F.dequantize_4bit(packed, qs), torch, "F.dequantize_4bit (QLoRA's path)")
     meta = results.meta(f"eager calls: median of {a.reps} loops of {a.calls} calls after a warm-up; host_us = "
                         "time to return (work queued), per_call_us = loop then one synchronize, per call")
     data = {"meta": meta, "records": records}

@@ -127,14 +127,22 @@ def _make_kernels(fallback):
         if _gemm_takes(absmax_8bit, absmax_code, absmax_offset, quant_type, bias, A):
             # bitsandbytes' gemm_4bit passes the nested group scales as ``absmax`` and the codes as absmax_8bit.
             out = torch_ops.gemv_call(A, B, shapeB, absmax_8bit, absmax, absmax_code, absmax_offset, blocksize)
-        if out is None:
-            _count("gemm_4bit", "bitsandbytes")
-            return fallback["gemm_4bit"](A, B, shapeB, absmax, blocksize, quant_type, bias, absmax_8bit,
-                                         absmax_code, absmax_offset)
-        _count("gemm_4bit", "nf4lab")
-        if bias is not None:
-            out.add_(bias)
-        return out
+        if out is not None:
+            _count("gemm_4bit", "nf4lab")
+            if bias is not None:
+                out.add_(bias)
+            return out
+        # Where bitsandbytes itself would dequantize and call F.linear (a training step's M = 1024, say),
+        # nf4lab dequantizes instead: the same bits, one kernel for nested statistics instead of three.
+        if fallback["gemm_4bit_dequantizes"](A, shapeB, blocksize):
+            out = torch_ops.dequant_linear(A, B, shapeB, absmax, blocksize, quant_type, bias, absmax_8bit,
+                                           absmax_code, absmax_offset)
+            if out is not None:
+                _count("gemm_4bit", "nf4lab dequantize + linear")
+                return out
+        _count("gemm_4bit", "bitsandbytes")
+        return fallback["gemm_4bit"](A, B, shapeB, absmax, blocksize, quant_type, bias, absmax_8bit,
+                                     absmax_code, absmax_offset)
 
     return {"dequantize_4bit": dequantize_4bit, "dequantize_4bit.out": dequantize_4bit_out, "gemm_4bit": gemm_4bit}
 
@@ -187,7 +195,16 @@ def _bnb_cuda_fallbacks():
         return c._gemm_4bit_kernel_impl(A, B, shapeB, absmax, blocksize, quant_type, bias, absmax_8bit,
                                         absmax_code, absmax_offset)
 
-    return {"dequantize_4bit": dequantize_4bit, "dequantize_4bit.out": dequantize_4bit_out, "gemm_4bit": gemm_4bit}
+    def gemm_4bit_dequantizes(A, shapeB, blocksize):
+        """Whether bitsandbytes' gemm_4bit would take its dequantize + F.linear fallback without a warning."""
+        K = A.shape[-1]
+        M = A.numel() // K
+        if M > c._gemm_4bit_custom_max_m:
+            return True
+        return K % blocksize == 0 and not c._gemm_4bit_use_custom_fn(A.device.index, A.dtype, M, shapeB[0], K)
+
+    return {"dequantize_4bit": dequantize_4bit, "dequantize_4bit.out": dequantize_4bit_out, "gemm_4bit": gemm_4bit,
+            "gemm_4bit_dequantizes": gemm_4bit_dequantizes}
 
 
 def _register(dispatch_key: str, fallback, ops) -> None:

@@ -38,6 +38,7 @@ from typing import Optional
 
 import torch
 
+from ..lesson.reference import BLOCKSIZES, QUANT_TYPES
 from . import dequant as _dq
 from . import gemv as _gemv
 
@@ -317,6 +318,37 @@ def _gemv_reference(x, packed, shape, absmax_q, absmax2, code2, offset, blocksiz
     qs = _state(absmax_q, absmax2, code2, offset, blocksize, 256, "nf4", shape, x.dtype)
     w = _run(packed.reshape(-1), qs, None)
     return torch.nn.functional.linear(x, w)
+
+
+def dequant_linear(x, packed, shape, absmax, blocksize, quant_type, bias=None, absmax_q=None, code2=None,
+                   offset=None):
+    """``F.linear(x, W, bias)`` with W dequantized by nf4lab (nested statistics fused into the one kernel), in
+    bitsandbytes' gemm_4bit argument order: ``absmax`` is the float32 absmax (plain statistics) or the group
+    scales (nested, with the codes ``absmax_q``, their ``code2`` and ``offset``). The same bits as
+    bitsandbytes' dequantize + F.linear fallback, whose dequantization nf4lab matches bit for bit; None where
+    nf4lab's dequantization does not take these tensors (the caller hands the call to bitsandbytes)."""
+    nested = absmax_q is not None
+    if nested and (code2 is None or offset is None):
+        return None
+    stats = absmax_q if nested else absmax
+    if (x.dtype not in _TDTYPE or len(shape) != 2 or x.shape[-1] != shape[1] or blocksize not in BLOCKSIZES
+            or quant_type not in QUANT_TYPES or packed.dtype != torch.uint8 or not packed.is_contiguous()
+            or not stats.is_contiguous() or stats.dtype != (torch.uint8 if nested else torch.float32)
+            or absmax.dtype != torch.float32 or not absmax.is_contiguous()
+            or any(t.device != x.device for t in (packed, absmax, stats))):
+        return None
+    if nested and (not isinstance(offset, torch.Tensor) or offset.numel() != 1 or code2.dtype != torch.float32
+                   or code2.numel() != 256 or offset.device != x.device or code2.device != x.device):
+        return None
+    n = shape[0] * shape[1]
+    if packed.numel() < (n + 1) // 2 or stats.numel() < -(-n // blocksize) or (
+            nested and absmax.numel() < -(-stats.numel() // 256)):
+        return None
+    if nested:
+        qs = _state(absmax_q, absmax, code2, offset, blocksize, 256, quant_type, shape, x.dtype)
+    else:
+        qs = _state(absmax, None, None, None, blocksize, 256, quant_type, shape, x.dtype)
+    return torch.nn.functional.linear(x, _run(packed.reshape(-1), qs, None), bias)
 
 
 @torch.library.custom_op("nf4lab::gemv_4bit", mutates_args=())

@@ -1,0 +1,73 @@
+"""Where a QLoRA step's time goes, bitsandbytes' kernels against nf4lab installed (GPU only).
+
+The model benchmark's QLoRA step (``nf4lab.measure.models``: Llama-8B shape, NF4, LoRA r=16 on the seven
+projections, gradient checkpointing) is profiled once per backend with torch.profiler after warm-up steps:
+wall time, the GPU's busy time (sum of kernel times), and the ops and kernels that take the most.
+If the wall time is far above the GPU time the step is host-bound, and a backend's host cost per call
+decides it.
+
+    python lab/qlora_profile.py [--layers 32]
+"""
+import argparse
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import nf4lab  # noqa: E402
+from nf4lab.measure import models  # noqa: E402
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--layers", type=int, default=32)
+    a = ap.parse_args()
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    s = models.Settings.full()
+    s.layers = a.layers
+    bf16 = models.build_bf16(s)
+    nf4 = models.build_nf4(bf16, s)
+    del bf16
+    models._free()
+    model = models.make_peft(nf4, s)
+    ids = models.qlora_batch(s)
+    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-4)
+
+    def step():
+        loss = model(input_ids=ids, labels=ids).loss
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+    for backend in ("bitsandbytes", "nf4lab", "bitsandbytes", "nf4lab"):
+        nf4lab.uninstall()
+        if backend == "nf4lab":
+            assert nf4lab.install()
+        for _ in range(2):
+            step()
+        torch.cuda.synchronize()
+        walls = []
+        for _ in range(3):
+            t = time.perf_counter()
+            step()
+            torch.cuda.synchronize()
+            walls.append((time.perf_counter() - t) * 1e3)
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+            t = time.perf_counter()
+            step()
+            torch.cuda.synchronize()
+            wall = (time.perf_counter() - t) * 1e3
+        ev = prof.key_averages()
+        gpu_us = sum(e.self_device_time_total for e in ev if e.device_type.name == "CUDA")
+        print(f"\n=== {backend}: wall {sorted(walls)} ms unprofiled; profiled {wall:.1f} ms, "
+              f"GPU kernels {gpu_us / 1e3:.1f} ms")
+        print(ev.table(sort_by="self_device_time_total", row_limit=12, max_name_column_width=60))
+        print(ev.table(sort_by="self_cpu_time_total", row_limit=12, max_name_column_width=60))
+    nf4lab.uninstall()
+
+
+if __name__ == "__main__":
+    main()
