@@ -117,6 +117,31 @@ def main(argv=None):
                                                                           qs.blocksize, y), False),
         ("gemv M=1", "torch bf16 x @ w.t() (unquantized)", lambda: x @ wd.t(), False),
     ]
+    # The installed GEMV call in pieces (no dispatcher above them): where its host time goes.
+    from nf4lab.kernels import bnb_backend
+    from bitsandbytes.backends.cuda import ops as bnb_cuda
+
+    ours_kernel = bnb_backend._make_kernels(bnb_backend._bnb_cuda_fallbacks())["gemm_4bit"]
+    mm_args = (x, packed, qs.shape, qs.state2.absmax, qs.blocksize, qs.quant_type, None, qs.absmax, qs.state2.code,
+               qs.offset)
+    cases += [
+        ("gemv M=1 pieces", "bitsandbytes' gemm_4bit CUDA impl, called directly",
+         lambda: bnb_cuda._gemm_4bit_kernel_impl(*mm_args), False),
+        ("gemv M=1 pieces", "nf4lab's gemm_4bit kernel function, called directly", lambda: ours_kernel(*mm_args),
+         False),
+        ("gemv M=1 pieces", "torch_ops.gemv_call directly", lambda: torch_ops.gemv_call(
+            x, packed, qs.shape, qs.absmax, qs.state2.absmax, qs.state2.code, qs.offset, qs.blocksize), False),
+        ("gemv M=1 pieces", "torch.ops.bitsandbytes.gemm_4bit.default (dispatcher + impl)",
+         lambda: torch.ops.bitsandbytes.gemm_4bit.default(*mm_args[:6], bias=None, absmax_8bit=qs.absmax,
+                                                           absmax_code=qs.state2.code, absmax_offset=qs.offset),
+         False),
+        ("gemv M=1 pieces", "torch.ops.bitsandbytes.gemm_4bit.default after nf4lab.install()",
+         lambda: torch.ops.bitsandbytes.gemm_4bit.default(*mm_args[:6], bias=None, absmax_8bit=qs.absmax,
+                                                           absmax_code=qs.state2.code, absmax_offset=qs.offset),
+         True),
+        ("gemv M=1 pieces", "torch.empty(1, N) alone", lambda: torch.empty((1, N), dtype=x.dtype, device=x.device),
+         False),
+    ]
     records = []
     for op, name, fn, inst in cases:
         if inst:
@@ -128,7 +153,7 @@ def main(argv=None):
                 nf4lab.uninstall()
         records.append({"kind": "launch", "op": op, "name": name, "shape": [N, K], "dtype": "bf16",
                         "host_us": round(host, 2), "per_call_us": round(per, 2), "installed": inst})
-        print(f"{op:11s} {name:45s} host {host:7.1f} us   per call {per:7.1f} us")
+        print(f"{op:15s} {name:62s} host {host:7.1f} us   per call {per:7.1f} us")
     if a.profile:
         profile_installed(bnb_mm, torch, "matmul_4bit (M=1)")
         profile_installed(lambda: F.dequantize_4bit(packed, qs), torch, "F.dequantize_4bit (QLoRA's path)")
