@@ -6,7 +6,7 @@ wall time, the GPU's busy time (sum of kernel times), and the ops and kernels th
 If the wall time is far above the GPU time the step is host-bound, and a backend's host cost per call
 decides it.
 
-    python lab/qlora_profile.py [--layers 32]
+    python lab/qlora_profile.py [--layers 32] [--cprofile]
 """
 import argparse
 import sys
@@ -22,6 +22,7 @@ from nf4lab.measure import models  # noqa: E402
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--layers", type=int, default=32)
+    ap.add_argument("--cprofile", action="store_true", help="cProfile one step per backend instead (host time)")
     a = ap.parse_args()
     import torch
     from torch.profiler import ProfilerActivity, profile
@@ -42,6 +43,29 @@ def main():
         opt.step()
         opt.zero_grad(set_to_none=True)
 
+    if a.cprofile:
+        import cProfile
+        import pstats
+
+        for backend in ("bitsandbytes", "nf4lab"):
+            nf4lab.uninstall()
+            if backend == "nf4lab":
+                assert nf4lab.install()
+            for _ in range(2):
+                step()
+            torch.cuda.synchronize()
+            prof = cProfile.Profile()
+            t = time.perf_counter()
+            prof.enable()
+            step()
+            torch.cuda.synchronize()
+            prof.disable()
+            print(f"\n=== cProfile, {backend}: one step, {(time.perf_counter() - t) * 1e3:.0f} ms")
+            st = pstats.Stats(prof)
+            st.sort_stats("tottime").print_stats(18)
+            st.sort_stats("cumulative").print_stats("nf4lab|bitsandbytes", 25)
+        nf4lab.uninstall()
+        return
     for backend in ("bitsandbytes", "nf4lab", "bitsandbytes", "nf4lab"):
         nf4lab.uninstall()
         if backend == "nf4lab":
