@@ -290,7 +290,7 @@ def gemv_call(x, packed, shape, absmax_q, absmax2, code2, offset, blocksize):
     """``x @ W.T`` on the fused GEMV as a new tensor, or None where it does not apply (the caller then
     serves the call another way). The per-call work once a weight is known: x's checks, one empty
     tensor, one packed parameter block and ``cuLaunchKernel``; what the weight needs is cached."""
-    if x.dtype is not torch.bfloat16 and x.dtype is not torch.float16:
+    if x.dtype is not torch.bfloat16 and x.dtype is not torch.float16 or x.numel() > _gemv.MAX_M * x.shape[-1]:
         return None
     w = _weight(packed, shape, absmax_q, absmax2, code2, offset, blocksize)
     if w is None or x.device != w.device or not x.is_contiguous() or x.data_ptr() % 16 or x.shape[-1] != w.K:
@@ -344,11 +344,85 @@ def dequant_linear(x, packed, shape, absmax, blocksize, quant_type, bias=None, a
     if packed.numel() < (n + 1) // 2 or stats.numel() < -(-n // blocksize) or (
             nested and absmax.numel() < -(-stats.numel() // 256)):
         return None
+    if x.device.type == "cuda":
+        w = _dq_weight(packed, shape, absmax, blocksize, quant_type, absmax_q, code2, offset)
+        W = _dq_launch(w, x) if w is not None else None
+        if W is not None:
+            return torch.nn.functional.linear(x, W, bias)
     if nested:
         qs = _state(absmax_q, absmax, code2, offset, blocksize, 256, quant_type, shape, x.dtype)
     else:
         qs = _state(absmax, None, None, None, blocksize, 256, quant_type, shape, x.dtype)
-    return torch.nn.functional.linear(x, _run(packed.reshape(-1), qs, None), bias)
+    p = _dq._plan(packed.reshape(-1), qs, None)
+    if x.device.type != "cuda":
+        return torch.nn.functional.linear(x, _dq._dequantize_cpu(p, None), bias)
+    W = _dq._dequantize_cuda(p, None)
+    _dq_remember(p, x, packed, shape, absmax, blocksize, quant_type, absmax_q, code2, offset)
+    return torch.nn.functional.linear(x, W, bias)
+
+
+# A weight's dequantization, prepared once: a training step dequantizes each frozen weight three times
+# (forward, its recomputation under checkpointing, backward), and host time bounds such a step.
+_DQ_WEIGHTS: dict = {}  # id(stats tensor) -> _DqWeight
+
+
+class _DqWeight:
+    __slots__ = ("ref", "ptr", "absmax", "code2", "offset", "version", "shape", "blocksize", "quant_type", "device",
+                 "launches", "__weakref__")
+
+
+def _dq_weight(packed, shape, absmax, blocksize, quant_type, absmax_q, code2, offset):
+    """The prepared record of this weight, or None (not seen yet, or any of its tensors changed)."""
+    stats = absmax_q if absmax_q is not None else absmax
+    w = _DQ_WEIGHTS.get(id(stats))
+    # Plain statistics: absmax is the keyed tensor itself, held only weakly (a strong hold would keep it alive).
+    if (w is None or w.ref() is not stats or w.ptr != packed.data_ptr()
+            or w.absmax is not (absmax if absmax_q is not None else None)
+            or w.code2 is not code2 or w.offset is not offset or w.version != _offset_version(offset)
+            or w.blocksize != blocksize or w.quant_type != quant_type or w.shape != tuple(shape)):
+        return None
+    return w
+
+
+def _dq_launch(w, x):
+    """Dequantize a prepared weight into a new tensor of x's dtype: allocate, pick the path, launch."""
+    from . import fastkernel as fk
+
+    rec = w.launches.get(x.dtype)
+    dev = x.device
+    if rec is None or dev.index != w.device or dev.index != torch.cuda.current_device():
+        return None
+    dtype, nested, n, a_ptr, stats, a2, c2, off, lut, bshift, gshift = rec
+    out = torch.empty(w.shape, dtype=x.dtype, device=dev)
+    o_ptr = out.data_ptr()
+    path = fk.choose_path(a_ptr, o_ptr)
+    launcher = _dq._lean(dtype, nested, path) if _dq._lean_state["ok"] is not False else None
+    if launcher is None:
+        return None
+    launcher(_dq._raw_stream(dev), fk.grid_size(n, path, dtype), a_ptr, stats, a2, c2, off, lut, o_ptr, n,
+             bshift, gshift)
+    return out
+
+
+def _dq_remember(p, x, packed, shape, absmax, blocksize, quant_type, absmax_q, code2, offset):
+    """After a checked dequantization of this weight into x's dtype: keep what its next calls need."""
+    if p.n == 0 or p.A.data_ptr() != packed.data_ptr():
+        return
+    stats_t = absmax_q if absmax_q is not None else absmax
+    w = _dq_weight(packed, shape, absmax, blocksize, quant_type, absmax_q, code2, offset)
+    if w is None:
+        w = _DqWeight()
+        key = id(stats_t)
+        w.ref = weakref.ref(stats_t, lambda _, k=key: _DQ_WEIGHTS.pop(k, None))
+        w.ptr, w.absmax, w.code2, w.offset = packed.data_ptr(), absmax if absmax_q is not None else None, code2, offset
+        w.version, w.shape, w.blocksize, w.quant_type = _offset_version(offset), tuple(int(v) for v in shape), \
+            blocksize, quant_type
+        w.device, w.launches = x.device.index, {}
+        _DQ_WEIGHTS[key] = w
+    stats, a2, c2, off = _dq._pointers(p)
+    lut = _dq._device_lut(p.quant_type, p.A.device).data_ptr()
+    w.launches[x.dtype] = (p.dtype, p.nested, p.n, p.A.data_ptr(), stats, a2, c2, off, lut,
+                           p.blocksize.bit_length() - 1, p.gsize.bit_length() - 1 if p.nested else 0)
 
 
 @torch.library.custom_op("nf4lab::gemv_4bit", mutates_args=())
