@@ -211,3 +211,18 @@ def test_readme_block_round_trip(tmp_path):
     text = readme.read_text()
     assert text.startswith("intro\n") and text.endswith("rest\n")
     assert "| 01 | 1 | ok | ok |" in text and "| package | 1 | 1 FAIL | ok |" in text
+
+
+def test_student_variant_is_compiled_only_where_it_can_add_a_kernel(tmp_path):
+    """The student run is skipped only where no student-only line defines or decorates a function (no
+    kernel can start there); the exercise notebooks with student kernels keep it."""
+    from nf4lab.measure import ptxall
+
+    cell = "# %%\nimport numpy as np\n### BEGIN SOLUTION\nx = 1\n### STUDENT\n{}\n### END SOLUTION\n"
+    plain, kernel = tmp_path / "a.py", tmp_path / "b.py"
+    plain.write_text(cell.format("x = None  # TODO"))
+    kernel.write_text(cell.format("@cuda.jit\ndef k(a):\n    pass"))
+    assert not ptxall.student_defines_functions(str(plain))
+    assert ptxall.student_defines_functions(str(kernel))
+    picked = {nb for nb, v in ptxall.sources() if v == "student"}
+    assert {"01", "03", "04"} <= picked  # their student variants add exercise kernels (README's table)

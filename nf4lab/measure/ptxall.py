@@ -499,10 +499,29 @@ def notebooks() -> list[str]:
     return sorted(p.name[:2] for p in SRC.glob("[0-9][0-9]_*.py"))
 
 
+_DEFINES = re.compile(r"\s*(@|def\s)")
+
+
+def student_defines_functions(nb) -> bool:
+    """Whether notebook ``nb``'s (a number, or a source path) student-only lines define or decorate a function. Only such a line can
+    start a kernel that the student variant adds (see :func:`_uses_student_code`); without one, running
+    the student variant in the simulator (the test suite executes it anyway) finds nothing to compile."""
+    srcs = [Path(nb)] if str(nb).endswith(".py") else sorted(SRC.glob(f"{nb}_*.py"))
+    if not srcs:
+        return True
+    for _, code, student in _code_cells(srcs[0], False):
+        lines = code.splitlines()
+        if any(k - 1 < len(lines) and _DEFINES.match(lines[k - 1]) for k in student):
+            return True
+    return False
+
+
 def sources(only=None, variants=VARIANTS) -> list[tuple[str, str]]:
-    """(what, variant) pairs: the package, then every notebook in each variant. ``only`` picks
-    some (notebook numbers, 'package'); a path to a percent-format .py file adds that file."""
-    out = [(PACKAGE, "-")] + [(nb, v) for nb in notebooks() for v in variants]
+    """(what, variant) pairs: the package, then every notebook in each variant (the student variant only
+    where it can add a kernel: :func:`student_defines_functions`). ``only`` picks some (notebook numbers,
+    'package'); a path to a percent-format .py file adds that file."""
+    out = [(PACKAGE, "-")] + [(nb, v) for nb in notebooks() for v in variants
+                              if v != "student" or student_defines_functions(nb)]
     if only:
         files = [(o, v) for o in only if o.endswith(".py") for v in variants]
         out = [s for s in out if any(s[0].startswith(o) for o in only if not o.endswith(".py"))] + files
