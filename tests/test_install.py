@@ -281,6 +281,31 @@ def test_gpu_install_serves_bitsandbytes_and_uninstall_restores(clean):
     assert bnb_backend.calls == n, "after uninstall() nf4lab must not be called"
 
 
+@gpu
+@pytest.mark.parametrize("dtype", ["bf16", "fp16", "fp32"])
+def test_gpu_installed_dequantize_fast_path_has_bitsandbytes_bits(dtype, clean, monkeypatch):
+    """install()'s dequantize_4bit, once its launcher and table exist, launches without a plan: every dtype,
+    both kernel paths (an out= tensor 2 bytes off its 16-byte alignment takes the scalar one), odd sizes,
+    fp4 and nf4; the same bits as bitsandbytes, and the general path is not taken."""
+    from nf4lab.kernels import dequant as dq
+
+    for shape, bs, qt in [((4096, 1024), 64, "nf4"), ((333, 97), 128, "fp4"), ((5, 7), 32, "nf4")]:
+        packed, qs = gpu_quantize(shape, dtype, bs, qt, True)
+        want = gbits(F.dequantize_4bit(packed, qs))
+        n = qs.shape.numel()
+
+        def odd_out():
+            return torch.empty(n + 8, dtype=TD[dtype], device="cuda")[1:n + 1].view(qs.shape)
+
+        with nf4lab.installed_in():
+            assert np.array_equal(gbits(F.dequantize_4bit(packed, qs)), want)   # general path: makes both ready
+            assert np.array_equal(gbits(F.dequantize_4bit(packed, qs, out=odd_out())), want)
+            with monkeypatch.context() as m:
+                m.setattr(dq, "plan_checked", lambda *a: pytest.fail("the general path was taken"))
+                assert np.array_equal(gbits(F.dequantize_4bit(packed, qs)), want)
+                assert np.array_equal(gbits(F.dequantize_4bit(packed, qs, out=odd_out())), want)
+
+
 def _within_tolerance(y, packed, qs, x):
     """y against float64 on the GPU: bitsandbytes' float32 weights, float64 products and sums."""
     from bitsandbytes.functional import QuantState

@@ -91,6 +91,9 @@ def _run_checked(A, absmax, blocksize, quant_type, shape, dtype, out):
 
         qs = torch_ops._state(absmax, None, None, None, blocksize, 256, quant_type, shape, dtype)
         return torch_ops._run(A, qs, out)
+    got = _dq.dequantize_plain_fast(A, absmax, blocksize, quant_type, shape, dtype, out)
+    if got is not None:
+        return got
     p = _dq.plan_checked(A, absmax, blocksize, quant_type, shape, dtype, _PlainState(absmax))
     return _dq._dequantize_cuda(p, out)
 
