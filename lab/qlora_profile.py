@@ -43,17 +43,21 @@ def main():
         opt.step()
         opt.zero_grad(set_to_none=True)
 
+    def switch_to(backend):
+        """bitsandbytes' kernels or nf4lab installed, then two warm-up steps."""
+        nf4lab.uninstall()
+        if backend == "nf4lab":
+            assert nf4lab.install()
+        for _ in range(2):
+            step()
+        torch.cuda.synchronize()
+
     if a.cprofile:
         import cProfile
         import pstats
 
         for backend in ("bitsandbytes", "nf4lab"):
-            nf4lab.uninstall()
-            if backend == "nf4lab":
-                assert nf4lab.install()
-            for _ in range(2):
-                step()
-            torch.cuda.synchronize()
+            switch_to(backend)
             prof = cProfile.Profile()
             t = time.perf_counter()
             prof.enable()
@@ -67,12 +71,7 @@ def main():
         nf4lab.uninstall()
         return
     for backend in ("bitsandbytes", "nf4lab", "bitsandbytes", "nf4lab"):
-        nf4lab.uninstall()
-        if backend == "nf4lab":
-            assert nf4lab.install()
-        for _ in range(2):
-            step()
-        torch.cuda.synchronize()
+        switch_to(backend)
         walls = []
         for _ in range(3):
             t = time.perf_counter()

@@ -124,6 +124,11 @@ def main(argv=None):
     ours_kernel = bnb_backend._make_kernels(bnb_backend._bnb_cuda_fallbacks())["gemm_4bit"]
     mm_args = (x, packed, qs.shape, qs.state2.absmax, qs.blocksize, qs.quant_type, None, qs.absmax, qs.state2.code,
                qs.offset)
+
+    def bnb_op():
+        return torch.ops.bitsandbytes.gemm_4bit.default(*mm_args[:6], bias=None, absmax_8bit=qs.absmax,
+                                                        absmax_code=qs.state2.code, absmax_offset=qs.offset)
+
     cases += [
         ("gemv M=1 pieces", "bitsandbytes' gemm_4bit CUDA impl, called directly",
          lambda: bnb_cuda._gemm_4bit_kernel_impl(*mm_args), False),
@@ -131,14 +136,8 @@ def main(argv=None):
          False),
         ("gemv M=1 pieces", "torch_ops.gemv_call directly", lambda: torch_ops.gemv_call(
             x, packed, qs.shape, qs.absmax, qs.state2.absmax, qs.state2.code, qs.offset, qs.blocksize), False),
-        ("gemv M=1 pieces", "torch.ops.bitsandbytes.gemm_4bit.default (dispatcher + impl)",
-         lambda: torch.ops.bitsandbytes.gemm_4bit.default(*mm_args[:6], bias=None, absmax_8bit=qs.absmax,
-                                                           absmax_code=qs.state2.code, absmax_offset=qs.offset),
-         False),
-        ("gemv M=1 pieces", "torch.ops.bitsandbytes.gemm_4bit.default after nf4lab.install()",
-         lambda: torch.ops.bitsandbytes.gemm_4bit.default(*mm_args[:6], bias=None, absmax_8bit=qs.absmax,
-                                                           absmax_code=qs.state2.code, absmax_offset=qs.offset),
-         True),
+        ("gemv M=1 pieces", "torch.ops.bitsandbytes.gemm_4bit.default (dispatcher + impl)", bnb_op, False),
+        ("gemv M=1 pieces", "torch.ops.bitsandbytes.gemm_4bit.default after nf4lab.install()", bnb_op, True),
         ("gemv M=1 pieces", "torch.empty(1, N) alone", lambda: torch.empty((1, N), dtype=x.dtype, device=x.device),
          False),
     ]

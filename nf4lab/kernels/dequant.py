@@ -434,19 +434,22 @@ def _dequantize_cuda(p, out):
         stream = _raw_stream(device)
         grid = fk.grid_size(p.n, path, p.dtype)
         args = (a_ptr, stats, a2, c2, off, lut, o_ptr, p.n, bshift, gshift)
-        launcher = _lean(p.dtype, p.nested, path) if _lean_state["ok"] is not False else None
-        if launcher is not None:
-            launcher(stream, grid, *args)
-            if not p.nested and (p.dtype, False, path) in _lean_checked:
-                _READY[(p.dtype, path)] = launcher
-                _LUT_PTR[(p.quant_type, device.index)] = lut
-        else:
+        if not launch_lean(p.dtype, p.nested, path, stream, grid, *args):
             _launch_dispatcher(p, path, stream, *args)
     return out
 
 
-_READY: dict = {}  # (dtype, path) -> a plain-statistics lean launcher that passed its self-check
-_LUT_PTR: dict = {}  # (quant_type, device index) -> the device table's address, once it exists
+def launch_lean(dtype, nested, path, stream, grid, *args) -> bool:
+    """Launch a variant through its lean launcher (checked once against numba's launch, see :func:`_lean`);
+    False where that launcher is unusable, and the caller launches another way. ``args``: the kernel's
+    (packed, stats, absmax2, code2, offset, lut, out) addresses, then n, the blocksize's and the group's shift."""
+    launcher = _lean(dtype, nested, path) if _lean_state["ok"] is not False else None
+    if launcher is None:
+        return False
+    launcher(stream, grid, *args)
+    return True
+
+
 _BSHIFT = {b: b.bit_length() - 1 for b in BLOCKSIZES}
 
 
@@ -454,7 +457,7 @@ def dequantize_plain_fast(A, absmax, blocksize, quant_type, shape, dtype, out):
     """The plain-statistics launch of nf4lab.install()'s ``bitsandbytes::dequantize_4bit`` kernel, for
     tensors bnb_backend has checked: nothing but the launch's own values is computed here (no plan, no
     guard object), since a training step makes hundreds of these calls and its host time bounds it.
-    None where anything is not ready yet (another device current, a launcher or table not made yet, an
+    None where anything is not ready yet (another device current, no lean launch or table made yet, an
     empty tensor); the caller then takes the general path, which makes them."""
     torch = _torch()
     dev = A.device
@@ -463,20 +466,18 @@ def dequantize_plain_fast(A, absmax, blocksize, quant_type, shape, dtype, out):
     if n == 0 or idx is None or idx != torch.cuda.current_device():
         return None
     dts = _DTYPE_OF.get(dtype)
-    lut = _LUT_PTR.get((quant_type, idx))
-    if dts is None or lut is None:
+    table = _LUT_CACHE.get((quant_type, dev))
+    if dts is None or table is None or _lean_state["ok"] is not True:
         return None
     if out is None:
         out = torch.empty(shape, dtype=dtype, device=dev)
-    a_ptr, o_ptr, st = A.data_ptr(), out.data_ptr(), absmax.data_ptr()
-    path = "vector" if a_ptr % 4 == 0 and o_ptr % 16 == 0 else "scalar"
-    launcher = _READY.get((dts, path))
-    if launcher is None:
-        return None
-    from .fastkernel import grid_size
+    from .fastkernel import choose_path, grid_size
 
-    launcher(torch._C._cuda_getCurrentRawStream(idx), grid_size(n, path, dts), a_ptr, st, st, st, st, lut, o_ptr, n,
-             _BSHIFT[blocksize], 0)
+    a_ptr, o_ptr, st = A.data_ptr(), out.data_ptr(), absmax.data_ptr()
+    path = choose_path(a_ptr, o_ptr)
+    if not launch_lean(dts, False, path, torch._C._cuda_getCurrentRawStream(idx), grid_size(n, path, dts),
+                       a_ptr, st, st, st, st, table.data_ptr(), o_ptr, n, _BSHIFT[blocksize], 0):
+        return None
     return out
 
 

@@ -290,7 +290,7 @@ def gemv_call(x, packed, shape, absmax_q, absmax2, code2, offset, blocksize):
     """``x @ W.T`` on the fused GEMV as a new tensor, or None where it does not apply (the caller then
     serves the call another way). The per-call work once a weight is known: x's checks, one empty
     tensor, one packed parameter block and ``cuLaunchKernel``; what the weight needs is cached."""
-    if x.dtype is not torch.bfloat16 and x.dtype is not torch.float16 or x.numel() > _gemv.MAX_M * x.shape[-1]:
+    if (x.dtype is not torch.bfloat16 and x.dtype is not torch.float16) or x.numel() > _gemv.MAX_M * x.shape[-1]:
         return None
     w = _weight(packed, shape, absmax_q, absmax2, code2, offset, blocksize)
     if w is None or x.device != w.device or not x.is_contiguous() or x.data_ptr() % 16 or x.shape[-1] != w.K:
@@ -396,11 +396,9 @@ def _dq_launch(w, x):
     out = torch.empty(w.shape, dtype=x.dtype, device=dev)
     o_ptr = out.data_ptr()
     path = fk.choose_path(a_ptr, o_ptr)
-    launcher = _dq._lean(dtype, nested, path) if _dq._lean_state["ok"] is not False else None
-    if launcher is None:
+    if not _dq.launch_lean(dtype, nested, path, _dq._raw_stream(dev), fk.grid_size(n, path, dtype), a_ptr, stats,
+                           a2, c2, off, lut, o_ptr, n, bshift, gshift):
         return None
-    launcher(_dq._raw_stream(dev), fk.grid_size(n, path, dtype), a_ptr, stats, a2, c2, off, lut, o_ptr, n,
-             bshift, gshift)
     return out
 
 

@@ -503,9 +503,10 @@ _DEFINES = re.compile(r"\s*(@|def\s)")
 
 
 def student_defines_functions(nb) -> bool:
-    """Whether notebook ``nb``'s (a number, or a source path) student-only lines define or decorate a function. Only such a line can
-    start a kernel that the student variant adds (see :func:`_uses_student_code`); without one, running
-    the student variant in the simulator (the test suite executes it anyway) finds nothing to compile."""
+    """Whether the student-only lines of notebook ``nb`` (a number, or a source path) define or decorate a
+    function. Only such a line can start a kernel that the student variant adds (see
+    :func:`_uses_student_code`); without one, running the student variant in the simulator (the test suite
+    executes it anyway) finds nothing to compile."""
     srcs = [Path(nb)] if str(nb).endswith(".py") else sorted(SRC.glob(f"{nb}_*.py"))
     if not srcs:
         return True
