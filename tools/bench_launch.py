@@ -6,7 +6,8 @@ At 4096x4096 (bf16, NF4, nested statistics, blocksize 64), for dequantize and th
 - ``per call us``: a loop of calls then one synchronize, divided by the calls: what a decode loop pays,
   the larger of host cost and GPU time.
 
-Each figure: median of REPS loops of CALLS calls, after a warm-up. Calls timed:
+Each figure: median of REPS loops of CALLS calls, each after a warm-up call, the cases taken in turn in
+every round (so a host whose speed drifts during the run moves them all alike). Calls timed:
 
 dequantize  bitsandbytes F.dequantize_4bit; nf4lab.dequantize; F.dequantize_4bit after nf4lab.install()
             (bitsandbytes' Python, nf4lab's kernel); torch.ops.nf4lab.dequantize_4bit (the custom op, eager)
@@ -34,21 +35,37 @@ sys.path.insert(0, str(ROOT))
 import nf4lab  # noqa: E402  (first: decides GPU or simulator)
 
 
-def timed(fn, calls, reps, torch):
-    fn()
+def loop_us(fn, calls, torch):
+    """One loop of ``calls`` calls: (host us per call, us per call with the final synchronize)."""
     torch.cuda.synchronize()
-    host, total = [], []
+    t0 = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    t1 = time.perf_counter()
+    torch.cuda.synchronize()
+    t2 = time.perf_counter()
+    return (t1 - t0) / calls * 1e6, (t2 - t0) / calls * 1e6
+
+
+def interleaved(cases, calls, reps, torch):
+    """Median per case of ``reps`` loops, the cases taken in turn within each round (A B C .. A B C ..),
+    so that a host that slows down or speeds up during the run moves every case alike; a case with
+    ``installed`` runs between install() and uninstall(), with one warm-up call each time."""
+    host = {i: [] for i in range(len(cases))}
+    total = {i: [] for i in range(len(cases))}
     for _ in range(reps):
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        for _ in range(calls):
-            fn()
-        t1 = time.perf_counter()
-        torch.cuda.synchronize()
-        t2 = time.perf_counter()
-        host.append((t1 - t0) / calls * 1e6)
-        total.append((t2 - t0) / calls * 1e6)
-    return statistics.median(host), statistics.median(total)
+        for i, (_op, _name, fn, inst) in enumerate(cases):
+            if inst:
+                nf4lab.install()
+            try:
+                fn()
+                h, t = loop_us(fn, calls, torch)
+            finally:
+                if inst:
+                    nf4lab.uninstall()
+            host[i].append(h)
+            total[i].append(t)
+    return [(statistics.median(host[i]), statistics.median(total[i])) for i in range(len(cases))]
 
 
 def profile_installed(fn, torch, label, calls=2000):
@@ -129,6 +146,12 @@ def main(argv=None):
         return torch.ops.bitsandbytes.gemm_4bit.default(*mm_args[:6], bias=None, absmax_8bit=qs.absmax,
                                                         absmax_code=qs.state2.code, absmax_offset=qs.offset)
 
+    absmax_plain = F.dequantize_blockwise(qs.absmax, qs.state2) + qs.offset  # what F.dequantize_4bit hands the op
+
+    def bnb_dq_op():
+        return torch.ops.bitsandbytes.dequantize_4bit.default(packed, absmax_plain, qs.blocksize, qs.quant_type,
+                                                              qs.shape, qs.dtype)
+
     cases += [
         ("gemv M=1 pieces", "bitsandbytes' gemm_4bit CUDA impl, called directly",
          lambda: bnb_cuda._gemm_4bit_kernel_impl(*mm_args), False),
@@ -138,25 +161,22 @@ def main(argv=None):
             x, packed, qs.shape, qs.absmax, qs.state2.absmax, qs.state2.code, qs.offset, qs.blocksize), False),
         ("gemv M=1 pieces", "torch.ops.bitsandbytes.gemm_4bit.default (dispatcher + impl)", bnb_op, False),
         ("gemv M=1 pieces", "torch.ops.bitsandbytes.gemm_4bit.default after nf4lab.install()", bnb_op, True),
+        ("dequantize pieces", "torch.ops.bitsandbytes.dequantize_4bit.default (plain statistics)", bnb_dq_op, False),
+        ("dequantize pieces", "torch.ops.bitsandbytes.dequantize_4bit.default after nf4lab.install()", bnb_dq_op,
+         True),
         ("gemv M=1 pieces", "torch.empty(1, N) alone", lambda: torch.empty((1, N), dtype=x.dtype, device=x.device),
          False),
     ]
     records = []
-    for op, name, fn, inst in cases:
-        if inst:
-            nf4lab.install()
-        try:
-            host, per = timed(fn, a.calls, a.reps, torch)
-        finally:
-            if inst:
-                nf4lab.uninstall()
+    for (op, name, _fn, inst), (host, per) in zip(cases, interleaved(cases, a.calls, a.reps, torch)):
         records.append({"kind": "launch", "op": op, "name": name, "shape": [N, K], "dtype": "bf16",
                         "host_us": round(host, 2), "per_call_us": round(per, 2), "installed": inst})
         print(f"{op:15s} {name:62s} host {host:7.1f} us   per call {per:7.1f} us")
     if a.profile:
         profile_installed(bnb_mm, torch, "matmul_4bit (M=1)")
         profile_installed(lambda: F.dequantize_4bit(packed, qs), torch, "F.dequantize_4bit (QLoRA's path)")
-    meta = results.meta(f"eager calls: median of {a.reps} loops of {a.calls} calls after a warm-up; host_us = "
+    meta = results.meta(f"eager calls: median of {a.reps} loops of {a.calls} calls, cases interleaved loop by loop, "
+                        "each loop after a warm-up call; host_us = "
                         "time to return (work queued), per_call_us = loop then one synchronize, per call")
     data = {"meta": meta, "records": records}
     if not a.no_save:
