@@ -152,6 +152,36 @@ def main(argv=None):
         return torch.ops.bitsandbytes.dequantize_4bit.default(packed, absmax_plain, qs.blocksize, qs.quant_type,
                                                               qs.shape, qs.dtype)
 
+    # Inside the installed dequantize op, innermost last: where its host time goes.
+    from nf4lab.kernels import dequant as nf_dq
+    from nf4lab.kernels import fastkernel
+
+    ours_dq = bnb_backend._make_kernels(bnb_backend._bnb_cuda_fallbacks())["dequantize_4bit"]
+    dq_out = torch.empty(qs.shape, dtype=qs.dtype, device="cuda")
+    nf4lab.dequantize(packed, qs)  # makes the lean launcher and the table
+    lean = fastkernel.lean_launcher("bf16", False, "vector")
+    table = nf_dq._LUT_CACHE[("nf4", packed.device)].data_ptr()
+    stream = torch.cuda.current_stream().cuda_stream
+    grid = fastkernel.grid_size(N * K, "vector", "bf16")
+    dq_ptrs = (packed.data_ptr(), absmax_plain.data_ptr(), table, dq_out.data_ptr())
+
+    def lean_call():
+        a_ptr, st, lut, o_ptr = dq_ptrs
+        lean(stream, grid, a_ptr, st, st, st, st, lut, o_ptr, N * K, 6, 0)
+
+    cases += [
+        ("dequantize pieces", "nf4lab's dequantize_4bit kernel function, called directly",
+         lambda: ours_dq(packed, absmax_plain, qs.blocksize, qs.quant_type, qs.shape, qs.dtype), False),
+        ("dequantize pieces", "bnb_backend._dequantize_handles alone",
+         lambda: bnb_backend._dequantize_handles(packed, absmax_plain, qs.blocksize, qs.quant_type, qs.shape,
+                                                 qs.dtype), False),
+        ("dequantize pieces", "dequant.dequantize_plain_fast (out given)",
+         lambda: nf_dq.dequantize_plain_fast(packed, absmax_plain, qs.blocksize, qs.quant_type, qs.shape, qs.dtype,
+                                             dq_out), False),
+        ("dequantize pieces", "fastkernel.LeanLauncher call (cuLaunchKernel through ctypes)", lean_call, False),
+        ("dequantize pieces", "torch.empty of the output alone",
+         lambda: torch.empty(qs.shape, dtype=qs.dtype, device=packed.device), False),
+    ]
     cases += [
         ("gemv M=1 pieces", "bitsandbytes' gemm_4bit CUDA impl, called directly",
          lambda: bnb_cuda._gemm_4bit_kernel_impl(*mm_args), False),

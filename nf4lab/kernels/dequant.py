@@ -355,6 +355,7 @@ _LUT_CACHE: dict = {}
 _OFFSET_CACHE: dict = {}
 _lean_state = {"ok": None}  # None: untried, True: checked and used, False: disabled (fallback)
 _lean_checked: set = set()
+_lean_ready: dict = {}  # (dtype, nested, path) -> its lean launcher, once it passed its self-check
 _lock = threading.Lock()
 
 
@@ -456,28 +457,29 @@ _BSHIFT = {b: b.bit_length() - 1 for b in BLOCKSIZES}
 def dequantize_plain_fast(A, absmax, blocksize, quant_type, shape, dtype, out):
     """The plain-statistics launch of nf4lab.install()'s ``bitsandbytes::dequantize_4bit`` kernel, for
     tensors bnb_backend has checked: nothing but the launch's own values is computed here (no plan, no
-    guard object), since a training step makes hundreds of these calls and its host time bounds it.
-    None where anything is not ready yet (another device current, no lean launch or table made yet, an
-    empty tensor); the caller then takes the general path, which makes them."""
+    guard object, no import, only launchers that passed their self-check), since a training step makes
+    hundreds of these calls and its host time bounds it. None where anything is not ready yet (another
+    device current, the variant's launcher or the table not made yet, an empty tensor); the caller then
+    takes the general path, which makes them."""
     torch = _torch()
     dev = A.device
     idx = dev.index
     n = math.prod(shape)
-    if n == 0 or idx is None or idx != torch.cuda.current_device():
+    if n == 0 or idx is None or idx != torch._C._cuda_getDevice():
         return None
-    dts = _DTYPE_OF.get(dtype)
     table = _LUT_CACHE.get((quant_type, dev))
-    if dts is None or table is None or _lean_state["ok"] is not True:
+    dts = _DTYPE_OF.get(dtype)
+    if table is None or dts is None:
         return None
     if out is None:
         out = torch.empty(shape, dtype=dtype, device=dev)
-    from .fastkernel import choose_path, grid_size
-
     a_ptr, o_ptr, st = A.data_ptr(), out.data_ptr(), absmax.data_ptr()
-    path = choose_path(a_ptr, o_ptr)
-    if not launch_lean(dts, False, path, torch._C._cuda_getCurrentRawStream(idx), grid_size(n, path, dts),
-                       a_ptr, st, st, st, st, table.data_ptr(), o_ptr, n, _BSHIFT[blocksize], 0):
+    path = "vector" if a_ptr % 4 == 0 and o_ptr % 16 == 0 else "scalar"  # fastkernel.choose_path
+    launcher = _lean_ready.get((dts, False, path))
+    if launcher is None:
         return None
+    launcher(torch._C._cuda_getCurrentRawStream(idx), launcher.grid(n), a_ptr, st, st, st, st,
+             table.data_ptr(), o_ptr, n, _BSHIFT[blocksize], 0)
     return out
 
 
@@ -545,10 +547,12 @@ def _lean(dtype, nested, path):
                 if key not in _lean_checked:
                     _self_check(launcher, dtype, nested, path)
                     _lean_checked.add(key)
+                    _lean_ready[key] = launcher
         _lean_state["ok"] = True
         return launcher
     except Exception as exc:  # an ABI surprise in a numba/cuda-bindings release: stay correct, be slow
         _lean_state["ok"] = False
+        _lean_ready.clear()
         warnings.warn(f"nf4lab.dequantize: lean kernel launch unavailable ({type(exc).__name__}: {exc}); "
                       "falling back to numba's dispatcher (correct, but 24-70 us more per call)",
                       RuntimeWarning, stacklevel=3)

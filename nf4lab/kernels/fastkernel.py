@@ -378,7 +378,7 @@ class LeanLauncher:
         compiled = kernel.overloads[sig] if sig in kernel.overloads else kernel.overloads[tuple(sig)]
         self._launch = driver_launch()
         self._func = int(compiled._codelibrary.get_cufunc().handle)
-        self.path = path
+        self.path, self.dtype = path, dtype
         self._slots = np.zeros(_NSLOTS, dtype=np.int64)
         base = self._slots.ctypes.data
         self._params = np.arange(_NSLOTS, dtype=np.uint64) * np.uint64(8) + np.uint64(base)
@@ -414,6 +414,11 @@ class LeanLauncher:
             err = self._launch(self._func, grid, THREADS, stream, self._params_addr)
         if err:
             raise RuntimeError(f"cuLaunchKernel failed: CUresult {err}")
+
+
+    def grid(self, n: int) -> int:
+        """The launch's grid for ``n`` weights (:func:`grid_size` for this launcher's path and dtype)."""
+        return grid_size(n, self.path, self.dtype)
 
 
 _LEAN: dict = {}
