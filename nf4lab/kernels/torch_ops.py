@@ -198,7 +198,8 @@ _GEMV_LEAN: dict = {}  # (M, dtype, device) -> _GemvLean, or False once it disag
 
 
 def _lean_launch(lean, w, grid, x, M, out, smem=0):
-    lean.launch(_dq._raw_stream(x.device), grid, _gemv.THREADS, w.prefix, x.data_ptr(), M * w.K // 2,
+    # gemv_call has checked that x's device is the current one, so its index is not None
+    lean.launch(torch._C._cuda_getCurrentRawStream(x.device.index), grid, _gemv.THREADS, w.prefix, x.data_ptr(), M * w.K // 2,
                 out.data_ptr(), M * w.N, w.N, w.K, w.bs_shift, smem)
 
 
@@ -295,7 +296,7 @@ def gemv_call(x, packed, shape, absmax_q, absmax2, code2, offset, blocksize):
     w = _weight(packed, shape, absmax_q, absmax2, code2, offset, blocksize)
     if w is None or x.device != w.device or not x.is_contiguous() or x.data_ptr() % 16 or x.shape[-1] != w.K:
         return None
-    if x.device.index != torch.cuda.current_device():
+    if x.device.index != torch._C._cuda_getDevice():  # torch.cuda.current_device() without its init check
         return None  # cuLaunchKernel runs in the current device's context, where this kernel is not loaded
     M = x.numel() // w.K
     if not 1 <= M <= _gemv.MAX_M:
