@@ -473,14 +473,25 @@ def dequantize_plain_fast(A, absmax, blocksize, quant_type, shape, dtype, out):
         return None
     if out is None:
         out = torch.empty(shape, dtype=dtype, device=dev)
-    a_ptr, o_ptr, st = A.data_ptr(), out.data_ptr(), absmax.data_ptr()
-    path = "vector" if a_ptr % 4 == 0 and o_ptr % 16 == 0 else "scalar"  # fastkernel.choose_path
-    launcher = _lean_ready.get((dts, False, path))
-    if launcher is None:
+    st = absmax.data_ptr()
+    if not launch_ready(dts, False, idx, A.data_ptr(), st, st, st, st, table.data_ptr(), out.data_ptr(), n,
+                        _BSHIFT[blocksize], 0):
         return None
-    launcher(torch._C._cuda_getCurrentRawStream(idx), launcher.grid(n), a_ptr, st, st, st, st,
-             table.data_ptr(), o_ptr, n, _BSHIFT[blocksize], 0)
     return out
+
+
+def launch_ready(dtype, nested, device_index, a_ptr, stats, a2, c2, off, lut, o_ptr, n, bshift, gshift) -> bool:
+    """Launch on the current stream of ``device_index`` (the current device) through a lean launcher that
+    already passed its self-check, for the prepared paths (install()'s plain dequantize, a prepared
+    weight's dequantize + linear); False where that variant has none yet (its first call goes the
+    general way, which checks it)."""
+    path = "vector" if a_ptr % 4 == 0 and o_ptr % 16 == 0 else "scalar"  # fastkernel.choose_path
+    launcher = _lean_ready.get((dtype, nested, path))
+    if launcher is None:
+        return False
+    launcher(_torch()._C._cuda_getCurrentRawStream(device_index), launcher.grid(n), a_ptr, stats, a2, c2, off,
+             lut, o_ptr, n, bshift, gshift)
+    return True
 
 
 class _device_guard:

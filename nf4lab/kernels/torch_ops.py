@@ -386,19 +386,16 @@ def _dq_weight(packed, shape, absmax, blocksize, quant_type, absmax_q, code2, of
 
 
 def _dq_launch(w, x):
-    """Dequantize a prepared weight into a new tensor of x's dtype: allocate, pick the path, launch."""
-    from . import fastkernel as fk
-
+    """Dequantize a prepared weight into a new tensor of x's dtype: allocate, then launch; None where x is on
+    another device than the weight or the current one, or that path's launcher is not checked yet."""
     rec = w.launches.get(x.dtype)
     dev = x.device
-    if rec is None or dev.index != w.device or dev.index != torch.cuda.current_device():
+    if rec is None or dev.index != w.device or dev.index != torch._C._cuda_getDevice():
         return None
     dtype, nested, n, a_ptr, stats, a2, c2, off, lut, bshift, gshift = rec
     out = torch.empty(w.shape, dtype=x.dtype, device=dev)
-    o_ptr = out.data_ptr()
-    path = fk.choose_path(a_ptr, o_ptr)
-    if not _dq.launch_lean(dtype, nested, path, _dq._raw_stream(dev), fk.grid_size(n, path, dtype), a_ptr, stats,
-                           a2, c2, off, lut, o_ptr, n, bshift, gshift):
+    if not _dq.launch_ready(dtype, nested, dev.index, a_ptr, stats, a2, c2, off, lut, out.data_ptr(), n, bshift,
+                            gshift):
         return None
     return out
 
