@@ -275,6 +275,20 @@ def models_block() -> str:
                        f"compiled {ratio('nf4lab_compiled', 'bnb_compiled_forced', t)} bitsandbytes, "
                        f"{ratio('nf4lab_compiled', 'bf16_compiled', t)} bf16; QLoRA step "
                        f"{ratio('qlora_bnb', 'qlora_nf4lab', q)} bitsandbytes' speed (`{o['path']}`).")
+        qruns = sorted((ROOT / "data" / "results" / g).glob("models_qlora*.json"))
+        if qruns:
+            out += ["", "QLoRA-only runs (`python -m nf4lab models --only qlora_bnb qlora_nf4lab --name ...`; the two "
+                    "backends interleaved step by step on one model; median of the timed steps, their range in brackets):",
+                    ""]
+        for p in qruns:
+            o = results.load(p.stem, g)
+            q = {r["variant"]: r for r in o["records"] if r["kind"] == "qlora"}
+            if "qlora_bnb" not in q or "qlora_nf4lab" not in q:
+                continue
+            b, f = q["qlora_bnb"], q["qlora_nf4lab"]
+            span = (lambda r: f"{min(r['ms_all']):.0f}-{max(r['ms_all']):.0f}" if r.get("ms_all") else "-")
+            out.append(f"- {o['meta'].get('date')}: bitsandbytes {b['ms']:.1f} ms [{span(b)}], nf4lab {f['ms']:.1f} ms "
+                       f"[{span(f)}]: {b['ms'] / f['ms']:.2f}x bitsandbytes' speed (`{o['path']}`).")
         out += ["", f"Source: `{m['path']}`.", ""]
     return "\n".join(out).rstrip() or "No model benchmark recorded yet."
 
