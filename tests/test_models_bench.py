@@ -4,6 +4,7 @@ The benchmark itself needs a GPU; the one end-to-end test here builds a tiny Lla
 runs the bf16 eager path, and skips cleanly where transformers is not installed (CI)."""
 import json
 import math
+import time
 
 import numpy as np
 import pytest
@@ -142,8 +143,8 @@ def test_tiny_llama_every_eager_path_on_cpu(monkeypatch):
     monkeypatch.setattr(nf4lab, "install", lambda compile=False: True, raising=False)
     s = models.Settings.cpu_smoke()
     s.new_tokens, s.prompt_len, s.qlora_seq, s.qlora_steps = 4, 4, 16, 1
-    data = models.run(s, only=["bf16_eager", "bnb_eager", "nf4lab_eager", "qlora_bnb", "qlora_nf4lab"],
-                      log=lambda *a: None)
+    data = models.run(s, only=["bf16_eager", "bnb_eager", "nf4lab_eager", "eager_interleaved", "qlora_bnb",
+                               "qlora_nf4lab"], log=lambda *a: None)
     by = {r.get("variant"): r for r in data["records"] if r["kind"] in ("decode", "qlora")}
     assert set(by) == {"bf16_eager", "bnb_eager", "nf4lab_eager", "qlora_bnb", "qlora_nf4lab"}
     for r in by.values():
@@ -159,6 +160,9 @@ def test_tiny_llama_every_eager_path_on_cpu(monkeypatch):
     assert data["meta"]["settings"]["layers"] == 2
     json.dumps(data, default=str)
     assert "QLoRA step, nf4lab" in models.table(data)
+    ab = {r["variant"]: r for r in data["records"] if r["kind"] == "decode_interleaved"}
+    assert set(ab) == {"bnb_eager", "nf4lab_eager"} and all(r["tok_s"] > 0 for r in ab.values())
+    assert "interleaved generate by generate" in models.table(data)
 
 
 def test_decode_variants_in_their_own_processes_on_cpu():
@@ -202,3 +206,34 @@ def test_qlora_steps_interleave_the_backends_abba():
         assert got[v]["ms"] == sorted(got[v]["ms_all"])[1] and got[v]["trainable_params"] == 3
     # The optimizer steps between them: b's first loss already follows a's first step.
     assert got["b"]["losses"][0] < got["a"]["losses"][0]
+
+
+def test_eager_decode_interleaves_the_backends_abba():
+    """The interleaved eager measurement: each round gives each backend a generate of N tokens and one of 1,
+    in ABBA order after a warm-up round; tok/s comes from the medians, (N - 1) / (T_N - T_1), and a slower
+    backend comes out slower."""
+    import torch
+
+    order, state = [], {"v": None}
+
+    class Fake:
+        def generate(self, prompt, max_new_tokens, min_new_tokens, **kw):
+            order.append((state["v"], max_new_tokens))
+            time.sleep(0.001 * max_new_tokens * (2 if state["v"] == "slow" else 1))
+
+    s = models.Settings.cpu_smoke()
+    s.eager_rounds, s.new_tokens = 3, 9
+    switch = {v: (lambda v=v: state.update(v=v)) for v in ("fast", "slow")}
+    got = models.eager_interleaved_time(Fake(), s, torch.ones(1, 4, dtype=torch.long), switch)
+    firsts = "".join(v[0] for v, n in order if n == 9)
+    assert firsts == "fs" + "sf" + "fs" + "sf"
+    assert [n for _, n in order] == [9, 1] * 8
+    for v in ("fast", "slow"):
+        assert len(got[v]["t_n_all"]) == 3 and len(got[v]["tok_s_rounds"]) == 3
+        a, b = sorted(got[v]["t_n_all"])[1], sorted(got[v]["t_1_all"])[1]
+        assert got[v]["tok_s"] == pytest.approx(8 / (a - b))
+    assert got["slow"]["tok_s"] < got["fast"]["tok_s"]
+    recs = [dict(kind="decode_interleaved", variant=k, rounds=3, **got[v])
+            for k, v in (("bnb_eager", "fast"), ("nf4lab_eager", "slow"))]
+    line = models.eager_interleaved_line(recs)
+    assert "3 rounds" in line and f"({got['slow']['tok_s'] / got['fast']['tok_s']:.2f}x)" in line

@@ -236,6 +236,11 @@ def models_block() -> str:
             x_bnb = f"{r['tok_s'] / bnb:.2f}" if v.startswith("nf4lab") and bnb else ""
             x_bf = f"{r['tok_s'] / bf:.2f}" if not v.startswith("bf16") and bf else ""
             out.append(f"| {r['name']} | {r['tok_s']:.1f} | {x_bnb} | {x_bf} |")
+        from nf4lab.measure.models import eager_interleaved_line
+
+        line = eager_interleaved_line(recs)
+        if line:
+            out += ["", line]
         if ql:
             b, o = ql.get("qlora_bnb"), ql.get("qlora_nf4lab")
             setup = f" (batch {b['batch']} x {b['seq']}, LoRA r={b['lora_r']} on 7 projections)" if b else ""

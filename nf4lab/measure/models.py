@@ -25,6 +25,9 @@ Variants (``--only`` picks some; names below):
                          (its quantizer says is_compileable=False): the flag is FORCED here, as in the issue
     nf4lab_eager         the NF4 model with nf4lab.install()
     nf4lab_compiled      nf4lab.compile_for_decode(model), then as bf16_compiled
+    eager_interleaved    bnb_eager and nf4lab_eager once more, in this process, their generates interleaved
+                         (ABBA, ``eager_rounds`` rounds after a warm-up): eager decode is bound by the host,
+                         and a host whose speed drifts between two child processes moved their ratio
     qlora_bnb            one QLoRA step (peft: prepare_model_for_kbit_training + LoRA r=16 on the seven
     qlora_nf4lab         projections, AdamW on the LoRA params), bitsandbytes' kernels / nf4lab installed
 
@@ -60,7 +63,8 @@ from pathlib import Path
 
 DECODE = ["bf16_eager", "bf16_compiled", "bnb_eager", "bnb_compiled_forced", "nf4lab_eager", "nf4lab_compiled"]
 QLORA = ["qlora_bnb", "qlora_nf4lab"]
-VARIANTS = DECODE + QLORA
+EAGER_AB = "eager_interleaved"  # bnb_eager and nf4lab_eager again, generate by generate in one process
+VARIANTS = DECODE + [EAGER_AB] + QLORA
 LABELS = {
     "bf16_eager": "bf16, eager",
     "bf16_compiled": "bf16, static cache + compiled",
@@ -68,6 +72,7 @@ LABELS = {
     "bnb_compiled_forced": "bitsandbytes NF4, compiled (forced)",
     "nf4lab_eager": "nf4lab NF4, eager",
     "nf4lab_compiled": "nf4lab NF4, compiled",
+    EAGER_AB: "eager decode, bitsandbytes and nf4lab interleaved",
     "qlora_bnb": "QLoRA step, bitsandbytes",
     "qlora_nf4lab": "QLoRA step, nf4lab",
 }
@@ -93,6 +98,7 @@ class Settings:
     qlora_seq: int = 512
     qlora_warmup: int = 2
     qlora_steps: int = 8
+    eager_rounds: int = 4
     lora_r: int = 16
     seed: int = 0
     device: str = "cuda"
@@ -104,12 +110,12 @@ class Settings:
 
     @classmethod
     def quick(cls):
-        return cls(layers=4, new_tokens=16, qlora_warmup=1, qlora_steps=2)
+        return cls(layers=4, new_tokens=16, qlora_warmup=1, qlora_steps=2, eager_rounds=1)
 
     @classmethod
     def cpu_smoke(cls):
         return cls(layers=2, hidden=128, mlp=256, heads=4, kv_heads=2, vocab=512, prompt_len=8, new_tokens=8,
-                   t1_repeats=1, qlora_batch=2, qlora_seq=32, qlora_warmup=1, qlora_steps=2, lora_r=4,
+                   t1_repeats=1, qlora_batch=2, qlora_seq=32, qlora_warmup=1, qlora_steps=2, eager_rounds=1, lora_r=4,
                    device="cpu")
 
 
@@ -316,6 +322,64 @@ def run_decode(model, s: Settings, prompt, forced_seq, compiled: bool) -> dict:
             "first_generate_s": first, "generate_s": t_n, "prefill_s": t_1,
             "compile_s": (first - t_n) if compiled else None,
             "tok_s": (n - 1) / (t_n - t_1) if n > 1 and t_n > t_1 else None, "e2e_tok_s": n / t_n}
+
+
+def eager_interleaved_time(model, s: Settings, prompt, backends: dict) -> dict:
+    """Eager decode tok/s per backend, the backends interleaved on one model (ABBA by round).
+
+    ``backends`` maps a variant to a function that switches to it. A round gives each backend one
+    generate of N new tokens (T_N) and one of 1 (T_1, prefill and first token); round 0 warms up.
+    tok/s = (N - 1) / (median T_N - median T_1), and per round from that round's pair.
+    """
+    import statistics
+
+    import torch
+
+    kw = dict(do_sample=False, attention_mask=torch.ones_like(prompt), pad_token_id=0, eos_token_id=None)
+    names = list(backends)
+    t_n = {v: [] for v in names}
+    t_1 = {v: [] for v in names}
+    for i in range(s.eager_rounds + 1):
+        for v in (names if i % 2 == 0 else names[::-1]):
+            backends[v]()
+            for n, store in ((s.new_tokens, t_n), (1, t_1)):
+                _sync(s.device)
+                t = time.perf_counter()
+                model.generate(prompt, max_new_tokens=n, min_new_tokens=n, **kw)
+                _sync(s.device)
+                if i:
+                    store[v].append(time.perf_counter() - t)
+    n1 = s.new_tokens - 1
+    out = {}
+    for v in names:
+        a, b = statistics.median(t_n[v]), statistics.median(t_1[v])
+        out[v] = {"tok_s": n1 / (a - b) if n1 > 0 and a > b else None,
+                  "tok_s_rounds": [n1 / (x - y) if n1 > 0 and x > y else None for x, y in zip(t_n[v], t_1[v])],
+                  "t_n_all": t_n[v], "t_1_all": t_1[v]}
+    return out
+
+
+def _eager_ab(nf4, s: Settings, prompt, log, t_start) -> list:
+    import nf4lab
+
+    def use_nf4lab():
+        if not nf4lab.install():
+            raise RuntimeError("nf4lab.install() returned False")
+
+    log(f"[{time.perf_counter() - t_start:6.1f} s] {EAGER_AB}: bnb_eager and nf4lab_eager, generate by generate ...")
+    base = {"kind": "decode_interleaved", "mode": "eager", "rounds": s.eager_rounds, "new_tokens": s.new_tokens,
+            "batch": 1, "prompt_len": s.prompt_len}
+    try:
+        got = eager_interleaved_time(nf4, s, prompt, {"bnb_eager": nf4lab.uninstall, "nf4lab_eager": use_nf4lab})
+    except Exception as exc:
+        return [dict(base, name=LABELS[EAGER_AB], variant=EAGER_AB, error=_err(exc))]
+    finally:
+        nf4lab.uninstall()
+    recs = []
+    for v, r in got.items():
+        recs.append(dict(base, name=LABELS[v], variant=v, **r))
+        log(f"    {v}: {_fmt(r['tok_s'], '.1f')} tok/s")
+    return recs
 
 
 # ---------------------------------------------------------------- QLoRA
@@ -544,7 +608,7 @@ def run(s: Settings, only=None, log=print, isolate=False, dump=None) -> dict:
         for v, comp in (("bf16_eager", False), ("bf16_compiled", True)):
             if v in want:
                 decode(v, bf16, comp)
-        need_nf4 = any(v in want for v in DECODE[2:] + QLORA)
+        need_nf4 = any(v in want for v in DECODE[2:] + QLORA + [EAGER_AB])
         if need_nf4:
             t0 = time.perf_counter()
             nf4 = build_nf4(bf16, s)
@@ -571,6 +635,8 @@ def run(s: Settings, only=None, log=print, isolate=False, dump=None) -> dict:
                     continue
                 decode(v, nf4, comp)
             nf4lab.uninstall()  # also gives the quantizer its class back
+            if EAGER_AB in want:
+                records += _eager_ab(nf4, s, prompt, log, t_start)
             if any(v in want for v in QLORA):
                 records += _qlora(nf4, s, want, log, t_start)
     finally:
@@ -726,6 +792,9 @@ def table(data: dict) -> str:
             x = r["tok_s"] / base if r["variant"].startswith("nf4lab") and base and r.get("tok_s") else None
             lines.append(f"| {r['name']} | {_fmt(r.get('tok_s'), '.1f')} | {_fmt(r.get('e2e_tok_s'), '.1f')} | "
                          f"{_fmt(r.get('compile_s'), '.0f')} | {_fmt(x, '.2f')} |")
+    line = eager_interleaved_line(recs)
+    if line:
+        lines += ["", line]
     ql = [r for r in recs if r["kind"] == "qlora"]
     if ql:
         q0 = ql[0]
@@ -759,6 +828,22 @@ def table(data: dict) -> str:
                   f"{_fmt(r['grad_max_abs'], '.3g')} (largest grad {_fmt(r['grad_max_abs_ref'], '.3g')}), "
                   f"{r['grad_tensors_bitwise_equal']} of {r['grad_tensors']} tensors bitwise equal."]
     return "\n".join(lines)
+
+
+def eager_interleaved_line(recs) -> str:
+    """One sentence on the interleaved eager decode records, or '' where the run has none."""
+    ab = {r["variant"]: r for r in recs if r.get("kind") == "decode_interleaved"}
+    if not ab:
+        return ""
+    r0 = next(iter(ab.values()))
+    if r0.get("error"):
+        return f"Eager decode, interleaved: failed: {r0['error'].splitlines()[0][:80]}"
+    b, o = ab.get("bnb_eager", {}).get("tok_s"), ab.get("nf4lab_eager", {}).get("tok_s")
+    span = (lambda r: ", ".join(_fmt(x, ".1f") for x in r.get("tok_s_rounds", [])))
+    x = f" ({o / b:.2f}x)" if b and o else ""
+    return (f"Eager decode, bitsandbytes and nf4lab interleaved generate by generate in one process "
+            f"({r0['rounds']} rounds): bitsandbytes {_fmt(b, '.1f')} tok/s [{span(ab.get('bnb_eager', {}))}], "
+            f"nf4lab {_fmt(o, '.1f')} tok/s [{span(ab.get('nf4lab_eager', {}))}]{x}.")
 
 
 def models_table(gpu: str | None = None, name: str = "models") -> str:
