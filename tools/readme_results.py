@@ -294,6 +294,11 @@ def models_block() -> str:
             span = (lambda r: f"{min(r['ms_all']):.0f}-{max(r['ms_all']):.0f}" if r.get("ms_all") else "-")
             out.append(f"- {o['meta'].get('date')}: bitsandbytes {b['ms']:.1f} ms [{span(b)}], nf4lab {f['ms']:.1f} ms "
                        f"[{span(f)}]: {b['ms'] / f['ms']:.2f}x bitsandbytes' speed (`{o['path']}`).")
+        for p in sorted((ROOT / "data" / "results" / g).glob("models_eager_ab*.json")):
+            o = results.load(p.stem, g)
+            line = eager_interleaved_line(o["records"])
+            if line:
+                out += ["", f"{o['meta'].get('date')}, `{o['path']}`: {line}"]
         out += ["", f"Source: `{m['path']}`.", ""]
     return "\n".join(out).rstrip() or "No model benchmark recorded yet."
 
