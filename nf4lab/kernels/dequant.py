@@ -480,13 +480,21 @@ def dequantize_plain_fast(A, absmax, blocksize, quant_type, shape, dtype, out):
     return out
 
 
+@functools.cache
+def _fastkernel():
+    """The fastkernel module (it imports numba's CUDA support, so this module imports it only when it launches)."""
+    from . import fastkernel
+
+    return fastkernel
+
+
 def launch_ready(dtype, nested, device_index, a_ptr, stats, a2, c2, off, lut, o_ptr, n, bshift, gshift) -> bool:
     """Launch on the current stream of ``device_index`` (the current device) through a lean launcher that
     already passed its self-check, for the prepared paths (install()'s plain dequantize, a prepared
     weight's dequantize + linear); False where that variant has none yet (its first call goes the
     general way, which checks it)."""
-    path = "vector" if a_ptr % 4 == 0 and o_ptr % 16 == 0 else "scalar"  # fastkernel.choose_path
-    launcher = _lean_ready.get((dtype, nested, path))
+    # The one rule for the 128-bit path (a misaligned vector access kills the CUDA context): never a copy of it.
+    launcher = _lean_ready.get((dtype, nested, _fastkernel().choose_path(a_ptr, o_ptr)))
     if launcher is None:
         return False
     launcher(_torch()._C._cuda_getCurrentRawStream(device_index), launcher.grid(n), a_ptr, stats, a2, c2, off,
