@@ -56,6 +56,7 @@ def test_results_round_trip_and_format(tmp_path, monkeypatch):
 # and agreement records, and the GEMV's tolerance checks, with the fields each must carry.
 OTHER_KINDS = {"launch": ("name", "op", "host_us", "per_call_us"),
                "decode": ("name", "variant", "tok_s", "new_tokens"),
+               "decode_interleaved": ("name", "variant", "mode", "rounds", "tok_s", "tok_s_rounds", "new_tokens"),
                "qlora": ("name", "variant", "ms"),
                "agreement": ("name", "a", "b", "free", "forced"),
                "qlora_agreement": ("name", "loss_equal"),
