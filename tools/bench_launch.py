@@ -138,7 +138,8 @@ def main(argv=None):
     from nf4lab.kernels import bnb_backend
     from bitsandbytes.backends.cuda import ops as bnb_cuda
 
-    ours_kernel = bnb_backend._make_kernels(bnb_backend._bnb_cuda_fallbacks())["gemm_4bit"]
+    ours = bnb_backend._make_kernels(bnb_backend._bnb_cuda_fallbacks())
+    ours_kernel = ours["gemm_4bit"]
     mm_args = (x, packed, qs.shape, qs.state2.absmax, qs.blocksize, qs.quant_type, None, qs.absmax, qs.state2.code,
                qs.offset)
 
@@ -156,18 +157,18 @@ def main(argv=None):
     from nf4lab.kernels import dequant as nf_dq
     from nf4lab.kernels import fastkernel
 
-    ours_dq = bnb_backend._make_kernels(bnb_backend._bnb_cuda_fallbacks())["dequantize_4bit"]
+    ours_dq = ours["dequantize_4bit"]
     dq_out = torch.empty(qs.shape, dtype=qs.dtype, device="cuda")
     nf4lab.dequantize(packed, qs)  # makes the lean launcher and the table
     lean = fastkernel.lean_launcher("bf16", False, "vector")
     table = nf_dq._LUT_CACHE[("nf4", packed.device)].data_ptr()
     stream = torch.cuda.current_stream().cuda_stream
-    grid = fastkernel.grid_size(N * K, "vector", "bf16")
+    grid = lean.grid(N * K)
     dq_ptrs = (packed.data_ptr(), absmax_plain.data_ptr(), table, dq_out.data_ptr())
 
     def lean_call():
         a_ptr, st, lut, o_ptr = dq_ptrs
-        lean(stream, grid, a_ptr, st, st, st, st, lut, o_ptr, N * K, 6, 0)
+        lean(stream, grid, a_ptr, st, st, st, st, lut, o_ptr, N * K, nf_dq._BSHIFT[qs.blocksize], 0)
 
     cases += [
         ("dequantize pieces", "nf4lab's dequantize_4bit kernel function, called directly",

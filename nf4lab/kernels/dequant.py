@@ -435,20 +435,13 @@ def _dequantize_cuda(p, out):
         stream = _raw_stream(device)
         grid = fk.grid_size(p.n, path, p.dtype)
         args = (a_ptr, stats, a2, c2, off, lut, o_ptr, p.n, bshift, gshift)
-        if not launch_lean(p.dtype, p.nested, path, stream, grid, *args):
+        # the lean launcher (checked once against numba's launch, see _lean), else numba's dispatcher
+        launcher = _lean(p.dtype, p.nested, path) if _lean_state["ok"] is not False else None
+        if launcher is not None:
+            launcher(stream, grid, *args)
+        else:
             _launch_dispatcher(p, path, stream, *args)
     return out
-
-
-def launch_lean(dtype, nested, path, stream, grid, *args) -> bool:
-    """Launch a variant through its lean launcher (checked once against numba's launch, see :func:`_lean`);
-    False where that launcher is unusable, and the caller launches another way. ``args``: the kernel's
-    (packed, stats, absmax2, code2, offset, lut, out) addresses, then n, the blocksize's and the group's shift."""
-    launcher = _lean(dtype, nested, path) if _lean_state["ok"] is not False else None
-    if launcher is None:
-        return False
-    launcher(stream, grid, *args)
-    return True
 
 
 _BSHIFT = {b: b.bit_length() - 1 for b in BLOCKSIZES}

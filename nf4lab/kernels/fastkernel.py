@@ -415,7 +415,6 @@ class LeanLauncher:
         if err:
             raise RuntimeError(f"cuLaunchKernel failed: CUresult {err}")
 
-
     def grid(self, n: int) -> int:
         """The launch's grid for ``n`` weights (:func:`grid_size` for this launcher's path and dtype)."""
         return grid_size(n, self.path, self.dtype)

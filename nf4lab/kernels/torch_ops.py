@@ -199,8 +199,8 @@ _GEMV_LEAN: dict = {}  # (M, dtype, device) -> _GemvLean, or False once it disag
 
 def _lean_launch(lean, w, grid, x, M, out, smem=0):
     # gemv_call has checked that x's device is the current one, so its index is not None
-    lean.launch(torch._C._cuda_getCurrentRawStream(x.device.index), grid, _gemv.THREADS, w.prefix, x.data_ptr(), M * w.K // 2,
-                out.data_ptr(), M * w.N, w.N, w.K, w.bs_shift, smem)
+    lean.launch(torch._C._cuda_getCurrentRawStream(x.device.index), grid, _gemv.THREADS, w.prefix, x.data_ptr(),
+                M * w.K // 2, out.data_ptr(), M * w.N, w.N, w.K, w.bs_shift, smem)
 
 
 def _first_launch(key, grid, w, x, M, packed, absmax_q, absmax2, code2, blocksize, out):

@@ -115,8 +115,8 @@ class Settings:
     @classmethod
     def cpu_smoke(cls):
         return cls(layers=2, hidden=128, mlp=256, heads=4, kv_heads=2, vocab=512, prompt_len=8, new_tokens=8,
-                   t1_repeats=1, qlora_batch=2, qlora_seq=32, qlora_warmup=1, qlora_steps=2, eager_rounds=1, lora_r=4,
-                   device="cpu")
+                   t1_repeats=1, qlora_batch=2, qlora_seq=32, qlora_warmup=1, qlora_steps=2, eager_rounds=1,
+                   lora_r=4, device="cpu")
 
 
 # ---------------------------------------------------------------- comparison logic (pure numpy, tested on CPU)
