@@ -17,6 +17,7 @@ are gemv.make_kernel's, rearranged (tests/test_gemv.py checks both kernels give 
 """
 from __future__ import annotations
 
+import functools
 import sys
 from pathlib import Path
 
@@ -30,12 +31,19 @@ from nf4lab.kernels.gemv import FB, LUT, THREADS, W, code2_word, spare
 from nf4lab.kernels.warp_ops import f32_from_bits, mma_bf16, mma_f16, prmt, shfl_xor_sync
 
 
-def make_kernel(is_bf16, M, base, nested=True, min_blocks=gemv.BLOCKS_PER_SM):
-    """gemv.make_kernel at D = 1 with the step loop unrolled over two buffers (see the module docstring)."""
+@functools.cache
+def make_kernel(is_bf16, M, base, nested=True, min_blocks=gemv.BLOCKS_PER_SM, slots=2, fetch_first=False):
+    """gemv.make_kernel with the step loop unrolled over ``slots`` fixed buffers (see the module docstring).
+
+    ``fetch_first=False`` (PP): a trip computes its slot, then refills it. ``fetch_first=True`` ("F<slots>"):
+    a trip first refills the slot the previous trip computed, then computes its own, so ``slots - 1`` steps
+    are in flight while it computes and no load waits behind the trip's mma."""
+    assert 2 <= slots <= 4
     NT = (M + 1) // 2                 # n-tiles of 8 columns: 2 batch rows x 4 blocks each
     NACC, NCF = 2 * NT, 4 * NT
     WIDE = M > 1                      # where a lane's two 16-byte pieces lie (see gemv.step_ops)
-    NB = 2 * FB                       # two buffers: slot 0 at 0, slot 1 at FB
+    NB = slots * FB                   # slot i at FB * i
+    PRE = slots - 1 if fetch_first else slots  # steps fetched before the loop
     mma = mma_bf16 if is_bf16 else mma_f16
     look, half_bits, fetch = gemv.step_ops(is_bf16, M, base, nested)
 
@@ -88,6 +96,17 @@ def make_kernel(is_bf16, M, base, nested=True, min_blocks=gemv.BLOCKS_PER_SM):
                     acc[2 * nt] += cf[4 * nt] * s[0] + cf[4 * nt + 1] * s[1]
                     acc[2 * nt + 1] += cf[4 * nt + 2] * s[2] + cf[4 * nt + 3] * s[3]
 
+    @cuda.jit(device=True, inline="always")
+    def trip(buf, o, prev, c, steps, sm, x_u32, acc, cf, s, A, xr, g, q, lane4, k, kx, offset,
+             packed_u32, absmax_q, absmax2, tp, cp, n, kw, tiles, ash):
+        """Compute the step in slot ``o`` and put the next step's loads out: into ``prev`` (the slot the last
+        trip computed) before the compute, or into ``o`` after it."""
+        if fetch_first:
+            fetch(buf, prev, packed_u32, absmax_q, absmax2, tp, cp, g, q, n, kw, tiles, steps, ash)
+        step(buf, o, c, steps, sm, x_u32, acc, cf, s, A, xr, g, q, lane4, k, kx, offset)
+        if not fetch_first:
+            fetch(buf, o, packed_u32, absmax_q, absmax2, tp, cp, g, q, n, kw, tiles, steps, ash)
+
     @cuda.jit(launch_bounds=(THREADS, min_blocks))
     def gemv_tc(packed_u32, absmax_q, absmax2, code2, lut, offset, x_u32, y, N, K, bs_shift):
         sm = cuda.shared.array(0, uint32)
@@ -105,11 +124,11 @@ def make_kernel(is_bf16, M, base, nested=True, min_blocks=gemv.BLOCKS_PER_SM):
         ash = uint32(uint32(bs_shift) - uint32(3))
         grid = uint32(cuda.gridDim.x)
         buf = cuda.local.array(NB, uint32)
-        # the first two steps' loads go out before the table is built: slot 0 and slot 1
+        # the first steps' loads go out before the table is built: slots 0 .. PRE - 1
         t = uint32(cuda.blockIdx.x)
         c = warp
         tp, cp = t, c
-        for d in range(2):
+        for d in range(PRE):
             fetch(buf, FB * d, packed_u32, absmax_q, absmax2, tp, cp, g, q, n, kw, tiles, steps, ash)
             cp = uint32(cp + uint32(W))
             if cp >= steps:
@@ -137,13 +156,22 @@ def make_kernel(is_bf16, M, base, nested=True, min_blocks=gemv.BLOCKS_PER_SM):
             for i in range(NACC):
                 acc[i] = float32(0.0)
             while True:
-                if slot == uint32(0):           # two copies with fixed registers: no ring moves
-                    step(buf, 0, c, steps, sm, x_u32, acc, cf, s, A, xr, g, q, lane4, k, kx, offset)
-                    fetch(buf, 0, packed_u32, absmax_q, absmax2, tp, cp, g, q, n, kw, tiles, steps, ash)
-                else:
-                    step(buf, FB, c, steps, sm, x_u32, acc, cf, s, A, xr, g, q, lane4, k, kx, offset)
-                    fetch(buf, FB, packed_u32, absmax_q, absmax2, tp, cp, g, q, n, kw, tiles, steps, ash)
-                slot ^= uint32(1)
+                # one copy per slot, each with fixed registers: no ring moves (the offsets are constants)
+                if slot == uint32(0):
+                    trip(buf, 0, FB * (slots - 1), c, steps, sm, x_u32, acc, cf, s, A, xr, g, q, lane4, k, kx,
+                         offset, packed_u32, absmax_q, absmax2, tp, cp, n, kw, tiles, ash)
+                elif slot == uint32(1):
+                    trip(buf, FB, 0, c, steps, sm, x_u32, acc, cf, s, A, xr, g, q, lane4, k, kx,
+                         offset, packed_u32, absmax_q, absmax2, tp, cp, n, kw, tiles, ash)
+                elif slots > 2 and slot == uint32(2):
+                    trip(buf, 2 * FB, FB, c, steps, sm, x_u32, acc, cf, s, A, xr, g, q, lane4, k, kx,
+                         offset, packed_u32, absmax_q, absmax2, tp, cp, n, kw, tiles, ash)
+                elif slots > 3:
+                    trip(buf, 3 * FB, 2 * FB, c, steps, sm, x_u32, acc, cf, s, A, xr, g, q, lane4, k, kx,
+                         offset, packed_u32, absmax_q, absmax2, tp, cp, n, kw, tiles, ash)
+                slot = uint32(slot + uint32(1))
+                if slot == uint32(slots):
+                    slot = uint32(0)
                 cp = uint32(cp + uint32(W))
                 if cp >= steps:
                     cp = warp
@@ -177,16 +205,17 @@ def make_kernel(is_bf16, M, base, nested=True, min_blocks=gemv.BLOCKS_PER_SM):
             parity ^= uint32(1)
             t = tn
 
-    gemv_tc.__name__ = "gemv_tc_pp"  # (numba names the kernel from the function)
+    gemv_tc.__name__ = f"gemv_tc_{'f' if fetch_first else 'pp'}{slots}"  # (numba names the kernel from the function)
     return gemv_tc
 
 
-def launch(g, blocks_per_sm=gemv.BLOCKS_PER_SM):
-    """Run the PP kernel on GemvBuffers ``g`` (as gemv.launch, with the shipped grid)."""
+def launch(g, blocks_per_sm=gemv.BLOCKS_PER_SM, slots=2, fetch_first=False):
+    """Run the PP kernel (or another slot loop: see make_kernel) on GemvBuffers ``g`` (as gemv.launch, with the
+    shipped grid)."""
     gemv.validate(g)
     args = (g.packed_u32, g.absmax_q, g.absmax2, g.code2, g.lut, g.offset, g.x_u32, g.y, g.N, g.K, g.bs_shift)
     base = gemv.probe_base() if runtime.ON_GPU else 0
-    kern = gemv.prepare(make_kernel(g.dtype == "bf16", g.M, base, g.nested, blocks_per_sm), args)
+    kern = gemv.prepare(make_kernel(g.dtype == "bf16", g.M, base, g.nested, blocks_per_sm, slots, fetch_first), args)
     grid = g.grid or min(-(-g.N // 16), blocks_per_sm * gemv.sms())
     kern[grid, THREADS, g.stream, gemv.SMEM](*args)
 

@@ -202,9 +202,12 @@ def test_lab_tensor_core_knobs_default_to_the_shipped_kernel():
         assert nf4lab.measure.ptx.count(ours, r"^mma\.sync") == 16
 
 
-@pytest.mark.parametrize("case", [CASES[i] for i in (5, 8, 10)], ids=lambda c: f"{c[0]}x{c[1]}-{c[2]}-M{c[3]}")
-def test_lab_pingpong_variant_gives_the_shipped_bits(case):
-    """lab/gemv_pp.py (the step loop over two fixed buffers instead of a moved ring) computes the same products
+@pytest.mark.parametrize("case, slots, fetch_first",
+                         [(CASES[i], 2, False) for i in (5, 8, 10)] + [(CASES[i], 3, True) for i in (5, 8)],
+                         ids=lambda v: f"{v[0]}x{v[1]}-{v[2]}-M{v[3]}" if isinstance(v, tuple) else str(v))
+def test_lab_pingpong_variant_gives_the_shipped_bits(case, slots, fetch_first):
+    """lab/gemv_pp.py (the step loop over fixed buffers instead of a moved ring: PP, two slots each refilled after
+    its compute; F3, three slots each refilled before the next one's compute) computes the same products
     and sums in the same order as the shipped kernel, so its output must be the same bits: including a block
     that does three tiles (grid 1: the slot parity carries across tiles; all 16 codes), a batch of 2 over three
     tiles, and K = 2048 + 64 (9 steps for 8 warps: one warp does two steps a tile, the others one)."""
@@ -219,7 +222,7 @@ def test_lab_pingpong_variant_gives_the_shipped_bits(case):
     gemv.launch(g)
     shipped = g.result().copy()
     g.y.copy_to_device(np.full(M * N, 0x7FBF, np.uint16))
-    gemv_pp.launch(g)
+    gemv_pp.launch(g, slots=slots, fetch_first=fetch_first)
     assert np.array_equal(g.result(), shipped)
     assert gemv.check(g.result(), gc, rounded_table=True).ok
 
