@@ -73,6 +73,8 @@ def variant_launches(mod, names=None, policies=None) -> dict:
             for dd in (1, 2, 3):
                 out[f"TC B{bps} D{dd}"] = (lambda g, b=bps, dd=dd: gemv_mma.launch(g, blocks_per_sm=b, D=dd))
         out["TC B2 D1 carve"] = (lambda g: gemv_mma.launch(g, carveout=True))
+        for pf in (1, 2, 3, 4, 6):  # weight lines asked into L2 pf steps ahead of the shipped kernel's loads
+            out[f"TC P{pf}"] = (lambda g, pf=pf: gemv_mma.launch(g, pf=pf))
         from lab import gemv_pp
 
         out["TC PP"] = gemv_pp.launch   # the step loop over two fixed buffers (lab/gemv_pp.py)

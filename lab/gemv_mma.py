@@ -1,8 +1,9 @@
 """The tensor-core GEMV's tuning knobs: the shipped kernel (nf4lab.kernels.gemv) with other launch choices.
 
-``launch(g, blocks_per_sm, D, carveout)`` runs ``gemv.make_kernel`` with ``D`` steps of loads in flight
+``launch(g, blocks_per_sm, D, carveout, pf)`` runs ``gemv.make_kernel`` with ``D`` steps of loads in flight
 ahead of the one computed and launch bounds for ``blocks_per_sm`` 256-thread blocks per SM (the grid follows),
-optionally asking the driver for the largest shared-memory carveout. The defaults (2 blocks, D = 1, the
+optionally asking the driver for the largest shared-memory carveout, and with ``pf`` steps of weight lines
+asked into L2 (``prefetch.global.L2``) ahead of the loads ("TC P<pf>"). The defaults (2 blocks, D = 1, the
 driver's carveout) are what ships; lab/bench_gemv.py times the others as "TC B<blocks> D<D>" and
 "TC B2 D1 carve". What each measured is in lab/README.md. Two variants that lost are gone from the code
 (git has them): x loaded for both pieces at a step's start, and a table address with an add per lookup.
@@ -25,15 +26,15 @@ def _max_carveout(kern):
     kern._nf4lab_carveout = True
 
 
-def kernel(is_bf16, M, blocks_per_sm=gemv.BLOCKS_PER_SM, D=1):
-    return gemv.make_kernel(is_bf16, M, gemv.probe_base(), True, D, max(blocks_per_sm, 1))
+def kernel(is_bf16, M, blocks_per_sm=gemv.BLOCKS_PER_SM, D=1, pf=0):
+    return gemv.make_kernel(is_bf16, M, gemv.probe_base(), True, D, max(blocks_per_sm, 1), pf)
 
 
-def launch(g, blocks_per_sm=gemv.BLOCKS_PER_SM, D=1, carveout=False):
+def launch(g, blocks_per_sm=gemv.BLOCKS_PER_SM, D=1, carveout=False, pf=0):
     gemv.validate(g)
     args = (g.packed_u32, g.absmax_q, g.absmax2, g.code2, g.lut, g.offset, g.x_u32, g.y, g.N, g.K, g.bs_shift)
     nbytes = gemv.SMEM
-    kern = gemv.prepare(kernel(g.dtype == "bf16", g.M, blocks_per_sm, D), args, nbytes)
+    kern = gemv.prepare(kernel(g.dtype == "bf16", g.M, blocks_per_sm, D, pf), args, nbytes)
     if carveout:
         _max_carveout(kern)
     grid = g.grid or min(-(-g.N // 16), blocks_per_sm * gemv.sms())

@@ -16,7 +16,7 @@ from ..lesson import reference
 from . import arch, ops
 from .fastkernel import address
 from .warp_ops import (_lookup_at, default_base, f32_from_bits, load_stream_u32x4, lookup, mma_bf16,  # noqa: F401
-                       mma_f16, prmt, probe_base, shfl_xor_sync, table_lookup)
+                       mma_f16, prefetch_l2, prmt, probe_base, shfl_xor_sync, table_lookup)
 from numba import cuda, float32, types, uint32, uint64  # noqa: E402  (globals the simulator swaps in kernels)
 
 LLM_SHAPES = ((4096, 4096), (4096, 14336), (14336, 4096), (8192, 28672))  # (N, K) = W.shape
@@ -89,10 +89,21 @@ def step_ops(is_bf16, M, base, nested=True):
     return look, half_bits, fetch
 
 
+@cuda.jit(device=True, inline="always")
+def ask_l2(packed_u32, t, c, g, q, n, kw, tiles):
+    """Ask L2 for step c of row tile t ahead of its loads: lane q's first word in rows g and g + 8 (the 4 lanes
+    of a row cover its 128-byte piece of the step)."""
+    if t < tiles:
+        wq = min(uint32(c * uint32(32) + uint32(8) * q), uint32(kw - uint32(8)))
+        prefetch_l2(packed_u32, uint64(min(uint32(t * uint32(16) + g), uint32(n - uint32(1))) * kw + wq))
+        prefetch_l2(packed_u32, uint64(min(uint32(t * uint32(16) + g + uint32(8)), uint32(n - uint32(1))) * kw + wq))
+
+
 @functools.cache
-def make_kernel(is_bf16, M, base, nested=True, D=1, min_blocks=BLOCKS_PER_SM):
+def make_kernel(is_bf16, M, base, nested=True, D=1, min_blocks=BLOCKS_PER_SM, pf=0):
     """The kernel for a dtype, batch M (1..8), table base (``probe_base()``) and kind of statistics; ``D`` (steps
-    of loads in flight ahead) and ``min_blocks`` (blocks per SM) are lab/gemv_mma.py's knobs."""
+    of loads in flight ahead), ``min_blocks`` (blocks per SM) and ``pf`` (steps whose weight lines are asked
+    into L2 ahead of the loads, with no register or scoreboard held) are lab/gemv_mma.py's knobs."""
     NT, WIDE = (M + 1) // 2, M > 1    # n-tiles of 8 columns (2 batch rows x 4 blocks); where a lane's pieces lie
     NACC, NCF, NB = 2 * NT, 4 * NT, FB * (D + 1)
     mma = mma_bf16 if is_bf16 else mma_f16
@@ -116,6 +127,12 @@ def make_kernel(is_bf16, M, base, nested=True, D=1, min_blocks=BLOCKS_PER_SM):
             cp = uint32(cp + uint32(W))
             if cp >= steps:
                 cp, tp = warp, uint32(tp + grid)
+        tq, cq = tp, cp                # the step whose lines are asked into L2 next (pf > 0)
+        for d in range(pf):
+            ask_l2(packed_u32, tq, cq, g, q, n, kw, tiles)
+            cq = uint32(cq + uint32(W))
+            if cq >= steps:
+                cq, tq = warp, uint32(tq + grid)
         if tid < uint32(16):
             sm[uint32(LUT) + tid] = half_bits(lut[tid])
         if nested:
@@ -139,6 +156,11 @@ def make_kernel(is_bf16, M, base, nested=True, D=1, min_blocks=BLOCKS_PER_SM):
                 cp = uint32(cp + uint32(W))
                 if cp >= steps:
                     cp, tp = warp, uint32(tp + grid)
+                if pf > 0:
+                    ask_l2(packed_u32, tq, cq, g, q, n, kw, tiles)
+                    cq = uint32(cq + uint32(W))
+                    if cq >= steps:
+                        cq, tq = warp, uint32(tq + grid)
                 cn = uint32(c + uint32(W))
                 tn = t
                 if cn >= steps:
