@@ -221,19 +221,27 @@ def launch(g, blocks_per_sm=gemv.BLOCKS_PER_SM, slots=2, fetch_first=False):
 
 
 def main() -> int:
-    """Offline, no GPU: registers, spills and SASS instructions per weight of the hottest loop, PP beside the
-    shipped kernel, for sm_90 (ptxas + cuobjdump, as lab/sass_gemv.py). The PP loop holds two steps."""
+    """Offline, no GPU: registers, spills and SASS instructions per weight of the hottest loop, the slot loops
+    beside the shipped kernel, for sm_90 (ptxas + cuobjdump, as lab/sass_gemv.py), and the scoreboards their
+    weight loads write with the number of waits on them per loop (the loop holds one step per slot)."""
+    import tempfile
+
     from lab import gemv_reports
 
+    work = tempfile.mkdtemp()
     for dtype in ("bf16", "fp16"):
         for M in (1, 8):
             for label, kern, steps in (("shipped", gemv.make_kernel(dtype == "bf16", M, 0x400), 1),
-                                       ("PP", make_kernel(dtype == "bf16", M, 0x400), 2)):
-                r = gemv_reports.sass_report(kern, gemv.signature(), 128 * steps, f"gemv_{label}_{dtype}_M{M}")
+                                       ("PP", make_kernel(dtype == "bf16", M, 0x400), 2),
+                                       ("F3", make_kernel(dtype == "bf16", M, 0x400, True, 2, 3, True), 3)):
+                stem = f"gemv_{label}_{dtype}_M{M}"
+                r = gemv_reports.sass_report(kern, gemv.signature(), 128 * steps, stem, workdir=work)
+                sb = gemv_reports.weight_load_waits(open(f"{work}/{stem}.sass").read())
                 moves = sum(v for k, v in r["opcodes"].items() if "MOV" in k)
                 print(f"{label:>7} {dtype} M={M}: {r['registers']} registers, {r['spill_bytes']} B spilled; hottest loop "
                       f"{r['loop_instructions']} SASS instructions for {steps} step(s) = {r['per_weight']:.2f} per "
-                      f"weight, {moves} moves")
+                      f"weight, {moves} moves; weight loads on scoreboard(s) {sb['scoreboards']}, "
+                      f"{sb['waits']} waits on them", flush=True)
     return 0
 
 
