@@ -610,3 +610,26 @@ def test_cuda_build_cpu_matches_bitsandbytes_c(bnb_lib, bnb_c_converters, quant_
                 want = bnb_c_converters("cuda", "to_fp16" if dtype == "fp16" else "to_bf16", f32)
                 bad = np.flatnonzero(got != want)
                 assert not bad.size, f"{dtype} {shape} bs {bs}: {bad.size} differ, first at {bad[0]}"
+
+
+def test_lean_launcher_writes_each_argument_into_its_slot():
+    """LeanLauncher's parameter block, without a GPU: each call's twelve values land in the slots numba's
+    kernel reads (each array's data pointer; n, bshift, gshift last), the launch gets the grid, stream and
+    block address, and the slots the call does not own keep their fixed values."""
+    import threading
+
+    ln = fk.LeanLauncher.__new__(fk.LeanLauncher)
+    ln._slots = np.zeros(fk._NSLOTS, np.int64)
+    ln._slots[0] = 7                                  # a slot no call writes
+    ln._view, ln._lock = memoryview(ln._slots), threading.Lock()
+    ln._data = [a * fk._ARRAY_SLOTS + 4 for a in range(fk._NARRAYS)]
+    ln._func, ln._params_addr = 11, 22
+    seen = []
+    ln._launch = lambda *a: seen.append(a) or 0
+    ln(5, 132, 1 << 41, 102, 103, 104, 105, 106, (1 << 44) + 8, 4096, 6, 8)
+    got = [int(ln._slots[i]) for i in ln._data] + [int(v) for v in ln._slots[-3:]]
+    assert got == [1 << 41, 1 << 41, 102, 103, 104, 105, 106, (1 << 44) + 8, (1 << 44) + 8, 4096, 6, 8]
+    assert seen == [(11, 132, fk.THREADS, 5, 22)] and ln._slots[0] == 7
+    ln._launch = lambda *a: 1
+    with pytest.raises(RuntimeError, match="cuLaunchKernel failed"):
+        ln(5, 132, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10)

@@ -368,7 +368,7 @@ class LeanLauncher:
     numba's dispatcher costs 24-70 us a launch (type checks, argument wrapping,
     torch -> device array conversion). Here the parameter block is built once: a
     numpy array of 8-byte slots plus an array of pointers to them. A call writes
-    the 12 changing values into their slots and launches. A lock keeps two threads
+    the 12 changing values into their slots (through a memoryview) and launches. A lock keeps two threads
     from interleaving their writes (cuLaunchKernel copies the parameters before it
     returns, so the block may be rewritten right after).
     """
@@ -393,12 +393,14 @@ class LeanLauncher:
         self._lock = threading.Lock()
         # The data slot of each array, in argument order.
         self._data = [a * _ARRAY_SLOTS + 4 for a in range(_NARRAYS)]
+        # Writes through a memoryview: a numpy item assignment costs about 0.1 us, twelve a launch.
+        self._view = memoryview(self._slots)
 
     def __call__(self, stream: int, grid: int, packed: int, stats: int, absmax2: int, code2: int,
                  offset: int, lut: int, out: int, n: int, bshift: int, gshift: int) -> None:
         d = self._data
         with self._lock:
-            s = self._slots
+            s = self._view
             s[d[0]] = packed
             s[d[1]] = packed
             s[d[2]] = stats
