@@ -56,12 +56,47 @@ def drive(shape: str, variant: str, dtype: str = "bf16") -> None:
     cuda.profile_stop()
 
 
+def stall_summary(csv_text: str, top: int = 30) -> str:
+    """The instructions with the most warp-stall samples in ncu's source page (CSV, SASS), with their non-zero
+    stall columns, and the samples summed per opcode."""
+    import collections
+    import csv
+    import io
+    import re
+
+    rows = list(csv.DictReader(io.StringIO(csv_text)))
+    if not rows:
+        return "no source page in the report:\n" + csv_text[:1000]
+    cols = list(rows[0])
+    total = next((c for c in cols if c.startswith("Warp Stall Sampling (All")), None)
+    src = next((c for c in cols if c.strip().lower() == "source"), cols[min(1, len(cols) - 1)])
+    if total is None:
+        return "columns: " + ", ".join(cols)
+    num = lambda r, c: float((r.get(c) or "0").replace(",", "") or 0)  # noqa: E731
+    reasons = [c for c in cols if "stall" in c.lower() and c != total and not c.startswith("Warp Stall Sampling")]
+    rows.sort(key=lambda r: -num(r, total))
+    allsum = sum(num(r, total) for r in rows) or 1
+    by_op = collections.Counter()
+    for r in rows:
+        text = re.sub(r"^@!?U?P[T\d]+\s+", "", (r.get(src) or "?").strip())
+        by_op[(text.split() or ["?"])[0].split(".")[0]] += num(r, total)
+    out = [f"{allsum:.0f} stall samples; by opcode: " + ", ".join(f"{k} {v / allsum:.0%}" for k, v in by_op.most_common(12))]
+    for r in rows[:top]:
+        parts = sorted(((num(r, c), c) for c in reasons if num(r, c) > 0), reverse=True)[:4]
+        out.append(f"{num(r, total) / allsum:6.1%}  {(r.get(src) or '')[:60]:60}  "
+                   + "; ".join(f"{c} {v:.0f}" for v, c in parts))
+    return "\n".join(out)
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--shapes", nargs="+", default=list(DEFAULT_SHAPES))
     ap.add_argument("--variants", nargs="+", default=list(DEFAULT_VARIANTS))
     ap.add_argument("--budget-s", type=float, default=240)
     ap.add_argument("--save", action="store_true")
+    ap.add_argument("--source", action="store_true",
+                    help="also sample warp stalls per SASS instruction (SourceCounters): the CSV of ncu's source "
+                         "page under $OUT, and the most-stalled instructions printed")
     a = ap.parse_args(argv)
     import nf4lab
     from nf4lab.measure import results
@@ -90,7 +125,7 @@ def main(argv=None) -> int:
             rep = tmp / f"r{len(run['rows'])}.ncu-rep"
             cmd = [ncu, "--target-processes", "all", "--clock-control", "none", "--profile-from-start", "off",
                    "--export", str(rep), "--force-overwrite"]
-            for s in SECTIONS:
+            for s in SECTIONS + (("SourceCounters",) if a.source else ()):
                 cmd += ["--section", s]
             cmd += ["--metrics", ",".join(NCU_METRICS.values()), sys.executable, __file__, "drive", shape, v]
             r = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
@@ -106,6 +141,13 @@ def main(argv=None) -> int:
             run["rows"].append({"shape": shape, "variant": v, "metrics": ncu_summary(kernels[-1], N, K)})
             det = subprocess.run([ncu, "--import", str(rep), "--page", "details"], capture_output=True, text=True).stdout
             details.append(f"===== {shape} [{v}]\n{det}")
+            if a.source:
+                src = subprocess.run([ncu, "--import", str(rep), "--page", "source", "--csv", "--print-source", "sass"],
+                                     capture_output=True, text=True).stdout
+                tag = f"{shape}_{v}".replace(" ", "_")
+                if os.environ.get("OUT"):
+                    Path(os.environ["OUT"], f"ncu_source_{tag}.csv").write_text(src)
+                print(stall_summary(src))
             print(f"[{time.time() - t0:4.0f} s] {shape} [{v}] profiled", flush=True)
     print(ncu_table(run))
     print("measured on", results.label(run["meta"]))
