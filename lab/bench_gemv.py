@@ -75,6 +75,8 @@ def variant_launches(mod, names=None, policies=None) -> dict:
         out["TC B2 D1 carve"] = (lambda g: gemv_mma.launch(g, carveout=True))
         for pf in (1, 2, 3, 4, 6):  # weight lines asked into L2 pf steps ahead of the shipped kernel's loads
             out[f"TC P{pf}"] = (lambda g, pf=pf: gemv_mma.launch(g, pf=pf))
+        out["TC X"] = (lambda g: gemv_mma.launch(g, xpf=True))  # x's lines of the next step asked into L1
+        out["TC X D2"] = (lambda g: gemv_mma.launch(g, D=2, xpf=True))
         from lab import gemv_pp
 
         out["TC PP"] = gemv_pp.launch   # the step loop over two fixed buffers (lab/gemv_pp.py)

@@ -3,7 +3,8 @@
 ``launch(g, blocks_per_sm, D, carveout, pf)`` runs ``gemv.make_kernel`` with ``D`` steps of loads in flight
 ahead of the one computed and launch bounds for ``blocks_per_sm`` 256-thread blocks per SM (the grid follows),
 optionally asking the driver for the largest shared-memory carveout, and with ``pf`` steps of weight lines
-asked into L2 (``prefetch.global.L2``) ahead of the loads ("TC P<pf>"). The defaults (2 blocks, D = 1, the
+asked into L2 (``prefetch.global.L2``) ahead of the loads ("TC P<pf>"), and ``xpf``: x's lines of the step whose
+weights go out asked into L1 ("TC X"). The defaults (2 blocks, D = 1, the
 driver's carveout) are what ships; lab/bench_gemv.py times the others as "TC B<blocks> D<D>" and
 "TC B2 D1 carve". What each measured is in lab/README.md. Two variants that lost are gone from the code
 (git has them): x loaded for both pieces at a step's start, and a table address with an add per lookup.
@@ -26,15 +27,15 @@ def _max_carveout(kern):
     kern._nf4lab_carveout = True
 
 
-def kernel(is_bf16, M, blocks_per_sm=gemv.BLOCKS_PER_SM, D=1, pf=0):
-    return gemv.make_kernel(is_bf16, M, gemv.probe_base(), True, D, max(blocks_per_sm, 1), pf)
+def kernel(is_bf16, M, blocks_per_sm=gemv.BLOCKS_PER_SM, D=1, pf=0, xpf=False):
+    return gemv.make_kernel(is_bf16, M, gemv.probe_base(), True, D, max(blocks_per_sm, 1), pf, xpf)
 
 
-def launch(g, blocks_per_sm=gemv.BLOCKS_PER_SM, D=1, carveout=False, pf=0):
+def launch(g, blocks_per_sm=gemv.BLOCKS_PER_SM, D=1, carveout=False, pf=0, xpf=False):
     gemv.validate(g)
     args = (g.packed_u32, g.absmax_q, g.absmax2, g.code2, g.lut, g.offset, g.x_u32, g.y, g.N, g.K, g.bs_shift)
     nbytes = gemv.SMEM
-    kern = gemv.prepare(kernel(g.dtype == "bf16", g.M, blocks_per_sm, D, pf), args, nbytes)
+    kern = gemv.prepare(kernel(g.dtype == "bf16", g.M, blocks_per_sm, D, pf, xpf), args, nbytes)
     if carveout:
         _max_carveout(kern)
     grid = g.grid or min(-(-g.N // 16), blocks_per_sm * gemv.sms())

@@ -64,16 +64,18 @@ def stall_summary(csv_text: str, top: int = 30) -> str:
     import io
     import re
 
-    rows = list(csv.DictReader(io.StringIO(csv_text)))
+    lines = csv_text.splitlines()
+    head = next((i for i, ln in enumerate(lines) if ln.startswith('"Address"')), 0)  # after a kernel-name row
+    rows = list(csv.DictReader(io.StringIO("\n".join(lines[head:]))))
     if not rows:
         return "no source page in the report:\n" + csv_text[:1000]
     cols = list(rows[0])
-    total = next((c for c in cols if c.startswith("Warp Stall Sampling (All")), None)
+    total = next((c for c in cols if c and c.startswith("Warp Stall Sampling (All")), None)
     src = next((c for c in cols if c.strip().lower() == "source"), cols[min(1, len(cols) - 1)])
     if total is None:
         return "columns: " + ", ".join(cols)
     num = lambda r, c: float((r.get(c) or "0").replace(",", "") or 0)  # noqa: E731
-    reasons = [c for c in cols if "stall" in c.lower() and c != total and not c.startswith("Warp Stall Sampling")]
+    reasons = [c for c in cols if c and "stall" in c.lower() and c != total]
     rows.sort(key=lambda r: -num(r, total))
     allsum = sum(num(r, total) for r in rows) or 1
     by_op = collections.Counter()

@@ -16,7 +16,7 @@ from ..lesson import reference
 from . import arch, ops
 from .fastkernel import address
 from .warp_ops import (_lookup_at, default_base, f32_from_bits, load_stream_u32x4, lookup, mma_bf16,  # noqa: F401
-                       mma_f16, prefetch_l2, prmt, probe_base, shfl_xor_sync, table_lookup)
+                       mma_f16, prefetch_l1, prefetch_l2, prmt, probe_base, shfl_xor_sync, table_lookup)
 from numba import cuda, float32, types, uint32, uint64  # noqa: E402  (globals the simulator swaps in kernels)
 
 LLM_SHAPES = ((4096, 4096), (4096, 14336), (14336, 4096), (8192, 28672))  # (N, K) = W.shape
@@ -99,11 +99,21 @@ def ask_l2(packed_u32, t, c, g, q, n, kw, tiles):
         prefetch_l2(packed_u32, uint64(min(uint32(t * uint32(16) + g + uint32(8)), uint32(n - uint32(1))) * kw + wq))
 
 
+@cuda.jit(device=True, inline="always")
+def ask_x_l1(x_u32, c, lane, kx, M):
+    """Ask L1 for x's columns of step c (256 columns: 4 lines of 128 bytes per batch row), one line per lane
+    below 4 M, ahead of the step's x loads."""
+    if lane < uint32(4 * M):
+        word = min(uint32(c * uint32(128) + uint32(32) * (lane & uint32(3))), uint32(kx - uint32(4)))
+        prefetch_l1(x_u32, uint64((lane >> uint32(2)) * kx + word))
+
+
 @functools.cache
-def make_kernel(is_bf16, M, base, nested=True, D=1, min_blocks=BLOCKS_PER_SM, pf=0):
+def make_kernel(is_bf16, M, base, nested=True, D=1, min_blocks=BLOCKS_PER_SM, pf=0, xpf=False):
     """The kernel for a dtype, batch M (1..8), table base (``probe_base()``) and kind of statistics; ``D`` (steps
-    of loads in flight ahead), ``min_blocks`` (blocks per SM) and ``pf`` (steps whose weight lines are asked
-    into L2 ahead of the loads, with no register or scoreboard held) are lab/gemv_mma.py's knobs."""
+    of loads in flight ahead), ``min_blocks`` (blocks per SM), ``pf`` (steps whose weight lines are asked
+    into L2 ahead of the loads, with no register or scoreboard held) and ``xpf`` (x's lines of the step whose
+    weights go out asked into L1) are lab/gemv_mma.py's knobs."""
     NT, WIDE = (M + 1) // 2, M > 1    # n-tiles of 8 columns (2 batch rows x 4 blocks); where a lane's pieces lie
     NACC, NCF, NB = 2 * NT, 4 * NT, FB * (D + 1)
     mma = mma_bf16 if is_bf16 else mma_f16
@@ -124,6 +134,8 @@ def make_kernel(is_bf16, M, base, nested=True, D=1, min_blocks=BLOCKS_PER_SM, pf
         tp, cp = t, c                  # the step whose loads go out next: the first D before the table is built
         for d in range(D):
             fetch(buf, FB * (d + 1), packed_u32, absmax_q, absmax2, tp, cp, g, q, n, kw, tiles, steps, ash)
+            if xpf:
+                ask_x_l1(x_u32, cp, lane, kx, M)
             cp = uint32(cp + uint32(W))
             if cp >= steps:
                 cp, tp = warp, uint32(tp + grid)
@@ -153,6 +165,8 @@ def make_kernel(is_bf16, M, base, nested=True, D=1, min_blocks=BLOCKS_PER_SM, pf
                 for i in range(FB * D):
                     buf[i] = buf[i + FB]
                 fetch(buf, FB * D, packed_u32, absmax_q, absmax2, tp, cp, g, q, n, kw, tiles, steps, ash)
+                if xpf:
+                    ask_x_l1(x_u32, cp, lane, kx, M)
                 cp = uint32(cp + uint32(W))
                 if cp >= steps:
                     cp, tp = warp, uint32(tp + grid)
