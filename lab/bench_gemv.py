@@ -77,6 +77,7 @@ def variant_launches(mod, names=None, policies=None) -> dict:
             out[f"TC P{pf}"] = (lambda g, pf=pf: gemv_mma.launch(g, pf=pf))
         out["TC X"] = (lambda g: gemv_mma.launch(g, xpf=True))  # x's lines of the next step asked into L1
         out["TC X D2"] = (lambda g: gemv_mma.launch(g, D=2, xpf=True))
+        out["TC XS"] = (lambda g: gemv_mma.launch(g, xs=True))  # x in shared memory, once per block
         from lab import gemv_pp
 
         out["TC PP"] = gemv_pp.launch   # the step loop over two fixed buffers (lab/gemv_pp.py)

@@ -229,8 +229,8 @@ def test_lab_pingpong_variant_gives_the_shipped_bits(case, slots, fetch_first):
 
 @pytest.mark.parametrize("case", [CASES[i] for i in (8, 10)], ids=lambda c: f"{c[0]}x{c[1]}-{c[2]}-M{c[3]}")
 def test_lab_prefetch_knobs_give_the_shipped_bits(case):
-    """gemv_mma's ``pf`` (weight lines asked into L2 ahead of the loads) and ``xpf`` (x's lines into L1) change no
-    result, and every line they ask for lies in the packed weights or x (the simulator's prefetches raise
+    """gemv_mma's ``pf`` (weight lines asked into L2 ahead of the loads), ``xpf`` (x's lines into L1) and ``xs`` (x
+    copied into shared memory) change no result, and every line they ask for lies in the packed weights or x (the simulator's prefetches raise
     otherwise): at K = 2048 + 64, where warps do different numbers of steps, and a batch over three tiles of one
     block."""
     import sys
@@ -248,6 +248,9 @@ def test_lab_prefetch_knobs_give_the_shipped_bits(case):
     assert np.array_equal(g.result(), shipped)
     g.y.copy_to_device(np.full(M * N, 0x7FBF, np.uint16))
     gemv_mma.launch(g, xpf=True)
+    assert np.array_equal(g.result(), shipped)
+    g.y.copy_to_device(np.full(M * N, 0x7FBF, np.uint16))
+    gemv_mma.launch(g, xs=True)      # x from shared memory: the same products in the same order
     assert np.array_equal(g.result(), shipped)
 
 

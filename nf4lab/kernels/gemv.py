@@ -16,7 +16,8 @@ from ..lesson import reference
 from . import arch, ops
 from .fastkernel import address
 from .warp_ops import (_lookup_at, default_base, f32_from_bits, load_stream_u32x4, lookup, mma_bf16,  # noqa: F401
-                       mma_f16, prefetch_l1, prefetch_l2, prmt, probe_base, shfl_xor_sync, table_lookup)
+                       mma_f16, prefetch_l1, prefetch_l2, prmt, probe_base, shared_load4, shfl_xor_sync,
+                       table_lookup)
 from numba import cuda, float32, types, uint32, uint64  # noqa: E402  (globals the simulator swaps in kernels)
 
 LLM_SHAPES = ((4096, 4096), (4096, 14336), (14336, 4096), (8192, 28672))  # (N, K) = W.shape
@@ -109,11 +110,15 @@ def ask_x_l1(x_u32, c, lane, kx, M):
 
 
 @functools.cache
-def make_kernel(is_bf16, M, base, nested=True, D=1, min_blocks=BLOCKS_PER_SM, pf=0, xpf=False):
+def make_kernel(is_bf16, M, base, nested=True, D=1, min_blocks=BLOCKS_PER_SM, pf=0, xpf=False, xs=0):
     """The kernel for a dtype, batch M (1..8), table base (``probe_base()``) and kind of statistics; ``D`` (steps
     of loads in flight ahead), ``min_blocks`` (blocks per SM), ``pf`` (steps whose weight lines are asked
-    into L2 ahead of the loads, with no register or scoreboard held) and ``xpf`` (x's lines of the step whose
-    weights go out asked into L1) are lab/gemv_mma.py's knobs."""
+    into L2 ahead of the loads, with no register or scoreboard held), ``xpf`` (x's lines of the step whose
+    weights go out asked into L1) and ``xs`` (x copied into shared memory past the table once per block, for
+    up to ``xs`` words of it: 0 = off) are lab/gemv_mma.py's knobs."""
+    XW, XR = SMEM // 4, -(-xs // (4 * THREADS))  # x's first word in shared memory; 16-byte pieces per thread
+    XV = max(4 * XR, 1)
+    xload = shared_load4(base)
     NT, WIDE = (M + 1) // 2, M > 1    # n-tiles of 8 columns (2 batch rows x 4 blocks); where a lane's pieces lie
     NACC, NCF, NB = 2 * NT, 4 * NT, FB * (D + 1)
     mma = mma_bf16 if is_bf16 else mma_f16
@@ -145,6 +150,17 @@ def make_kernel(is_bf16, M, base, nested=True, D=1, min_blocks=BLOCKS_PER_SM, pf
             cq = uint32(cq + uint32(W))
             if cq >= steps:
                 cq, tq = warp, uint32(tq + grid)
+        if xs:   # all of x's loads out first, then the stores: one L2 round trip
+            xv = cuda.local.array(XV, uint32)
+            for r in range(XR):
+                i = uint32((tid + uint32(r * THREADS)) * uint32(4))
+                if i < uint32(M) * kx:
+                    xv[4 * r], xv[4 * r + 1], xv[4 * r + 2], xv[4 * r + 3] = ops.load_u32x4(x_u32, uint64(i))
+            for r in range(XR):
+                i = uint32((tid + uint32(r * THREADS)) * uint32(4))
+                if i < uint32(M) * kx:
+                    for e in range(4):
+                        sm[uint32(XW) + i + uint32(e)] = xv[4 * r + e]
         if tid < uint32(16):
             sm[uint32(LUT) + tid] = half_bits(lut[tid])
         if nested:
@@ -202,8 +218,12 @@ def make_kernel(is_bf16, M, base, nested=True, D=1, min_blocks=BLOCKS_PER_SM, pf
                             if (blk if WIDE else q) == (g & uint32(3)) and m < uint32(M) and xcol < k:
                                 xi = uint64(m * kx + (xcol >> uint32(1)) + uint32(0 if WIDE else 16 * h))
                                 for j in range(4):
-                                    xr[4 * j], xr[4 * j + 1], xr[4 * j + 2], xr[4 * j + 3] = \
-                                        ops.load_u32x4(x_u32, xi + uint64(4 * j))
+                                    if xs:
+                                        xr[4 * j], xr[4 * j + 1], xr[4 * j + 2], xr[4 * j + 3] = \
+                                            xload(sm, uint32((uint32(XW) + uint32(xi) + uint32(4 * j)) << uint32(2)))
+                                    else:
+                                        xr[4 * j], xr[4 * j + 1], xr[4 * j + 2], xr[4 * j + 3] = \
+                                            ops.load_u32x4(x_u32, xi + uint64(4 * j))
                             else:
                                 for j in range(16):
                                     xr[j] = uint32(0)

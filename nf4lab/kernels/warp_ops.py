@@ -302,3 +302,56 @@ def table_lookup(base):
         return lds(off)
 
     return look
+
+
+@functools.cache
+def _load4_at(base):
+    """``ld.shared.v4.u32 {a, b, c, d}, [off + base]``: 16 bytes of dynamic shared memory at byte ``off``."""
+    from llvmlite import ir
+    from numba import types
+    from numba.cuda.extending import intrinsic
+
+    @intrinsic
+    def load4(typingctx, off):
+        sig = types.UniTuple(types.uint32, 4)(types.uint32)
+
+        def codegen(context, builder, sig, args):
+            o = context.cast(builder, args[0], sig.args[0], types.uint32)
+            i32 = ir.IntType(32)
+            v = builder.call(ir.InlineAsm(ir.FunctionType(ir.LiteralStructType([i32] * 4), [i32]),
+                                          f"ld.shared.v4.u32 {{$0, $1, $2, $3}}, [$4+{int(base)}];",
+                                          "=r,=r,=r,=r,r"), [o])
+            return context.make_tuple(builder, sig.return_type, [builder.extract_value(v, k) for k in range(4)])
+
+        return sig, codegen
+
+    return load4
+
+
+def _py_shared_load4(tab, off):
+    return ops._py_load_u32x4(np.asarray(tab).view(np.uint32), int(off) >> 2)
+
+
+def shared_load4(base):
+    """``load4(tab, off)``: 16 bytes of the block's dynamic shared memory at byte ``off`` (a multiple of 16), with
+    ``base`` (:func:`probe_base`) in the load's immediate; in the simulator the twin, which indexes ``tab``."""
+    if runtime.SIMULATOR:
+        return load4
+    lds = _load4_at(base)
+
+    @cuda.jit(device=True, inline="always")
+    def look4(tab, off):
+        return lds(off)
+
+    return look4
+
+
+DEVICE_OPS = DEVICE_OPS + ("load4",)
+if runtime.SIMULATOR:
+    load4 = _py_shared_load4
+else:
+    _lds4_stand_in = _load4_at(0x400)
+
+    @cuda.jit(device=True, inline="always")
+    def load4(tab, off):  # the PTX tool's stand-in for the simulator's twin (any base assembles)
+        return _lds4_stand_in(off)
