@@ -73,11 +73,6 @@ def variant_launches(mod, names=None, policies=None) -> dict:
             for dd in (1, 2, 3):
                 out[f"TC B{bps} D{dd}"] = (lambda g, b=bps, dd=dd: gemv_mma.launch(g, blocks_per_sm=b, D=dd))
         out["TC B2 D1 carve"] = (lambda g: gemv_mma.launch(g, carveout=True))
-        for pf in (1, 2, 3, 4, 6):  # weight lines asked into L2 pf steps ahead of the shipped kernel's loads
-            out[f"TC P{pf}"] = (lambda g, pf=pf: gemv_mma.launch(g, pf=pf))
-        out["TC X"] = (lambda g: gemv_mma.launch(g, xpf=True))  # x's lines of the next step asked into L1
-        out["TC X D2"] = (lambda g: gemv_mma.launch(g, D=2, xpf=True))
-        out["TC XS"] = (lambda g: gemv_mma.launch(g, xs=True))  # x in shared memory, once per block
         from lab import gemv_pp
 
         out["TC PP"] = gemv_pp.launch   # the step loop over two fixed buffers (lab/gemv_pp.py)

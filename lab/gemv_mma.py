@@ -1,11 +1,8 @@
 """The tensor-core GEMV's tuning knobs: the shipped kernel (nf4lab.kernels.gemv) with other launch choices.
 
-``launch(g, blocks_per_sm, D, carveout, pf)`` runs ``gemv.make_kernel`` with ``D`` steps of loads in flight
+``launch(g, blocks_per_sm, D, carveout)`` runs ``gemv.make_kernel`` with ``D`` steps of loads in flight
 ahead of the one computed and launch bounds for ``blocks_per_sm`` 256-thread blocks per SM (the grid follows),
-optionally asking the driver for the largest shared-memory carveout, and with ``pf`` steps of weight lines
-asked into L2 (``prefetch.global.L2``) ahead of the loads ("TC P<pf>"), and ``xpf``: x's lines of the step whose
-weights go out asked into L1 ("TC X"), and ``xs``: x copied into shared memory past the table once per block,
-its loads then shared-memory reads ("TC XS"; where it fits beside 2 tables per SM: M K <= 2 x 23552). The defaults (2 blocks, D = 1, the
+optionally asking the driver for the largest shared-memory carveout. The defaults (2 blocks, D = 1, the
 driver's carveout) are what ships; lab/bench_gemv.py times the others as "TC B<blocks> D<D>" and
 "TC B2 D1 carve". What each measured is in lab/README.md. Two variants that lost are gone from the code
 (git has them): x loaded for both pieces at a step's start, and a table address with an add per lookup.
@@ -28,18 +25,15 @@ def _max_carveout(kern):
     kern._nf4lab_carveout = True
 
 
-def kernel(is_bf16, M, blocks_per_sm=gemv.BLOCKS_PER_SM, D=1, pf=0, xpf=False, xs=0):
-    return gemv.make_kernel(is_bf16, M, gemv.probe_base(), True, D, max(blocks_per_sm, 1), pf, xpf, xs)
+def kernel(is_bf16, M, blocks_per_sm=gemv.BLOCKS_PER_SM, D=1):
+    return gemv.make_kernel(is_bf16, M, gemv.probe_base(), True, D, max(blocks_per_sm, 1))
 
 
-def launch(g, blocks_per_sm=gemv.BLOCKS_PER_SM, D=1, carveout=False, pf=0, xpf=False, xs=False):
+def launch(g, blocks_per_sm=gemv.BLOCKS_PER_SM, D=1, carveout=False):
     gemv.validate(g)
     args = (g.packed_u32, g.absmax_q, g.absmax2, g.code2, g.lut, g.offset, g.x_u32, g.y, g.N, g.K, g.bs_shift)
-    nbytes, xw = gemv.SMEM, 0
-    if xs:  # x past the table, its words rounded up to whole 16-byte pieces per thread (one kernel per size)
-        xw = -(-(g.M * g.K // 2) // (4 * gemv.THREADS)) * 4 * gemv.THREADS
-        nbytes += 4 * xw
-    kern = gemv.prepare(kernel(g.dtype == "bf16", g.M, blocks_per_sm, D, pf, xpf, xw), args, nbytes)
+    nbytes = gemv.SMEM
+    kern = gemv.prepare(kernel(g.dtype == "bf16", g.M, blocks_per_sm, D), args, nbytes)
     if carveout:
         _max_carveout(kern)
     grid = g.grid or min(-(-g.N // 16), blocks_per_sm * gemv.sms())

@@ -227,33 +227,6 @@ def test_lab_pingpong_variant_gives_the_shipped_bits(case, slots, fetch_first):
     assert gemv.check(g.result(), gc, rounded_table=True).ok
 
 
-@pytest.mark.parametrize("case", [CASES[i] for i in (8, 10)], ids=lambda c: f"{c[0]}x{c[1]}-{c[2]}-M{c[3]}")
-def test_lab_prefetch_knobs_give_the_shipped_bits(case):
-    """gemv_mma's ``pf`` (weight lines asked into L2 ahead of the loads), ``xpf`` (x's lines into L1) and ``xs`` (x
-    copied into shared memory) change no result, and every line they ask for lies in the packed weights or x (the simulator's prefetches raise
-    otherwise): at K = 2048 + 64, where warps do different numbers of steps, and a batch over three tiles of one
-    block."""
-    import sys
-
-    sys.path.insert(0, str(ROOT))
-    from lab import gemv_mma
-
-    N, K, dtype, M, grid, opts = case
-    gc, g = _case_buffers(N, K, dtype, M=M, **opts)
-    g.grid = grid
-    gemv.launch(g)
-    shipped = g.result().copy()
-    g.y.copy_to_device(np.full(M * N, 0x7FBF, np.uint16))
-    gemv_mma.launch(g, pf=3)
-    assert np.array_equal(g.result(), shipped)
-    g.y.copy_to_device(np.full(M * N, 0x7FBF, np.uint16))
-    gemv_mma.launch(g, xpf=True)
-    assert np.array_equal(g.result(), shipped)
-    g.y.copy_to_device(np.full(M * N, 0x7FBF, np.uint16))
-    gemv_mma.launch(g, xs=True)      # x from shared memory: the same products in the same order
-    assert np.array_equal(g.result(), shipped)
-
-
 def test_tensor_core_tolerance_is_needed_and_explained():
     """The table rounding is real (the fp32-table tolerance fails on a heavy-tailed case) and is all there is:
     against a float64 reference built from the bf16-rounded table the error is output rounding only."""

@@ -16,8 +16,7 @@ from ..lesson import reference
 from . import arch, ops
 from .fastkernel import address
 from .warp_ops import (_lookup_at, default_base, f32_from_bits, load_stream_u32x4, lookup, mma_bf16,  # noqa: F401
-                       mma_f16, prefetch_l1, prefetch_l2, prmt, probe_base, shared_load4, shfl_xor_sync,
-                       table_lookup)
+                       mma_f16, prmt, probe_base, shfl_xor_sync, table_lookup)
 from numba import cuda, float32, types, uint32, uint64  # noqa: E402  (globals the simulator swaps in kernels)
 
 LLM_SHAPES = ((4096, 4096), (4096, 14336), (14336, 4096), (8192, 28672))  # (N, K) = W.shape
@@ -90,35 +89,10 @@ def step_ops(is_bf16, M, base, nested=True):
     return look, half_bits, fetch
 
 
-@cuda.jit(device=True, inline="always")
-def ask_l2(packed_u32, t, c, g, q, n, kw, tiles):
-    """Ask L2 for step c of row tile t ahead of its loads: lane q's first word in rows g and g + 8 (the 4 lanes
-    of a row cover its 128-byte piece of the step)."""
-    if t < tiles:
-        wq = min(uint32(c * uint32(32) + uint32(8) * q), uint32(kw - uint32(8)))
-        prefetch_l2(packed_u32, uint64(min(uint32(t * uint32(16) + g), uint32(n - uint32(1))) * kw + wq))
-        prefetch_l2(packed_u32, uint64(min(uint32(t * uint32(16) + g + uint32(8)), uint32(n - uint32(1))) * kw + wq))
-
-
-@cuda.jit(device=True, inline="always")
-def ask_x_l1(x_u32, c, lane, kx, M):
-    """Ask L1 for x's columns of step c (256 columns: 4 lines of 128 bytes per batch row), one line per lane
-    below 4 M, ahead of the step's x loads."""
-    if lane < uint32(4 * M):
-        word = min(uint32(c * uint32(128) + uint32(32) * (lane & uint32(3))), uint32(kx - uint32(4)))
-        prefetch_l1(x_u32, uint64((lane >> uint32(2)) * kx + word))
-
-
 @functools.cache
-def make_kernel(is_bf16, M, base, nested=True, D=1, min_blocks=BLOCKS_PER_SM, pf=0, xpf=False, xs=0):
+def make_kernel(is_bf16, M, base, nested=True, D=1, min_blocks=BLOCKS_PER_SM):
     """The kernel for a dtype, batch M (1..8), table base (``probe_base()``) and kind of statistics; ``D`` (steps
-    of loads in flight ahead), ``min_blocks`` (blocks per SM), ``pf`` (steps whose weight lines are asked
-    into L2 ahead of the loads, with no register or scoreboard held), ``xpf`` (x's lines of the step whose
-    weights go out asked into L1) and ``xs`` (x copied into shared memory past the table once per block, for
-    up to ``xs`` words of it: 0 = off) are lab/gemv_mma.py's knobs."""
-    XW, XR = SMEM // 4, -(-xs // (4 * THREADS))  # x's first word in shared memory; 16-byte pieces per thread
-    XV = max(4 * XR, 1)
-    xload = shared_load4(base)
+    of loads in flight ahead) and ``min_blocks`` (blocks per SM) are lab/gemv_mma.py's knobs."""
     NT, WIDE = (M + 1) // 2, M > 1    # n-tiles of 8 columns (2 batch rows x 4 blocks); where a lane's pieces lie
     NACC, NCF, NB = 2 * NT, 4 * NT, FB * (D + 1)
     mma = mma_bf16 if is_bf16 else mma_f16
@@ -139,28 +113,9 @@ def make_kernel(is_bf16, M, base, nested=True, D=1, min_blocks=BLOCKS_PER_SM, pf
         tp, cp = t, c                  # the step whose loads go out next: the first D before the table is built
         for d in range(D):
             fetch(buf, FB * (d + 1), packed_u32, absmax_q, absmax2, tp, cp, g, q, n, kw, tiles, steps, ash)
-            if xpf:
-                ask_x_l1(x_u32, cp, lane, kx, M)
             cp = uint32(cp + uint32(W))
             if cp >= steps:
                 cp, tp = warp, uint32(tp + grid)
-        tq, cq = tp, cp                # the step whose lines are asked into L2 next (pf > 0)
-        for d in range(pf):
-            ask_l2(packed_u32, tq, cq, g, q, n, kw, tiles)
-            cq = uint32(cq + uint32(W))
-            if cq >= steps:
-                cq, tq = warp, uint32(tq + grid)
-        if xs:   # all of x's loads out first, then the stores: one L2 round trip
-            xv = cuda.local.array(XV, uint32)
-            for r in range(XR):
-                i = uint32((tid + uint32(r * THREADS)) * uint32(4))
-                if i < uint32(M) * kx:
-                    xv[4 * r], xv[4 * r + 1], xv[4 * r + 2], xv[4 * r + 3] = ops.load_u32x4(x_u32, uint64(i))
-            for r in range(XR):
-                i = uint32((tid + uint32(r * THREADS)) * uint32(4))
-                if i < uint32(M) * kx:
-                    for e in range(4):
-                        sm[uint32(XW) + i + uint32(e)] = xv[4 * r + e]
         if tid < uint32(16):
             sm[uint32(LUT) + tid] = half_bits(lut[tid])
         if nested:
@@ -181,16 +136,9 @@ def make_kernel(is_bf16, M, base, nested=True, D=1, min_blocks=BLOCKS_PER_SM, pf
                 for i in range(FB * D):
                     buf[i] = buf[i + FB]
                 fetch(buf, FB * D, packed_u32, absmax_q, absmax2, tp, cp, g, q, n, kw, tiles, steps, ash)
-                if xpf:
-                    ask_x_l1(x_u32, cp, lane, kx, M)
                 cp = uint32(cp + uint32(W))
                 if cp >= steps:
                     cp, tp = warp, uint32(tp + grid)
-                if pf > 0:
-                    ask_l2(packed_u32, tq, cq, g, q, n, kw, tiles)
-                    cq = uint32(cq + uint32(W))
-                    if cq >= steps:
-                        cq, tq = warp, uint32(tq + grid)
                 cn = uint32(c + uint32(W))
                 tn = t
                 if cn >= steps:
@@ -218,12 +166,8 @@ def make_kernel(is_bf16, M, base, nested=True, D=1, min_blocks=BLOCKS_PER_SM, pf
                             if (blk if WIDE else q) == (g & uint32(3)) and m < uint32(M) and xcol < k:
                                 xi = uint64(m * kx + (xcol >> uint32(1)) + uint32(0 if WIDE else 16 * h))
                                 for j in range(4):
-                                    if xs:
-                                        xr[4 * j], xr[4 * j + 1], xr[4 * j + 2], xr[4 * j + 3] = \
-                                            xload(sm, uint32((uint32(XW) + uint32(xi) + uint32(4 * j)) << uint32(2)))
-                                    else:
-                                        xr[4 * j], xr[4 * j + 1], xr[4 * j + 2], xr[4 * j + 3] = \
-                                            ops.load_u32x4(x_u32, xi + uint64(4 * j))
+                                    xr[4 * j], xr[4 * j + 1], xr[4 * j + 2], xr[4 * j + 3] = \
+                                        ops.load_u32x4(x_u32, xi + uint64(4 * j))
                             else:
                                 for j in range(16):
                                     xr[j] = uint32(0)

@@ -10,7 +10,6 @@ functions with the same results, so a kernel reads the same in both modes.
 - ``prmt``: the byte permute. ``lookup`` / ``table_lookup(base)``: a 32-bit shared load with the table's base
   in the load's immediate. ``shfl_xor_sync``, ``f32_from_bits``.
 - ``load_stream_u32x4``: a read-only 128-bit load that does not allocate in L1.
-- ``prefetch_l2`` / ``prefetch_l1``: a line into L2 / L1 ahead of its loads (lab knobs of the GEMV).
 - ``probe_base()``: where dynamic shared memory starts in a block's shared window on this GPU.
 """
 from __future__ import annotations
@@ -38,17 +37,6 @@ def _py_lookup(tab, off):
 
 def _py_load_stream_u32x4(arr, i):
     return ops._py_load_u32x4(arr, i)
-
-
-def _py_prefetch_l2(arr, i):
-    """The simulator has no caches, so nothing to bring in; but the address must lie in ``arr``."""
-    if not 0 <= int(i) < len(arr):
-        raise IndexError(f"prefetch_l2 at element {int(i)} of an array of {len(arr)}")
-
-
-def _py_prefetch_l1(arr, i):
-    if not 0 <= int(i) < len(arr):
-        raise IndexError(f"prefetch_l1 at element {int(i)} of an array of {len(arr)}")
 
 
 _WARPS: dict = {}
@@ -188,28 +176,6 @@ def _build_device_ops():
 
         return types.UniTuple(types.uint32, 4)(arr, i), codegen
 
-    def make_prefetch(level):
-        @intrinsic
-        def prefetch(typingctx, arr, i):
-            """``prefetch.global.<level> [a]`` at uint32 element ``i``: the line comes into L1 or L2 and no
-            register or scoreboard waits for it (the GEMV's lab knobs ``pf``, ``xpf``)."""
-            if not (isinstance(arr, types.Array) and arr.dtype == types.uint32 and arr.ndim == 1):
-                return None
-
-            def codegen(context, builder, sig, args):
-                from numba.cuda import cgutils
-
-                ary = context.make_array(sig.args[0])(context, builder, args[0])
-                ptr = cgutils.get_item_pointer(context, builder, sig.args[0], ary, [args[1]], wraparound=False)
-                asm = ir.InlineAsm(ir.FunctionType(ir.VoidType(), [ir.IntType(64)]), f"prefetch.global.{level} [$0];",
-                                   "l", side_effect=True)
-                builder.call(asm, [builder.ptrtoint(ptr, ir.IntType(64))])
-                return context.get_dummy_value()
-
-            return types.none(arr, i), codegen
-
-        return prefetch
-
     @intrinsic
     def dyn_base(typingctx):
         """The shared-window address where the block's dynamic shared memory starts."""
@@ -225,8 +191,7 @@ def _build_device_ops():
 
     return dict(mma_bf16=make_mma(mma16.format("bf16"), _soft_mma()), mma_f16=make_mma(mma16.format("f16"), f16_two_k8),
                 prmt=prmt, f32_from_bits=f32_from_bits,
-                load_stream_u32x4=load_stream_u32x4, prefetch_l2=make_prefetch("L2"), prefetch_l1=make_prefetch("L1"),
-                dyn_base=dyn_base)
+                load_stream_u32x4=load_stream_u32x4, dyn_base=dyn_base)
 
 
 @functools.cache
@@ -250,13 +215,11 @@ def _lookup_at(base):
 
 
 # nf4lab.measure.ptx pickles these by name, so that a PTX subprocess (compile mode) gets the device versions.
-DEVICE_OPS = ("mma_bf16", "mma_f16", "prmt", "lookup", "shfl_xor_sync", "f32_from_bits", "load_stream_u32x4",
-              "prefetch_l2", "prefetch_l1")
+DEVICE_OPS = ("mma_bf16", "mma_f16", "prmt", "lookup", "shfl_xor_sync", "f32_from_bits", "load_stream_u32x4")
 if runtime.SIMULATOR:
     mma_bf16, mma_f16 = functools.partial(_py_mma, True), functools.partial(_py_mma, False)
     prmt, lookup, shfl_xor_sync, dyn_base = _py_prmt, _py_lookup, _py_shfl_xor_sync, None
     f32_from_bits, load_stream_u32x4 = _py_f32_from_bits, _py_load_stream_u32x4
-    prefetch_l2, prefetch_l1 = _py_prefetch_l2, _py_prefetch_l1
 else:
     globals().update(_build_device_ops())
     _lds_stand_in = _lookup_at(0x400)
@@ -302,56 +265,3 @@ def table_lookup(base):
         return lds(off)
 
     return look
-
-
-@functools.cache
-def _load4_at(base):
-    """``ld.shared.v4.u32 {a, b, c, d}, [off + base]``: 16 bytes of dynamic shared memory at byte ``off``."""
-    from llvmlite import ir
-    from numba import types
-    from numba.cuda.extending import intrinsic
-
-    @intrinsic
-    def load4(typingctx, off):
-        sig = types.UniTuple(types.uint32, 4)(types.uint32)
-
-        def codegen(context, builder, sig, args):
-            o = context.cast(builder, args[0], sig.args[0], types.uint32)
-            i32 = ir.IntType(32)
-            v = builder.call(ir.InlineAsm(ir.FunctionType(ir.LiteralStructType([i32] * 4), [i32]),
-                                          f"ld.shared.v4.u32 {{$0, $1, $2, $3}}, [$4+{int(base)}];",
-                                          "=r,=r,=r,=r,r"), [o])
-            return context.make_tuple(builder, sig.return_type, [builder.extract_value(v, k) for k in range(4)])
-
-        return sig, codegen
-
-    return load4
-
-
-def _py_shared_load4(tab, off):
-    return ops._py_load_u32x4(np.asarray(tab).view(np.uint32), int(off) >> 2)
-
-
-def shared_load4(base):
-    """``load4(tab, off)``: 16 bytes of the block's dynamic shared memory at byte ``off`` (a multiple of 16), with
-    ``base`` (:func:`probe_base`) in the load's immediate; in the simulator the twin, which indexes ``tab``."""
-    if runtime.SIMULATOR:
-        return load4
-    lds = _load4_at(base)
-
-    @cuda.jit(device=True, inline="always")
-    def look4(tab, off):
-        return lds(off)
-
-    return look4
-
-
-DEVICE_OPS = DEVICE_OPS + ("load4",)
-if runtime.SIMULATOR:
-    load4 = _py_shared_load4
-else:
-    _lds4_stand_in = _load4_at(0x400)
-
-    @cuda.jit(device=True, inline="always")
-    def load4(tab, off):  # the PTX tool's stand-in for the simulator's twin (any base assembles)
-        return _lds4_stand_in(off)
