@@ -19,7 +19,8 @@ Writes data/results/<gpu>/launch_cost.json (and $OUT/) through nf4lab.measure.re
     python tools/bench_launch.py [--calls 200] [--reps 7] [--profile]
 
 ``--profile`` also runs cProfile over 2000 calls of ``matmul_4bit`` and of ``F.dequantize_4bit`` after
-install() and prints where the host time goes (the functions with the most own time).
+install(), and of ``F.dequantize_4bit`` without it, and prints where the host time goes (the functions with
+the most own time).
 """
 from __future__ import annotations
 
@@ -68,11 +69,12 @@ def interleaved(cases, calls, reps, torch):
     return [(statistics.median(host[i]), statistics.median(total[i])) for i in range(len(cases))]
 
 
-def profile_installed(fn, torch, label, calls=2000):
+def profile_installed(fn, torch, label, calls=2000, installed=True):
     import cProfile
     import pstats
 
-    nf4lab.install()
+    if installed:
+        nf4lab.install()
     try:
         fn()
         torch.cuda.synchronize()
@@ -84,7 +86,8 @@ def profile_installed(fn, torch, label, calls=2000):
         torch.cuda.synchronize()
     finally:
         nf4lab.uninstall()
-    print(f"\ncProfile, {calls} calls of {label} after install() (own time first):")
+    print(f"\ncProfile, {calls} calls of {label} {'after install()' if installed else 'without nf4lab'} "
+          "(own time first):")
     pstats.Stats(prof).sort_stats("tottime").print_stats(25)
 
 
@@ -206,6 +209,8 @@ def main(argv=None):
     if a.profile:
         profile_installed(bnb_mm, torch, "matmul_4bit (M=1)")
         profile_installed(lambda: F.dequantize_4bit(packed, qs), torch, "F.dequantize_4bit (QLoRA's path)")
+        profile_installed(lambda: F.dequantize_4bit(packed, qs), torch, "F.dequantize_4bit (QLoRA's path)",
+                          installed=False)  # bitsandbytes' own, the same calls: where the two differ
     meta = results.meta(f"eager calls: median of {a.reps} loops of {a.calls} calls, cases interleaved loop by loop, "
                         "each loop after a warm-up call; host_us = "
                         "time to return (work queued), per_call_us = loop then one synchronize, per call")
