@@ -410,11 +410,11 @@ class DropIn:
 
     def __enter__(self):
         self.saved = (fastkernel.THREADS, fastkernel.WORDS_PER_THREAD, fastkernel._KERNELS.get(self.key),
-                      fastkernel._LEAN.get(self.key), set(dequant._lean_checked))
+                      fastkernel._LEAN.get(self.key), dict(dequant._lean_ready))
         fastkernel.THREADS, fastkernel.WORDS_PER_THREAD = self.T, self.U
         fastkernel._KERNELS[self.key] = self.kernel()
         fastkernel._LEAN.pop(self.key, None)
-        dequant._lean_checked.discard(self.key)      # the lean launcher is checked against numba's again
+        dequant._lean_ready.pop(self.key, None)      # the lean launcher is checked against numba's again
         return self
 
     def __exit__(self, *exc):
@@ -425,8 +425,8 @@ class DropIn:
                 table.pop(self.key, None)            # built as shipped on next use
             else:
                 table[self.key] = value
-        dequant._lean_checked.clear()
-        dequant._lean_checked.update(checked)
+        dequant._lean_ready.clear()                  # the shipped launchers again, not the variant's
+        dequant._lean_ready.update(checked)
         return False
 
     def regs(self):

@@ -354,7 +354,6 @@ def _dequantize_cpu(p, out):
 _LUT_CACHE: dict = {}
 _OFFSET_CACHE: dict = {}
 _lean_state = {"ok": None}  # None: untried, True: checked and used, False: disabled (fallback)
-_lean_checked: set = set()
 _lean_ready: dict = {}  # (dtype, nested, path) -> its lean launcher, once it passed its self-check
 _lock = threading.Lock()
 
@@ -554,11 +553,10 @@ def _lean(dtype, nested, path):
         launcher = fk.lean_launcher(dtype, nested, path)
         # The self-check synchronizes, which stream capture forbids: a variant first met while a
         # CUDA graph is being captured is launched unchecked and checked at its next eager call.
-        if key not in _lean_checked and not _torch().cuda.is_current_stream_capturing():
+        if key not in _lean_ready and not _torch().cuda.is_current_stream_capturing():
             with _lock:
-                if key not in _lean_checked:
+                if key not in _lean_ready:
                     _self_check(launcher, dtype, nested, path)
-                    _lean_checked.add(key)
                     _lean_ready[key] = launcher
         _lean_state["ok"] = True
         return launcher
