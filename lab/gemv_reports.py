@@ -140,13 +140,17 @@ def sass_of(ptx: str, workdir, stem: str, arch="sm_90"):
     return info, sass
 
 
-def hottest_loop(sass: str):
-    """Instructions (text) of the largest innermost loop: from a backward branch's target to the branch."""
-    ins = []
-    for line in sass.splitlines():
-        m = re.match(r"\s*/\*([0-9a-f]{4,})\*/\s+(.*?)\s*;", line)
-        if m:
-            ins.append((int(m.group(1), 16), m.group(2).strip()))
+_INSTRUCTION = re.compile(r"\s*/\*([0-9a-f]{4,})\*/\s+(.*?)\s*;")  # cuobjdump: /*addr*/ text ;
+
+
+def _instructions(sass: str):
+    """[(address, text)] of every instruction of a cuobjdump -sass listing."""
+    return [(int(m.group(1), 16), m.group(2).strip()) for m in map(_INSTRUCTION.match, sass.splitlines()) if m]
+
+
+def _hottest_span(ins):
+    """(first, last) indices into ``ins`` of the largest innermost loop (a backward branch's target to the
+    branch), or None where there is no loop."""
     where = {a: i for i, (a, _) in enumerate(ins)}
     loops = []
     for i, (a, text) in enumerate(ins):
@@ -156,10 +160,14 @@ def hottest_loop(sass: str):
             loops.append((i - s + 1, s, i))
     # innermost loops (no other loop inside), the largest of them
     inner = [lp for lp in loops if not any(o is not lp and lp[1] <= o[1] and o[2] <= lp[2] for o in loops)]
-    if not inner:
-        return []
-    _, s, e = max(inner)
-    return [t for _, t in ins[s:e + 1]]
+    return max(inner)[1:] if inner else None
+
+
+def hottest_loop(sass: str):
+    """Instructions (text) of the largest innermost loop: from a backward branch's target to the branch."""
+    ins = _instructions(sass)
+    span = _hottest_span(ins)
+    return [t for _, t in ins[span[0]:span[1] + 1]] if span else []
 
 
 def opcode(text):
@@ -172,20 +180,24 @@ def control_bits(sass: str):
     line (stall 4 bits, yield 1, write scoreboard 3 (7: none), read scoreboard 3, wait mask 6, reuse 4)."""
     lines, out = sass.splitlines(), []
     for i, line in enumerate(lines[:-1]):
-        m = re.match(r"\s*/\*([0-9a-f]{4,})\*/\s+(.*?)\s*;\s*/\* 0x[0-9a-f]+ \*/", line)
+        m = _INSTRUCTION.match(line)
         hi = re.match(r"\s*/\* (0x[0-9a-f]+) \*/", lines[i + 1])
         if m and hi:
             c = int(hi.group(1), 16) >> 41
             wb = (c >> 5) & 7
-            out.append((int(m.group(1), 16), m.group(2), None if wb == 7 else wb, (c >> 11) & 0x3F))
+            out.append((int(m.group(1), 16), m.group(2).strip(), None if wb == 7 else wb, (c >> 11) & 0x3F))
     return out
 
 
 def weight_load_waits(sass: str) -> dict:
     """In the hottest loop: the scoreboards the weights' streaming loads (LDG...NA.128) write, and how many
     instructions wait on one of them (each such wait is for every load on that scoreboard, the newest too)."""
-    loop = {t for t in hottest_loop(sass)}
-    ins = [x for x in control_bits(sass) if x[1] in loop]
+    listing = _instructions(sass)
+    span = _hottest_span(listing)
+    if span is None:
+        return dict(scoreboards=[], waits=0)
+    first, last = listing[span[0]][0], listing[span[1]][0]     # the loop's addresses, not its texts
+    ins = [x for x in control_bits(sass) if first <= x[0] <= last]
     boards = {wb for _, t, wb, _ in ins if "LDG" in t and ".NA.128" in t and wb is not None}
     waits = sum(1 for _, _, _, mask in ins if any(mask >> b & 1 for b in boards))
     return dict(scoreboards=sorted(boards), waits=waits)

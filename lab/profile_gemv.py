@@ -62,7 +62,8 @@ def stall_summary(csv_text: str, top: int = 30) -> str:
     import collections
     import csv
     import io
-    import re
+
+    from lab.gemv_reports import opcode
 
     lines = csv_text.splitlines()
     head = next((i for i, ln in enumerate(lines) if ln.startswith('"Address"')), 0)  # after a kernel-name row
@@ -80,8 +81,7 @@ def stall_summary(csv_text: str, top: int = 30) -> str:
     allsum = sum(num(r, total) for r in rows) or 1
     by_op = collections.Counter()
     for r in rows:
-        text = re.sub(r"^@!?U?P[T\d]+\s+", "", (r.get(src) or "?").strip())
-        by_op[(text.split() or ["?"])[0].split(".")[0]] += num(r, total)
+        by_op[opcode((r.get(src) or "").strip() or "?").split(".")[0]] += num(r, total)
     out = [f"{allsum:.0f} stall samples; by opcode: " + ", ".join(f"{k} {v / allsum:.0%}" for k, v in by_op.most_common(12))]
     for r in rows[:top]:
         parts = sorted(((num(r, c), c) for c in reasons if num(r, c) > 0), reverse=True)[:4]
