@@ -32,6 +32,7 @@ def main() -> int:
     import torch
 
     from nf4lab.kernels import fastkernel as fk
+    from tools.bench_launch import loop_us
 
     g = torch.Generator(device="cuda").manual_seed(0)
     w = torch.randn(4096, 4096, generator=g, device="cuda").to(torch.bfloat16)
@@ -39,13 +40,7 @@ def main() -> int:
     call = lambda: F.dequantize_4bit(packed, qs)  # noqa: E731
 
     def loop():
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        for _ in range(100):
-            call()
-        t = (time.perf_counter() - t0) / 100
-        torch.cuda.synchronize()
-        return t * 1e6
+        return loop_us(call, 100, torch)[0]
 
     def alone():
         ts = []

@@ -19,7 +19,6 @@ from __future__ import annotations
 import ctypes
 import statistics
 import sys
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -36,6 +35,7 @@ def main() -> int:
 
     from nf4lab.kernels import fastkernel as fk
     from nf4lab.lesson import reference
+    from tools.bench_launch import loop_us
 
     n = 1 << 18
     g = torch.Generator(device="cuda").manual_seed(0)
@@ -92,12 +92,7 @@ def main() -> int:
     times = {k: [] for k in cases}
     for _ in range(20):
         for name, fn in cases.items():
-            torch.cuda.synchronize()
-            t0 = time.perf_counter()
-            for _ in range(100):
-                fn()
-            times[name].append((time.perf_counter() - t0) / 100 * 1e6)
-    torch.cuda.synchronize()
+            times[name].append(loop_us(fn, 100, torch)[0])
     print(nf4lab.describe())
     for name, ts in times.items():
         print(f"  {name:<46} host {statistics.median(ts):6.2f} us per call (min {min(ts):.2f})")
