@@ -78,6 +78,9 @@ def variant_launches(mod, names=None, policies=None) -> dict:
         out["TC PP"] = gemv_pp.launch   # the step loop over two fixed buffers (lab/gemv_pp.py)
         for ns in (2, 3, 4):  # slots refilled before the compute: ns - 1 steps in flight, no ring moves
             out[f"TC F{ns}"] = (lambda g, ns=ns: gemv_pp.launch(g, slots=ns, fetch_first=True))
+        from lab import gemv_ablate
+
+        out.update(gemv_ablate.variant_launches())  # stages left out, timing only ("TC -lut", ...)
         missing = [n for n in names if n not in out]
         if missing:
             raise SystemExit(f"unknown variants {missing}; known: {list(out)}")
