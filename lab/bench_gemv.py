@@ -70,9 +70,10 @@ def variant_launches(mod, names=None, policies=None) -> dict:
         from lab import gemv_mma
 
         for bps in (1, 2, 3, 4):  # the tensor-core design's knobs, only by name: blocks per SM, steps in flight
-            for dd in (1, 2, 3):
+            for dd in (0, 1, 2, 3):
                 out[f"TC B{bps} D{dd}"] = (lambda g, b=bps, dd=dd: gemv_mma.launch(g, blocks_per_sm=b, D=dd))
         out["TC B2 D1 carve"] = (lambda g: gemv_mma.launch(g, carveout=True))
+        out["TC xslot"] = (lambda g: gemv_mma.launch(g, xslot=True))  # M = 1: x through a shared slot a step ahead
         from lab import gemv_pp
 
         out["TC PP"] = gemv_pp.launch   # the step loop over two fixed buffers (lab/gemv_pp.py)

@@ -7,6 +7,12 @@ anything. lab/bench_gemv.py times them by name, beside the shipped kernel ("TC")
 - ``TC -lut``: each code byte's table lookup (a 32-bit shared load) returns its address word instead;
 - ``TC -mma``: each ``mma.sync`` becomes an integer xor of its operands into the first accumulator;
 - ``TC -x``: x's loads return their own index (no global load of x);
+- ``TC -stats``: no statistics loads (M = 1 only; the scales are then whatever the buffer held);
+- ``... D0``, ``D2``, ``D3``: with 0 (each step's loads issued when it is computed), 2 or 3 steps of loads in
+  flight ahead instead of 1;
+- ``+l1``: the weight loads without ``L1::no_allocate`` (a real variant: same results when nothing else is
+  left out); ``+wide``: the weight loads in the batch's layout at M = 1 (loads only: the compute then reads
+  the wrong words);
 - combinations: ``TC -lut -mma``, ``TC -lut -x``, ``TC -mma -x``, ``TC -lut -mma -x`` (only the weight and
   statistics loads, their addressing and the block's reduction are left).
 
@@ -29,9 +35,22 @@ from nf4lab.kernels import gemv, ops
 from nf4lab.kernels.warp_ops import f32_from_bits
 from numba import cuda, uint32
 
-PARTS = ("lut", "mma", "x")
+PARTS = ("lut", "mma", "x", "stats")
 NAMES = ["TC " + " ".join(f"-{p}" for p in PARTS if p in combo) for combo in
-         (("lut",), ("mma",), ("x",), ("lut", "mma"), ("lut", "x"), ("mma", "x"), ("lut", "mma", "x"))]
+         (("lut",), ("mma",), ("x",), ("stats",), ("lut", "mma"), ("lut", "x"), ("mma", "x"), ("lut", "mma", "x"),
+          ("lut", "mma", "x", "stats"))]
+NAMES += [f"{n} D{d}" for n in ("TC -lut -mma -x", "TC -lut -mma -x -stats") for d in (0, 2, 3)]
+NAMES += ["TC +l1", "TC -lut -mma -x +l1", "TC -lut -mma -x -stats +l1", "TC -lut -mma -x +wide",
+          "TC -lut -mma -x +wide +l1"]
+
+
+
+def parse(name):
+    """"TC -lut -x D2" -> (("lut", "x"), 2): the parts left out and the steps of loads in flight ahead."""
+    words = name.split()[1:]
+    parts = tuple(w[1:] for w in words if w[0] in "-+")
+    D = next((int(w[1:]) for w in words if w.startswith("D")), 1)
+    return parts, D
 
 
 def _no_lut(base):
@@ -55,9 +74,17 @@ def _no_x(x_u32, i):
 @contextlib.contextmanager
 def _patched(parts):
     """gemv's globals swapped for the left-out parts while a kernel is built and compiled."""
-    saved = {k: getattr(gemv, k) for k in ("table_lookup", "step_ops", "mma_bf16", "mma_f16", "ops")}
+    saved = {k: getattr(gemv, k) for k in ("table_lookup", "step_ops", "mma_bf16", "mma_f16", "ops",
+                                           "load_stream_u32x4")}
     try:
-        gemv.step_ops = saved["step_ops"].__wrapped__  # uncached: it must see the patched table_lookup
+        plain = saved["step_ops"].__wrapped__  # uncached: it must see the patched table_lookup
+        # fetch's M: 0 skips the statistics loads (their guard is q // 2 < M) in M = 1's layout; 2 is the batch's
+        # layout (M > 1: each lane's 16-byte pieces 64 bytes apart, whole 32-byte sectors per instruction)
+        fm = 0 if "stats" in parts else 2 if "wide" in parts else None
+        gemv.step_ops = (lambda b, M, base, nested=True: plain(b, fm if M == 1 else M, base, nested)) \
+            if fm is not None else plain
+        if "l1" in parts:
+            gemv.load_stream_u32x4 = ops.load_u32x4
         if "lut" in parts:
             gemv.table_lookup = _no_lut
         if "mma" in parts:
@@ -86,9 +113,9 @@ def main() -> int:
 
     work = tempfile.mkdtemp()
     for name in ["TC"] + NAMES:
-        parts = tuple(name.split(" -")[1:])
+        parts, D = parse(name)
         with _patched(parts):
-            kern = gemv.make_kernel.__wrapped__(True, 1, 0x400, True)
+            kern = gemv.make_kernel.__wrapped__(True, 1, 0x400, True, D)
             stem = name.replace(" ", "").replace("-", "_")
             r = gemv_reports.sass_report(kern, gemv.signature(), 128, stem, workdir=work)
         ops_ = r["opcodes"]
@@ -99,15 +126,15 @@ def main() -> int:
     return 0
 
 
-def launch(g, parts):
+def launch(g, parts, D=1):
     """Run the ablated kernel on GemvBuffers ``g`` (compiled on first use, with the parts swapped in)."""
     gemv.validate(g)
     args = (g.packed_u32, g.absmax_q, g.absmax2, g.code2, g.lut, g.offset, g.x_u32, g.y, g.N, g.K, g.bs_shift)
-    key = (g.dtype, g.M, g.nested, parts)
+    key = (g.dtype, g.M, g.nested, parts, D)
     kern = _KERNELS.get(key)
     if kern is None:
         with _patched(parts):
-            kern = gemv.make_kernel.__wrapped__(g.dtype == "bf16", g.M, gemv.probe_base(), g.nested)
+            kern = gemv.make_kernel.__wrapped__(g.dtype == "bf16", g.M, gemv.probe_base(), g.nested, D)
             gemv.prepare(kern, args)  # compiles now, while the parts are swapped
         _KERNELS[key] = kern
     kern[g.grid or gemv.grid_size(g.N), gemv.THREADS, g.stream, gemv.SMEM](*args)
@@ -115,7 +142,7 @@ def launch(g, parts):
 
 def variant_launches() -> dict:
     """{"TC -lut": launch, ...} for lab/bench_gemv.py."""
-    return {name: (lambda g, p=tuple(name.split(" -")[1:]): launch(g, p)) for name in NAMES}
+    return {name: (lambda g, pd=parse(name): launch(g, *pd)) for name in NAMES}
 
 
 if __name__ == "__main__":

@@ -57,6 +57,82 @@ def make_reader(unroll):
     return read_only
 
 
+def make_tiled_reader(unroll):
+    @cuda.jit
+    def read_tiled(src, n, kw, out):
+        """The shipped GEMV's M = 1 access pattern with nothing else: a block per 16-row tile (persistent), its 8
+        warps on 256-column steps w, w + 8, ...; lane (g, q) reads rows g and g + 8 at words 32 c + 8 q and + 4
+        (4 x 16 bytes a step), ``unroll`` steps of loads in flight."""
+        lane, warp = uint32(cuda.threadIdx.x) & uint32(31), uint32(cuda.threadIdx.x) >> uint32(5)
+        g, q = lane >> uint32(2), lane & uint32(3)
+        nwarps = uint32(cuda.blockDim.x) >> uint32(5)
+        steps, tiles = kw >> uint32(5), (n + uint32(15)) >> uint32(4)
+        acc = uint32(0)
+        t = uint32(cuda.blockIdx.x)
+        while t < tiles:
+            r0 = min(t * uint32(16) + g, n - uint32(1))
+            r1 = min(t * uint32(16) + g + uint32(8), n - uint32(1))
+            c = warp
+            while c < steps:
+                for u in range(unroll):
+                    cu = min(c + uint32(u) * nwarps, steps - uint32(1))
+                    w0, w1 = r0 * kw + cu * uint32(32) + uint32(8) * q, r1 * kw + cu * uint32(32) + uint32(8) * q
+                    a0, b0, c0, d0 = load_stream_u32x4(src, uint64(w0))
+                    a1, b1, c1, d1 = load_stream_u32x4(src, uint64(w0 + uint32(4)))
+                    a2, b2, c2, d2 = load_stream_u32x4(src, uint64(w1))
+                    a3, b3, c3, d3 = load_stream_u32x4(src, uint64(w1 + uint32(4)))
+                    acc ^= a0 ^ b0 ^ c0 ^ d0 ^ a1 ^ b1 ^ c1 ^ d1 ^ a2 ^ b2 ^ c2 ^ d2 ^ a3 ^ b3 ^ c3 ^ d3
+                c += uint32(unroll) * nwarps
+            t += uint32(cuda.gridDim.x)
+        if acc == uint32(0x9E3779B9):
+            out[0] = acc
+
+    return read_tiled
+
+
+def main_tiled() -> int:
+    """``--tiled``: the weight codes read in the GEMV's own tile pattern (make_tiled_reader) for unroll x blocks
+    per SM, beside the flat stream's best of the same run; prints only (lab/README.md keeps what it showed)."""
+    if not nf4lab.ON_GPU:
+        print("no CUDA GPU: nothing to measure")
+        return 2
+    import torch
+
+    from nf4lab import runtime
+    from nf4lab.kernels.gemv import LLM_SHAPES
+    from nf4lab.measure import bench
+
+    info = runtime.device_info()
+    sms, l2 = info.get("sms") or 132, info.get("l2_bytes") or (50 << 20)
+    print(nf4lab.describe())
+    out = cuda.device_array(1, dtype="uint32")
+    flat = make_reader(4)
+    for N, K in LLM_SHAPES:
+        nb = N * K // 2
+        copies = max(2, math.ceil(4 * l2 / nb))
+        bufs = [cuda.as_cuda_array(torch.randint(0, 2**31 - 1, (nb // 4,), dtype=torch.int32, device="cuda")).view("uint32")
+                for _ in range(copies)]
+        tiles = -(-N // 16)
+        for label, unroll, bps in [("flat stream, unroll 4", 4, 2)] + [("tiled", u, b) for u in (1, 2, 4) for b in (2, 4, 8)]:
+            state = {"i": 0}
+            kern = flat if label.startswith("flat") else make_tiled_reader(unroll)
+
+            def fn(stream, kern=kern, label=label, bps=bps):
+                b = bufs[state["i"]]
+                state["i"] = (state["i"] + 1) % copies
+                if label.startswith("flat"):
+                    kern[sms * bps, THREADS, stream](b, nb // 16, out)
+                else:
+                    kern[min(tiles, sms * bps), THREADS, stream](b, uint32(N), uint32(K // 8), out)
+
+            t = bench.gpu_time_ms(fn, launches=max(bench.LAUNCHES, copies))
+            print(f"  {N}x{K} codes only ({nb / 1e6:.1f} MB): {label}, unroll {unroll}, {bps} blocks of {THREADS} "
+                  f"per SM: {t['ms'] * 1e3:.1f} us, {nb / t['ms'] / 1e6:.0f} GB/s", flush=True)
+        del bufs
+        torch.cuda.empty_cache()
+    return 0
+
+
 def main() -> int:
     if not nf4lab.ON_GPU:
         print("no CUDA GPU: nothing to measure")
@@ -116,4 +192,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main_tiled() if "--tiled" in sys.argv[1:] else main())

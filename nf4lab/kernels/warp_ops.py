@@ -8,7 +8,7 @@ functions with the same results, so a kernel reads the same in both modes.
   as two m16n8k8 and bf16 on the FP32 units from the warp's fragments (``_soft_mma``, about 3x the
   instructions); the simulator twin gathers the whole warp's fragments (``_py_warp_exchange``).
 - ``prmt``: the byte permute. ``lookup`` / ``table_lookup(base)``: a 32-bit shared load with the table's base
-  in the load's immediate. ``shfl_xor_sync``, ``f32_from_bits``.
+  in the load's immediate; ``table_vec4(base)``: 128-bit shared loads and stores addressed the same way. ``shfl_xor_sync``, ``syncwarp``, ``f32_from_bits``.
 - ``load_stream_u32x4``: a read-only 128-bit load that does not allocate in L1.
 - ``probe_base()``: where dynamic shared memory starts in a block's shared window on this GPU.
 """
@@ -39,6 +39,15 @@ def _py_load_stream_u32x4(arr, i):
     return ops._py_load_u32x4(arr, i)
 
 
+def _py_load4(tab, off):
+    w = np.asarray(tab).view(np.uint32)
+    return tuple(np.uint32(v) for v in w[int(off) >> 2:(int(off) >> 2) + 4])
+
+
+def _py_store4(tab, off, a, b, c, d):
+    np.asarray(tab).view(np.uint32)[int(off) >> 2:(int(off) >> 2) + 4] = (a, b, c, d)
+
+
 _WARPS: dict = {}
 
 
@@ -67,6 +76,10 @@ def _py_warp_exchange(value, source, name):
 
 def _py_shfl_xor_sync(mask, value, delta):
     return _py_warp_exchange(value, lambda lane: lane ^ int(delta), "shfl_xor_sync")
+
+
+def _py_syncwarp():
+    _py_warp_exchange(0, None, "syncwarp")
 
 
 def _halves(u, is_bf16):
@@ -215,10 +228,12 @@ def _lookup_at(base):
 
 
 # nf4lab.measure.ptx pickles these by name, so that a PTX subprocess (compile mode) gets the device versions.
-DEVICE_OPS = ("mma_bf16", "mma_f16", "prmt", "lookup", "shfl_xor_sync", "f32_from_bits", "load_stream_u32x4")
+DEVICE_OPS = ("mma_bf16", "mma_f16", "prmt", "lookup", "shfl_xor_sync", "f32_from_bits", "load_stream_u32x4", "syncwarp",
+              "shared_load4", "shared_store4")
 if runtime.SIMULATOR:
     mma_bf16, mma_f16 = functools.partial(_py_mma, True), functools.partial(_py_mma, False)
-    prmt, lookup, shfl_xor_sync, dyn_base = _py_prmt, _py_lookup, _py_shfl_xor_sync, None
+    prmt, lookup, shfl_xor_sync, dyn_base, syncwarp = _py_prmt, _py_lookup, _py_shfl_xor_sync, None, _py_syncwarp
+    shared_load4, shared_store4 = _py_load4, _py_store4
     f32_from_bits, load_stream_u32x4 = _py_f32_from_bits, _py_load_stream_u32x4
 else:
     globals().update(_build_device_ops())
@@ -229,6 +244,10 @@ else:
         return _lds_stand_in(off)
 
     shfl_xor_sync = cuda.shfl_xor_sync
+
+    @cuda.jit(device=True, inline="always")
+    def syncwarp():
+        cuda.syncwarp(0xFFFFFFFF)
 
 
 @functools.cache
@@ -265,3 +284,59 @@ def table_lookup(base):
         return lds(off)
 
     return look
+
+
+@functools.cache
+def _vec4_at(base):
+    """``ld.shared.v4.u32`` / ``st.shared.v4.u32`` at byte ``off + base`` (``off`` a multiple of 16)."""
+    from llvmlite import ir
+    from numba import types
+    from numba.cuda.extending import intrinsic
+
+    i32 = ir.IntType(32)
+
+    @intrinsic
+    def load4(typingctx, off):
+        def codegen(context, builder, sig, args):
+            o = context.cast(builder, args[0], sig.args[0], types.uint32)
+            v = builder.call(ir.InlineAsm(ir.FunctionType(ir.LiteralStructType([i32] * 4), [i32]),
+                                          f"ld.shared.v4.u32 {{$0, $1, $2, $3}}, [$4+{int(base)}];",
+                                          "=r,=r,=r,=r,r,~{memory}", side_effect=True), [o])
+            return context.make_tuple(builder, sig.return_type, [builder.extract_value(v, k) for k in range(4)])
+
+        return types.UniTuple(types.uint32, 4)(types.uint32), codegen
+
+    @intrinsic
+    def store4(typingctx, off, a, b, c, d):
+        def codegen(context, builder, sig, args):
+            vals = [context.cast(builder, v, t, types.uint32) for v, t in zip(args, sig.args)]
+            builder.call(ir.InlineAsm(ir.FunctionType(ir.VoidType(), [i32] * 5),
+                                      f"st.shared.v4.u32 [$0+{int(base)}], {{$1, $2, $3, $4}};", "r,r,r,r,r,~{memory}",
+                                      side_effect=True), vals)
+            return context.get_dummy_value()
+
+        return types.void(*[types.uint32] * 5), codegen
+
+    return load4, store4
+
+
+def table_vec4(base):
+    """``(load4(tab, off) -> 4 words, store4(tab, off, a, b, c, d))``: 16 bytes of the shared table at byte
+    ``off``, ``base`` as in :func:`table_lookup`; in the simulator the twins, which index ``tab``."""
+    if runtime.SIMULATOR:
+        return shared_load4, shared_store4
+    lds4, sts4 = _vec4_at(base)
+
+    @cuda.jit(device=True, inline="always")
+    def load4(tab, off):
+        return lds4(off)
+
+    @cuda.jit(device=True, inline="always")
+    def store4(tab, off, a, b, c, d):
+        sts4(off, a, b, c, d)
+
+    return load4, store4
+
+
+if not runtime.SIMULATOR:
+    shared_load4, shared_store4 = table_vec4(0x400)  # what the PTX tool compiles for the simulator's twins
