@@ -25,11 +25,11 @@ def _max_carveout(kern):
     kern._nf4lab_carveout = True
 
 
-def kernel(is_bf16, M, blocks_per_sm=gemv.BLOCKS_PER_SM, D=1, xslot=False, nested=True):
+def kernel(is_bf16, M, blocks_per_sm=gemv.BLOCKS_PER_SM, D=1, xslot=True, nested=True):
     return gemv.make_kernel(is_bf16, M, gemv.probe_base(), nested, D, max(blocks_per_sm, 1), xslot)
 
 
-def launch(g, blocks_per_sm=gemv.BLOCKS_PER_SM, D=1, carveout=False, xslot=False):
+def launch(g, blocks_per_sm=gemv.BLOCKS_PER_SM, D=1, carveout=False, xslot=True):
     gemv.validate(g)
     args = (g.packed_u32, g.absmax_q, g.absmax2, g.code2, g.lut, g.offset, g.x_u32, g.y, g.N, g.K, g.bs_shift)
     nbytes = gemv.SMEM

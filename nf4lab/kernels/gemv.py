@@ -90,7 +90,7 @@ def step_ops(is_bf16, M, base, nested=True):
 
 
 @functools.cache
-def make_kernel(is_bf16, M, base, nested=True, D=1, min_blocks=BLOCKS_PER_SM, xslot=False):
+def make_kernel(is_bf16, M, base, nested=True, D=1, min_blocks=BLOCKS_PER_SM, xslot=True):
     """The kernel for a dtype, batch M (1..8), table base (``probe_base()``) and kind of statistics; ``D`` (steps
     of loads in flight ahead) and ``min_blocks`` (blocks per SM) are lab/gemv_mma.py's knobs."""
     NT, WIDE = (M + 1) // 2, M > 1    # n-tiles of 8 columns (2 batch rows x 4 blocks); where a lane's pieces lie
@@ -120,7 +120,7 @@ def make_kernel(is_bf16, M, base, nested=True, D=1, min_blocks=BLOCKS_PER_SM, xs
         xq, xok = cuda.local.array(4, uint32), True
         if XS:
             xok = uint32(cp * uint32(256) + uint32(8) * lane) < k
-            xq[0], xq[1], xq[2], xq[3] = ops.load_u32x4(x_u32, uint64(cp * uint32(128) + uint32(4) * lane if xok else 0))
+            xq[0], xq[1], xq[2], xq[3] = ops.load_u32x4(x_u32, uint64(cp * uint32(128) + uint32(4) * lane if xok else uint32(0)))
         for d in range(D):
             fetch(buf, FB * (d + 1), packed_u32, absmax_q, absmax2, tp, cp, g, q, n, kw, tiles, steps, ash)
             cp = uint32(cp + uint32(W))
@@ -156,7 +156,7 @@ def make_kernel(is_bf16, M, base, nested=True, D=1, min_blocks=BLOCKS_PER_SM, xs
                 if XS:
                     cx = min(cp, uint32(steps - uint32(1)))
                     xok = uint32(cx * uint32(256) + uint32(8) * lane) < k
-                    xq[0], xq[1], xq[2], xq[3] = ops.load_u32x4(x_u32, uint64(cx * uint32(128) + uint32(4) * lane if xok else 0))
+                    xq[0], xq[1], xq[2], xq[3] = ops.load_u32x4(x_u32, uint64(cx * uint32(128) + uint32(4) * lane if xok else uint32(0)))
                 cp = uint32(cp + uint32(W))
                 if cp >= steps:
                     cp, tp = warp, uint32(tp + grid)

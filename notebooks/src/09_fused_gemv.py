@@ -2,15 +2,14 @@
 # %% [markdown]
 # # 09 · Capstone: fuse NF4 dequantization into a tensor-core GEMV
 #
-# **Goal.** Decoding computes `y = x @ W.T` per layer, `x` (M, K) with M = 1..8, `W` (N, K) in NF4. We build,
-# one device function at a time, the kernel `nf4lab` ships (`nf4lab.kernels.gemv`): each packed
-# byte read once, two codes turned into a bf16/fp16 pair by one shared-memory load, the products and float32
-# sums left to `mma.sync`; and compare it with bitsandbytes' `matmul_4bit`, which is its `gemm_4bit` op at every M.
+# **Goal.** Decoding computes `y = x @ W.T` per layer, `x` (M, K) with M = 1..8, `W` (N, K) in NF4. We build, one
+# device function at a time, the kernel `nf4lab` ships (`nf4lab.kernels.gemv`): each packed byte read once, two codes
+# turned into a bf16/fp16 pair by one shared-memory load, the products and float32 sums left to `mma.sync`; and
+# compare it with bitsandbytes' `matmul_4bit`, which is its `gemm_4bit` op at every M.
 #
-# **Contents:** 1. [The byte count: a prediction](#bytes) · 2. [The kernel](#kernel) ·
-# 3. [PTX evidence](#evidence) · 4. [Correctness: a tolerance, not bits](#correctness) ·
-# 5. [Benchmark: against bitsandbytes and the read bound](#benchmark) · 6. [Batch: up to 8 rows of x](#batch) ·
-# 7. [The road here: what lost, and why](#road) · 8. [Reading: Marlin and FLUTE](#reading) · 9. [Exercise](#exercise)
+# **Contents:** 1. [The byte count: a prediction](#bytes) · 2. [The kernel](#kernel) · 3. [PTX evidence](#evidence) ·
+# 4. [Correctness: a tolerance, not bits](#correctness) · 5. [Benchmark: against bitsandbytes and the read bound](#benchmark) ·
+# 6. [Batch: up to 8 rows of x](#batch) · 7. [The road here: what lost, and why](#road) · 8. [Reading](#reading) · 9. [Exercise](#exercise)
 # %%
 import nf4lab  # first: may switch numba to its simulator
 import json, subprocess, tempfile  # noqa: E401
@@ -23,9 +22,8 @@ RUN, BATCH, BOUND = (bench.Run.load(n) for n in ("09_gemv_tc", "09_gemv_tc_batch
 # <a id="bytes"></a>
 # ## 1. The byte count: a prediction
 #
-# 2 flops per weight read once: memory-bound, if the instructions keep up. Dequantize + matmul moves 0.5 + 2 + 2
-# bytes per weight, fused 0.5 plus scales. Predicted times if we only read: at the recorded copy speed, and the
-# recorded *read bound* (`lab/gemv_read_bound.py`: a kernel that only reads those bytes):
+# 2 flops per weight read once: memory-bound, if the instructions keep up. Dequantize + matmul moves 0.5 + 2 + 2 bytes
+# per weight, fused 0.5 plus scales. Times if we only read, at the recorded copy speed and *read bound* (a kernel that only reads them):
 # %%
 copy = RUN and RUN.get(gemv.COPY)
 reads = {tuple(r["shape"]): r["ms"] for r in (BOUND.records if BOUND else []) if r["kind"] == "bound"}
@@ -39,11 +37,10 @@ sass = json.loads((results.ROOT / "data" / "sass" / "09_fused_gemv.json").read_t
 ffma = next(r for r in sass["rows"] if r["variant"] == "R4 S2 C32 W8 B3" and r["dtype"] == "bf16")  # its M = 1 design
 print(f"FFMA design {ffma['variant']}: {ffma['per_weight']:.2f} SASS instructions per weight ({sass['meta']['arch']}, offline)")
 # %% [markdown]
-# The FFMA design (09's former kernel, now in `lab/gemv_variants.py`) spends per code byte a pair lookup, two FFMAs
-# and address math (count above). In the lab its variant R2 S1 C32 W8 B4 took the same times on the H100 and the
-# H200, whose copy speeds differ (21.1 / 21.3 us at 4096x14336 bf16, `data/results/<gpu>/09_gemv_tc.json`): a sign
-# that instructions, not DRAM, set its pace. **Prediction:** fewer instructions per weight bring it toward the read bound.
-# Here a byte costs one `prmt` (its table address) and one shared load of a bf16x2 pair, an mma operand as is.
+# The FFMA design (09's former kernel, `lab/gemv_variants.py`) spends per code byte a pair lookup, two FFMAs and
+# address math (count above); its times were the same on GPUs of different copy speeds (`09_gemv_tc.json` per GPU):
+# instructions set its pace. **Prediction:** fewer instructions per weight bring it toward the read bound. Here
+# a byte costs one `prmt` (its table address) and one shared load of a bf16x2 pair, an mma operand as is.
 #
 # <a id="kernel"></a>
 # ## 2. The kernel
@@ -63,7 +60,7 @@ import functools
 from numba import cuda, float32, uint32, uint64
 from nf4lab import gemv, ops
 # inline PTX, with plain-Python twins for the simulator: mma.sync, prmt, ld.shared at an immediate, shfl.xor
-from nf4lab.kernels.gemv import _lookup_at, lookup, mma_bf16, mma_f16, prmt, shfl_xor_sync, spare
+from nf4lab.kernels.gemv import _lookup_at, lookup, mma_bf16, mma_f16, prmt, shfl_xor_sync, spare, syncwarp, table_vec4
 
 THREADS, W, BLOCKS_PER_SM = 256, 8, 2   # launch bounds: 2 blocks of 8 warps per SM (measured fastest)
 LUT = (8 << 6) | 32                     # the 16 values: row 8's spare words; code2: rows 0-7's
@@ -109,10 +106,8 @@ def make_a_fragments(look):
     @cuda.jit(device=True, inline="always")
     def a_fragments(A, wv, h, sm, lane4):  # piece h's code words: wv[4h..] (row g), wv[8 + 4h..] (row g + 8)
         for i in range(8):
-            wa = wv[4 * h + (i >> 1)]
-            wb = wv[8 + 4 * h + (i >> 1)]
-            sel0 = uint32(0x5504 | ((2 * (i & 1)) << 4))
-            sel1 = uint32(0x5504 | ((2 * (i & 1) + 1) << 4))
+            wa, wb = wv[4 * h + (i >> 1)], wv[8 + 4 * h + (i >> 1)]
+            sel0, sel1 = uint32(0x5504 | ((2 * (i & 1)) << 4)), uint32(0x5504 | ((2 * (i & 1) + 1) << 4))
             A[4 * i] = look(sm, prmt(wa, lane4, sel0))
             A[4 * i + 1] = look(sm, prmt(wb, lane4, sel0))
             A[4 * i + 2] = look(sm, prmt(wa, lane4, sel1))
@@ -123,17 +118,29 @@ def make_a_fragments(look):
 # (g, q) holds A[g, 2q..2q+1], A[g+8, 2q..2q+1] and both at k + 8; B[2q..2q+1, g], B[2q+8..2q+9, g]; C[g, 2q..2q+1],
 # C[g+8, 2q..2q+1]. A sum ignores which columns are called k: lane q's k are its piece's columns, so its B holds x
 # there. B's column 4 mm + b holds batch row mm's x where the piece is in the step's 64-column block b, else 0.
-# A T4 (sm_75) has no bf16 mma: there `mma_f16` runs two m16n8k8 (k 0-7, then 8-15), and `mma_bf16` does the
-# products on the FP32 units, fetching the fragments by `shfl.sync`: more instructions (not counted here). Use fp16 there.
+# A T4 (sm_75) has no bf16 mma: `mma_f16` runs two m16n8k8 there, `mma_bf16` the products on the FP32 units. Use fp16.
+#
+# **x through a shared slot (M = 1).** x loaded from L1/L2 just before each mma made every step wait (section 7).
+# So each lane loads 16 of the next step's 512 bytes of x with that step's weights and, after this step, stores them
+# in its warp's slot: 4 spare half-rows, rotated 4 words per block against bank conflicts (zeros past K). The
+# lanes g = q read their 64 bytes a piece there (`ld.shared.v4`); the others keep zeros.
 # %% tags=["kernel"]
-def make_mma_piece(M, is_bf16):
+@cuda.jit(device=True, inline="always")
+def xslot_at(warp, b, wi):  # byte offset of word wi (a multiple of 4) of block b's 64 columns in warp's slot
+    return (((uint32(16) + uint32(4) * warp + b) << uint32(6)) + uint32(32) + ((wi + uint32(4) * b) & uint32(31))) << uint32(2)
+
+def make_mma_piece(M, is_bf16, load4):
     NT, WIDE = (M + 1) // 2, M > 1          # n-tiles of 8 columns: 2 batch rows x 4 blocks each
     mma = mma_bf16 if is_bf16 else mma_f16
     @cuda.jit(device=True, inline="always")
-    def mma_piece(cf, A, xr, x_u32, g, q, blk, xcol, k, kx, h):
+    def mma_piece(cf, A, xr, x_u32, g, q, blk, xcol, k, kx, h, sm, warp):
         for nt in range(NT):
             m = uint32(2 * nt) + (g >> uint32(2))     # B column g = 4 mm + b: batch row 2 nt + mm, block b
-            if (blk if WIDE else q) == (g & uint32(3)) and m < uint32(M) and xcol < k:
+            if M == 1:
+                if g == q:
+                    for j in range(4):
+                        xr[4 * j], xr[4 * j + 1], xr[4 * j + 2], xr[4 * j + 3] = load4(sm, xslot_at(warp, q, uint32(16 * h + 4 * j)))
+            elif (blk if WIDE else q) == (g & uint32(3)) and m < uint32(M) and xcol < k:
                 xi = uint64(m * kx + (xcol >> uint32(1)) + uint32(0 if WIDE else 16 * h))
                 for j in range(4):
                     xr[4 * j], xr[4 * j + 1], xr[4 * j + 2], xr[4 * j + 3] = ops.load_u32x4(x_u32, xi + uint64(4 * j))
@@ -147,9 +154,8 @@ def make_mma_piece(M, is_bf16):
     return mma_piece
 # %% [markdown]
 # **Fetch.** A step's loads: lane q's pieces of rows g, g + 8 (16 bytes each, skipping L1) and the statistics of
-# the blocks its C columns hold. At M = 1 the pieces are adjacent (columns 64q.., block q); for a batch, 32q..
-# and 128 + 32q.., so a row's 4 lanes read whole 32-byte sectors (a lab finding, `lab/README.md`, no record file
-# kept: faster at M = 8, 1 us slower at M = 1).
+# the blocks its C columns hold. At M = 1 the pieces are adjacent (columns 64q.., block q); for a batch, 32q.. and
+# 128 + 32q.., whole 32-byte sectors per row (`lab/README.md`, no record kept: faster at M = 8, slower at M = 1).
 # %% tags=["kernel"]
 def make_fetch(M):
     WIDE, QO = M > 1, 16                    # buf[o:o+16]: code words; then 4 absmax codes, 4 absmax2
@@ -158,21 +164,19 @@ def make_fetch(M):
         buf[i], buf[i + 1], buf[i + 2], buf[i + 3] = gemv.load_stream_u32x4(packed_u32, uint64(w))
     @cuda.jit(device=True, inline="always")
     def fetch(buf, o, packed_u32, absmax_q, absmax2, t, c, g, q, n, kw, tiles, steps, ash):
-        tt = min(t, uint32(tiles - uint32(1)))
-        cc = min(c, uint32(steps - uint32(1)))
+        tt, cc = min(t, uint32(tiles - uint32(1))), min(c, uint32(steps - uint32(1)))
         r0 = min(uint32(tt * uint32(16) + g), uint32(n - uint32(1)))
         r1 = min(uint32(tt * uint32(16) + g + uint32(8)), uint32(n - uint32(1)))
         if WIDE:
-            wq0 = min(uint32(cc * uint32(32) + uint32(4) * q), uint32(kw - uint32(4)))
-            wq1 = min(uint32(cc * uint32(32) + uint32(16) + uint32(4) * q), uint32(kw - uint32(4)))
+            wq0, wq1 = (min(uint32(cc * uint32(32) + uint32(4) * q), uint32(kw - uint32(4))),
+                        min(uint32(cc * uint32(32) + uint32(16) + uint32(4) * q), uint32(kw - uint32(4))))
             put(buf, o, packed_u32, r0 * kw + wq0)
             put(buf, o + 4, packed_u32, r0 * kw + wq1)
             put(buf, o + 8, packed_u32, r1 * kw + wq0)
             put(buf, o + 12, packed_u32, r1 * kw + wq1)
         else:
             wq = min(uint32(cc * uint32(32) + uint32(8) * q), uint32(kw - uint32(8)))   # lane q's first word
-            w0 = uint32(r0 * kw + wq)
-            w1 = uint32(r1 * kw + wq)
+            w0, w1 = uint32(r0 * kw + wq), uint32(r1 * kw + wq)
             put(buf, o, packed_u32, w0)
             put(buf, o + 4, packed_u32, w0 + uint32(4))
             put(buf, o + 8, packed_u32, w1)
@@ -189,11 +193,11 @@ def make_fetch(M):
 # **The step.** 2 pieces x 8 mmas per n-tile, then the scales: lane q's C columns 2q, 2q + 1 are batch row
 # 2 nt + q // 2, blocks 2 (q & 1) and +1, scaled once per step as bitsandbytes does (`fmul_rn`, `fadd_rn`).
 # %% tags=["kernel"]
-def make_step(M, is_bf16, look):
+def make_step(M, is_bf16, look, load4):
     NT, WIDE, QO = (M + 1) // 2, M > 1, 16
-    a_fragments, mma_piece = make_a_fragments(look), make_mma_piece(M, is_bf16)
+    a_fragments, mma_piece = make_a_fragments(look), make_mma_piece(M, is_bf16, load4)
     @cuda.jit(device=True, inline="always")
-    def step(acc, cf, s, A, xr, wv, buf, sm, x_u32, offset, c, g, q, k, kx, lane4):
+    def step(acc, cf, s, A, xr, wv, buf, sm, x_u32, offset, c, g, q, k, kx, lane4, warp):
         for i in range(16):
             wv[i] = buf[i]
         for i in range(4 * NT):
@@ -206,7 +210,7 @@ def make_step(M, is_bf16, look):
             else:
                 blk = q
             a_fragments(A, wv, h, sm, lane4)
-            mma_piece(cf, A, xr, x_u32, g, q, blk, xcol, k, kx, h)
+            mma_piece(cf, A, xr, x_u32, g, q, blk, xcol, k, kx, h, sm, warp)
         if (q >> uint32(1)) < uint32(M):
             for i in range(4):
                 s[i] = ops.fadd_rn(ops.fmul_rn(gemv.f32_from_bits(sm[buf[QO + i] + (buf[QO + i] & uint32(0xE0)) + uint32(32)]),
@@ -216,9 +220,9 @@ def make_step(M, is_bf16, look):
                 acc[2 * nt + 1] += cf[4 * nt + 2] * s[2] + cf[4 * nt + 3] * s[3]
     return step
 # %% [markdown]
-# **The reduction.** Lanes q and q ^ 1 hold a batch row's blocks 0-1 and 2-3: `shfl.xor` adds them (`pair_sum`,
-# the exercise's hook). Warps write 16 M sums to shared memory; after a barrier 16 M threads add the 8 warps'
-# and write y. Two buffers (`parity`) let the next tile start while this one is read.
+# **The reduction.** Lanes q and q ^ 1 hold a batch row's blocks 0-1 and 2-3: `shfl.xor` adds them (`pair_sum`, the
+# exercise's hook). Warps write 16 M sums to shared memory; after a barrier 16 M threads add the 8 warps' and write
+# y. Two buffers (`parity`) let the next tile start while this one is read.
 # %% tags=["kernel"]
 @cuda.jit(device=True, inline="always")
 def pair_sum(v):
@@ -230,16 +234,14 @@ def make_tile_sum(M, half_bits, reduce):
     def tile_sum(sm, acc, y, t, n, tid, warp, g, q, parity):
         base = uint32(parity * uint32(W * 16 * M) + warp * uint32(16 * M))
         for nt in range(NT):
-            a0 = reduce(acc[2 * nt])
-            a1 = reduce(acc[2 * nt + 1])
+            a0, a1 = reduce(acc[2 * nt]), reduce(acc[2 * nt + 1])
             m = uint32(2 * nt) + (q >> uint32(1))
             if m < uint32(M) and (q & uint32(1)) == uint32(0):
                 sm[spare(base + m * uint32(16) + g)] = ops.float_bits(a0)
                 sm[spare(base + m * uint32(16) + g + uint32(8))] = ops.float_bits(a1)
         cuda.syncthreads()
         if tid < uint32(16 * M):
-            first = uint32(parity * uint32(W * 16 * M) + tid)
-            v = float32(0.0)
+            first, v = uint32(parity * uint32(W * 16 * M) + tid), float32(0.0)
             for w in range(W):
                 v += gemv.f32_from_bits(sm[spare(first + uint32(w * 16 * M))])
             row = uint32(t * uint32(16) + (tid & uint32(15)))
@@ -247,54 +249,50 @@ def make_tile_sum(M, half_bits, reduce):
                 y[uint32((tid >> uint32(4)) * n + row)] = half_bits(v)
     return tile_sum
 # %% [markdown]
-# **The kernel.** A warp keeps one step's loads in flight ahead of the one it computes (`buf` holds both): the
-# first step's go out before the table is built, each trip fetches the next, across tiles too. Sizes are
-# compile-time constants (local arrays indexed by unrolled loops live in registers). The launcher validates
-# (a misaligned 128-bit load kills the context), takes one block per tile up to 2 per SM, and allows the kernel
-# its shared memory past 48 KB (`gemv.prepare`: a driver call numba does not make).
+# **The kernel.** A warp keeps one step's loads in flight ahead of the one it computes (`buf` holds both): the first
+# step's go out before the table is built, each trip fetches the next, across tiles too. Sizes are compile-time
+# constants (local arrays indexed by unrolled loops live in registers). The launcher validates (a misaligned 128-bit
+# load kills the context), takes one block per tile up to 2 per SM, and allows 64 KB of shared memory (`gemv.prepare`).
 # %% tags=["kernel"]
 @functools.cache
 def make_kernel(is_bf16, M, base, reduce=pair_sum):
     NT = (M + 1) // 2
     NACC, NCF, FB, NB = 2 * NT, 4 * NT, 24, 48   # per step in buf: 16 code words, 4 absmax codes, 4 absmax2
     half_bits = bf16_bits if is_bf16 else f16_bits
+    load4, store4 = table_vec4(base)            # ld/st.shared.v4 at an immediate base, as the lookups
     build_table, fetch = make_build_table(half_bits), make_fetch(M)
-    step, tile_sum = make_step(M, is_bf16, table_lookup(base)), make_tile_sum(M, half_bits, reduce)
+    step, tile_sum = make_step(M, is_bf16, table_lookup(base), load4), make_tile_sum(M, half_bits, reduce)
     @cuda.jit(launch_bounds=(THREADS, BLOCKS_PER_SM))
     def gemv_tc(packed_u32, absmax_q, absmax2, code2, lut, offset, x_u32, y, N, K, bs_shift):
-        sm = cuda.shared.array(0, uint32)
-        tid = uint32(cuda.threadIdx.x)
-        lane = tid & uint32(31)
-        warp = tid >> uint32(5)
-        g = lane >> uint32(2)
-        q = lane & uint32(3)
-        n = uint32(N)
-        k = uint32(K)
-        kw = k >> uint32(3)
-        kx = k >> uint32(1)
-        steps = (k + uint32(255)) >> uint32(8)
-        tiles = (n + uint32(15)) >> uint32(4)
-        ash = uint32(uint32(bs_shift) - uint32(3))
-        grid = uint32(cuda.gridDim.x)
+        sm, tid = cuda.shared.array(0, uint32), uint32(cuda.threadIdx.x)
+        lane, warp = tid & uint32(31), tid >> uint32(5)
+        g, q = lane >> uint32(2), lane & uint32(3)
+        n, k = uint32(N), uint32(K)
+        kw, kx = k >> uint32(3), k >> uint32(1)
+        steps, tiles = (k + uint32(255)) >> uint32(8), (n + uint32(15)) >> uint32(4)
+        ash, grid = uint32(uint32(bs_shift) - uint32(3)), uint32(cuda.gridDim.x)
         buf = cuda.local.array(NB, uint32)        # this step's loads and the next one's
-        t = uint32(cuda.blockIdx.x)
-        c = warp
+        t, c = uint32(cuda.blockIdx.x), warp
         tp, cp = t, c                              # the step whose loads go out next
+        xq, xok = cuda.local.array(4, uint32), True   # M = 1: this lane's 16 bytes of x for step cp
+        if M == 1:
+            xok = uint32(cp * uint32(256) + uint32(8) * lane) < k
+            xq[0], xq[1], xq[2], xq[3] = ops.load_u32x4(x_u32, uint64(cp * uint32(128) + uint32(4) * lane if xok else uint32(0)))
         for d in range(1):   # one trip, shaped as the shipped kernel's prologue (LLVM schedules straight code otherwise)
             fetch(buf, FB * (d + 1), packed_u32, absmax_q, absmax2, tp, cp, g, q, n, kw, tiles, steps, ash)
             cp = uint32(cp + uint32(W))
             if cp >= steps:
-                cp = warp
-                tp = uint32(tp + grid)
+                cp, tp = warp, uint32(tp + grid)
         build_table(sm, lut, code2, tid)
-        lane4 = lane << uint32(2)
-        acc = cuda.local.array(NACC, float32)
-        cf = cuda.local.array(NCF, float32)
-        s = cuda.local.array(4, float32)
-        A = cuda.local.array(32, uint32)
-        xr = cuda.local.array(32, uint32)
-        wv = cuda.local.array(16, uint32)
-        parity = uint32(0)
+        lane4, parity = lane << uint32(2), uint32(0)
+        acc, cf, s = cuda.local.array(NACC, float32), cuda.local.array(NCF, float32), cuda.local.array(4, float32)
+        A, xr, wv = cuda.local.array(32, uint32), cuda.local.array(32, uint32), cuda.local.array(16, uint32)
+        if M == 1:                                 # lanes without x keep zeros; the first step's x into the slot
+            for j in range(16):
+                xr[j] = uint32(0)
+            store4(sm, xslot_at(warp, lane >> uint32(3), uint32(4) * (lane & uint32(7))),
+                   xq[0] if xok else uint32(0), xq[1] if xok else uint32(0), xq[2] if xok else uint32(0), xq[3] if xok else uint32(0))
+            syncwarp()
         while t < tiles:
             for i in range(NACC):
                 acc[i] = float32(0.0)
@@ -302,25 +300,30 @@ def make_kernel(is_bf16, M, base, reduce=pair_sum):
                 for i in range(FB):
                     buf[i] = buf[i + FB]
                 fetch(buf, FB, packed_u32, absmax_q, absmax2, tp, cp, g, q, n, kw, tiles, steps, ash)
+                if M == 1:                         # the next step's x rides with its weights
+                    cx = min(cp, uint32(steps - uint32(1)))
+                    xok = uint32(cx * uint32(256) + uint32(8) * lane) < k
+                    xq[0], xq[1], xq[2], xq[3] = ops.load_u32x4(x_u32, uint64(cx * uint32(128) + uint32(4) * lane if xok else uint32(0)))
                 cp = uint32(cp + uint32(W))
                 if cp >= steps:
-                    cp = warp
-                    tp = uint32(tp + grid)
+                    cp, tp = warp, uint32(tp + grid)
                 cn = uint32(c + uint32(W))
                 tn = t
                 if cn >= steps:
-                    cn = warp
-                    tn = uint32(t + grid)
+                    cn, tn = warp, uint32(t + grid)
                 if c < steps:
-                    step(acc, cf, s, A, xr, wv, buf, sm, x_u32, offset, c, g, q, k, kx, lane4)
+                    step(acc, cf, s, A, xr, wv, buf, sm, x_u32, offset, c, g, q, k, kx, lane4, warp)
+                if M == 1:                         # into the slot once every lane has read this step's x
+                    syncwarp()
+                    store4(sm, xslot_at(warp, lane >> uint32(3), uint32(4) * (lane & uint32(7))),
+                           xq[0] if xok else uint32(0), xq[1] if xok else uint32(0), xq[2] if xok else uint32(0), xq[3] if xok else uint32(0))
+                    syncwarp()
                 c = cn
                 if tn != t:
                     break
             tile_sum(sm, acc, y, t, n, tid, warp, g, q, parity)
-            parity ^= uint32(1)
-            t = tn
+            parity, t = parity ^ uint32(1), tn
     return gemv_tc
-
 
 def launch(g, reduce=pair_sum):
     gemv.validate(g)
@@ -335,8 +338,7 @@ def launch(g, reduce=pair_sum):
 # Per step: 16 `mma.sync` (2 pieces x 8), 64 `prmt`, 64 lookups, base in the load's immediate; no local memory or
 # float64. Registers, spills: the driver's build (GPU) or ptxas (offline). Below sm_80 (a T4): fp16's kernel.
 # %%
-cc = arch.target_cc()
-T4 = cc < (8, 0)
+cc = arch.target_cc(); T4 = cc < (8, 0)  # noqa: E702
 kern = make_kernel(not T4, 1, gemv.probe_base() if nf4lab.ON_GPU else gemv.default_base(cc))
 code = ptx.compile_ptx(kern, gemv.signature(), cc=cc, launch_bounds=(THREADS, BLOCKS_PER_SM))
 LOOKUP = r"^ld\.shared\.u32 %r\d+, \[%r\d+\+\d+\]"
@@ -357,9 +359,8 @@ else:
 # ## 4. Correctness: a tolerance, not bits
 #
 # Each GEMV sums in its own order, so we check a bound against float64 `y64 = x @ W.T`: any float32 sum's error
-# `K * eps32 * sum|x w|` (Higham §3.1) plus the output rounding `u * |y|`. mma takes bf16/fp16, so the table
-# holds the NF4 values *rounded to the dtype*: each weight off by a factor 1 ± u at most, the bound grows by
-# `u * sum|x w|` (`rounded_table=True`); bitsandbytes' `matmul_4bit` (`gemm_4bit`): its worst ratio beside.
+# `K * eps32 * sum|x w|` (Higham §3.1) plus the output rounding `u * |y|`. mma takes bf16/fp16, so the table holds the
+# NF4 values *rounded to the dtype*: the bound grows by `u * sum|x w|` (`rounded_table=True`). bitsandbytes' beside.
 # %%
 SHAPES = ([((20, 320), "bf16", 1), ((9, 192), "fp16", 3)] if nf4lab.SIMULATOR else
           [((512, 4096), "bf16", 1), ((255, 14336), "fp16", 1), ((100, 4160), "bf16", 4), ((64, 4096), "fp16", 8)])
@@ -390,9 +391,8 @@ if run is not None:
 # <a id="batch"></a>
 # ## 6. Batch: up to 8 rows of x
 #
-# M rows cost (M + 1) // 2 n-tiles of mmas on the same A fragments: same bytes and lookups. bitsandbytes' `gemm_4bit` runs
-# its fused kernel up to M = 4; past that a per-GPU heuristic may pick dequantize + `F.linear` instead (on a 132-SM
-# Hopper at M = 8: 4096x4096, 4096x14336). Recorded by the lab with the layout before the 64 KB one (section 7):
+# M rows cost (M + 1) // 2 n-tiles of mmas on the same A fragments (x from L1/L2: the slot is for M = 1). bitsandbytes'
+# `gemm_4bit` runs its fused kernel up to M = 4; past that a per-GPU heuristic may pick dequantize + `F.linear`. Recorded by the lab:
 # %%
 print(f"{BATCH.path} ({results.label(BATCH.meta)}):\n\n{gemv.summary(BATCH)}" if BATCH else "No batch run recorded here.")
 if BATCH:
@@ -401,14 +401,14 @@ if BATCH:
 # <a id="road"></a>
 # ## 7. The road here: what lost, and why
 #
-# bf16 times recorded by the lab (`lab/README.md` tells each story; `-`: no record), x = time / the tensor-core
-# kernel's in the same file (the ring runs timed it beside theirs), else in `09_gemv_tc*.json`. Those records
-# predate the layout above (its small arrays then sat past the table, 68 KB): section 5 times today's kernel.
+# bf16 times recorded by the lab (`lab/README.md` tells each story; `-`: no record), x = time / the shipped kernel's in
+# the same file, else in `09_gemv_tc*.json`. The ring's and chains' records predate the 64 KB layout and x's slot.
 # %%
 ROAD = [("FFMA design (09's former)", "09_fused_gemv", "auto", "pair lookup + 2 FFMA per byte: issue-bound"),
         ("tensor core (shipped)", "09_gemv_tc", None, "this notebook"),
         ("cp.async ring, 2 stages", "09_gemv_ring", "TC R2", "weights via cp.async: no M = 1 gain; batch: a lead"),
         ("chains of mmas, 2", "09_gemv_chains", "TC C2", "the mma chain is not the wait"),
+        ("x from L1/L2 at each step", "09_gemv_xslot", "TC x-global", "each step waits for x (2 KB of weights ahead)"),
         ("D2-3, B3-4, carveout, +add, 128 cols", None, "", "register moves; spills; L1 shrinks; an add; overhead")]
 print(f"{'design, bf16, ' + (RUN.meta['gpu'] if RUN else 'none recorded'):<37}{'4096x14336 M=1':>20}{'8192x28672 M=1':>20}{'4096x14336 M=8':>20}  why")
 for label, stem, v, why in ROAD:
