@@ -16,7 +16,7 @@ from ..lesson import reference
 from . import arch, ops
 from .fastkernel import address
 from .warp_ops import (_lookup_at, default_base, f32_from_bits, load_stream_u32x4, lookup, mma_bf16,  # noqa: F401
-                       mma_f16, prmt, probe_base, shfl_xor_sync, syncwarp, table_lookup, table_vec4)
+                       mma_f16, prmt, probe_base, shfl_xor_sync, syncwarp, table_lookup, x_slot_ops)
 from numba import cuda, float32, types, uint32, uint64  # noqa: E402  (globals the simulator swaps in kernels)
 
 LLM_SHAPES = ((4096, 4096), (4096, 14336), (14336, 4096), (8192, 28672))  # (N, K) = W.shape
@@ -97,12 +97,8 @@ def make_kernel(is_bf16, M, base, nested=True, D=1, min_blocks=BLOCKS_PER_SM, xs
     NACC, NCF, NB = 2 * NT, 4 * NT, FB * (D + 1)
     mma = mma_bf16 if is_bf16 else mma_f16
     look, half_bits, fetch = step_ops(is_bf16, M, base, nested)
-    XS = xslot and M == 1 and D == 1  # x through a shared slot per warp, a step ahead (rows 16 + 4 warp + block)
-    load4, store4 = table_vec4(base)
-
-    @cuda.jit(device=True, inline="always")
-    def xslot_at(warp, b, wi):  # byte offset of word wi (a multiple of 4) of block b's 64 columns
-        return (((uint32(16) + uint32(4) * warp + b) << uint32(6)) + uint32(32) + ((wi + uint32(4) * b) & uint32(31))) << uint32(2)
+    XS = xslot and M == 1 and D == 1  # x through a shared slot per warp, a step ahead (warp_ops.x_slot_ops)
+    x_quad, x_stash, x_read = x_slot_ops(base)
 
     @cuda.jit(launch_bounds=(THREADS, min_blocks))
     def gemv_tc(packed_u32, absmax_q, absmax2, code2, lut, offset, x_u32, y, N, K, bs_shift):
@@ -119,8 +115,7 @@ def make_kernel(is_bf16, M, base, nested=True, D=1, min_blocks=BLOCKS_PER_SM, xs
         tp, cp = t, c                  # the step whose loads go out next: the first D before the table is built
         xq, xok = cuda.local.array(4, uint32), True
         if XS:
-            xok = uint32(cp * uint32(256) + uint32(8) * lane) < k
-            xq[0], xq[1], xq[2], xq[3] = ops.load_u32x4(x_u32, uint64(cp * uint32(128) + uint32(4) * lane if xok else uint32(0)))
+            xok = x_quad(xq, x_u32, cp, lane, k)
         for d in range(D):
             fetch(buf, FB * (d + 1), packed_u32, absmax_q, absmax2, tp, cp, g, q, n, kw, tiles, steps, ash)
             cp = uint32(cp + uint32(W))
@@ -142,9 +137,7 @@ def make_kernel(is_bf16, M, base, nested=True, D=1, min_blocks=BLOCKS_PER_SM, xs
         if XS:  # lanes that hold no x keep zeros; the others' x arrives through the slot
             for j in range(16):
                 xr[j] = uint32(0)
-            z = uint32(0)
-            store4(sm, xslot_at(warp, lane >> uint32(3), uint32(4) * (lane & uint32(7))),
-                   xq[0] if xok else z, xq[1] if xok else z, xq[2] if xok else z, xq[3] if xok else z)
+            x_stash(sm, xq, xok, warp, lane)
             syncwarp()
         while t < tiles:
             for i in range(NACC):
@@ -154,9 +147,7 @@ def make_kernel(is_bf16, M, base, nested=True, D=1, min_blocks=BLOCKS_PER_SM, xs
                     buf[i] = buf[i + FB]
                 fetch(buf, FB * D, packed_u32, absmax_q, absmax2, tp, cp, g, q, n, kw, tiles, steps, ash)
                 if XS:
-                    cx = min(cp, uint32(steps - uint32(1)))
-                    xok = uint32(cx * uint32(256) + uint32(8) * lane) < k
-                    xq[0], xq[1], xq[2], xq[3] = ops.load_u32x4(x_u32, uint64(cx * uint32(128) + uint32(4) * lane if xok else uint32(0)))
+                    xok = x_quad(xq, x_u32, min(cp, uint32(steps - uint32(1))), lane, k)
                 cp = uint32(cp + uint32(W))
                 if cp >= steps:
                     cp, tp = warp, uint32(tp + grid)
@@ -186,9 +177,7 @@ def make_kernel(is_bf16, M, base, nested=True, D=1, min_blocks=BLOCKS_PER_SM, xs
                             m = uint32(2 * nt) + (g >> uint32(2))
                             if XS:
                                 if g == q:
-                                    for j in range(4):
-                                        xr[4 * j], xr[4 * j + 1], xr[4 * j + 2], xr[4 * j + 3] = \
-                                            load4(sm, xslot_at(warp, q, uint32(16 * h + 4 * j)))
+                                    x_read(xr, sm, warp, q, h)
                             elif (blk if WIDE else q) == (g & uint32(3)) and m < uint32(M) and xcol < k:
                                 xi = uint64(m * kx + (xcol >> uint32(1)) + uint32(0 if WIDE else 16 * h))
                                 for j in range(4):
@@ -212,9 +201,7 @@ def make_kernel(is_bf16, M, base, nested=True, D=1, min_blocks=BLOCKS_PER_SM, xs
                             acc[2 * nt + 1] += cf[4 * nt + 2] * s[2] + cf[4 * nt + 3] * s[3]
                 if XS:  # the next step's x into the slot, once every lane has read this step's
                     syncwarp()
-                    z = uint32(0)
-                    store4(sm, xslot_at(warp, lane >> uint32(3), uint32(4) * (lane & uint32(7))),
-                           xq[0] if xok else z, xq[1] if xok else z, xq[2] if xok else z, xq[3] if xok else z)
+                    x_stash(sm, xq, xok, warp, lane)
                     syncwarp()
                 c = cn
                 if tn != t:

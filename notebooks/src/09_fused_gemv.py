@@ -60,7 +60,7 @@ import functools
 from numba import cuda, float32, uint32, uint64
 from nf4lab import gemv, ops
 # inline PTX, with plain-Python twins for the simulator: mma.sync, prmt, ld.shared at an immediate, shfl.xor
-from nf4lab.kernels.gemv import _lookup_at, lookup, mma_bf16, mma_f16, prmt, shfl_xor_sync, spare, syncwarp, table_vec4
+from nf4lab.kernels.gemv import _lookup_at, lookup, mma_bf16, mma_f16, prmt, shfl_xor_sync, spare, syncwarp, x_slot_ops
 
 THREADS, W, BLOCKS_PER_SM = 256, 8, 2   # launch bounds: 2 blocks of 8 warps per SM (measured fastest)
 LUT = (8 << 6) | 32                     # the 16 values: row 8's spare words; code2: rows 0-7's
@@ -121,15 +121,12 @@ def make_a_fragments(look):
 # A T4 (sm_75) has no bf16 mma: `mma_f16` runs two m16n8k8 there, `mma_bf16` the products on the FP32 units. Use fp16.
 #
 # **x through a shared slot (M = 1).** x loaded from L1/L2 just before each mma made every step wait (section 7).
-# So each lane loads 16 of the next step's 512 bytes of x with that step's weights and, after this step, stores them
-# in its warp's slot: 4 spare half-rows, rotated 4 words per block against bank conflicts (zeros past K). The
-# lanes g = q read their 64 bytes a piece there (`ld.shared.v4`); the others keep zeros.
+# So each lane loads 16 of the next step's 512 bytes of x with that step's weights (`x_quad`) and, after this step,
+# stores them in its warp's slot (`x_stash`): 4 spare half-rows, rows 16 + 4 warp + block, rotated 4 words per block
+# against bank conflicts, zeros past K. The lanes g = q read their 64 bytes a piece there (`x_read`, `ld.shared.v4`);
+# the others keep zeros. The three are small device functions in `nf4lab.kernels.warp_ops.x_slot_ops`.
 # %% tags=["kernel"]
-@cuda.jit(device=True, inline="always")
-def xslot_at(warp, b, wi):  # byte offset of word wi (a multiple of 4) of block b's 64 columns in warp's slot
-    return (((uint32(16) + uint32(4) * warp + b) << uint32(6)) + uint32(32) + ((wi + uint32(4) * b) & uint32(31))) << uint32(2)
-
-def make_mma_piece(M, is_bf16, load4):
+def make_mma_piece(M, is_bf16, x_read):
     NT, WIDE = (M + 1) // 2, M > 1          # n-tiles of 8 columns: 2 batch rows x 4 blocks each
     mma = mma_bf16 if is_bf16 else mma_f16
     @cuda.jit(device=True, inline="always")
@@ -138,8 +135,7 @@ def make_mma_piece(M, is_bf16, load4):
             m = uint32(2 * nt) + (g >> uint32(2))     # B column g = 4 mm + b: batch row 2 nt + mm, block b
             if M == 1:
                 if g == q:
-                    for j in range(4):
-                        xr[4 * j], xr[4 * j + 1], xr[4 * j + 2], xr[4 * j + 3] = load4(sm, xslot_at(warp, q, uint32(16 * h + 4 * j)))
+                    x_read(xr, sm, warp, q, h)
             elif (blk if WIDE else q) == (g & uint32(3)) and m < uint32(M) and xcol < k:
                 xi = uint64(m * kx + (xcol >> uint32(1)) + uint32(0 if WIDE else 16 * h))
                 for j in range(4):
@@ -193,9 +189,9 @@ def make_fetch(M):
 # **The step.** 2 pieces x 8 mmas per n-tile, then the scales: lane q's C columns 2q, 2q + 1 are batch row
 # 2 nt + q // 2, blocks 2 (q & 1) and +1, scaled once per step as bitsandbytes does (`fmul_rn`, `fadd_rn`).
 # %% tags=["kernel"]
-def make_step(M, is_bf16, look, load4):
+def make_step(M, is_bf16, look, x_read):
     NT, WIDE, QO = (M + 1) // 2, M > 1, 16
-    a_fragments, mma_piece = make_a_fragments(look), make_mma_piece(M, is_bf16, load4)
+    a_fragments, mma_piece = make_a_fragments(look), make_mma_piece(M, is_bf16, x_read)
     @cuda.jit(device=True, inline="always")
     def step(acc, cf, s, A, xr, wv, buf, sm, x_u32, offset, c, g, q, k, kx, lane4, warp):
         for i in range(16):
@@ -259,9 +255,9 @@ def make_kernel(is_bf16, M, base, reduce=pair_sum):
     NT = (M + 1) // 2
     NACC, NCF, FB, NB = 2 * NT, 4 * NT, 24, 48   # per step in buf: 16 code words, 4 absmax codes, 4 absmax2
     half_bits = bf16_bits if is_bf16 else f16_bits
-    load4, store4 = table_vec4(base)            # ld/st.shared.v4 at an immediate base, as the lookups
+    x_quad, x_stash, x_read = x_slot_ops(base)  # x's slot: load 16 bytes a lane, stash them, read a piece's 64
     build_table, fetch = make_build_table(half_bits), make_fetch(M)
-    step, tile_sum = make_step(M, is_bf16, table_lookup(base), load4), make_tile_sum(M, half_bits, reduce)
+    step, tile_sum = make_step(M, is_bf16, table_lookup(base), x_read), make_tile_sum(M, half_bits, reduce)
     @cuda.jit(launch_bounds=(THREADS, BLOCKS_PER_SM))
     def gemv_tc(packed_u32, absmax_q, absmax2, code2, lut, offset, x_u32, y, N, K, bs_shift):
         sm, tid = cuda.shared.array(0, uint32), uint32(cuda.threadIdx.x)
@@ -276,8 +272,7 @@ def make_kernel(is_bf16, M, base, reduce=pair_sum):
         tp, cp = t, c                              # the step whose loads go out next
         xq, xok = cuda.local.array(4, uint32), True   # M = 1: this lane's 16 bytes of x for step cp
         if M == 1:
-            xok = uint32(cp * uint32(256) + uint32(8) * lane) < k
-            xq[0], xq[1], xq[2], xq[3] = ops.load_u32x4(x_u32, uint64(cp * uint32(128) + uint32(4) * lane if xok else uint32(0)))
+            xok = x_quad(xq, x_u32, cp, lane, k)
         for d in range(1):   # one trip, shaped as the shipped kernel's prologue (LLVM schedules straight code otherwise)
             fetch(buf, FB * (d + 1), packed_u32, absmax_q, absmax2, tp, cp, g, q, n, kw, tiles, steps, ash)
             cp = uint32(cp + uint32(W))
@@ -290,8 +285,7 @@ def make_kernel(is_bf16, M, base, reduce=pair_sum):
         if M == 1:                                 # lanes without x keep zeros; the first step's x into the slot
             for j in range(16):
                 xr[j] = uint32(0)
-            store4(sm, xslot_at(warp, lane >> uint32(3), uint32(4) * (lane & uint32(7))),
-                   xq[0] if xok else uint32(0), xq[1] if xok else uint32(0), xq[2] if xok else uint32(0), xq[3] if xok else uint32(0))
+            x_stash(sm, xq, xok, warp, lane)
             syncwarp()
         while t < tiles:
             for i in range(NACC):
@@ -301,9 +295,7 @@ def make_kernel(is_bf16, M, base, reduce=pair_sum):
                     buf[i] = buf[i + FB]
                 fetch(buf, FB, packed_u32, absmax_q, absmax2, tp, cp, g, q, n, kw, tiles, steps, ash)
                 if M == 1:                         # the next step's x rides with its weights
-                    cx = min(cp, uint32(steps - uint32(1)))
-                    xok = uint32(cx * uint32(256) + uint32(8) * lane) < k
-                    xq[0], xq[1], xq[2], xq[3] = ops.load_u32x4(x_u32, uint64(cx * uint32(128) + uint32(4) * lane if xok else uint32(0)))
+                    xok = x_quad(xq, x_u32, min(cp, uint32(steps - uint32(1))), lane, k)
                 cp = uint32(cp + uint32(W))
                 if cp >= steps:
                     cp, tp = warp, uint32(tp + grid)
@@ -315,8 +307,7 @@ def make_kernel(is_bf16, M, base, reduce=pair_sum):
                     step(acc, cf, s, A, xr, wv, buf, sm, x_u32, offset, c, g, q, k, kx, lane4, warp)
                 if M == 1:                         # into the slot once every lane has read this step's x
                     syncwarp()
-                    store4(sm, xslot_at(warp, lane >> uint32(3), uint32(4) * (lane & uint32(7))),
-                           xq[0] if xok else uint32(0), xq[1] if xok else uint32(0), xq[2] if xok else uint32(0), xq[3] if xok else uint32(0))
+                    x_stash(sm, xq, xok, warp, lane)
                     syncwarp()
                 c = cn
                 if tn != t:
@@ -408,7 +399,7 @@ ROAD = [("FFMA design (09's former)", "09_fused_gemv", "auto", "pair lookup + 2 
         ("tensor core (shipped)", "09_gemv_tc", None, "this notebook"),
         ("cp.async ring, 2 stages", "09_gemv_ring", "TC R2", "weights via cp.async: no M = 1 gain; batch: a lead"),
         ("chains of mmas, 2", "09_gemv_chains", "TC C2", "the mma chain is not the wait"),
-        ("x from L1/L2 at each step", "09_gemv_xslot", "TC x-global", "each step waits for x (2 KB of weights ahead)"),
+        ("x from L1/L2 at each step", "09_gemv_tc", "TC x-global", "each step waits for x (2 KB of weights ahead)"),
         ("D2-3, B3-4, carveout, +add, 128 cols", None, "", "register moves; spills; L1 shrinks; an add; overhead")]
 print(f"{'design, bf16, ' + (RUN.meta['gpu'] if RUN else 'none recorded'):<37}{'4096x14336 M=1':>20}{'8192x28672 M=1':>20}{'4096x14336 M=8':>20}  why")
 for label, stem, v, why in ROAD:
