@@ -3,7 +3,8 @@
 
 A code byte costs one PRMT (its table address) and one 32-bit shared load, whose result (the byte's two NF4
 values as a bf16x2/f16x2 pair) is an ``mma.sync`` A-fragment register as it stands; the tensor core sums in
-float32. Notebook 09 builds the same kernel cell by cell (tests/test_nb09.py pins both to one PTX). Below sm_80
+float32. At M = 1 x reaches the mma through a shared slot a step ahead (:func:`.warp_ops.x_slot_ops`). Notebook 09
+builds the same kernel cell by cell (tests/test_nb09.py pins both to one PTX). Below sm_80
 (a T4) fp16 runs as two m16n8k8, bf16 on the FP32 units (:mod:`.warp_ops`); everything fits a T4's 64 KB.
 """
 import dataclasses
@@ -92,7 +93,8 @@ def step_ops(is_bf16, M, base, nested=True):
 @functools.cache
 def make_kernel(is_bf16, M, base, nested=True, D=1, min_blocks=BLOCKS_PER_SM, xslot=True):
     """The kernel for a dtype, batch M (1..8), table base (``probe_base()``) and kind of statistics; ``D`` (steps
-    of loads in flight ahead) and ``min_blocks`` (blocks per SM) are lab/gemv_mma.py's knobs."""
+    of loads in flight ahead), ``min_blocks`` (blocks per SM) and ``xslot`` (False: x from L1/L2 at each step, as
+    M > 1 does) are lab/gemv_mma.py's knobs."""
     NT, WIDE = (M + 1) // 2, M > 1    # n-tiles of 8 columns (2 batch rows x 4 blocks); where a lane's pieces lie
     NACC, NCF, NB = 2 * NT, 4 * NT, FB * (D + 1)
     mma = mma_bf16 if is_bf16 else mma_f16
