@@ -82,6 +82,9 @@ def variant_launches(mod, names=None, policies=None) -> dict:
         from lab import gemv_ablate
 
         out.update(gemv_ablate.variant_launches())  # stages left out, timing only ("TC -lut", ...)
+        from lab import gemv_stats
+
+        out["TC stats2"] = gemv_stats.launch  # M = 1: the statistics loaded in pairs (same bits)
         missing = [n for n in names if n not in out]
         if missing:
             raise SystemExit(f"unknown variants {missing}; known: {list(out)}")
