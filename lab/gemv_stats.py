@@ -20,7 +20,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import nf4lab  # noqa: E402,F401  (first: decides GPU or simulator)
 import numpy as np  # noqa: E402
-from numba import cuda, uint32, uint64  # noqa: E402  (module globals: the simulator swaps them in kernels)
+from numba import cuda, uint32  # noqa: E402  (module globals: the simulator swaps them in kernels)
 
 from nf4lab.kernels import gemv, ops  # noqa: E402
 
@@ -31,28 +31,17 @@ _PLAIN = gemv.step_ops.__wrapped__  # the shipped step_ops, uncached
 def _step_ops_pairs(is_bf16, M, base, nested=True):
     """gemv.step_ops with a fetch whose statistics loads come in pairs (M = 1, nested, blocksize 64)."""
     look, half_bits, _ = _PLAIN(is_bf16, M, base, nested)
-    load = gemv.load_stream_u32x4
-
-    @cuda.jit(device=True, inline="always")
-    def put(buf, i, packed_u32, w):
-        buf[i], buf[i + 1], buf[i + 2], buf[i + 3] = load(packed_u32, uint64(w))
+    weights = _PLAIN(is_bf16, 0, base, nested)[2]   # M = 0: the shipped M = 1 weight loads, no statistics loads
 
     @cuda.jit(device=True, inline="always")
     def fetch(buf, o, packed_u32, absmax_q2, absmax2, t, c, g, q, n, kw, tiles, steps, ash):
         """As gemv.step_ops' fetch at M = 1; ``absmax_q2``: the absmax codes as uint16 pairs."""
-        tt, cc = min(t, uint32(tiles - uint32(1))), min(c, uint32(steps - uint32(1)))
-        r0 = min(uint32(tt * uint32(16) + g), uint32(n - uint32(1)))
-        r1 = min(uint32(tt * uint32(16) + g + uint32(8)), uint32(n - uint32(1)))
-        wq = min(uint32(cc * uint32(32) + uint32(8) * q), uint32(kw - uint32(8)))   # lane q's first word
-        w0, w1 = uint32(r0 * kw + wq), uint32(r1 * kw + wq)
-        put(buf, o, packed_u32, w0)
-        put(buf, o + 4, packed_u32, w0 + uint32(4))
-        put(buf, o + 8, packed_u32, w1)
-        put(buf, o + 12, packed_u32, w1 + uint32(4))
+        weights(buf, o, packed_u32, absmax_q2, absmax2, t, c, g, q, n, kw, tiles, steps, ash)
         if q < uint32(2):
+            tt, cc = min(t, uint32(tiles - uint32(1))), min(c, uint32(steps - uint32(1)))
             wb = cc * uint32(32) + uint32(16) * q
             for i in range(2):
-                r = r0 if i == 0 else r1
+                r = min(uint32(tt * uint32(16) + g + uint32(8 * i)), uint32(n - uint32(1)))   # rows g, g + 8
                 blk = uint32(r * kw + wb) >> ash            # even: K / 64 and 2 q are
                 pair = uint32(absmax_q2[blk >> uint32(1)])   # codes of blocks blk (low byte) and blk + 1
                 buf[o + 16 + 2 * i] = pair & uint32(0xFF)
