@@ -237,3 +237,51 @@ def test_eager_decode_interleaves_the_backends_abba():
             for k, v in (("bnb_eager", "fast"), ("nf4lab_eager", "slow"))]
     line = models.eager_interleaved_line(recs)
     assert "3 rounds" in line and f"({got['slow']['tok_s'] / got['fast']['tok_s']:.2f}x)" in line
+
+
+def test_compiled_decode_interleaves_three_models_and_probes_each_step():
+    """The interleaved compiled measurement: three models, each its own cache; two warm-up generates each, then
+    ABC CBA rounds of a generate of N tokens and one of 1; the probe times every call of the step that
+    generate takes from get_compiled_call, and a slower step comes out slower, in tok/s and in step_ms."""
+    pytest.importorskip("transformers")
+    import torch
+
+    order = []
+    cfg = models.llama_config(models.Settings.cpu_smoke())
+
+    class Fake:
+        config = cfg
+
+        def __init__(self, name, step_s):
+            self.name, self.step_s = name, step_s
+
+        def get_compiled_call(self, compile_config):
+            return lambda: time.sleep(self.step_s)
+
+        def generate(self, prompt, max_new_tokens, min_new_tokens, past_key_values=None, **kw):
+            assert past_key_values is not None and kw["compile_config"].fullgraph
+            order.append((self.name, max_new_tokens))
+            step = self.get_compiled_call(kw["compile_config"])
+            for _ in range(max_new_tokens - 1):   # the first token comes from the prefill
+                step()
+
+    s = models.Settings.cpu_smoke()
+    s.compiled_rounds, s.new_tokens = 2, 6
+    ms = {"a": Fake("a", 0.001), "b": Fake("b", 0.003), "c": Fake("c", 0.002)}
+    counter = {"n": 0}
+    got = models.compiled_interleaved_time(ms, s, torch.ones(1, 4, dtype=torch.long),
+                                           {v: (lambda: None) for v in ms}, served=lambda: counter["n"])
+    timed = [v for v, n in order[6:-3] if n == 6]
+    assert [v for v, _ in order[:6]] == list("abcabc") and timed == list("abc") + list("cba")
+    assert [n for _, n in order[6:-3]] == [6, 1] * 6 and order[-3:] == [("a", 6), ("b", 6), ("c", 6)]
+    for v in ms:
+        assert got[v]["steps_probed"] == 5 and got[v]["served_per_generate"] == [0, 0]
+        assert len(got[v]["tok_s_rounds"]) == 2 and "gpu_span_ms" not in got[v]
+    assert got["a"]["step_ms"] < got["c"]["step_ms"] < got["b"]["step_ms"]
+    assert got["a"]["tok_s"] > got["c"]["tok_s"] > got["b"]["tok_s"]
+    assert 2.5 < got["b"]["step_ms"] < 30 and got["b"]["host_in_call_ms"] <= got["b"]["step_ms"]
+    recs = [dict(kind="decode_interleaved", mode="compiled", variant=k, rounds=2, **got[v])
+            for k, v in (("bf16_compiled", "c"), ("bnb_compiled_forced", "b"), ("nf4lab_compiled", "a"))]
+    line = models.compiled_interleaved_line(recs)
+    assert "2 rounds" in line and f"{got['a']['tok_s'] / got['b']['tok_s']:.2f}x bitsandbytes" in line
+    assert models.eager_interleaved_line(recs) == ""   # compiled records are not the eager sentence's

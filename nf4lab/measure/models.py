@@ -28,6 +28,11 @@ Variants (``--only`` picks some; names below):
     eager_interleaved    bnb_eager and nf4lab_eager once more, in this process, their generates interleaved
                          (ABBA, ``eager_rounds`` rounds after a warm-up): eager decode is bound by the host,
                          and a host whose speed drifts between two child processes moved their ratio
+    compiled_interleaved bf16_compiled, bnb_compiled_forced and nf4lab_compiled once more, in one process on
+                         three models (the bf16 one and two NF4 twins of it, each compiled and graph-captured
+                         by its own generate), their generates interleaved (ABC CBA, ``compiled_rounds``
+                         rounds after two warm-ups). Also per decode step: the step's wall time, the host time
+                         inside the compiled call, and its GPU span (CUDA events around the call)
     qlora_bnb            one QLoRA step (peft: prepare_model_for_kbit_training + LoRA r=16 on the seven
     qlora_nf4lab         projections, AdamW on the LoRA params), bitsandbytes' kernels / nf4lab installed
 
@@ -64,7 +69,8 @@ from pathlib import Path
 DECODE = ["bf16_eager", "bf16_compiled", "bnb_eager", "bnb_compiled_forced", "nf4lab_eager", "nf4lab_compiled"]
 QLORA = ["qlora_bnb", "qlora_nf4lab"]
 EAGER_AB = "eager_interleaved"  # bnb_eager and nf4lab_eager again, generate by generate in one process
-VARIANTS = DECODE + [EAGER_AB] + QLORA
+COMPILED_ABC = "compiled_interleaved"  # the three compiled variants again, generate by generate in one process
+VARIANTS = DECODE + [COMPILED_ABC, EAGER_AB] + QLORA
 LABELS = {
     "bf16_eager": "bf16, eager",
     "bf16_compiled": "bf16, static cache + compiled",
@@ -73,6 +79,7 @@ LABELS = {
     "nf4lab_eager": "nf4lab NF4, eager",
     "nf4lab_compiled": "nf4lab NF4, compiled",
     EAGER_AB: "eager decode, bitsandbytes and nf4lab interleaved",
+    COMPILED_ABC: "compiled decode, bf16, bitsandbytes and nf4lab interleaved",
     "qlora_bnb": "QLoRA step, bitsandbytes",
     "qlora_nf4lab": "QLoRA step, nf4lab",
 }
@@ -99,6 +106,7 @@ class Settings:
     qlora_warmup: int = 2
     qlora_steps: int = 8
     eager_rounds: int = 4
+    compiled_rounds: int = 4
     lora_r: int = 16
     seed: int = 0
     device: str = "cuda"
@@ -110,12 +118,12 @@ class Settings:
 
     @classmethod
     def quick(cls):
-        return cls(layers=4, new_tokens=16, qlora_warmup=1, qlora_steps=2, eager_rounds=1)
+        return cls(layers=4, new_tokens=16, qlora_warmup=1, qlora_steps=2, eager_rounds=1, compiled_rounds=1)
 
     @classmethod
     def cpu_smoke(cls):
         return cls(layers=2, hidden=128, mlp=256, heads=4, kv_heads=2, vocab=512, prompt_len=8, new_tokens=8,
-                   t1_repeats=1, qlora_batch=2, qlora_seq=32, qlora_warmup=1, qlora_steps=2, eager_rounds=1,
+                   t1_repeats=1, qlora_batch=2, qlora_seq=32, qlora_warmup=1, qlora_steps=2, eager_rounds=1, compiled_rounds=1,
                    lora_r=4, device="cpu")
 
 
@@ -357,6 +365,162 @@ def eager_interleaved_time(model, s: Settings, prompt, backends: dict) -> dict:
                   "tok_s_rounds": [n1 / (x - y) if n1 > 0 and x > y else None for x, y in zip(t_n[v], t_1[v])],
                   "t_n_all": t_n[v], "t_1_all": t_1[v]}
     return out
+
+
+class _StepProbe:
+    """Times each call of a model's compiled decode step inside generate (when ``on``): the host clock at the
+    call's start and end and, on CUDA, events recorded on the current stream before and after it.
+
+    transformers' generate takes the compiled step from ``model.get_compiled_call``; the probe wraps what
+    that returns. Off, the wrapper only forwards the call.
+    """
+
+    def __init__(self, model, cuda: bool):
+        self.on, self.cuda, self.host, self.events = False, cuda, [], []
+        inner = model.get_compiled_call
+
+        def get_compiled_call(*a, **k):
+            f = inner(*a, **k)
+
+            def step(*args, **kwargs):
+                if not self.on:
+                    return f(*args, **kwargs)
+                import torch
+
+                e = (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) if self.cuda else None
+                t0 = time.perf_counter()
+                if e:
+                    e[0].record()
+                out = f(*args, **kwargs)
+                if e:
+                    e[1].record()
+                self.host.append((t0, time.perf_counter()))
+                self.events.append(e)
+                return out
+
+            return step
+
+        model.get_compiled_call = get_compiled_call
+
+    def take(self) -> dict:
+        """Median step interval, host time in the call and GPU span (ms) of the calls since the last take."""
+        import statistics
+
+        host, ev = self.host, self.events
+        self.host, self.events = [], []
+        if len(host) < 2:
+            return {"steps_probed": len(host)}
+        gaps = [(b[0] - a[0]) * 1e3 for a, b in zip(host, host[1:])]
+        out = {"steps_probed": len(host), "step_ms": statistics.median(gaps),
+               "host_in_call_ms": statistics.median((b - a) * 1e3 for a, b in host)}
+        if all(ev):
+            out["gpu_span_ms"] = statistics.median(a.elapsed_time(b) for a, b in ev)
+        return out
+
+
+def compiled_interleaved_time(models_: dict, s: Settings, prompt, switch: dict, served=None) -> dict:
+    """Compiled decode tok/s of several models in one process, their generates interleaved (ABC CBA by round).
+
+    ``models_`` maps a variant to its own model (each is compiled and its CUDA graphs recorded by its own
+    first generate, with its own StaticCache); ``switch`` maps a variant to a function called before each
+    of its generates (which backend serves the 4-bit ops, and the quantizer's compile flag). Two warm-up
+    generates each; then per round one generate of N new tokens (T_N) and one of 1 (T_1) per variant, and
+    tok/s = (N - 1) / (median T_N - median T_1) as in run_decode, and per round. A last round with the step
+    probe on gives step_ms (median interval between decode steps), host_in_call_ms and gpu_span_ms.
+    ``served``: a function returning a count of the Python-side 4-bit op calls, sampled per timed generate
+    (a replayed CUDA graph runs none: a count that grows by more than the prefill's says a graph re-recorded).
+    """
+    import statistics
+
+    import torch
+    from transformers import CompileConfig, StaticCache
+
+    cuda = str(s.device).startswith("cuda")
+    cc = CompileConfig(fullgraph=True, mode="reduce-overhead")
+    if not cuda:
+        cc._compile_all_devices = True
+    kw = dict(do_sample=False, attention_mask=torch.ones_like(prompt), pad_token_id=0, eos_token_id=None,
+              compile_config=cc)
+    names = list(models_)
+    caches = {v: StaticCache(config=m.config, max_cache_len=s.prompt_len + s.new_tokens) for v, m in models_.items()}
+    probes = {v: _StepProbe(m, cuda) for v, m in models_.items()}
+
+    def gen(v, n):
+        switch[v]()
+        caches[v].reset()
+        _sync(s.device)
+        t = time.perf_counter()
+        models_[v].generate(prompt, max_new_tokens=n, min_new_tokens=n, past_key_values=caches[v], **kw)
+        _sync(s.device)
+        return time.perf_counter() - t
+
+    first = {v: gen(v, s.new_tokens) for v in names}
+    for v in names:
+        gen(v, s.new_tokens)
+    t_n = {v: [] for v in names}
+    t_1 = {v: [] for v in names}
+    grew = {v: [] for v in names}
+    for i in range(s.compiled_rounds):
+        for v in (names if i % 2 == 0 else names[::-1]):
+            c0 = served() if served else 0
+            t_n[v].append(gen(v, s.new_tokens))
+            grew[v].append((served() if served else 0) - c0)
+            t_1[v].append(gen(v, 1))
+    steps = {}
+    for v in names:
+        probes[v].on = True
+        gen(v, s.new_tokens)
+        probes[v].on = False
+        steps[v] = probes[v].take()
+    n1 = s.new_tokens - 1
+    out = {}
+    for v in names:
+        a, b = statistics.median(t_n[v]), statistics.median(t_1[v])
+        out[v] = {"tok_s": n1 / (a - b) if n1 > 0 and a > b else None,
+                  "tok_s_rounds": [n1 / (x - y) if n1 > 0 and x > y else None for x, y in zip(t_n[v], t_1[v])],
+                  "t_n_all": t_n[v], "t_1_all": t_1[v], "first_generate_s": first[v],
+                  "served_per_generate": grew[v], **steps[v]}
+        if steps[v].get("step_ms"):
+            out[v]["step_tok_s"] = 1e3 / steps[v]["step_ms"]
+    return out
+
+
+def _compiled_abc(bf16, nf4_bnb, nf4_ours, s: Settings, prompt, log, t_start) -> list:
+    """compiled_interleaved on three models; nf4_bnb and nf4_ours are two NF4 twins of one bf16 model."""
+    import nf4lab
+    from ..kernels import bnb_backend
+
+    log(f"[{time.perf_counter() - t_start:6.1f} s] {COMPILED_ABC}: bf16, bitsandbytes and nf4lab compiled, "
+        "generate by generate ...")
+    base = {"kind": "decode_interleaved", "mode": "compiled", "rounds": s.compiled_rounds,
+            "new_tokens": s.new_tokens, "batch": 1, "prompt_len": s.prompt_len}
+
+    def use_nf4lab():
+        nf4lab.compile_for_decode(nf4_ours)
+        if not nf4lab.installed() and s.device != "cpu":   # on CPU (the smoke test) bitsandbytes serves all
+            raise RuntimeError("nf4lab.install() returned False")
+
+    def nf4lab_calls():
+        return sum(n for (op, by), n in bnb_backend.calls.items() if by.startswith("nf4lab"))
+
+    models_ = {"bf16_compiled": bf16, "bnb_compiled_forced": nf4_bnb, "nf4lab_compiled": nf4_ours}
+    switch = {"bf16_compiled": nf4lab.uninstall, "bnb_compiled_forced": nf4lab.uninstall,
+              "nf4lab_compiled": use_nf4lab}
+    try:
+        with forced_compileable(nf4_bnb):
+            got = compiled_interleaved_time(models_, s, prompt, switch, served=nf4lab_calls)
+    except Exception as exc:
+        return [dict(base, name=LABELS[COMPILED_ABC], variant=COMPILED_ABC, error=_err(exc))]
+    finally:
+        nf4lab.uninstall()
+        for m in models_.values():
+            _reset_compiled(m)
+    recs = []
+    for v, r in got.items():
+        recs.append(dict(base, name=LABELS[v], variant=v, **r))
+        log(f"    {v}: {_fmt(r['tok_s'], '.1f')} tok/s; a step {_fmt(r.get('step_ms'), '.2f')} ms, "
+            f"GPU span {_fmt(r.get('gpu_span_ms'), '.2f')} ms, host in the call {_fmt(r.get('host_in_call_ms'), '.2f')} ms")
+    return recs
 
 
 def _eager_ab(nf4, s: Settings, prompt, log, t_start) -> list:
@@ -608,11 +772,18 @@ def run(s: Settings, only=None, log=print, isolate=False, dump=None) -> dict:
         for v, comp in (("bf16_eager", False), ("bf16_compiled", True)):
             if v in want:
                 decode(v, bf16, comp)
-        need_nf4 = any(v in want for v in DECODE[2:] + QLORA + [EAGER_AB])
+        need_nf4 = any(v in want for v in DECODE[2:] + QLORA + [EAGER_AB, COMPILED_ABC])
         if need_nf4:
             t0 = time.perf_counter()
             nf4 = build_nf4(bf16, s)
             phase("build_nf4_s", t0)
+        if COMPILED_ABC in want:
+            twin = build_nf4(bf16, s)
+            try:
+                records += _compiled_abc(bf16, nf4, twin, s, prompt, log, t_start)
+            finally:
+                del twin
+                _free()
         del bf16
         bf16 = None
         _free()
@@ -792,9 +963,9 @@ def table(data: dict) -> str:
             x = r["tok_s"] / base if r["variant"].startswith("nf4lab") and base and r.get("tok_s") else None
             lines.append(f"| {r['name']} | {_fmt(r.get('tok_s'), '.1f')} | {_fmt(r.get('e2e_tok_s'), '.1f')} | "
                          f"{_fmt(r.get('compile_s'), '.0f')} | {_fmt(x, '.2f')} |")
-    line = eager_interleaved_line(recs)
-    if line:
-        lines += ["", line]
+    for line in (compiled_interleaved_line(recs), eager_interleaved_line(recs)):
+        if line:
+            lines += ["", line]
     ql = [r for r in recs if r["kind"] == "qlora"]
     if ql:
         q0 = ql[0]
@@ -832,7 +1003,7 @@ def table(data: dict) -> str:
 
 def eager_interleaved_line(recs) -> str:
     """One sentence on the interleaved eager decode records, or '' where the run has none."""
-    ab = {r["variant"]: r for r in recs if r.get("kind") == "decode_interleaved"}
+    ab = {r["variant"]: r for r in recs if r.get("kind") == "decode_interleaved" and r.get("mode") != "compiled"}
     if not ab:
         return ""
     r0 = next(iter(ab.values()))
@@ -844,6 +1015,30 @@ def eager_interleaved_line(recs) -> str:
     return (f"Eager decode, bitsandbytes and nf4lab interleaved generate by generate in one process "
             f"({r0['rounds']} rounds): bitsandbytes {_fmt(b, '.1f')} tok/s [{span(ab.get('bnb_eager', {}))}], "
             f"nf4lab {_fmt(o, '.1f')} tok/s [{span(ab.get('nf4lab_eager', {}))}]{x}.")
+
+
+def compiled_interleaved_line(recs) -> str:
+    """The interleaved compiled decode records as a few sentences, or '' where the run has none."""
+    ab = {r["variant"]: r for r in recs if r.get("kind") == "decode_interleaved" and r.get("mode") == "compiled"}
+    if not ab:
+        return ""
+    r0 = next(iter(ab.values()))
+    if r0.get("error"):
+        return f"Compiled decode, interleaved: failed: {r0['error'].splitlines()[0][:80]}"
+    span = (lambda r: ", ".join(_fmt(x, ".1f") for x in r.get("tok_s_rounds", [])))
+    names = {"bf16_compiled": "bf16", "bnb_compiled_forced": "bitsandbytes", "nf4lab_compiled": "nf4lab"}
+    parts = [f"{names.get(v, v)} {_fmt(r.get('tok_s'), '.1f')} tok/s [{span(r)}]" for v, r in ab.items()]
+    b, o = ab.get("bnb_compiled_forced", {}).get("tok_s"), ab.get("nf4lab_compiled", {}).get("tok_s")
+    f = ab.get("bf16_compiled", {}).get("tok_s")
+    x = (f" nf4lab: {o / b:.2f}x bitsandbytes" if b and o else "") + (f", {o / f:.2f}x bf16" if f and o else "")
+    steps = [f"{names.get(v, v)} {_fmt(r.get('step_ms'), '.2f')} / {_fmt(r.get('gpu_span_ms'), '.2f')} / "
+             f"{_fmt(r.get('host_in_call_ms'), '.2f')}" for v, r in ab.items() if r.get("step_ms")]
+    out = (f"Compiled decode, the three models in one process, generate by generate ({r0['rounds']} rounds): "
+           + "; ".join(parts) + "." + (x + "." if x else ""))
+    if steps:
+        out += (" One decode step, ms (wall / GPU span of the compiled call / host time in the call): "
+                + "; ".join(steps) + ".")
+    return out
 
 
 def models_table(gpu: str | None = None, name: str = "models") -> str:
@@ -902,7 +1097,8 @@ def main(args) -> int:
         s.new_tokens = args.new_tokens
     only = args.only
     if args.cpu_smoke and not args.cpu_compile:
-        only = [v for v in (only or VARIANTS) if v not in ("bf16_compiled", "bnb_compiled_forced", "nf4lab_compiled")]
+        only = [v for v in (only or VARIANTS)
+                if v not in ("bf16_compiled", "bnb_compiled_forced", "nf4lab_compiled", COMPILED_ABC)]
     isolate = not (args.one_process or args.cpu_smoke)
     data = run(s, only=only, isolate=isolate, dump=Path(args.dump) if args.dump else None)
     print()
