@@ -32,7 +32,9 @@ Variants (``--only`` picks some; names below):
                          three models (the bf16 one and two NF4 twins of it, each compiled and graph-captured
                          by its own generate), their generates interleaved (ABC CBA, ``compiled_rounds``
                          rounds after two warm-ups). Also per decode step: the step's wall time, the host time
-                         inside the compiled call, and its GPU span (CUDA events around the call)
+                         inside the compiled call, and its GPU span (CUDA events around the call). On a GPU a
+                         fourth model, bitsandbytes' kernels with the statistics marked static as
+                         nf4lab.compile_for_decode marks them, shows what that marking alone is worth
     qlora_bnb            one QLoRA step (peft: prepare_model_for_kbit_training + LoRA r=16 on the seven
     qlora_nf4lab         projections, AdamW on the LoRA params), bitsandbytes' kernels / nf4lab installed
 
@@ -80,6 +82,7 @@ LABELS = {
     "nf4lab_compiled": "nf4lab NF4, compiled",
     EAGER_AB: "eager decode, bitsandbytes and nf4lab interleaved",
     COMPILED_ABC: "compiled decode, bf16, bitsandbytes and nf4lab interleaved",
+    "bnb_compiled_static": "bitsandbytes NF4, compiled (forced), statistics static",
     "qlora_bnb": "QLoRA step, bitsandbytes",
     "qlora_nf4lab": "QLoRA step, nf4lab",
 }
@@ -454,7 +457,13 @@ def compiled_interleaved_time(models_: dict, s: Settings, prompt, switch: dict, 
         _sync(s.device)
         return time.perf_counter() - t
 
-    first = {v: gen(v, s.new_tokens) for v in names}
+    from torch._dynamo.utils import counters
+
+    first, non_static = {}, {}
+    for v in names:   # the first generate compiles and records the CUDA graphs
+        c0 = counters["inductor"]["cudagraph_recorded_non_static_inputs"]
+        first[v] = gen(v, s.new_tokens)
+        non_static[v] = counters["inductor"]["cudagraph_recorded_non_static_inputs"] - c0
     for v in names:
         gen(v, s.new_tokens)
     t_n = {v: [] for v in names}
@@ -479,14 +488,16 @@ def compiled_interleaved_time(models_: dict, s: Settings, prompt, switch: dict, 
         out[v] = {"tok_s": n1 / (a - b) if n1 > 0 and a > b else None,
                   "tok_s_rounds": [n1 / (x - y) if n1 > 0 and x > y else None for x, y in zip(t_n[v], t_1[v])],
                   "t_n_all": t_n[v], "t_1_all": t_1[v], "first_generate_s": first[v],
-                  "served_per_generate": grew[v], **steps[v]}
+                  "served_per_generate": grew[v], "graph_non_static_inputs": non_static[v], **steps[v]}
         if steps[v].get("step_ms"):
             out[v]["step_tok_s"] = 1e3 / steps[v]["step_ms"]
     return out
 
 
-def _compiled_abc(bf16, nf4_bnb, nf4_ours, s: Settings, prompt, log, t_start) -> list:
-    """compiled_interleaved on three models; nf4_bnb and nf4_ours are two NF4 twins of one bf16 model."""
+def _compiled_abc(bf16, nf4_bnb, nf4_ours, s: Settings, prompt, log, t_start, nf4_static=None) -> list:
+    """compiled_interleaved on three models (four with ``nf4_static``); the NF4 models are twins of one bf16
+    model. ``nf4_static`` runs bitsandbytes' kernels with the statistics marked static as compile_for_decode
+    marks them: what that marking alone is worth, apart from nf4lab's kernels."""
     import nf4lab
     from ..kernels import bnb_backend
 
@@ -506,8 +517,14 @@ def _compiled_abc(bf16, nf4_bnb, nf4_ours, s: Settings, prompt, log, t_start) ->
     models_ = {"bf16_compiled": bf16, "bnb_compiled_forced": nf4_bnb, "nf4lab_compiled": nf4_ours}
     switch = {"bf16_compiled": nf4lab.uninstall, "bnb_compiled_forced": nf4lab.uninstall,
               "nf4lab_compiled": use_nf4lab}
+    if nf4_static is not None:
+        bnb_backend.mark_quant_state_static(nf4_static)
+        models_["bnb_compiled_static"], switch["bnb_compiled_static"] = nf4_static, nf4lab.uninstall
     try:
-        with forced_compileable(nf4_bnb):
+        with contextlib.ExitStack() as stack:
+            for m in (nf4_bnb, nf4_static):
+                if m is not None:
+                    stack.enter_context(forced_compileable(m))
             got = compiled_interleaved_time(models_, s, prompt, switch, served=nf4lab_calls)
     except Exception as exc:
         return [dict(base, name=LABELS[COMPILED_ABC], variant=COMPILED_ABC, error=_err(exc))]
@@ -778,11 +795,12 @@ def run(s: Settings, only=None, log=print, isolate=False, dump=None) -> dict:
             nf4 = build_nf4(bf16, s)
             phase("build_nf4_s", t0)
         if COMPILED_ABC in want:
-            twin = build_nf4(bf16, s)
+            twins = [build_nf4(bf16, s) for _ in range(2 if s.device != "cpu" else 1)]
             try:
-                records += _compiled_abc(bf16, nf4, twin, s, prompt, log, t_start)
+                records += _compiled_abc(bf16, nf4, twins[0], s, prompt, log, t_start,
+                                         nf4_static=twins[1] if len(twins) > 1 else None)
             finally:
-                del twin
+                del twins
                 _free()
         del bf16
         bf16 = None
@@ -1026,7 +1044,8 @@ def compiled_interleaved_line(recs) -> str:
     if r0.get("error"):
         return f"Compiled decode, interleaved: failed: {r0['error'].splitlines()[0][:80]}"
     span = (lambda r: ", ".join(_fmt(x, ".1f") for x in r.get("tok_s_rounds", [])))
-    names = {"bf16_compiled": "bf16", "bnb_compiled_forced": "bitsandbytes", "nf4lab_compiled": "nf4lab"}
+    names = {"bf16_compiled": "bf16", "bnb_compiled_forced": "bitsandbytes", "nf4lab_compiled": "nf4lab",
+             "bnb_compiled_static": "bitsandbytes with static statistics"}
     parts = [f"{names.get(v, v)} {_fmt(r.get('tok_s'), '.1f')} tok/s [{span(r)}]" for v, r in ab.items()]
     b, o = ab.get("bnb_compiled_forced", {}).get("tok_s"), ab.get("nf4lab_compiled", {}).get("tok_s")
     f = ab.get("bf16_compiled", {}).get("tok_s")
