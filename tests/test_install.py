@@ -95,39 +95,6 @@ def test_compileable_mark_is_one_object_and_uninstall_removes_it():
     assert type(q) is tq.Bnb4BitHfQuantizer and q.is_compileable is False
 
 
-def test_compile_for_decode_marks_every_statistics_tensor_static_and_uninstall_unmarks(monkeypatch):
-    """Under reduce-overhead a CUDA-graph replay copies every non-static input into the graph first; the
-    statistics of a 4-bit weight live on weight.quant_state (neither parameter nor buffer), so unmarked
-    they are copied at every decode step. compile_for_decode marks each of them once (absmax, code, offset,
-    nested absmax and code); uninstall() unmarks what it marked and leaves a tensor marked by someone else."""
-    lin = bnb.nn.Linear4bit(128, 64, bias=False, compute_dtype=torch.bfloat16, quant_type="nf4")
-    lin.weight = bnb.nn.Params4bit(torch.randn(64, 128), requires_grad=False, quant_type="nf4",
-                                   compress_statistics=True)._quantize("cpu")
-    lin2 = bnb.nn.Linear4bit(128, 64, bias=False, compute_dtype=torch.bfloat16, quant_type="nf4")
-    lin2.weight = bnb.nn.Params4bit(torch.randn(64, 128), requires_grad=False, quant_type="nf4",
-                                    compress_statistics=False)._quantize("cpu")
-    model = torch.nn.Sequential(lin, lin2, torch.nn.Linear(2, 2))
-    q1, q2 = lin.weight.quant_state, lin2.weight.quant_state
-    want = [q1.absmax, q1.code, q1.offset, q1.state2.absmax, q1.state2.code, q2.absmax, q2.code]
-    got = bnb_backend.quant_state_tensors(model)
-    assert [id(t) for t in got] == [id(t) for t in want]
-    torch._dynamo.mark_static_address(q2.code)   # someone else's mark: kept by uninstall
-    tq = pytest.importorskip("transformers.quantizers.quantizer_bnb_4bit")
-    from transformers import BitsAndBytesConfig
-
-    model.hf_quantizer = tq.Bnb4BitHfQuantizer(BitsAndBytesConfig(load_in_4bit=True))
-    monkeypatch.setattr(bnb_backend, "install", lambda compile=False: True)   # as on a GPU
-    try:
-        assert nf4lab.compile_for_decode(model) is model and model.hf_quantizer.is_compileable
-        assert all(getattr(t, "_dynamo_static_input_type", None) == "unguarded" for t in want)
-        assert len(bnb_backend._state["static"]) == len(want) - 1
-    finally:
-        bnb_backend.uninstall()
-    assert [getattr(t, "_dynamo_static_input_type", None) for t in want] == [None] * 6 + ["unguarded"]
-    assert bnb_backend._state["static"] == [] and not model.hf_quantizer.is_compileable
-    del q2.code._dynamo_static_input_type
-
-
 @pytest.mark.parametrize("shape,bs", [((128, 96), 64), ((128, 64), 128), ((33, 64), 64)])
 def test_registered_kernel_serves_bitsandbytes_then_uninstall_restores(on_cpu_key, shape, bs):
     ours, fell = on_cpu_key

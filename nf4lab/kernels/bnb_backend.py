@@ -9,7 +9,6 @@ Public API, at the package top level (this module is ``nf4lab.kernels.bnb_backen
     with nf4lab.installed_in():               # install() for the block, uninstall() after (if it installed)
         ...
     nf4lab.compile_for_decode(model) -> model  # install(), then mark a transformers bnb-4bit model compileable
-                                               # and its quantization statistics static for CUDA graphs
 
 What install() changes: it registers nf4lab's implementation as the CUDA kernel of three of
 bitsandbytes' own torch ops (``bitsandbytes::dequantize_4bit``, ``bitsandbytes::dequantize_4bit.out``
@@ -36,9 +35,7 @@ from ..lesson.reference import BLOCKSIZES, QUANT_TYPES
 __all__ = ["install", "uninstall", "installed", "installed_in", "compile_for_decode"]
 
 _lock = threading.RLock()
-# The Library we own, what it serves, patched quantizers, and weak references to the statistics tensors
-# compile_for_decode marked static (uninstall unmarks them).
-_state = {"lib": None, "ops": (), "held": set(), "quantizers": [], "static": []}
+_state = {"lib": None, "ops": (), "held": set(), "quantizers": []}  # the Library we own, what it serves, patched quantizers
 # Calls our registered kernels took ("nf4lab") and handed to bitsandbytes ("bitsandbytes"), per op:
 # the GPU test run reports them, so that "all passed" cannot hide "nf4lab never ran".
 calls: dict = {}
@@ -292,11 +289,6 @@ def uninstall() -> None:
         for q, cls in _state["quantizers"]:
             q.__class__ = cls
         _state["quantizers"] = []
-        for ref in _state["static"]:
-            t = ref()
-            if t is not None and getattr(t, "_dynamo_static_input_type", None) is not None:
-                del t._dynamo_static_input_type
-        _state["static"] = []
 
 
 def installed() -> bool:
@@ -322,9 +314,7 @@ def compile_for_decode(model):
     transformers' ``generate`` compiles the forward pass (with a static cache) only when the
     model's quantizer says ``is_compileable``; its bitsandbytes 4-bit quantizer says False. This
     swaps the class of that one quantizer object for a subclass whose ``is_compileable`` is True;
-    nothing else in transformers changes, and uninstall() puts the class back. It also marks the
-    weights' quantization statistics static for CUDA graphs (:func:`mark_quant_state_static`; uninstall()
-    unmarks them), so a graph replay reads them in place instead of copying them in. Sound because every
+    nothing else in transformers changes, and uninstall() puts the class back. Sound because every
     4-bit step of the forward is a registered torch op with a fake implementation (bitsandbytes'
     own ``dequantize_4bit``/``gemm_4bit``/``dequantize_blockwise``), with nf4lab's kernels (or
     bitsandbytes') inside the op, so dynamo traces no pointer arithmetic. Returns the model.
@@ -338,50 +328,7 @@ def compile_for_decode(model):
                         f"got {type(model).__name__} with quantizer {type(q).__name__}")
     if install(compile=True):  # without a GPU nothing is nf4lab-backed: the model is left as it is
         _mark_compileable(q)
-        import weakref
-
-        with _lock:
-            _state["static"] += [weakref.ref(t) for t in mark_quant_state_static(model)]
     return model
-
-
-def quant_state_tensors(model) -> list:
-    """The tensors of every bitsandbytes 4-bit weight's quantization state in ``model``: absmax, code,
-    offset, and the nested state's absmax and code (each tensor once)."""
-    torch = _torch()
-    out, seen = [], set()
-    for m in model.modules():
-        qs = getattr(getattr(m, "weight", None), "quant_state", None)
-        if qs is None:
-            continue
-        s2 = getattr(qs, "state2", None)
-        for t in (getattr(qs, "absmax", None), getattr(qs, "code", None), getattr(qs, "offset", None),
-                  getattr(s2, "absmax", None), getattr(s2, "code", None)):
-            if isinstance(t, torch.Tensor) and id(t) not in seen:
-                seen.add(id(t))
-                out.append(t)
-    return out
-
-
-def mark_quant_state_static(model) -> list:
-    """Mark the quantization statistics of a bitsandbytes 4-bit model as static inputs for CUDA graphs.
-
-    A compiled forward takes every tensor it reads as a graph input. Parameters and buffers are static:
-    a CUDA-graph replay reads them where they are. The statistics live on ``weight.quant_state``, which is
-    neither, so under ``mode="reduce-overhead"`` every replay first copies each of them into the graph's own
-    input buffers: up to five tensors per linear layer, 224 linear layers in an 8B Llama, every token (the
-    model benchmark's ``compiled_interleaved`` records what that costs). The tensors never move once the model is
-    loaded, so static is true of them. Unguarded (no data-pointer guard per tensor, which would add a
-    check per call): should one move after all, the CUDA graph re-records. Returns the tensors it newly
-    marked (those already marked are left alone).
-    """
-    torch = _torch()
-    marked = []
-    for t in quant_state_tensors(model):
-        if getattr(t, "_dynamo_static_input_type", None) is None:
-            torch._dynamo.mark_static_address(t, guard=False)
-            marked.append(t)
-    return marked
 
 
 def _mark_compileable(q) -> None:

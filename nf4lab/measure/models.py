@@ -32,9 +32,7 @@ Variants (``--only`` picks some; names below):
                          three models (the bf16 one and two NF4 twins of it, each compiled and graph-captured
                          by its own generate), their generates interleaved (ABC CBA, ``compiled_rounds``
                          rounds after two warm-ups). Also per decode step: the step's wall time, the host time
-                         inside the compiled call, and its GPU span (CUDA events around the call). On a GPU a
-                         fourth model, bitsandbytes' kernels with the statistics marked static as
-                         nf4lab.compile_for_decode marks them, shows what that marking alone is worth
+                         inside the compiled call, and its GPU span (CUDA events around the call)
     qlora_bnb            one QLoRA step (peft: prepare_model_for_kbit_training + LoRA r=16 on the seven
     qlora_nf4lab         projections, AdamW on the LoRA params), bitsandbytes' kernels / nf4lab installed
 
@@ -82,7 +80,6 @@ LABELS = {
     "nf4lab_compiled": "nf4lab NF4, compiled",
     EAGER_AB: "eager decode, bitsandbytes and nf4lab interleaved",
     COMPILED_ABC: "compiled decode, bf16, bitsandbytes and nf4lab interleaved",
-    "bnb_compiled_static": "bitsandbytes NF4, compiled (forced), statistics static",
     "qlora_bnb": "QLoRA step, bitsandbytes",
     "qlora_nf4lab": "QLoRA step, nf4lab",
 }
@@ -494,10 +491,8 @@ def compiled_interleaved_time(models_: dict, s: Settings, prompt, switch: dict, 
     return out
 
 
-def _compiled_abc(bf16, nf4_bnb, nf4_ours, s: Settings, prompt, log, t_start, nf4_static=None) -> list:
-    """compiled_interleaved on three models (four with ``nf4_static``); the NF4 models are twins of one bf16
-    model. ``nf4_static`` runs bitsandbytes' kernels with the statistics marked static as compile_for_decode
-    marks them: what that marking alone is worth, apart from nf4lab's kernels."""
+def _compiled_abc(bf16, nf4_bnb, nf4_ours, s: Settings, prompt, log, t_start) -> list:
+    """compiled_interleaved on three models; nf4_bnb and nf4_ours are two NF4 twins of one bf16 model."""
     import nf4lab
     from ..kernels import bnb_backend
 
@@ -517,14 +512,8 @@ def _compiled_abc(bf16, nf4_bnb, nf4_ours, s: Settings, prompt, log, t_start, nf
     models_ = {"bf16_compiled": bf16, "bnb_compiled_forced": nf4_bnb, "nf4lab_compiled": nf4_ours}
     switch = {"bf16_compiled": nf4lab.uninstall, "bnb_compiled_forced": nf4lab.uninstall,
               "nf4lab_compiled": use_nf4lab}
-    if nf4_static is not None:
-        bnb_backend.mark_quant_state_static(nf4_static)
-        models_["bnb_compiled_static"], switch["bnb_compiled_static"] = nf4_static, nf4lab.uninstall
     try:
-        with contextlib.ExitStack() as stack:
-            for m in (nf4_bnb, nf4_static):
-                if m is not None:
-                    stack.enter_context(forced_compileable(m))
+        with forced_compileable(nf4_bnb):
             got = compiled_interleaved_time(models_, s, prompt, switch, served=nf4lab_calls)
     except Exception as exc:
         return [dict(base, name=LABELS[COMPILED_ABC], variant=COMPILED_ABC, error=_err(exc))]
@@ -795,12 +784,11 @@ def run(s: Settings, only=None, log=print, isolate=False, dump=None) -> dict:
             nf4 = build_nf4(bf16, s)
             phase("build_nf4_s", t0)
         if COMPILED_ABC in want:
-            twins = [build_nf4(bf16, s) for _ in range(2 if s.device != "cpu" else 1)]
+            twin = build_nf4(bf16, s)
             try:
-                records += _compiled_abc(bf16, nf4, twins[0], s, prompt, log, t_start,
-                                         nf4_static=twins[1] if len(twins) > 1 else None)
+                records += _compiled_abc(bf16, nf4, twin, s, prompt, log, t_start)
             finally:
-                del twins
+                del twin
                 _free()
         del bf16
         bf16 = None
@@ -1044,8 +1032,7 @@ def compiled_interleaved_line(recs) -> str:
     if r0.get("error"):
         return f"Compiled decode, interleaved: failed: {r0['error'].splitlines()[0][:80]}"
     span = (lambda r: ", ".join(_fmt(x, ".1f") for x in r.get("tok_s_rounds", [])))
-    names = {"bf16_compiled": "bf16", "bnb_compiled_forced": "bitsandbytes", "nf4lab_compiled": "nf4lab",
-             "bnb_compiled_static": "bitsandbytes with static statistics"}
+    names = {"bf16_compiled": "bf16", "bnb_compiled_forced": "bitsandbytes", "nf4lab_compiled": "nf4lab"}
     parts = [f"{names.get(v, v)} {_fmt(r.get('tok_s'), '.1f')} tok/s [{span(r)}]" for v, r in ab.items()]
     b, o = ab.get("bnb_compiled_forced", {}).get("tok_s"), ab.get("nf4lab_compiled", {}).get("tok_s")
     f = ab.get("bf16_compiled", {}).get("tok_s")
