@@ -10,6 +10,12 @@ suspect: nf4lab's GEMV asks for 64 KB of shared memory per block, two blocks per
 kernel of the step for little or none; an SM that changes its L1/shared-memory split between two
 kernels must drain first.
 
+What it found first (H100, 2026-11-27 04:36, ``decode_gaps_2026-11-27_0436.json``, run as ``--shared-graphs``
+does now): all three NF4 models replayed bitsandbytes' GEMV (``gemm_4bit_simt``) in their decode graphs, nf4lab
+installed or not. Two models of one class share one compiled function in dynamo, and its CUDA graphs; so the
+interleaved compiled timing gives each model a class of its own (``models.own_classes``) and checks that
+nf4lab's graphs were recorded with nf4lab's ops.
+
 On four models in one process (bf16, and three NF4 twins: bitsandbytes' kernels, nf4lab's, and
 nf4lab's with the context's cache preference set to shared memory while it records and runs its graphs),
 this prints the interleaved compiled decode (models.compiled_interleaved_time) and, from one profiled
@@ -80,6 +86,9 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--layers", type=int, default=32)
     ap.add_argument("--tokens", type=int, default=16)
+    ap.add_argument("--shared-graphs", action="store_true",
+                    help="leave the models one class (one compiled function for all: how the 04:36 run found "
+                         "nf4lab's model replaying bitsandbytes' kernels)")
     args = ap.parse_args(argv)
     if not nf4lab.ON_GPU:
         print("decode_gaps: no CUDA GPU here", file=sys.stderr)
@@ -116,10 +125,14 @@ def main(argv=None) -> int:
     with contextlib.ExitStack() as stack:
         for v in ("bnb", "nf4lab", "nf4lab_prefer_shared"):
             stack.enter_context(models.forced_compileable(m[v]))
-        timed = models.compiled_interleaved_time(m, s, prompt, switch)
+        if not args.shared_graphs:
+            stack.enter_context(models.own_classes(m))
+        timed = models.compiled_interleaved_time(
+            m, s, prompt, switch, served=lambda: sum(n for (op, by), n in bnb_backend.calls.items() if by == "nf4lab"))
         for v, r in timed.items():
             print(f"{v:22s} {r['tok_s']:6.1f} tok/s  step {r.get('step_ms', 0):.2f} ms  GPU span of the call "
-                  f"{r.get('gpu_span_ms', 0):.2f} ms  host in the call {r.get('host_in_call_ms', 0):.2f} ms")
+                  f"{r.get('gpu_span_ms', 0):.2f} ms  host in the call {r.get('host_in_call_ms', 0):.2f} ms; nf4lab "
+                  f"op calls: {r['served_first_generate']} recording, {r['served_per_generate']} timed")
         cc = CompileConfig(fullgraph=True, mode="reduce-overhead")
         for v, model in m.items():
             switch[v]()

@@ -285,3 +285,20 @@ def test_compiled_decode_interleaves_three_models_and_probes_each_step():
     line = models.compiled_interleaved_line(recs)
     assert "2 rounds" in line and f"{got['a']['tok_s'] / got['b']['tok_s']:.2f}x bitsandbytes" in line
     assert models.eager_interleaved_line(recs) == ""   # compiled records are not the eager sentence's
+
+
+def test_own_classes_gives_each_model_a_type_of_its_own_and_restores_it():
+    """dynamo shares one compiled forward (and its CUDA graphs) between models of one class: the interleaved
+    compiled timing gives each its own subclass for the block, and the class back after, also on an error."""
+    class M:
+        pass
+
+    a, b = M(), M()
+    with models.own_classes({"x": a, "y": b}):
+        assert type(a) is not type(b) and isinstance(a, M) and isinstance(b, M)
+        assert type(a).__mro__[1] is M and type(a).__name__ == "M_x"
+    assert type(a) is M and type(b) is M
+    with pytest.raises(ZeroDivisionError):
+        with models.own_classes({"x": a}):
+            1 / 0
+    assert type(a) is M

@@ -418,6 +418,26 @@ class _StepProbe:
         return out
 
 
+@contextlib.contextmanager
+def own_classes(models_: dict):
+    """Give each model a subclass of its own for the block (and its class back after).
+
+    dynamo keys a compiled forward on the code and guards on the module's type and structure, not on the
+    object: two models of one class share one compiled function, and with it one tree of CUDA graphs.
+    Measured (H100, 2026-11-27 04:36, lab/decode_gaps.py): of three NF4 twins compiled in one process, the one
+    with nf4lab installed replayed bitsandbytes' GEMV kernels at every decode step. A type of its own
+    gives each model its own compiled function, graphs and kernels.
+    """
+    before = {v: type(m) for v, m in models_.items()}
+    for v, m in models_.items():
+        m.__class__ = type(f"{before[v].__name__}_{v}", (before[v],), {})
+    try:
+        yield models_
+    finally:
+        for v, m in models_.items():
+            m.__class__ = before[v]
+
+
 def compiled_interleaved_time(models_: dict, s: Settings, prompt, switch: dict, served=None) -> dict:
     """Compiled decode tok/s of several models in one process, their generates interleaved (ABC CBA by round).
 
@@ -427,8 +447,11 @@ def compiled_interleaved_time(models_: dict, s: Settings, prompt, switch: dict, 
     generates each; then per round one generate of N new tokens (T_N) and one of 1 (T_1) per variant, and
     tok/s = (N - 1) / (median T_N - median T_1) as in run_decode, and per round. A last round with the step
     probe on gives step_ms (median interval between decode steps), host_in_call_ms and gpu_span_ms.
-    ``served``: a function returning a count of the Python-side 4-bit op calls, sampled per timed generate
-    (a replayed CUDA graph runs none: a count that grows by more than the prefill's says a graph re-recorded).
+    ``served``: a function returning a count of the Python-side 4-bit op calls, sampled over the first generate
+    (which records the graphs: a model whose 4-bit ops the count follows must show more there than the prefill's
+    count of a later generate, else its decode graphs hold someone else's kernels) and per timed generate (a
+    replayed CUDA graph runs none: a count that grows by more than the prefill's says a graph re-recorded).
+    Call it inside :func:`own_classes` (each model compiled on its own).
     """
     import statistics
 
@@ -456,11 +479,12 @@ def compiled_interleaved_time(models_: dict, s: Settings, prompt, switch: dict, 
 
     from torch._dynamo.utils import counters
 
-    first, non_static = {}, {}
+    first, non_static, served_first = {}, {}, {}
     for v in names:   # the first generate compiles and records the CUDA graphs
-        c0 = counters["inductor"]["cudagraph_recorded_non_static_inputs"]
+        c0, f0 = counters["inductor"]["cudagraph_recorded_non_static_inputs"], served() if served else 0
         first[v] = gen(v, s.new_tokens)
         non_static[v] = counters["inductor"]["cudagraph_recorded_non_static_inputs"] - c0
+        served_first[v] = (served() if served else 0) - f0
     for v in names:
         gen(v, s.new_tokens)
     t_n = {v: [] for v in names}
@@ -485,7 +509,8 @@ def compiled_interleaved_time(models_: dict, s: Settings, prompt, switch: dict, 
         out[v] = {"tok_s": n1 / (a - b) if n1 > 0 and a > b else None,
                   "tok_s_rounds": [n1 / (x - y) if n1 > 0 and x > y else None for x, y in zip(t_n[v], t_1[v])],
                   "t_n_all": t_n[v], "t_1_all": t_1[v], "first_generate_s": first[v],
-                  "served_per_generate": grew[v], "graph_non_static_inputs": non_static[v], **steps[v]}
+                  "served_first_generate": served_first[v], "served_per_generate": grew[v],
+                  "graph_non_static_inputs": non_static[v], **steps[v]}
         if steps[v].get("step_ms"):
             out[v]["step_tok_s"] = 1e3 / steps[v]["step_ms"]
     return out
@@ -513,8 +538,12 @@ def _compiled_abc(bf16, nf4_bnb, nf4_ours, s: Settings, prompt, log, t_start) ->
     switch = {"bf16_compiled": nf4lab.uninstall, "bnb_compiled_forced": nf4lab.uninstall,
               "nf4lab_compiled": use_nf4lab}
     try:
-        with forced_compileable(nf4_bnb):
+        with forced_compileable(nf4_bnb), own_classes(models_):
             got = compiled_interleaved_time(models_, s, prompt, switch, served=nf4lab_calls)
+        r = got["nf4lab_compiled"]
+        if s.device != "cpu" and r["served_first_generate"] <= max(r["served_per_generate"], default=0):
+            raise RuntimeError(f"nf4lab's decode graphs were not recorded with nf4lab's ops: {r['served_first_generate']} "
+                               f"nf4lab op calls in the recording generate, {r['served_per_generate']} in the timed ones")
     except Exception as exc:
         return [dict(base, name=LABELS[COMPILED_ABC], variant=COMPILED_ABC, error=_err(exc))]
     finally:
