@@ -61,6 +61,7 @@ OTHER_KINDS = {"launch": ("name", "op", "host_us", "per_call_us"),
                "agreement": ("name", "a", "b", "free", "forced"),
                "qlora_agreement": ("name", "loss_equal"),
                "profile": ("name", "mode", "top_kernels"),
+               "decode_gaps": ("name", "tok_s", "step_ms", "busy_us", "span_us", "idle_us"),   # lab/decode_gaps.py
                "check": ("name", "shape", "dtype", "M", "ok", "worst_ratio")}   # tools/gpu_gemv_paths.py
 
 

@@ -707,7 +707,8 @@ def _child_argv(s: Settings, variant: str, dump: Path) -> list:
 def _run_isolated(s: Settings, variant: str, log, t_start):
     """One decode variant in a child process: (its record, its run with logits), or (an error record, None).
     A child starts from a clean process, so no variant inherits another's compiled graphs, CUDA-graph pools or
-    allocator state: in one process the order of the variants moved the compiled results by up to 1.3x."""
+    allocator state: in one process the order of the variants moved the compiled results by up to 1.3x (and
+    two models of one class share dynamo's compiled forward and its CUDA graphs: see own_classes)."""
     import subprocess
     import tempfile
 
