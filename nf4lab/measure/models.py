@@ -1107,6 +1107,7 @@ def add_arguments(p) -> None:
     p.add_argument("--cpu-compile", action="store_true", help="with --cpu-smoke: also the compiled variants")
     p.add_argument("--layers", type=int, help="override the number of layers")
     p.add_argument("--new-tokens", type=int, help="override the number of new tokens")
+    p.add_argument("--rounds", type=int, help="override the rounds of the interleaved runs (eager and compiled)")
     p.add_argument("--no-save", action="store_true", help="print only")
     p.add_argument("--name", help="results file name (default models, or models_quick with --quick); a run of "
                    "some variants (--only) under its own name leaves models.json whole")
@@ -1131,6 +1132,8 @@ def main(args) -> int:
         s.layers = args.layers
     if args.new_tokens:
         s.new_tokens = args.new_tokens
+    if args.rounds:
+        s.eager_rounds = s.compiled_rounds = args.rounds
     only = args.only
     if args.cpu_smoke and not args.cpu_compile:
         only = [v for v in (only or VARIANTS)
