@@ -332,6 +332,17 @@ def run_decode(model, s: Settings, prompt, forced_seq, compiled: bool) -> dict:
             "tok_s": (n - 1) / (t_n - t_1) if n > 1 and t_n > t_1 else None, "e2e_tok_s": n / t_n}
 
 
+def _interleaved_tok_s(t_n: list, t_1: list, new_tokens: int) -> dict:
+    """tok/s = (N - 1) / (median T_N - median T_1) over the rounds, and per round from that round's pair."""
+    import statistics
+
+    n1 = new_tokens - 1
+    a, b = statistics.median(t_n), statistics.median(t_1)
+    return {"tok_s": n1 / (a - b) if n1 > 0 and a > b else None,
+            "tok_s_rounds": [n1 / (x - y) if n1 > 0 and x > y else None for x, y in zip(t_n, t_1)],
+            "t_n_all": t_n, "t_1_all": t_1}
+
+
 def eager_interleaved_time(model, s: Settings, prompt, backends: dict) -> dict:
     """Eager decode tok/s per backend, the backends interleaved on one model (ABBA by round).
 
@@ -339,8 +350,6 @@ def eager_interleaved_time(model, s: Settings, prompt, backends: dict) -> dict:
     generate of N new tokens (T_N) and one of 1 (T_1, prefill and first token); round 0 warms up.
     tok/s = (N - 1) / (median T_N - median T_1), and per round from that round's pair.
     """
-    import statistics
-
     import torch
 
     kw = dict(do_sample=False, attention_mask=torch.ones_like(prompt), pad_token_id=0, eos_token_id=None)
@@ -357,14 +366,7 @@ def eager_interleaved_time(model, s: Settings, prompt, backends: dict) -> dict:
                 _sync(s.device)
                 if i:
                     store[v].append(time.perf_counter() - t)
-    n1 = s.new_tokens - 1
-    out = {}
-    for v in names:
-        a, b = statistics.median(t_n[v]), statistics.median(t_1[v])
-        out[v] = {"tok_s": n1 / (a - b) if n1 > 0 and a > b else None,
-                  "tok_s_rounds": [n1 / (x - y) if n1 > 0 and x > y else None for x, y in zip(t_n[v], t_1[v])],
-                  "t_n_all": t_n[v], "t_1_all": t_1[v]}
-    return out
+    return {v: _interleaved_tok_s(t_n[v], t_1[v], s.new_tokens) for v in names}
 
 
 class _StepProbe:
@@ -453,11 +455,10 @@ def compiled_interleaved_time(models_: dict, s: Settings, prompt, switch: dict, 
     replayed CUDA graph runs none: a count that grows by more than the prefill's says a graph re-recorded).
     Call it inside :func:`own_classes` (each model compiled on its own).
     """
-    import statistics
-
     import torch
     from transformers import CompileConfig, StaticCache
 
+    served = served or (lambda: 0)
     cuda = str(s.device).startswith("cuda")
     cc = CompileConfig(fullgraph=True, mode="reduce-overhead")
     if not cuda:
@@ -481,10 +482,10 @@ def compiled_interleaved_time(models_: dict, s: Settings, prompt, switch: dict, 
 
     first, non_static, served_first = {}, {}, {}
     for v in names:   # the first generate compiles and records the CUDA graphs
-        c0, f0 = counters["inductor"]["cudagraph_recorded_non_static_inputs"], served() if served else 0
+        c0, f0 = counters["inductor"]["cudagraph_recorded_non_static_inputs"], served()
         first[v] = gen(v, s.new_tokens)
         non_static[v] = counters["inductor"]["cudagraph_recorded_non_static_inputs"] - c0
-        served_first[v] = (served() if served else 0) - f0
+        served_first[v] = served() - f0
     for v in names:
         gen(v, s.new_tokens)
     t_n = {v: [] for v in names}
@@ -492,9 +493,9 @@ def compiled_interleaved_time(models_: dict, s: Settings, prompt, switch: dict, 
     grew = {v: [] for v in names}
     for i in range(s.compiled_rounds):
         for v in (names if i % 2 == 0 else names[::-1]):
-            c0 = served() if served else 0
+            c0 = served()
             t_n[v].append(gen(v, s.new_tokens))
-            grew[v].append((served() if served else 0) - c0)
+            grew[v].append(served() - c0)
             t_1[v].append(gen(v, 1))
     steps = {}
     for v in names:
@@ -502,24 +503,21 @@ def compiled_interleaved_time(models_: dict, s: Settings, prompt, switch: dict, 
         gen(v, s.new_tokens)
         probes[v].on = False
         steps[v] = probes[v].take()
-    n1 = s.new_tokens - 1
-    out = {}
-    for v in names:
-        a, b = statistics.median(t_n[v]), statistics.median(t_1[v])
-        out[v] = {"tok_s": n1 / (a - b) if n1 > 0 and a > b else None,
-                  "tok_s_rounds": [n1 / (x - y) if n1 > 0 and x > y else None for x, y in zip(t_n[v], t_1[v])],
-                  "t_n_all": t_n[v], "t_1_all": t_1[v], "first_generate_s": first[v],
-                  "served_first_generate": served_first[v], "served_per_generate": grew[v],
-                  "graph_non_static_inputs": non_static[v], **steps[v]}
-        if steps[v].get("step_ms"):
-            out[v]["step_tok_s"] = 1e3 / steps[v]["step_ms"]
-    return out
+    return {v: {**_interleaved_tok_s(t_n[v], t_1[v], s.new_tokens), "first_generate_s": first[v],
+                "served_first_generate": served_first[v], "served_per_generate": grew[v],
+                "graph_non_static_inputs": non_static[v], **steps[v]} for v in names}
+
+
+def nf4lab_op_calls() -> int:
+    """How many of bitsandbytes' 4-bit op calls nf4lab's kernels have served so far (its Python ran)."""
+    from ..kernels import bnb_backend
+
+    return sum(n for (op, by), n in bnb_backend.calls.items() if by.startswith("nf4lab"))
 
 
 def _compiled_abc(bf16, nf4_bnb, nf4_ours, s: Settings, prompt, log, t_start) -> list:
     """compiled_interleaved on three models; nf4_bnb and nf4_ours are two NF4 twins of one bf16 model."""
     import nf4lab
-    from ..kernels import bnb_backend
 
     log(f"[{time.perf_counter() - t_start:6.1f} s] {COMPILED_ABC}: bf16, bitsandbytes and nf4lab compiled, "
         "generate by generate ...")
@@ -531,15 +529,12 @@ def _compiled_abc(bf16, nf4_bnb, nf4_ours, s: Settings, prompt, log, t_start) ->
         if not nf4lab.installed() and s.device != "cpu":   # on CPU (the smoke test) bitsandbytes serves all
             raise RuntimeError("nf4lab.install() returned False")
 
-    def nf4lab_calls():
-        return sum(n for (op, by), n in bnb_backend.calls.items() if by.startswith("nf4lab"))
-
     models_ = {"bf16_compiled": bf16, "bnb_compiled_forced": nf4_bnb, "nf4lab_compiled": nf4_ours}
     switch = {"bf16_compiled": nf4lab.uninstall, "bnb_compiled_forced": nf4lab.uninstall,
               "nf4lab_compiled": use_nf4lab}
     try:
         with forced_compileable(nf4_bnb), own_classes(models_):
-            got = compiled_interleaved_time(models_, s, prompt, switch, served=nf4lab_calls)
+            got = compiled_interleaved_time(models_, s, prompt, switch, served=nf4lab_op_calls)
         r = got["nf4lab_compiled"]
         if s.device != "cpu" and r["served_first_generate"] <= max(r["served_per_generate"], default=0):
             raise RuntimeError(f"nf4lab's decode graphs were not recorded with nf4lab's ops: {r['served_first_generate']} "
@@ -999,9 +994,8 @@ def table(data: dict) -> str:
             x = r["tok_s"] / base if r["variant"].startswith("nf4lab") and base and r.get("tok_s") else None
             lines.append(f"| {r['name']} | {_fmt(r.get('tok_s'), '.1f')} | {_fmt(r.get('e2e_tok_s'), '.1f')} | "
                          f"{_fmt(r.get('compile_s'), '.0f')} | {_fmt(x, '.2f')} |")
-    for line in (compiled_interleaved_line(recs), eager_interleaved_line(recs)):
-        if line:
-            lines += ["", line]
+    for line in interleaved_lines(recs):
+        lines += ["", line]
     ql = [r for r in recs if r["kind"] == "qlora"]
     if ql:
         q0 = ql[0]
@@ -1051,6 +1045,11 @@ def eager_interleaved_line(recs) -> str:
     return (f"Eager decode, bitsandbytes and nf4lab interleaved generate by generate in one process "
             f"({r0['rounds']} rounds): bitsandbytes {_fmt(b, '.1f')} tok/s [{span(ab.get('bnb_eager', {}))}], "
             f"nf4lab {_fmt(o, '.1f')} tok/s [{span(ab.get('nf4lab_eager', {}))}]{x}.")
+
+
+def interleaved_lines(recs) -> list:
+    """The interleaved runs' sentences (compiled, then eager) that ``recs`` has records for."""
+    return [x for x in (compiled_interleaved_line(recs), eager_interleaved_line(recs)) if x]
 
 
 def compiled_interleaved_line(recs) -> str:
