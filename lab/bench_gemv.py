@@ -19,6 +19,7 @@ and copies of both under $OUT when that variable is set. Kernel records are name
     python lab/bench_gemv.py --shapes 4096x14336 --dtypes bf16 --ms 1 --no-save
     python lab/bench_gemv.py --variants TC 'TC B3 D1'   # only these variants
     python lab/bench_gemv.py --variants TC 'TC PP' --no-save   # the two-buffer step loop beside the shipped kernel
+    python lab/bench_gemv.py --variants TC 'TC grid tiles' 'TC grid 132' --no-save   # other grids, same kernel
 
 Variants after the first are timed on --variant-dtypes only (default bf16), to keep the run short:
 each variant is a separate compile (a few seconds each).
@@ -26,9 +27,11 @@ each variant is a separate compile (a few seconds each).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import itertools
 import json
 import os
+import re
 import shutil
 import sys
 import time
@@ -85,6 +88,11 @@ def variant_launches(mod, names=None, policies=None) -> dict:
         from lab import gemv_stats
 
         out["TC stats2"] = gemv_stats.launch  # M = 1: the statistics loaded in pairs (same bits)
+        for n in names:  # "TC grid 896": the shipped kernel on another persistent grid; "TC grid tiles": one tile a block
+            m = re.fullmatch(r"TC grid (\d+|tiles)", n)
+            if m:
+                out[n] = (lambda g, v=m.group(1): nf4lab.kernels.gemv.launch(
+                    dataclasses.replace(g, grid=-(-g.N // 16) if v == "tiles" else int(v))))
         missing = [n for n in names if n not in out]
         if missing:
             raise SystemExit(f"unknown variants {missing}; known: {list(out)}")
