@@ -91,10 +91,11 @@ def step_ops(is_bf16, M, base, nested=True):
 
 
 @functools.cache
-def make_kernel(is_bf16, M, base, nested=True, D=1, min_blocks=BLOCKS_PER_SM, xslot=True):
+def make_kernel(is_bf16, M, base, nested=True, D=1, min_blocks=BLOCKS_PER_SM, xslot=True, tile_sync=True):
     """The kernel for a dtype, batch M (1..8), table base (``probe_base()``) and kind of statistics; ``D`` (steps
     of loads in flight ahead), ``min_blocks`` (blocks per SM) and ``xslot`` (False: x from L1/L2 at each step, as
-    M > 1 does) are lab/gemv_mma.py's knobs."""
+    M > 1 does) are lab/gemv_mma.py's knobs; ``tile_sync=False`` drops the barrier before each tile's reduction
+    (wrong sums: lab/gemv_ablate.py times what the barrier costs)."""
     NT, WIDE = (M + 1) // 2, M > 1    # n-tiles of 8 columns (2 batch rows x 4 blocks); where a lane's pieces lie
     NACC, NCF, NB = 2 * NT, 4 * NT, FB * (D + 1)
     mma = mma_bf16 if is_bf16 else mma_f16
@@ -217,7 +218,8 @@ def make_kernel(is_bf16, M, base, nested=True, D=1, min_blocks=BLOCKS_PER_SM, xs
                 if m < uint32(M) and (q & uint32(1)) == uint32(0):
                     sm[spare(base + m * uint32(16) + g)] = ops.float_bits(a0)
                     sm[spare(base + m * uint32(16) + g + uint32(8))] = ops.float_bits(a1)
-            cuda.syncthreads()
+            if tile_sync:
+                cuda.syncthreads()
             if tid < uint32(16 * M):
                 first, v = uint32(parity * uint32(W * 16 * M) + tid), float32(0.0)
                 for w in range(W):
