@@ -107,6 +107,7 @@ class Settings:
     qlora_steps: int = 8
     eager_rounds: int = 4
     compiled_rounds: int = 4
+    profile_steps: bool = False     # compiled_interleaved: one more generate per model under cProfile (host_profile)
     lora_r: int = 16
     seed: int = 0
     device: str = "cuda"
@@ -378,13 +379,16 @@ class _StepProbe:
     """
 
     def __init__(self, model, cuda: bool):
-        self.on, self.cuda, self.host, self.events = False, cuda, [], []
+        self.on, self.cuda, self.host, self.events, self.profiler = False, cuda, [], [], None
         inner = model.get_compiled_call
 
         def get_compiled_call(*a, **k):
             f = inner(*a, **k)
 
             def step(*args, **kwargs):
+                if self.profiler is not None:   # host time only: the calls under cProfile, not timed
+                    self.host.append(None)
+                    return self.profiler.runcall(f, *args, **kwargs)
                 if not self.on:
                     return f(*args, **kwargs)
                 import torch
@@ -403,6 +407,21 @@ class _StepProbe:
             return step
 
         model.get_compiled_call = get_compiled_call
+
+    def host_profile(self, top=15) -> list:
+        """The functions with the most host time inside the compiled call, per decode step, from the calls made
+        while ``profiler`` was set (then cleared): [{fn, ncalls, tottime_ms, cumtime_ms}] by tottime."""
+        import pstats
+
+        steps, prof = len(self.host), self.profiler
+        self.host, self.profiler = [], None
+        if not steps:   # no compiled call was made (a model transformers would not compile)
+            return []
+        st = pstats.Stats(prof).stats   # {(file, line, name): (cc, nc, tt, ct, callers)}
+        rows = sorted(st.items(), key=lambda kv: -kv[1][2])[:top]
+        return [{"fn": f"{Path(fn).name}:{line}({name})", "ncalls": round(nc / steps, 1),
+                 "tottime_ms": round(tt * 1e3 / steps, 4), "cumtime_ms": round(ct * 1e3 / steps, 4)}
+                for (fn, line, name), (cc, nc, tt, ct, _) in rows]
 
     def take(self) -> dict:
         """Median step interval, host time in the call and GPU span (ms) of the calls since the last take."""
@@ -503,6 +522,13 @@ def compiled_interleaved_time(models_: dict, s: Settings, prompt, switch: dict, 
         gen(v, s.new_tokens)
         probes[v].on = False
         steps[v] = probes[v].take()
+    if s.profile_steps:
+        import cProfile
+
+        for v in names:
+            probes[v].profiler = cProfile.Profile()
+            gen(v, s.new_tokens)
+            steps[v]["host_profile"] = probes[v].host_profile()
     return {v: {**_interleaved_tok_s(t_n[v], t_1[v], s.new_tokens), "first_generate_s": first[v],
                 "served_first_generate": served_first[v], "served_per_generate": grew[v],
                 "graph_non_static_inputs": non_static[v], **steps[v]} for v in names}
@@ -550,6 +576,9 @@ def _compiled_abc(bf16, nf4_bnb, nf4_ours, s: Settings, prompt, log, t_start) ->
         recs.append(dict(base, name=LABELS[v], variant=v, **r))
         log(f"    {v}: {_fmt(r['tok_s'], '.1f')} tok/s; a step {_fmt(r.get('step_ms'), '.2f')} ms, "
             f"GPU span {_fmt(r.get('gpu_span_ms'), '.2f')} ms, host in the call {_fmt(r.get('host_in_call_ms'), '.2f')} ms")
+        for h in r.get("host_profile", ()):
+            log(f"      {h['tottime_ms']:8.4f} ms own, {h['cumtime_ms']:8.4f} ms with callees, {h['ncalls']:7.1f} calls a "
+                f"step: {h['fn']}")
     return recs
 
 
@@ -1108,6 +1137,9 @@ def add_arguments(p) -> None:
     p.add_argument("--new-tokens", type=int, help="override the number of new tokens")
     p.add_argument("--rounds", type=int, help="override the rounds of the interleaved runs (eager and compiled)")
     p.add_argument("--no-save", action="store_true", help="print only")
+    p.add_argument("--profile-steps", action="store_true",
+                   help="compiled_interleaved: one more generate per model with cProfile inside the compiled call (where "
+                        "its host time goes, per decode step: host_profile in the records)")
     p.add_argument("--name", help="results file name (default models, or models_quick with --quick); a run of "
                    "some variants (--only) under its own name leaves models.json whole")
     p.add_argument("--one-process", action="store_true",
@@ -1133,6 +1165,7 @@ def main(args) -> int:
         s.new_tokens = args.new_tokens
     if args.rounds:
         s.eager_rounds = s.compiled_rounds = args.rounds
+    s.profile_steps = args.profile_steps
     only = args.only
     if args.cpu_smoke and not args.cpu_compile:
         only = [v for v in (only or VARIANTS)
