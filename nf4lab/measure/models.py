@@ -108,6 +108,8 @@ class Settings:
     eager_rounds: int = 4
     compiled_rounds: int = 4
     profile_steps: bool = False     # compiled_interleaved: one more generate per model under cProfile (host_profile)
+    skip_guards: bool = False       # compiled_interleaved: after the warm-up, torch.compiler.set_stance(
+                                    # skip_guard_eval_unsafe=True) for every model alike
     lora_r: int = 16
     seed: int = 0
     device: str = "cuda"
@@ -507,6 +509,15 @@ def compiled_interleaved_time(models_: dict, s: Settings, prompt, switch: dict, 
         served_first[v] = served() - f0
     for v in names:
         gen(v, s.new_tokens)
+    stance = contextlib.nullcontext()
+    if s.skip_guards:  # every graph is recorded now: only the guards that tell the models' entries apart still run
+        stance = torch.compiler.set_stance("default", skip_guard_eval_unsafe=True)
+    with stance:
+        return _timed_rounds(s, names, gen, probes, served, first, served_first, non_static)
+
+
+def _timed_rounds(s, names, gen, probes, served, first, served_first, non_static) -> dict:
+    """compiled_interleaved_time's rounds, probe round and profile pass, after the warm-up (see there)."""
     t_n = {v: [] for v in names}
     t_1 = {v: [] for v in names}
     grew = {v: [] for v in names}
@@ -548,6 +559,7 @@ def _compiled_abc(bf16, nf4_bnb, nf4_ours, s: Settings, prompt, log, t_start) ->
     log(f"[{time.perf_counter() - t_start:6.1f} s] {COMPILED_ABC}: bf16, bitsandbytes and nf4lab compiled, "
         "generate by generate ...")
     base = {"kind": "decode_interleaved", "mode": "compiled", "rounds": s.compiled_rounds,
+            "guards": "skip_guard_eval_unsafe" if s.skip_guards else "default",
             "new_tokens": s.new_tokens, "batch": 1, "prompt_len": s.prompt_len}
 
     def use_nf4lab():
@@ -1097,7 +1109,9 @@ def compiled_interleaved_line(recs) -> str:
     x = (f" nf4lab: {o / b:.2f}x bitsandbytes" if b and o else "") + (f", {o / f:.2f}x bf16" if f and o else "")
     steps = [f"{names.get(v, v)} {_fmt(r.get('step_ms'), '.2f')} / {_fmt(r.get('gpu_span_ms'), '.2f')} / "
              f"{_fmt(r.get('host_in_call_ms'), '.2f')}" for v, r in ab.items() if r.get("step_ms")]
-    out = (f"Compiled decode, the three models in one process, generate by generate ({r0['rounds']} rounds): "
+    guards = (", dynamo's guards skipped after the warm-up for all three (set_stance skip_guard_eval_unsafe)"
+              if r0.get("guards") == "skip_guard_eval_unsafe" else "")
+    out = (f"Compiled decode, the three models in one process, generate by generate ({r0['rounds']} rounds{guards}): "
            + "; ".join(parts) + "." + (x + "." if x else ""))
     if steps:
         out += (" One decode step, ms (wall / GPU span of the compiled call / host time in the call): "
@@ -1140,6 +1154,10 @@ def add_arguments(p) -> None:
     p.add_argument("--profile-steps", action="store_true",
                    help="compiled_interleaved: one more generate per model with cProfile inside the compiled call (where "
                         "its host time goes, per decode step: host_profile in the records)")
+    p.add_argument("--skip-guards", action="store_true",
+                   help="compiled_interleaved: after the warm-up generates, torch.compiler.set_stance("
+                        "skip_guard_eval_unsafe=True) for all three models alike (dynamo then runs only the guards "
+                        "that choose between compiled entries)")
     p.add_argument("--name", help="results file name (default models, or models_quick with --quick); a run of "
                    "some variants (--only) under its own name leaves models.json whole")
     p.add_argument("--one-process", action="store_true",
@@ -1165,7 +1183,7 @@ def main(args) -> int:
         s.new_tokens = args.new_tokens
     if args.rounds:
         s.eager_rounds = s.compiled_rounds = args.rounds
-    s.profile_steps = args.profile_steps
+    s.profile_steps, s.skip_guards = args.profile_steps, args.skip_guards
     only = args.only
     if args.cpu_smoke and not args.cpu_compile:
         only = [v for v in (only or VARIANTS)
