@@ -227,7 +227,13 @@ def test_lab_pingpong_variant_gives_the_shipped_bits(case, slots, fetch_first):
     assert gemv.check(g.result(), gc, rounded_table=True).ok
 
 
-def test_lab_last_warp_reduction_gives_the_shipped_bits():
+# On a GPU also shapes where each block reuses every slot many times while its warps really race.
+LAST_WARP_CASES = [(33, 64, "fp16", 5, 1)] + ([(14336, 4096, "bf16", 1, 8), (4096, 1024, "fp16", 8, 2),
+                                             (1000, 2112, "bf16", 3, 3)] if nf4lab.ON_GPU else [])
+
+
+@pytest.mark.parametrize("N,K,dtype,M,grid", LAST_WARP_CASES)
+def test_lab_last_warp_reduction_gives_the_shipped_bits(N, K, dtype, M, grid):
     """make_kernel(last_warp=True) ("TC last" in lab/bench_gemv.py) sums each row tile in the warp that arrives last
     instead of after a block barrier, in the same warp order, so its output must be the shipped kernel's bits. M = 5
     leaves 2 slots of partial sums for 3 tiles in one block: the third tile reuses the first tile's slot and must wait
@@ -237,11 +243,11 @@ def test_lab_last_warp_reduction_gives_the_shipped_bits():
     sys.path.insert(0, str(ROOT))
     from lab import gemv_mma
 
-    gc, g = _case_buffers(33, 64, "fp16", M=5, dist="codes")
-    g.grid = 1
+    gc, g = _case_buffers(N, K, dtype, M=M, dist="codes")
+    g.grid = grid
     gemv.launch(g)
     shipped = g.result().copy()
-    g.y.copy_to_device(np.full(5 * 33, 0x7FBF, np.uint16))
+    g.y.copy_to_device(np.full(M * N, 0x7FBF, np.uint16))
     gemv_mma.launch(g, last_warp=True)
     assert np.array_equal(g.result(), shipped)
 
