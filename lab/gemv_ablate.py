@@ -16,9 +16,6 @@ anything. lab/bench_gemv.py times them by name, beside the shipped kernel ("TC")
 - ``+xg``: on the former kernel, x loaded from L1/L2 at each step (``make_kernel(xslot=False)``). The logs of
   2026-11-27 before 01:55 UTC ran before x's shared slot shipped: there a plain name is this former kernel and
   ``+xs`` the slot's;
-- ``TC -sync``: no barrier before each row tile's reduction (``make_kernel(tile_sync=False)``: the warps' partial
-  sums race, so the outputs are wrong): what the block-wide barrier per tile costs, which shapes with few steps per
-  tile (14336x4096: 2 a warp) pay more often;
 - combinations: ``TC -lut -mma``, ``TC -lut -x``, ``TC -mma -x``, ``TC -lut -mma -x`` (only the weight and
   statistics loads, their addressing and the block's reduction are left).
 
@@ -47,7 +44,7 @@ NAMES = ["TC " + " ".join(f"-{p}" for p in PARTS if p in combo) for combo in
           ("lut", "mma", "x", "stats"))]
 NAMES += [f"{n} D{d}" for n in ("TC -lut -mma -x", "TC -lut -mma -x -stats") for d in (0, 2, 3)]
 NAMES += [f"TC +xg{n[2:]}" for n in NAMES[:9]]
-NAMES += ["TC -sync", "TC -lut -mma -x -sync", "TC +l1", "TC -lut -mma -x +l1", "TC -lut -mma -x -stats +l1", "TC -lut -mma -x +wide",
+NAMES += ["TC +l1", "TC -lut -mma -x +l1", "TC -lut -mma -x -stats +l1", "TC -lut -mma -x +wide",
           "TC -lut -mma -x +wide +l1"]
 
 
@@ -122,8 +119,7 @@ def main() -> int:
     for name in ["TC"] + NAMES:
         parts, D = parse(name)
         with _patched(parts):
-            kern = gemv.make_kernel.__wrapped__(True, 1, 0x400, True, D, gemv.BLOCKS_PER_SM, "xg" not in parts,
-                                                "sync" not in parts)
+            kern = gemv.make_kernel.__wrapped__(True, 1, 0x400, True, D, gemv.BLOCKS_PER_SM, "xg" not in parts)
             stem = name.replace(" ", "").replace("-", "_")
             r = gemv_reports.sass_report(kern, gemv.signature(), 128, stem, workdir=work)
         ops_ = r["opcodes"]
@@ -143,7 +139,7 @@ def launch(g, parts, D=1):
     if kern is None:
         with _patched(parts):
             kern = gemv.make_kernel.__wrapped__(g.dtype == "bf16", g.M, gemv.probe_base(), g.nested, D,
-                                                gemv.BLOCKS_PER_SM, "xg" not in parts, "sync" not in parts)
+                                                gemv.BLOCKS_PER_SM, "xg" not in parts)
             gemv.prepare(kern, args)  # compiles now, while the parts are swapped
         _KERNELS[key] = kern
     kern[g.grid or gemv.grid_size(g.N), gemv.THREADS, g.stream, gemv.SMEM](*args)

@@ -4,8 +4,7 @@
 ahead of the one computed and launch bounds for ``blocks_per_sm`` 256-thread blocks per SM (the grid follows),
 optionally asking the driver for the largest shared-memory carveout. The defaults (2 blocks, D = 1, the
 driver's carveout) are what ships; lab/bench_gemv.py times the others as "TC B<blocks> D<D>" and
-"TC B2 D1 carve"; ``last_warp`` ("TC last") sums each row tile in the warp that finishes it last, with no
-block-wide barrier. What each measured is in lab/README.md. Two variants that lost are gone from the code
+"TC B2 D1 carve". What each measured is in lab/README.md. Two variants that lost are gone from the code
 (git has them): x loaded for both pieces at a step's start, and a table address with an add per lookup.
 """
 from __future__ import annotations
@@ -26,15 +25,15 @@ def _max_carveout(kern):
     kern._nf4lab_carveout = True
 
 
-def kernel(is_bf16, M, blocks_per_sm=gemv.BLOCKS_PER_SM, D=1, xslot=True, nested=True, last_warp=False):
-    return gemv.make_kernel(is_bf16, M, gemv.probe_base(), nested, D, max(blocks_per_sm, 1), xslot, True, last_warp)
+def kernel(is_bf16, M, blocks_per_sm=gemv.BLOCKS_PER_SM, D=1, xslot=True, nested=True):
+    return gemv.make_kernel(is_bf16, M, gemv.probe_base(), nested, D, max(blocks_per_sm, 1), xslot)
 
 
-def launch(g, blocks_per_sm=gemv.BLOCKS_PER_SM, D=1, carveout=False, xslot=True, last_warp=False):
+def launch(g, blocks_per_sm=gemv.BLOCKS_PER_SM, D=1, carveout=False, xslot=True):
     gemv.validate(g)
     args = (g.packed_u32, g.absmax_q, g.absmax2, g.code2, g.lut, g.offset, g.x_u32, g.y, g.N, g.K, g.bs_shift)
     nbytes = gemv.SMEM
-    kern = gemv.prepare(kernel(g.dtype == "bf16", g.M, blocks_per_sm, D, xslot, g.nested, last_warp), args, nbytes)
+    kern = gemv.prepare(kernel(g.dtype == "bf16", g.M, blocks_per_sm, D, xslot, g.nested), args, nbytes)
     if carveout:
         _max_carveout(kern)
     grid = g.grid or min(-(-g.N // 16), blocks_per_sm * gemv.sms())

@@ -227,31 +227,6 @@ def test_lab_pingpong_variant_gives_the_shipped_bits(case, slots, fetch_first):
     assert gemv.check(g.result(), gc, rounded_table=True).ok
 
 
-# On a GPU also shapes where each block reuses every slot many times while its warps really race.
-LAST_WARP_CASES = [(33, 64, "fp16", 5, 1)] + ([(14336, 4096, "bf16", 1, 8), (4096, 1024, "fp16", 8, 2),
-                                             (1000, 2112, "bf16", 3, 3)] if nf4lab.ON_GPU else [])
-
-
-@pytest.mark.parametrize("N,K,dtype,M,grid", LAST_WARP_CASES)
-def test_lab_last_warp_reduction_gives_the_shipped_bits(N, K, dtype, M, grid):
-    """make_kernel(last_warp=True) ("TC last" in lab/bench_gemv.py) sums each row tile in the warp that arrives last
-    instead of after a block barrier, in the same warp order, so its output must be the shipped kernel's bits. M = 5
-    leaves 2 slots of partial sums for 3 tiles in one block: the third tile reuses the first tile's slot and must wait
-    for it to be summed (a wrong wait gives wrong sums or hangs)."""
-    import sys
-
-    sys.path.insert(0, str(ROOT))
-    from lab import gemv_mma
-
-    gc, g = _case_buffers(N, K, dtype, M=M, dist="codes")
-    g.grid = grid
-    gemv.launch(g)
-    shipped = g.result().copy()
-    g.y.copy_to_device(np.full(M * N, 0x7FBF, np.uint16))
-    gemv_mma.launch(g, last_warp=True)
-    assert np.array_equal(g.result(), shipped)
-
-
 def test_tensor_core_tolerance_is_needed_and_explained():
     """The table rounding is real (the fp32-table tolerance fails on a heavy-tailed case) and is all there is:
     against a float64 reference built from the bf16-rounded table the error is output rounding only."""

@@ -17,8 +17,8 @@ from ..lesson import reference
 from . import arch, ops
 from .fastkernel import address
 from .warp_ops import (_lookup_at, default_base, f32_from_bits, load_stream_u32x4, lookup, mma_bf16,  # noqa: F401
-                       mma_f16, prmt, probe_base, shared_poll, shfl_sync, shfl_xor_sync, syncwarp, table_lookup, x_slot_ops)
-from numba import cuda, float32, int32, types, uint32, uint64  # noqa: E402  (globals the simulator swaps in kernels)
+                       mma_f16, prmt, probe_base, shfl_xor_sync, syncwarp, table_lookup, x_slot_ops)
+from numba import cuda, float32, types, uint32, uint64  # noqa: E402  (globals the simulator swaps in kernels)
 
 LLM_SHAPES = ((4096, 4096), (4096, 14336), (14336, 4096), (8192, 28672))  # (N, K) = W.shape
 TORCH_DTYPE = {"bf16": "bfloat16", "fp16": "float16"}
@@ -30,7 +30,6 @@ BLOCKS_PER_SM = 2               # 64 KB of shared memory and <= 128 registers ea
 # 16 values (row 8), code2 (rows 0..7: code2_word) and the warps' partial sums (rows 128..255: spare).
 LUT = (8 << 6) | 32             # value i at word LUT + i
 SMEM = 4 * 256 * 64             # dynamic shared memory of every launch: the whole table
-TALLY = (9 << 6) | 32           # last_warp: words TALLY + s count the warps in slot s, TALLY + 16 + s its tiles summed
 FB = 24                         # words per step in a lane's buffer: 16 code words, 4 absmax codes, 4 absmax2
 
 
@@ -92,23 +91,16 @@ def step_ops(is_bf16, M, base, nested=True):
 
 
 @functools.cache
-def make_kernel(is_bf16, M, base, nested=True, D=1, min_blocks=BLOCKS_PER_SM, xslot=True, tile_sync=True,
-                last_warp=False):
+def make_kernel(is_bf16, M, base, nested=True, D=1, min_blocks=BLOCKS_PER_SM, xslot=True):
     """The kernel for a dtype, batch M (1..8), table base (``probe_base()``) and kind of statistics; ``D`` (steps
     of loads in flight ahead), ``min_blocks`` (blocks per SM) and ``xslot`` (False: x from L1/L2 at each step, as
-    M > 1 does) are lab/gemv_mma.py's knobs; ``tile_sync=False`` drops the barrier before each tile's reduction
-    (wrong sums: lab/gemv_ablate.py times what the barrier costs); ``last_warp=True`` replaces that barrier: each
-    warp adds its partial sums to one of ``16 // M`` (a power of two) slots and counts itself in with a shared
-    atomic, and the warp that arrives last sums the slot (in warp order: the same bits) and writes y; a warp
-    reuses a slot only once that slot's earlier tile is summed."""
+    M > 1 does) are lab/gemv_mma.py's knobs."""
     NT, WIDE = (M + 1) // 2, M > 1    # n-tiles of 8 columns (2 batch rows x 4 blocks); where a lane's pieces lie
     NACC, NCF, NB = 2 * NT, 4 * NT, FB * (D + 1)
     mma = mma_bf16 if is_bf16 else mma_f16
     look, half_bits, fetch = step_ops(is_bf16, M, base, nested)
     XS = xslot and M == 1 and D == 1  # x through a shared slot per warp, a step ahead (warp_ops.x_slot_ops)
     x_quad, x_stash, x_read = x_slot_ops(base)
-    LAST = last_warp
-    P = 1 << ((16 // M).bit_length() - 1)   # slots of partial sums: P * W * 16 * M <= 2048 spare words
 
     @cuda.jit(launch_bounds=(THREADS, min_blocks))
     def gemv_tc(packed_u32, absmax_q, absmax2, code2, lut, offset, x_u32, y, N, K, bs_shift):
@@ -131,8 +123,6 @@ def make_kernel(is_bf16, M, base, nested=True, D=1, min_blocks=BLOCKS_PER_SM, xs
             cp = uint32(cp + uint32(W))
             if cp >= steps:
                 cp, tp = warp, uint32(tp + grid)
-        if LAST and tid < uint32(32):
-            sm[uint32(TALLY) + tid] = uint32(0)
         if tid < uint32(16):
             sm[uint32(LUT) + tid] = half_bits(lut[tid])
         if nested:
@@ -143,7 +133,7 @@ def make_kernel(is_bf16, M, base, nested=True, D=1, min_blocks=BLOCKS_PER_SM, xs
             e = i >> uint32(5)
             sm[(e << uint32(6)) | (i & uint32(31))] = sm[uint32(LUT) + (e >> uint32(4))] | (sm[uint32(LUT) + (e & uint32(15))] << uint32(16))
         cuda.syncthreads()
-        lane4, parity, jt = lane << uint32(2), uint32(0), uint32(0)
+        lane4, parity = lane << uint32(2), uint32(0)
         acc, cf, s = cuda.local.array(NACC, float32), cuda.local.array(NCF, float32), cuda.local.array(4, float32)
         A, xr = cuda.local.array(32, uint32), cuda.local.array(32, uint32)
         if XS:  # lanes that hold no x keep zeros; the others' x arrives through the slot
@@ -219,11 +209,6 @@ def make_kernel(is_bf16, M, base, nested=True, D=1, min_blocks=BLOCKS_PER_SM, xs
                 if tn != t:
                     break
             # the warps' partial sums of this tile meet in shared memory (lanes q, q ^ 1 hold the same batch row)
-            if LAST:   # the slot's tile of P tiles ago must be summed before this warp writes its partials
-                parity = jt & uint32(P - 1)
-                if jt >= uint32(P):
-                    while shared_poll(sm, uint32(TALLY + 16) + parity) != jt - uint32(P - 1):
-                        pass
             base = uint32(parity * uint32(W * 16 * M) + warp * uint32(16 * M))
             for nt in range(NT):
                 a0 = acc[2 * nt] + shfl_xor_sync(0xFFFFFFFF, acc[2 * nt], 1)
@@ -232,33 +217,7 @@ def make_kernel(is_bf16, M, base, nested=True, D=1, min_blocks=BLOCKS_PER_SM, xs
                 if m < uint32(M) and (q & uint32(1)) == uint32(0):
                     sm[spare(base + m * uint32(16) + g)] = ops.float_bits(a0)
                     sm[spare(base + m * uint32(16) + g + uint32(8))] = ops.float_bits(a1)
-            if LAST:
-                cuda.threadfence_block()
-                syncwarp()
-                arrived = uint32(0)
-                if lane == uint32(0):
-                    arrived = cuda.atomic.add(sm, uint32(TALLY) + parity, uint32(1))
-                if shfl_sync(0xFFFFFFFF, int32(arrived), 0) == int32(W - 1):   # the last of the W warps
-                    cuda.threadfence_block()
-                    for i0 in range(0, 16 * M, 32):
-                        i = uint32(lane + uint32(i0))
-                        if i < uint32(16 * M):
-                            first, v = uint32(parity * uint32(W * 16 * M) + i), float32(0.0)
-                            for w in range(W):
-                                v += f32_from_bits(sm[spare(first + uint32(w * 16 * M))])
-                            row = uint32(t * uint32(16) + (i & uint32(15)))
-                            if row < n:
-                                y[uint32((i >> uint32(4)) * n + row)] = half_bits(v)
-                    syncwarp()
-                    if lane == uint32(0):
-                        sm[uint32(TALLY) + parity] = uint32(0)
-                        cuda.threadfence_block()
-                        cuda.atomic.exch(sm, uint32(TALLY + 16) + parity, jt + uint32(1))
-                jt += uint32(1)
-                t = tn
-                continue
-            if tile_sync:
-                cuda.syncthreads()
+            cuda.syncthreads()
             if tid < uint32(16 * M):
                 first, v = uint32(parity * uint32(W * 16 * M) + tid), float32(0.0)
                 for w in range(W):

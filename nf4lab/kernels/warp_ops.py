@@ -8,7 +8,7 @@ functions with the same results, so a kernel reads the same in both modes.
   as two m16n8k8 and bf16 on the FP32 units from the warp's fragments (``_soft_mma``, about 3x the
   instructions); the simulator twin gathers the whole warp's fragments (``_py_warp_exchange``).
 - ``prmt``: the byte permute. ``lookup`` / ``table_lookup(base)``: a 32-bit shared load with the table's base
-  in the load's immediate; ``table_vec4(base)``: 128-bit shared loads and stores addressed the same way. ``shfl_xor_sync``, ``shfl_sync``, ``shared_poll``, ``syncwarp``, ``f32_from_bits``.
+  in the load's immediate; ``table_vec4(base)``: 128-bit shared loads and stores addressed the same way. ``shfl_xor_sync``, ``syncwarp``, ``f32_from_bits``.
 - ``load_stream_u32x4``: a read-only 128-bit load that does not allocate in L1.
 - ``probe_base()``: where dynamic shared memory starts in a block's shared window on this GPU.
 """
@@ -76,17 +76,6 @@ def _py_warp_exchange(value, source, name):
 
 def _py_shfl_xor_sync(mask, value, delta):
     return _py_warp_exchange(value, lambda lane: lane ^ int(delta), "shfl_xor_sync")
-
-
-def _py_shfl_sync(mask, value, src):
-    return _py_warp_exchange(value, lambda lane: int(src), "shfl_sync")
-
-
-def _py_shared_poll(arr, i):
-    import time
-
-    time.sleep(1e-3)  # a spinning simulator thread must let the threads it waits for run
-    return arr[i]
 
 
 def _py_syncwarp():
@@ -239,12 +228,11 @@ def _lookup_at(base):
 
 
 # nf4lab.measure.ptx pickles these by name, so that a PTX subprocess (compile mode) gets the device versions.
-DEVICE_OPS = ("mma_bf16", "mma_f16", "prmt", "lookup", "shfl_xor_sync", "shfl_sync", "shared_poll", "f32_from_bits", "load_stream_u32x4", "syncwarp",
+DEVICE_OPS = ("mma_bf16", "mma_f16", "prmt", "lookup", "shfl_xor_sync", "f32_from_bits", "load_stream_u32x4", "syncwarp",
               "shared_load4", "shared_store4")
 if runtime.SIMULATOR:
     mma_bf16, mma_f16 = functools.partial(_py_mma, True), functools.partial(_py_mma, False)
     prmt, lookup, shfl_xor_sync, dyn_base, syncwarp = _py_prmt, _py_lookup, _py_shfl_xor_sync, None, _py_syncwarp
-    shfl_sync, shared_poll = _py_shfl_sync, _py_shared_poll
     shared_load4, shared_store4 = _py_load4, _py_store4
     f32_from_bits, load_stream_u32x4 = _py_f32_from_bits, _py_load_stream_u32x4
 else:
@@ -255,13 +243,7 @@ else:
     def lookup(tab, off):  # the PTX tool's stand-in for the simulator's twin (any base assembles)
         return _lds_stand_in(off)
 
-    from numba import uint32 as _u32
-
-    shfl_xor_sync, shfl_sync = cuda.shfl_xor_sync, cuda.shfl_sync
-
-    @cuda.jit(device=True, inline="always")
-    def shared_poll(arr, i):  # a uint32 shared word that another warp may change: read by an atomic, never cached
-        return cuda.atomic.add(arr, i, _u32(0))
+    shfl_xor_sync = cuda.shfl_xor_sync
 
     @cuda.jit(device=True, inline="always")
     def syncwarp():
