@@ -36,7 +36,6 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 import nf4lab  # noqa: E402  (first: decides GPU or simulator)
-from nf4lab.kernels import bnb_backend  # noqa: E402
 from nf4lab.measure import models, results  # noqa: E402
 
 STEP_GAP_US = 300.0   # an idle time longer than this separates two decode steps (host time between them)
@@ -128,7 +127,7 @@ def main(argv=None) -> int:
         if not args.shared_graphs:
             stack.enter_context(models.own_classes(m))
         timed = models.compiled_interleaved_time(
-            m, s, prompt, switch, served=lambda: sum(n for (op, by), n in bnb_backend.calls.items() if by == "nf4lab"))
+            m, s, prompt, switch, served=models.nf4lab_op_calls)
         for v, r in timed.items():
             print(f"{v:22s} {r['tok_s']:6.1f} tok/s  step {r.get('step_ms', 0):.2f} ms  GPU span of the call "
                   f"{r.get('gpu_span_ms', 0):.2f} ms  host in the call {r.get('host_in_call_ms', 0):.2f} ms; nf4lab "

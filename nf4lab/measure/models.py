@@ -381,7 +381,8 @@ class _StepProbe:
     """
 
     def __init__(self, model, cuda: bool):
-        self.on, self.cuda, self.host, self.events, self.profiler = False, cuda, [], [], None
+        self.on, self.cuda, self.host, self.events = False, cuda, [], []
+        self.profiler, self.profiled = None, 0   # host_profile's cProfile and the calls it has seen
         inner = model.get_compiled_call
 
         def get_compiled_call(*a, **k):
@@ -389,7 +390,7 @@ class _StepProbe:
 
             def step(*args, **kwargs):
                 if self.profiler is not None:   # host time only: the calls under cProfile, not timed
-                    self.host.append(None)
+                    self.profiled += 1
                     return self.profiler.runcall(f, *args, **kwargs)
                 if not self.on:
                     return f(*args, **kwargs)
@@ -415,8 +416,8 @@ class _StepProbe:
         while ``profiler`` was set (then cleared): [{fn, ncalls, tottime_ms, cumtime_ms}] by tottime."""
         import pstats
 
-        steps, prof = len(self.host), self.profiler
-        self.host, self.profiler = [], None
+        steps, prof = self.profiled, self.profiler
+        self.profiler, self.profiled = None, 0
         if not steps:   # no compiled call was made (a model transformers would not compile)
             return []
         st = pstats.Stats(prof).stats   # {(file, line, name): (cc, nc, tt, ct, callers)}
@@ -512,34 +513,29 @@ def compiled_interleaved_time(models_: dict, s: Settings, prompt, switch: dict, 
     stance = contextlib.nullcontext()
     if s.skip_guards:  # every graph is recorded now: only the guards that tell the models' entries apart still run
         stance = torch.compiler.set_stance("default", skip_guard_eval_unsafe=True)
-    with stance:
-        return _timed_rounds(s, names, gen, probes, served, first, served_first, non_static)
-
-
-def _timed_rounds(s, names, gen, probes, served, first, served_first, non_static) -> dict:
-    """compiled_interleaved_time's rounds, probe round and profile pass, after the warm-up (see there)."""
     t_n = {v: [] for v in names}
     t_1 = {v: [] for v in names}
     grew = {v: [] for v in names}
-    for i in range(s.compiled_rounds):
-        for v in (names if i % 2 == 0 else names[::-1]):
-            c0 = served()
-            t_n[v].append(gen(v, s.new_tokens))
-            grew[v].append(served() - c0)
-            t_1[v].append(gen(v, 1))
     steps = {}
-    for v in names:
-        probes[v].on = True
-        gen(v, s.new_tokens)
-        probes[v].on = False
-        steps[v] = probes[v].take()
-    if s.profile_steps:
-        import cProfile
-
+    with stance:
+        for i in range(s.compiled_rounds):
+            for v in (names if i % 2 == 0 else names[::-1]):
+                c0 = served()
+                t_n[v].append(gen(v, s.new_tokens))
+                grew[v].append(served() - c0)
+                t_1[v].append(gen(v, 1))
         for v in names:
-            probes[v].profiler = cProfile.Profile()
+            probes[v].on = True
             gen(v, s.new_tokens)
-            steps[v]["host_profile"] = probes[v].host_profile()
+            probes[v].on = False
+            steps[v] = probes[v].take()
+        if s.profile_steps:
+            import cProfile
+
+            for v in names:
+                probes[v].profiler = cProfile.Profile()
+                gen(v, s.new_tokens)
+                steps[v]["host_profile"] = probes[v].host_profile()
     return {v: {**_interleaved_tok_s(t_n[v], t_1[v], s.new_tokens), "first_generate_s": first[v],
                 "served_first_generate": served_first[v], "served_per_generate": grew[v],
                 "graph_non_static_inputs": non_static[v], **steps[v]} for v in names}
