@@ -92,8 +92,8 @@ def exactness_lines(gpu) -> list:
 
 
 def gemv_tc_lines(gpu) -> list:
-    """The tensor-core GEMV (nf4lab.kernels.gemv): against the read bound of the same
-    session and bitsandbytes, one row of x and the batch (lab/bench_gemv.py -> 09_gemv_tc*.json)."""
+    """The tensor-core GEMV (nf4lab.kernels.gemv): against the latest recorded read bound of that GPU (each
+    record's time is printed: they need not be one session's) and bitsandbytes, one row of x and the batch (lab/bench_gemv.py -> 09_gemv_tc*.json)."""
     from nf4lab.measure import results
 
     run, bound = results.load("09_gemv_tc", gpu), results.load("09_read_bound", gpu)
@@ -109,7 +109,7 @@ def gemv_tc_lines(gpu) -> list:
 
     ours, ffma, bnb1 = default_kernel(run), "fused NF4 gemv (numba) [R2 S1", "bitsandbytes matmul_4bit gemv"
     lines = ["", f"Tensor-core GEMV (`nf4lab.kernels.gemv`), "
-             f"{results.label(run['meta'])}; the read bound from the same session ({results.label(bound['meta'])}):", "",
+             f"{results.label(run['meta'])}; the read bound, measured on its own ({results.label(bound['meta'])}):", "",
              "| W (N x K) | dtype | tensor-core us | read bound us | % of read bound | FFMA design us | bitsandbytes matmul_4bit us | x bitsandbytes |",
              "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
     for b in (q for q in bound["records"] if q["kind"] == "bound"):
