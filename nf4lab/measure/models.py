@@ -28,10 +28,13 @@ Variants (``--only`` picks some; names below):
     eager_interleaved    bnb_eager and nf4lab_eager once more, in this process, their generates interleaved
                          (ABBA, ``eager_rounds`` rounds after a warm-up): eager decode is bound by the host,
                          and a host whose speed drifts between two child processes moved their ratio
-    compiled_interleaved bf16_compiled, bnb_compiled_forced and nf4lab_compiled once more, in one process on
-                         three models (the bf16 one and two NF4 twins of it, each compiled and graph-captured
-                         by its own generate), their generates interleaved (ABC CBA, ``compiled_rounds``
-                         rounds after two warm-ups). Also per decode step: the step's wall time, the host time
+    compiled_interleaved bf16_compiled, bnb_compiled_forced and nf4lab_compiled once more, and
+                         bnb_compiled_lean (bitsandbytes' kernels under the Linear4bit forward and guard setting
+                         that compile_for_decode gives nf4lab: what the kernels alone change), in one process on
+                         four models (the bf16 one and three NF4 twins of it, each compiled and graph-captured
+                         by its own generate), their generates interleaved (ABCD DCBA, ``compiled_rounds``
+                         rounds after two warm-ups), with dynamo's dict-tag guards on for all (compile_for_decode
+                         turns them on process-wide). Also per decode step: the step's wall time, the host time
                          inside the compiled call, and its GPU span (CUDA events around the call)
     qlora_bnb            one QLoRA step (peft: prepare_model_for_kbit_training + LoRA r=16 on the seven
     qlora_nf4lab         projections, AdamW on the LoRA params), bitsandbytes' kernels / nf4lab installed
@@ -78,6 +81,7 @@ LABELS = {
     "bnb_compiled_forced": "bitsandbytes NF4, compiled (forced)",
     "nf4lab_eager": "nf4lab NF4, eager",
     "nf4lab_compiled": "nf4lab NF4, compiled",
+    "bnb_compiled_lean": "bitsandbytes NF4, compiled (forced), lean Linear4bit forward",
     EAGER_AB: "eager decode, bitsandbytes and nf4lab interleaved",
     COMPILED_ABC: "compiled decode, bf16, bitsandbytes and nf4lab interleaved",
     "qlora_bnb": "QLoRA step, bitsandbytes",
@@ -548,14 +552,17 @@ def nf4lab_op_calls() -> int:
     return sum(n for (op, by), n in bnb_backend.calls.items() if by.startswith("nf4lab"))
 
 
-def _compiled_abc(bf16, nf4_bnb, nf4_ours, s: Settings, prompt, log, t_start) -> list:
-    """compiled_interleaved on three models; nf4_bnb and nf4_ours are two NF4 twins of one bf16 model."""
-    import nf4lab
+def _compiled_abc(bf16, nf4_bnb, nf4_ours, nf4_lean, s: Settings, prompt, log, t_start) -> list:
+    """compiled_interleaved on four models; nf4_bnb, nf4_ours and nf4_lean are NF4 twins of one bf16 model."""
+    import torch
 
-    log(f"[{time.perf_counter() - t_start:6.1f} s] {COMPILED_ABC}: bf16, bitsandbytes and nf4lab compiled, "
-        "generate by generate ...")
+    import nf4lab
+    from ..kernels import bnb_backend, lean_linear
+
+    log(f"[{time.perf_counter() - t_start:6.1f} s] {COMPILED_ABC}: bf16, bitsandbytes (as forced and lean) and "
+        "nf4lab compiled, generate by generate ...")
     base = {"kind": "decode_interleaved", "mode": "compiled", "rounds": s.compiled_rounds,
-            "guards": "skip_guard_eval_unsafe" if s.skip_guards else "default",
+            "guards": "skip_guard_eval_unsafe" if s.skip_guards else "default", "guard_dict_tags": True,
             "new_tokens": s.new_tokens, "batch": 1, "prompt_len": s.prompt_len}
 
     def use_nf4lab():
@@ -563,11 +570,15 @@ def _compiled_abc(bf16, nf4_bnb, nf4_ours, s: Settings, prompt, log, t_start) ->
         if not nf4lab.installed() and s.device != "cpu":   # on CPU (the smoke test) bitsandbytes serves all
             raise RuntimeError("nf4lab.install() returned False")
 
-    models_ = {"bf16_compiled": bf16, "bnb_compiled_forced": nf4_bnb, "nf4lab_compiled": nf4_ours}
+    models_ = {"bf16_compiled": bf16, "bnb_compiled_forced": nf4_bnb, "bnb_compiled_lean": nf4_lean,
+               "nf4lab_compiled": nf4_ours}
     switch = {"bf16_compiled": nf4lab.uninstall, "bnb_compiled_forced": nf4lab.uninstall,
-              "nf4lab_compiled": use_nf4lab}
+              "bnb_compiled_lean": nf4lab.uninstall, "nf4lab_compiled": use_nf4lab}
     try:
-        with forced_compileable(nf4_bnb), own_classes(models_):
+        # the same guard setting for every model (compile_for_decode would turn it on at nf4lab's first generate)
+        with torch._dynamo.config.patch(use_recursive_dict_tags_for_guards=True), forced_compileable(nf4_bnb), \
+                forced_compileable(nf4_lean), own_classes(models_):
+            bnb_backend.prepare_for_compile(nf4_lean)
             got = compiled_interleaved_time(models_, s, prompt, switch, served=nf4lab_op_calls)
         r = got["nf4lab_compiled"]
         if s.device != "cpu" and r["served_first_generate"] <= max(r["served_per_generate"], default=0):
@@ -578,6 +589,7 @@ def _compiled_abc(bf16, nf4_bnb, nf4_ours, s: Settings, prompt, log, t_start) ->
     finally:
         nf4lab.uninstall()
         for m in models_.values():
+            lean_linear.restore(m)
             _reset_compiled(m)
     recs = []
     for v, r in got.items():
@@ -768,6 +780,7 @@ def run(s: Settings, only=None, log=print, isolate=False, dump=None) -> dict:
     import torch
 
     import nf4lab
+    from ..kernels import lean_linear
 
     t_start = time.perf_counter()
     # Nothing is downloaded: random weights, the config in code (the GPU machines have no network).
@@ -846,11 +859,11 @@ def run(s: Settings, only=None, log=print, isolate=False, dump=None) -> dict:
             nf4 = build_nf4(bf16, s)
             phase("build_nf4_s", t0)
         if COMPILED_ABC in want:
-            twin = build_nf4(bf16, s)
+            twin, twin2 = build_nf4(bf16, s), build_nf4(bf16, s)
             try:
-                records += _compiled_abc(bf16, nf4, twin, s, prompt, log, t_start)
+                records += _compiled_abc(bf16, nf4, twin, twin2, s, prompt, log, t_start)
             finally:
-                del twin
+                del twin, twin2
                 _free()
         del bf16
         bf16 = None
@@ -874,6 +887,7 @@ def run(s: Settings, only=None, log=print, isolate=False, dump=None) -> dict:
                     continue
                 decode(v, nf4, comp)
             nf4lab.uninstall()  # also gives the quantizer its class back
+            lean_linear.restore(nf4)  # the eager and QLoRA runs below: Linear4bit as transformers made it
             if EAGER_AB in want:
                 records += _eager_ab(nf4, s, prompt, log, t_start)
             if any(v in want for v in QLORA):
@@ -1098,16 +1112,20 @@ def compiled_interleaved_line(recs) -> str:
     if r0.get("error"):
         return f"Compiled decode, interleaved: failed: {r0['error'].splitlines()[0][:80]}"
     span = (lambda r: ", ".join(_fmt(x, ".1f") for x in r.get("tok_s_rounds", [])))
-    names = {"bf16_compiled": "bf16", "bnb_compiled_forced": "bitsandbytes", "nf4lab_compiled": "nf4lab"}
+    names = {"bf16_compiled": "bf16", "bnb_compiled_forced": "bitsandbytes",
+             "bnb_compiled_lean": "bitsandbytes with the lean forward", "nf4lab_compiled": "nf4lab"}
     parts = [f"{names.get(v, v)} {_fmt(r.get('tok_s'), '.1f')} tok/s [{span(r)}]" for v, r in ab.items()]
     b, o = ab.get("bnb_compiled_forced", {}).get("tok_s"), ab.get("nf4lab_compiled", {}).get("tok_s")
     f = ab.get("bf16_compiled", {}).get("tok_s")
-    x = (f" nf4lab: {o / b:.2f}x bitsandbytes" if b and o else "") + (f", {o / f:.2f}x bf16" if f and o else "")
+    lean = ab.get("bnb_compiled_lean", {}).get("tok_s")
+    x = ((f" nf4lab: {o / b:.2f}x bitsandbytes" if b and o else "") + (f", {o / f:.2f}x bf16" if f and o else "")
+         + (f", {o / lean:.2f}x bitsandbytes with the same lean forward (the kernels alone)" if lean and o else ""))
     steps = [f"{names.get(v, v)} {_fmt(r.get('step_ms'), '.2f')} / {_fmt(r.get('gpu_span_ms'), '.2f')} / "
              f"{_fmt(r.get('host_in_call_ms'), '.2f')}" for v, r in ab.items() if r.get("step_ms")]
-    guards = (", dynamo's guards skipped after the warm-up for all three (set_stance skip_guard_eval_unsafe)"
+    guards = (", dynamo's guards skipped after the warm-up for all (set_stance skip_guard_eval_unsafe)"
               if r0.get("guards") == "skip_guard_eval_unsafe" else "")
-    out = (f"Compiled decode, the three models in one process, generate by generate ({r0['rounds']} rounds{guards}): "
+    guards += ", dict-tag guards on for all" if r0.get("guard_dict_tags") else ""
+    out = (f"Compiled decode, the {len(ab)} models in one process, generate by generate ({r0['rounds']} rounds{guards}): "
            + "; ".join(parts) + "." + (x + "." if x else ""))
     if steps:
         out += (" One decode step, ms (wall / GPU span of the compiled call / host time in the call): "
