@@ -128,7 +128,7 @@ def guard_sources(mgr, out):
 @pytest.mark.parametrize("lean", [False, True])
 def test_compiled_guards_skip_quant_state(lean):
     """bitsandbytes' forward leaves guards on every quant_state tensor; the lean one none, and each lean
-    layer can be checked by dict tags: here the whole list is one root (the test fails on the unprepared model)."""
+    layer can be checked by dict tags (the test fails on the unprepared model)."""
     from torch._dynamo.eval_frame import _debug_get_cache_entry_list
 
     mods = torch.nn.ModuleList([layer(64, 64, seed=i) for i in range(3)])
@@ -151,7 +151,8 @@ def test_compiled_guards_skip_quant_state(lean):
     on_qs = [s for s, _ in srcs if "quant_state" in s]
     roots = [s for s, r in srcs if r]
     if lean:
-        assert not on_qs and roots == ["L['mods']"], (on_qs, roots)   # the whole list: one tag
+        # the whole list as one root (torch 2.13), or its layers one by one: no guard left under a root
+        assert not on_qs and roots and all(r.startswith("L['mods']") for r in roots), (on_qs, roots)
     else:
         assert len(on_qs) >= 3 * 5 and not roots
     torch._dynamo.reset()

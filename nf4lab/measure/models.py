@@ -466,7 +466,7 @@ def own_classes(models_: dict):
             m.__class__ = before[v]
 
 
-def compiled_interleaved_time(models_: dict, s: Settings, prompt, switch: dict, served=None) -> dict:
+def compiled_interleaved_time(models_: dict, s: Settings, prompt, switch: dict, served=None, dict_tags=None) -> dict:
     """Compiled decode tok/s of several models in one process, their generates interleaved (ABC CBA by round).
 
     ``models_`` maps a variant to its own model (each is compiled and its CUDA graphs recorded by its own
@@ -479,6 +479,9 @@ def compiled_interleaved_time(models_: dict, s: Settings, prompt, switch: dict, 
     (which records the graphs: a model whose 4-bit ops the count follows must show more there than the prefill's
     count of a later generate, else its decode graphs hold someone else's kernels) and per timed generate (a
     replayed CUDA graph runs none: a count that grows by more than the prefill's says a graph re-recorded).
+    ``dict_tags``: per variant, dynamo's ``use_recursive_dict_tags_for_guards`` for its generates (it is read when
+    a model's guards are built; each model gets its own: it halves bf16's guards, cuts nf4lab's lean layers' by 5x,
+    and makes bitsandbytes' own Linear4bit guards 1.7x slower, lab/guard_cost.py). Default: torch's setting.
     Call it inside :func:`own_classes` (each model compiled on its own).
     """
     import torch
@@ -495,14 +498,17 @@ def compiled_interleaved_time(models_: dict, s: Settings, prompt, switch: dict, 
     caches = {v: StaticCache(config=m.config, max_cache_len=s.prompt_len + s.new_tokens) for v, m in models_.items()}
     probes = {v: _StepProbe(m, cuda) for v, m in models_.items()}
 
+    tags = {v: (dict_tags or {}).get(v, torch._dynamo.config.use_recursive_dict_tags_for_guards) for v in models_}
+
     def gen(v, n):
-        switch[v]()
-        caches[v].reset()
-        _sync(s.device)
-        t = time.perf_counter()
-        models_[v].generate(prompt, max_new_tokens=n, min_new_tokens=n, past_key_values=caches[v], **kw)
-        _sync(s.device)
-        return time.perf_counter() - t
+        with torch._dynamo.config.patch(use_recursive_dict_tags_for_guards=tags[v]):
+            switch[v]()
+            caches[v].reset()
+            _sync(s.device)
+            t = time.perf_counter()
+            models_[v].generate(prompt, max_new_tokens=n, min_new_tokens=n, past_key_values=caches[v], **kw)
+            _sync(s.device)
+            return time.perf_counter() - t
 
     from torch._dynamo.utils import counters
 
@@ -542,7 +548,7 @@ def compiled_interleaved_time(models_: dict, s: Settings, prompt, switch: dict, 
                 steps[v]["host_profile"] = probes[v].host_profile()
     return {v: {**_interleaved_tok_s(t_n[v], t_1[v], s.new_tokens), "first_generate_s": first[v],
                 "served_first_generate": served_first[v], "served_per_generate": grew[v],
-                "graph_non_static_inputs": non_static[v], **steps[v]} for v in names}
+                "graph_non_static_inputs": non_static[v], "guard_dict_tags": tags[v], **steps[v]} for v in names}
 
 
 def nf4lab_op_calls() -> int:
@@ -562,7 +568,7 @@ def _compiled_abc(bf16, nf4_bnb, nf4_ours, nf4_lean, s: Settings, prompt, log, t
     log(f"[{time.perf_counter() - t_start:6.1f} s] {COMPILED_ABC}: bf16, bitsandbytes (as forced and lean) and "
         "nf4lab compiled, generate by generate ...")
     base = {"kind": "decode_interleaved", "mode": "compiled", "rounds": s.compiled_rounds,
-            "guards": "skip_guard_eval_unsafe" if s.skip_guards else "default", "guard_dict_tags": True,
+            "guards": "skip_guard_eval_unsafe" if s.skip_guards else "default",
             "new_tokens": s.new_tokens, "batch": 1, "prompt_len": s.prompt_len}
 
     def use_nf4lab():
@@ -575,11 +581,13 @@ def _compiled_abc(bf16, nf4_bnb, nf4_ours, nf4_lean, s: Settings, prompt, log, t
     switch = {"bf16_compiled": nf4lab.uninstall, "bnb_compiled_forced": nf4lab.uninstall,
               "bnb_compiled_lean": nf4lab.uninstall, "nf4lab_compiled": use_nf4lab}
     try:
-        # the same guard setting for every model (compile_for_decode would turn it on at nf4lab's first generate)
-        with torch._dynamo.config.patch(use_recursive_dict_tags_for_guards=True), forced_compileable(nf4_bnb), \
+        # each model under the guard setting that is faster for it (lab/guard_cost.py): bitsandbytes as forced
+        # keeps torch's default, as a user who forces the flag gets it
+        tags = {"bf16_compiled": True, "bnb_compiled_forced": False, "bnb_compiled_lean": True, "nf4lab_compiled": True}
+        with torch._dynamo.config.patch(use_recursive_dict_tags_for_guards=False), forced_compileable(nf4_bnb), \
                 forced_compileable(nf4_lean), own_classes(models_):
-            bnb_backend.prepare_for_compile(nf4_lean)
-            got = compiled_interleaved_time(models_, s, prompt, switch, served=nf4lab_op_calls)
+            bnb_backend.prepare_for_compile(nf4_lean)   # (its flag setting is undone by the patch)
+            got = compiled_interleaved_time(models_, s, prompt, switch, served=nf4lab_op_calls, dict_tags=tags)
         r = got["nf4lab_compiled"]
         if s.device != "cpu" and r["served_first_generate"] <= max(r["served_per_generate"], default=0):
             raise RuntimeError(f"nf4lab's decode graphs were not recorded with nf4lab's ops: {r['served_first_generate']} "
@@ -1124,7 +1132,10 @@ def compiled_interleaved_line(recs) -> str:
              f"{_fmt(r.get('host_in_call_ms'), '.2f')}" for v, r in ab.items() if r.get("step_ms")]
     guards = (", dynamo's guards skipped after the warm-up for all (set_stance skip_guard_eval_unsafe)"
               if r0.get("guards") == "skip_guard_eval_unsafe" else "")
-    guards += ", dict-tag guards on for all" if r0.get("guard_dict_tags") else ""
+    on = [names.get(v, v) for v, r in ab.items() if r.get("guard_dict_tags")]
+    if r0.get("guard_dict_tags") is not None:   # recorded per model since the lean forward came
+        guards += (", dynamo's dict-tag guards for " + ", ".join(on) if on else ", dynamo's default guards for all")
+        guards += ", its default guards for the others" if on and len(on) < len(ab) else ""
     out = (f"Compiled decode, the {len(ab)} models in one process, generate by generate ({r0['rounds']} rounds{guards}): "
            + "; ".join(parts) + "." + (x + "." if x else ""))
     if steps:
