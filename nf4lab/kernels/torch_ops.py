@@ -197,9 +197,10 @@ class _GemvLean:
 _GEMV_LEAN: dict = {}  # (M, dtype, device) -> _GemvLean, or False once it disagreed with the dispatcher
 
 
-def _lean_launch(lean, w, grid, x, M, out, smem=0):
+def _lean_launch(lean, w, grid, x, M, out, smem=0, device_index=None):
     # gemv_call has checked that x's device is the current one, so its index is not None
-    lean.launch(torch._C._cuda_getCurrentRawStream(x.device.index), grid, _gemv.THREADS, w.prefix, x.data_ptr(),
+    idx = x.device.index if device_index is None else device_index
+    lean.launch(torch._C._cuda_getCurrentRawStream(idx), grid, _gemv.THREADS, w.prefix, x.data_ptr(),
                 M * w.K // 2, out.data_ptr(), M * w.N, w.N, w.K, w.bs_shift, smem)
 
 
@@ -294,14 +295,16 @@ def gemv_call(x, packed, shape, absmax_q, absmax2, code2, offset, blocksize):
     if (x.dtype is not torch.bfloat16 and x.dtype is not torch.float16) or x.numel() > _gemv.MAX_M * x.shape[-1]:
         return None
     w = _weight(packed, shape, absmax_q, absmax2, code2, offset, blocksize)
-    if w is None or x.device != w.device or not x.is_contiguous() or x.data_ptr() % 16 or x.shape[-1] != w.K:
+    dev = x.device   # (a new torch.device object at each access: read once, the call is host-bound)
+    if w is None or dev != w.device or not x.is_contiguous() or x.data_ptr() % 16 or x.shape[-1] != w.K:
         return None
-    if x.device.index != torch._C._cuda_getDevice():  # torch.cuda.current_device() without its init check
+    idx = dev.index
+    if idx != torch._C._cuda_getDevice():  # torch.cuda.current_device() without its init check
         return None  # cuLaunchKernel runs in the current device's context, where this kernel is not loaded
     M = x.numel() // w.K
     if not 1 <= M <= _gemv.MAX_M:
         return None
-    out = torch.empty((*x.shape[:-1], w.N), dtype=x.dtype, device=x.device)
+    out = x.new_empty((*x.shape[:-1], w.N))   # x's dtype and device, without parsing them again
     hit = w.launches.get((M, x.dtype))
     if hit is None:
         grid = _gemv.grid_size(w.N)   # once per weight, M and dtype: w.launches keeps it
@@ -311,7 +314,7 @@ def gemv_call(x, packed, shape, absmax_q, absmax2, code2, offset, blocksize):
             _first_launch(key, grid, w, x, M, packed, absmax_q, absmax2, code2, blocksize, out)
             return out
         hit = w.launches[(M, x.dtype)] = (lean, grid, _gemv.SMEM)
-    _lean_launch(hit[0], w, hit[1], x, M, out, hit[2])
+    _lean_launch(hit[0], w, hit[1], x, M, out, hit[2], idx)
     return out
 
 
