@@ -622,6 +622,7 @@ def _eager_ab(nf4, s: Settings, prompt, log, t_start) -> list:
             "batch": 1, "prompt_len": s.prompt_len}
     try:
         got = eager_interleaved_time(nf4, s, prompt, {"bnb_eager": nf4lab.uninstall, "nf4lab_eager": use_nf4lab})
+        got["nf4lab_eager"]["op_calls_per_generate"] = _op_calls(nf4, s, prompt, use_nf4lab)
     except Exception as exc:
         return [dict(base, name=LABELS[EAGER_AB], variant=EAGER_AB, error=_err(exc))]
     finally:
@@ -629,8 +630,24 @@ def _eager_ab(nf4, s: Settings, prompt, log, t_start) -> list:
     recs = []
     for v, r in got.items():
         recs.append(dict(base, name=LABELS[v], variant=v, **r))
-        log(f"    {v}: {_fmt(r['tok_s'], '.1f')} tok/s")
+        log(f"    {v}: {_fmt(r['tok_s'], '.1f')} tok/s" + (f"; op calls in one generate: {r['op_calls_per_generate']}"
+                                                           if r.get("op_calls_per_generate") else ""))
     return recs
+
+
+def _op_calls(model, s: Settings, prompt, switch) -> dict:
+    """bitsandbytes' 4-bit op calls in one eager generate of N tokens, by op and by who served them (nf4lab's
+    kernels or bitsandbytes' after nf4lab's checks): a decode whose calls fall through to bitsandbytes pays both."""
+    import torch
+
+    from ..kernels import bnb_backend
+
+    switch()
+    c0 = dict(bnb_backend.calls)
+    model.generate(prompt, max_new_tokens=s.new_tokens, min_new_tokens=s.new_tokens, do_sample=False,
+                   attention_mask=torch.ones_like(prompt), pad_token_id=0, eos_token_id=None)
+    return {f"{op} by {who}": n - c0.get((op, who), 0) for (op, who), n in bnb_backend.calls.items()
+            if n != c0.get((op, who), 0)}
 
 
 # ---------------------------------------------------------------- QLoRA
