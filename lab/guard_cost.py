@@ -92,7 +92,8 @@ def main(argv=None) -> int:
     for kind in ("bf16", "bnb", "lean"):
         for tags in (False, True):
             us = guard_us(kind, tags, a.layers, a.repeats, device)
-            recs.append({"layer": kind, "dict_tags": tags, "layers": a.layers, "guard_check_us": round(us, 1),
+            recs.append({"kind": "guard_cost", "name": f"{kind}, dict tags {'on' if tags else 'off'}", "layer": kind,
+                         "dict_tags": tags, "layers": a.layers, "guard_check_us": round(us, 1),
                          "per_layer_us": round(us / a.layers, 3)})
             print(f"{kind:5s} dict tags {'on ' if tags else 'off'}: {us:8.1f} us a call, "
                   f"{us / a.layers:6.3f} us a layer ({a.layers} layers, {device})")

@@ -62,7 +62,8 @@ OTHER_KINDS = {"launch": ("name", "op", "host_us", "per_call_us"),
                "qlora_agreement": ("name", "loss_equal"),
                "profile": ("name", "mode", "top_kernels"),
                "decode_gaps": ("name", "tok_s", "step_ms", "busy_us", "span_us", "idle_us"),   # lab/decode_gaps.py
-               "check": ("name", "shape", "dtype", "M", "ok", "worst_ratio")}   # tools/gpu_gemv_paths.py
+               "check": ("name", "shape", "dtype", "M", "ok", "worst_ratio"),   # tools/gpu_gemv_paths.py
+               "guard_cost": ("name", "layer", "dict_tags", "guard_check_us", "per_layer_us")}   # lab/guard_cost.py
 
 
 def test_committed_results_have_the_documented_fields():
