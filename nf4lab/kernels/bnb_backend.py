@@ -281,7 +281,9 @@ def install(compile: bool = False) -> bool:
 
 def uninstall() -> None:
     """bitsandbytes exactly as before install(): our Library is destroyed, so the dispatcher serves
-    bitsandbytes' own registrations again; quantizers marked by compile_for_decode are unmarked."""
+    bitsandbytes' own registrations again; quantizers marked by compile_for_decode are unmarked. Models keep
+    compile_for_decode's lean Linear4bit forward (it calls bitsandbytes' own op, served by bitsandbytes again):
+    ``nf4lab.kernels.lean_linear.restore(model)`` gives their layers back their classes."""
     with _lock:
         lib = _state["lib"]
         if lib is not None:
