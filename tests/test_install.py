@@ -82,9 +82,14 @@ def test_compileable_mark_is_one_object_and_uninstall_removes_it():
     from transformers import BitsAndBytesConfig
 
     q, other = (tq.Bnb4BitHfQuantizer(BitsAndBytesConfig(load_in_4bit=True)) for _ in range(2))
-    model = type("M", (), {"hf_quantizer": q})()
-    # install() takes over bitsandbytes' CUDA ops only where a GPU is: without one the quantizer stays as it was
-    assert nf4lab.compile_for_decode(model) is model and q.is_compileable is runtime.ON_GPU
+    model = torch.nn.Module()
+    model.hf_quantizer, model.layer = q, bnb.nn.Linear4bit(64, 64)
+    # install() takes over bitsandbytes' CUDA ops only where a GPU is: without one the quantizer and the layers
+    # stay as they were
+    with torch._dynamo.config.patch(use_recursive_dict_tags_for_guards=False):   # (process-wide: put back after)
+        assert nf4lab.compile_for_decode(model) is model and q.is_compileable is runtime.ON_GPU
+        assert torch._dynamo.config.use_recursive_dict_tags_for_guards is runtime.ON_GPU
+    assert (type(model.layer).__name__ == "LeanLinear4bit") is runtime.ON_GPU
     bnb_backend._mark_compileable(q)
     bnb_backend._mark_compileable(q)  # twice: one subclass, not two
     assert q.is_compileable is True and isinstance(q, tq.Bnb4BitHfQuantizer)
