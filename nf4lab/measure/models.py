@@ -1,7 +1,8 @@
 """The proof on a real model: a Llama-3-8B-shaped transformers model, decode and QLoRA, bitsandbytes vs nf4lab.
 
     python -m nf4lab models --quick          # smoke test of every code path (4 layers, 16 tokens), about 4 min
-    python -m nf4lab models                  # the benchmark (32 layers, 64 tokens), about 9 min on an H100 (530 s, 2026-11-27)
+    python -m nf4lab models                  # the benchmark (32 layers, 64 tokens), about 11 min on an H100 (2026-11-27:
+                                             # 399 s without compiled_interleaved, which took 184-237 s)
     python -m nf4lab models --only bnb_eager nf4lab_eager
     python -m nf4lab models --cpu-smoke      # no GPU: a tiny 2-layer Llama on CPU, every path that CPU allows
 
