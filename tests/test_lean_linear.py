@@ -112,6 +112,31 @@ def test_snapshot_follows_a_new_weight_and_restore_undoes():
     assert lean_linear.restore(m) == 1 and type(m) is bnb.nn.Linear4bit and "_nf4lab_lean" not in m.__dict__
 
 
+def test_a_prepared_model_pickles_and_loads_in_a_fresh_process(tmp_path):
+    """torch.save(model) of a prepared model: the lean class is found by name where prepare() never ran."""
+    import subprocess
+    import sys
+
+    m = layer(64, 128)
+    x = torch.randn(2, 128, dtype=torch.bfloat16)
+    lean_linear.prepare(m)
+    with torch.no_grad():
+        want = m(x)
+    torch.save({"m": m, "x": x, "want": want}, tmp_path / "m.pt")
+    code = "\n".join([
+        "import sys, torch",
+        "d = torch.load(sys.argv[1], weights_only=False)",
+        "m = d['m']",
+        "assert type(m).__name__ == 'LeanLinear4bit' and m._nf4lab_lean, type(m)",
+        "with torch.no_grad():",
+        "    y = m(d['x'])",
+        "assert torch.equal(y.view(torch.int16), d['want'].view(torch.int16))",
+        "print('ok')"])
+    r = subprocess.run([sys.executable, "-c", code, str(tmp_path / "m.pt")], capture_output=True, text=True, timeout=300,
+                       env={**__import__("os").environ, "NF4LAB_MODE": "sim"})
+    assert r.returncode == 0 and "ok" in r.stdout, r.stderr[-2000:]
+
+
 def guard_sources(mgr, out):
     out.append((mgr.get_source(), mgr.is_tag_safe_root() if hasattr(mgr, "is_tag_safe_root") else False))
     for c in mgr.get_child_managers():

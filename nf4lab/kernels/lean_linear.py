@@ -92,10 +92,24 @@ def _apply(self, fn, *args, **kwargs):
 
 def _lean_class(cls):
     if cls not in _classes:
-        _classes[cls] = type(f"Lean{cls.__name__}", (cls,), {
+        name = f"Lean{cls.__name__}"
+        _classes[cls] = type(name, (cls,), {
             "forward": _lean_forward, "__setattr__": _setattr, "_apply": _apply, "_nf4lab_base": cls,
+            "__module__": __name__, "__qualname__": name,
             "__doc__": f"{cls.__name__} whose forward reads a snapshot of its quant_state (nf4lab.kernels.lean_linear)."})
     return _classes[cls]
+
+
+def __getattr__(name):
+    """``LeanLinear4bit`` and the like by name, made on demand: what pickle looks up when a prepared model is
+    loaded (``torch.save(model)``) in a process that has not called :func:`prepare`."""
+    if name.startswith("Lean"):
+        import bitsandbytes as bnb
+
+        base = getattr(bnb.nn, name[4:], None)
+        if isinstance(base, type) and issubclass(base, bnb.nn.Linear4bit):
+            return _lean_class(base)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def prepare(model) -> int:
