@@ -1,6 +1,7 @@
 """The lean Linear4bit forward (nf4lab.kernels.lean_linear): same bits as bitsandbytes' forward, falls back
 where it does not mirror it, follows weight changes, and leaves dynamo no guard on quant_state."""
 import contextlib
+import copy
 
 import pytest
 import torch
@@ -110,6 +111,18 @@ def test_snapshot_follows_a_new_weight_and_restore_undoes():
         m.weight = bnb.nn.Params4bit(torch.zeros(4, 4), requires_grad=False)   # not quantized: no snapshot
         assert m._nf4lab_lean is False
     assert lean_linear.restore(m) == 1 and type(m) is bnb.nn.Linear4bit and "_nf4lab_lean" not in m.__dict__
+
+
+def test_to_takes_a_new_snapshot(monkeypatch):
+    """.to() may give the weight a new quant_state (bitsandbytes moves it with the weight): the snapshot follows."""
+    m = layer(64, 128)
+    lean_linear.prepare(m)
+    old = m.weight.quant_state
+    moved = copy.deepcopy(old)   # new tensors, as a move to another device gives
+    assert moved.absmax is not old.absmax
+    monkeypatch.setattr(bnb.nn.Params4bit, "to", lambda self, *a, **k: (setattr(self, "quant_state", moved), self)[1])
+    m.to("cpu")
+    assert m.weight.quant_state is moved and m._nf4lab_absmax8 is moved.absmax and m._nf4lab_lean
 
 
 def test_a_prepared_model_pickles_and_loads_in_a_fresh_process(tmp_path):
