@@ -136,8 +136,7 @@ def main(argv=None) -> int:
         for v, model in m.items():
             switch[v]()
             cache = StaticCache(config=model.config, max_cache_len=s.prompt_len + s.new_tokens)
-            kw = dict(do_sample=False, attention_mask=torch.ones_like(prompt), pad_token_id=0, eos_token_id=None,
-                      compile_config=cc, past_key_values=cache)
+            kw = models.greedy_kw(prompt, compile_config=cc, past_key_values=cache)
             model.generate(prompt, max_new_tokens=s.new_tokens, min_new_tokens=s.new_tokens, **kw)
             cache.reset()
             torch.cuda.synchronize()

@@ -85,7 +85,7 @@ def profile_variant(name, model, s, prompt, mode, tokens) -> dict:
     counters.clear()
     bnb_backend.calls.clear()   # the ops served in this variant's calls only
     cache = StaticCache(config=model.config, max_cache_len=s.prompt_len + tokens + 1)
-    kw = dict(do_sample=False, attention_mask=torch.ones_like(prompt), pad_token_id=0, eos_token_id=None)
+    kw = models.greedy_kw(prompt)
     if mode != "eager":
         kw.update(compile_config=CompileConfig(fullgraph=True, mode=mode), past_key_values=cache)
 

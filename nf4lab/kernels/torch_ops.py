@@ -197,10 +197,9 @@ class _GemvLean:
 _GEMV_LEAN: dict = {}  # (M, dtype, device) -> _GemvLean, or False once it disagreed with the dispatcher
 
 
-def _lean_launch(lean, w, grid, x, M, out, smem=0, device_index=None):
-    # gemv_call has checked that x's device is the current one, so its index is not None
-    idx = x.device.index if device_index is None else device_index
-    lean.launch(torch._C._cuda_getCurrentRawStream(idx), grid, _gemv.THREADS, w.prefix, x.data_ptr(),
+def _lean_launch(lean, w, grid, x, M, out, smem, device_index):
+    # gemv_call has checked that x's device (device_index) is the current one, so the index is not None
+    lean.launch(torch._C._cuda_getCurrentRawStream(device_index), grid, _gemv.THREADS, w.prefix, x.data_ptr(),
                 M * w.K // 2, out.data_ptr(), M * w.N, w.N, w.K, w.bs_shift, smem)
 
 
@@ -218,7 +217,7 @@ def _first_launch(key, grid, w, x, M, packed, absmax_q, absmax2, code2, blocksiz
     try:
         lean = _GemvLean(next(iter(kern.overloads.values())))
         scratch = torch.full_like(out, float("nan"))
-        _lean_launch(lean, w, grid, x, M, scratch, _gemv.SMEM)
+        _lean_launch(lean, w, grid, x, M, scratch, _gemv.SMEM, x.device.index)
         torch.cuda.synchronize(x.device)
         same = torch.equal(scratch.view(torch.int16), out.view(torch.int16))
     except Exception as exc:  # an ABI surprise in a numba/cuda-bindings release: stay correct, be slow

@@ -34,8 +34,9 @@ Variants (``--only`` picks some; names below):
                          that compile_for_decode gives nf4lab: what the kernels alone change), in one process on
                          four models (the bf16 one and three NF4 twins of it, each compiled and graph-captured
                          by its own generate), their generates interleaved (ABCD DCBA, ``compiled_rounds``
-                         rounds after two warm-ups), with dynamo's dict-tag guards on for all (compile_for_decode
-                         turns them on process-wide). Also per decode step: the step's wall time, the host time
+                         rounds after two warm-ups), each model under the guard setting that is faster for it
+                         (dynamo's dict-tag guards for bf16 and the lean-forward models, torch's default for
+                         bitsandbytes as forced). Also per decode step: the step's wall time, the host time
                          inside the compiled call, and its GPU span (CUDA events around the call)
     qlora_bnb            one QLoRA step (peft: prepare_model_for_kbit_training + LoRA r=16 on the seven
     qlora_nf4lab         projections, AdamW on the LoRA params), bitsandbytes' kernels / nf4lab installed
@@ -277,6 +278,14 @@ def forced_compileable(model):
 
 
 # ---------------------------------------------------------------- decode
+def greedy_kw(prompt, **extra) -> dict:
+    """generate()'s keywords for every decode here: greedy, no stop token (every run makes exactly the tokens asked
+    for), the whole prompt attended; ``extra`` adds to them."""
+    import torch
+
+    return dict(do_sample=False, attention_mask=torch.ones_like(prompt), pad_token_id=0, eos_token_id=None, **extra)
+
+
 def _sync(device):
     import torch
 
@@ -304,8 +313,7 @@ def run_decode(model, s: Settings, prompt, forced_seq, compiled: bool) -> dict:
     import torch
     from transformers import CompileConfig, LogitsProcessorList, StaticCache
 
-    kw = dict(do_sample=False, attention_mask=torch.ones_like(prompt), pad_token_id=0, eos_token_id=None,
-              return_dict_in_generate=True, output_logits=True)
+    kw = greedy_kw(prompt, return_dict_in_generate=True, output_logits=True)
     cache = None
     if compiled:
         cc = CompileConfig(fullgraph=True, mode="reduce-overhead")
@@ -358,9 +366,7 @@ def eager_interleaved_time(model, s: Settings, prompt, backends: dict) -> dict:
     generate of N new tokens (T_N) and one of 1 (T_1, prefill and first token); round 0 warms up.
     tok/s = (N - 1) / (median T_N - median T_1), and per round from that round's pair.
     """
-    import torch
-
-    kw = dict(do_sample=False, attention_mask=torch.ones_like(prompt), pad_token_id=0, eos_token_id=None)
+    kw = greedy_kw(prompt)
     names = list(backends)
     t_n = {v: [] for v in names}
     t_1 = {v: [] for v in names}
@@ -493,8 +499,7 @@ def compiled_interleaved_time(models_: dict, s: Settings, prompt, switch: dict, 
     cc = CompileConfig(fullgraph=True, mode="reduce-overhead")
     if not cuda:
         cc._compile_all_devices = True
-    kw = dict(do_sample=False, attention_mask=torch.ones_like(prompt), pad_token_id=0, eos_token_id=None,
-              compile_config=cc)
+    kw = greedy_kw(prompt, compile_config=cc)
     names = list(models_)
     caches = {v: StaticCache(config=m.config, max_cache_len=s.prompt_len + s.new_tokens) for v, m in models_.items()}
     probes = {v: _StepProbe(m, cuda) for v, m in models_.items()}
@@ -639,14 +644,11 @@ def _eager_ab(nf4, s: Settings, prompt, log, t_start) -> list:
 def _op_calls(model, s: Settings, prompt, switch) -> dict:
     """bitsandbytes' 4-bit op calls in one eager generate of N tokens, by op and by who served them (nf4lab's
     kernels or bitsandbytes' after nf4lab's checks): a decode whose calls fall through to bitsandbytes pays both."""
-    import torch
-
     from ..kernels import bnb_backend
 
     switch()
     c0 = dict(bnb_backend.calls)
-    model.generate(prompt, max_new_tokens=s.new_tokens, min_new_tokens=s.new_tokens, do_sample=False,
-                   attention_mask=torch.ones_like(prompt), pad_token_id=0, eos_token_id=None)
+    model.generate(prompt, max_new_tokens=s.new_tokens, min_new_tokens=s.new_tokens, **greedy_kw(prompt))
     return {f"{op} by {who}": n - c0.get((op, who), 0) for (op, who), n in bnb_backend.calls.items()
             if n != c0.get((op, who), 0)}
 
@@ -1199,7 +1201,7 @@ def add_arguments(p) -> None:
                         "its host time goes, per decode step: host_profile in the records)")
     p.add_argument("--skip-guards", action="store_true",
                    help="compiled_interleaved: after the warm-up generates, torch.compiler.set_stance("
-                        "skip_guard_eval_unsafe=True) for all three models alike (dynamo then runs only the guards "
+                        "skip_guard_eval_unsafe=True) for every model alike (dynamo then runs only the guards "
                         "that choose between compiled entries)")
     p.add_argument("--name", help="results file name (default models, or models_quick with --quick); a run of "
                    "some variants (--only) under its own name leaves models.json whole")
