@@ -127,6 +127,7 @@ def test_to_takes_a_new_snapshot(monkeypatch):
 
 def test_a_prepared_model_pickles_and_loads_in_a_fresh_process(tmp_path):
     """torch.save(model) of a prepared model: the lean class is found by name where prepare() never ran."""
+    import os
     import subprocess
     import sys
 
@@ -146,7 +147,7 @@ def test_a_prepared_model_pickles_and_loads_in_a_fresh_process(tmp_path):
         "assert torch.equal(y.view(torch.int16), d['want'].view(torch.int16))",
         "print('ok')"])
     r = subprocess.run([sys.executable, "-c", code, str(tmp_path / "m.pt")], capture_output=True, text=True, timeout=300,
-                       env={**__import__("os").environ, "NF4LAB_MODE": "sim"})
+                       env={**os.environ, "NF4LAB_MODE": "sim"})
     assert r.returncode == 0 and "ok" in r.stdout, r.stderr[-2000:]
 
 
