@@ -351,6 +351,35 @@ def test_gpu_installed_gemv_within_tolerance(M, dtype, clean):
 
 
 @gpu
+@pytest.mark.parametrize("M", [1, 3])
+def test_gpu_lean_gemv_reads_each_calls_x_and_writes_its_own_y(M):
+    """Once a weight's launch block is cached, every call must bring its own x and y pointers into it: the same
+    bits as numba's launch of the same kernel for x's at other addresses, on another stream too (a stale slot
+    would give the first call's y or write over it). Fails if the block's x or y slot is not written per call."""
+    from nf4lab.kernels import gemv, torch_ops
+
+    N, K = 1024, 2048
+    packed, qs = gpu_quantize((N, K), "bf16")
+    args = (packed, qs.shape, qs.absmax, qs.state2.absmax, qs.state2.code, qs.offset, qs.blocksize)
+    xs = [torch.randn(M, K, device="cuda").to(torch.bfloat16) for _ in range(4)]
+    ys = []
+    for i, x in enumerate(xs):
+        s = torch.cuda.Stream() if i == 3 else torch.cuda.current_stream()
+        s.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(s):
+            ys.append(torch_ops.gemv_call(x, *args))
+        s.synchronize()
+    w = torch_ops._weight(*args[:6], qs.blocksize)
+    assert (M, torch.bfloat16) in w.launches, "the lean launch block was not taken (see the RuntimeWarning)"
+    for x, y in zip(xs, ys):
+        want = torch.empty_like(y)
+        gemv.launch_torch(x, *args[:5], torch_ops.offset_value(qs.offset), qs.blocksize, want)
+        torch.cuda.synchronize()
+        assert torch.equal(y.view(torch.int16), want.view(torch.int16))
+    assert not torch.equal(ys[1], ys[2])
+
+
+@gpu
 def test_gpu_linear4bit_compiled_installed_forward_and_backward(clean):
     torch.manual_seed(0)
     lin = bnb.nn.Linear4bit(1024, 512, bias=True, compute_dtype=torch.bfloat16, quant_type="nf4").cuda()

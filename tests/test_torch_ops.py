@@ -152,3 +152,32 @@ def test_gemv_lean_parameter_block_is_numbas_layout():
         assert slots[base:base + 7].tolist() == [0, 0, count, size, ptr, count, size]
     assert np.frombuffer(bytes(buf[35 * 8:36 * 8]), dtype=np.float32).tolist() == [0.25, 0.0]
     assert slots[50:].tolist() == [4096, 14336, 6]
+
+
+def test_gemv_launch_block_writes_only_x_and_y_and_launches_the_whole_block():
+    """A weight's parameter block at one batch size (torch_ops._Block): built once with every slot but x's and
+    y's pointers, then each call writes those two. What cuLaunchKernel receives (the pointer array's targets)
+    must be, byte for byte, the block that ``pack`` writes with this call's pointers."""
+    import ctypes
+    import threading
+    from types import SimpleNamespace
+
+    from nf4lab.kernels.torch_ops import _Block, _GemvLean
+
+    seen = []
+
+    def fake_launch(func, grid, threads, stream, params, smem):
+        ptrs = (ctypes.c_uint64 * 53).from_address(params)
+        seen.append((func, grid, threads, stream, smem, b"".join(ctypes.string_at(p, 8) for p in ptrs)))
+        return 0
+
+    lean = SimpleNamespace(_lock=threading.Lock(), _launch=fake_launch, _func=77)
+    M, N, K = 3, 4096, 14336
+    prefix = _GemvLean.prefix((1000, 2000, 3000, 4000, 5000), (11, 12, 13, 14, 16), -0.125)
+    blk = _Block(lean, SimpleNamespace(prefix=prefix, N=N, K=K, bs_shift=6), M, 264, 65536)
+    for xp, yp in ((0x7F0000001000, 0x7F0000002000), (0x7F0000003000, 0x7F0000004000)):
+        blk(5, xp, yp)
+        want = bytearray(_GemvLean.LAYOUT.size)
+        _GemvLean.pack(want, prefix, xp, M * K // 2, yp, M * N, N, K, 6)
+        assert seen[-1][:5] == (77, 264, 256, 5, 65536)
+        assert seen[-1][5] == bytes(want)

@@ -150,27 +150,22 @@ class _GemvLean:
     nitems, itemsize, data, shape[0], strides[0]), one slot per scalar (the float32 offset in
     the low 4 bytes). Real sizes are written, so the kernel may read shapes.
 
-    The slots of the weight's five arrays and the offset (the :meth:`prefix`) are the same for
-    every call on one weight: a caller keeps them, and a launch packs them with x's and y's slots
-    in one ``struct.pack_into``."""
+    For one weight and batch size only x's and y's pointers change from call to call: each such pair
+    keeps a :class:`_Block` with every other slot written once, and a launch writes two slots."""
 
     ITEMSIZES = (4, 1, 4, 4, 4, 4, 2)  # packed_u32, absmax_q, absmax2, code2, lut, x_u32, y
     # argument order: packed_u32 absmax_q absmax2 code2 lut | offset | x_u32 y | N K bs_shift
     LAYOUT = struct.Struct("<" + "q" * 35 + "f4x" + "q" * 17)
+    X_DATA, Y_DATA = 36 + 4, 43 + 4    # the slots of x_u32's and y's data pointers
 
     def __init__(self, compiled):
-        import ctypes
         import threading
 
         from .fastkernel import driver_launch
 
         self._launch = driver_launch()
         self._func = int(compiled._codelibrary.get_cufunc().handle)
-        self._buf = ctypes.create_string_buffer(self.LAYOUT.size)
-        base = ctypes.addressof(self._buf)
-        self._params = (ctypes.c_uint64 * 53)(*(base + 8 * i for i in range(53)))
-        self._params_addr = ctypes.addressof(self._params)
-        self._lock = threading.Lock()
+        self._lock = threading.Lock()   # a block's two slots and its launch, one thread at a time
 
     @classmethod
     def prefix(cls, ptrs, counts, offset) -> tuple:
@@ -186,21 +181,39 @@ class _GemvLean:
         cls.LAYOUT.pack_into(buf, 0, *prefix, 0, 0, x_count, 4, x_ptr, x_count, 4,
                              0, 0, y_count, 2, y_ptr, y_count, 2, N, K, bs_shift)
 
-    def launch(self, stream, grid, threads, prefix, x_ptr, x_count, y_ptr, y_count, N, K, bs_shift, smem=0):
-        with self._lock:
-            self.pack(self._buf, prefix, x_ptr, x_count, y_ptr, y_count, N, K, bs_shift)
-            err = self._launch(self._func, grid, threads, stream, self._params_addr, smem)
+    def block(self, w, M, grid, smem):
+        """The parameter block of weight ``w`` (a :class:`_Weight`) at batch size M."""
+        return _Block(self, w, M, grid, smem)
+
+
+class _Block:
+    """One weight's launch at one batch size: the whole parameter block in a buffer of its own, with x's and
+    y's pointers the only slots a call writes (two 8-byte stores into a memoryview, no packing)."""
+
+    __slots__ = ("lean", "grid", "smem", "buf", "params", "params_addr", "view")
+
+    def __init__(self, lean, w, M, grid, smem):
+        import ctypes
+
+        self.lean, self.grid, self.smem = lean, grid, smem
+        self.buf = ctypes.create_string_buffer(_GemvLean.LAYOUT.size)
+        _GemvLean.pack(self.buf, w.prefix, 0, M * w.K // 2, 0, M * w.N, w.N, w.K, w.bs_shift)
+        base = ctypes.addressof(self.buf)
+        self.params = (ctypes.c_uint64 * 53)(*(base + 8 * i for i in range(53)))
+        self.params_addr = ctypes.addressof(self.params)
+        self.view = memoryview(self.buf).cast("B").cast("q")
+
+    def __call__(self, stream, x_ptr, y_ptr):
+        lean, v = self.lean, self.view
+        with lean._lock:
+            v[_GemvLean.X_DATA] = x_ptr
+            v[_GemvLean.Y_DATA] = y_ptr
+            err = lean._launch(lean._func, self.grid, _gemv.THREADS, stream, self.params_addr, self.smem)
         if err:
             raise RuntimeError(f"cuLaunchKernel failed: CUresult {err}")
 
 
 _GEMV_LEAN: dict = {}  # (M, dtype, device) -> _GemvLean, or False once it disagreed with the dispatcher
-
-
-def _lean_launch(lean, w, grid, x, M, out, smem, device_index):
-    # gemv_call has checked that x's device (device_index) is the current one, so the index is not None
-    lean.launch(torch._C._cuda_getCurrentRawStream(device_index), grid, _gemv.THREADS, w.prefix, x.data_ptr(),
-                M * w.K // 2, out.data_ptr(), M * w.N, w.N, w.K, w.bs_shift, smem)
 
 
 def _first_launch(key, grid, w, x, M, packed, absmax_q, absmax2, code2, blocksize, out):
@@ -217,7 +230,8 @@ def _first_launch(key, grid, w, x, M, packed, absmax_q, absmax2, code2, blocksiz
     try:
         lean = _GemvLean(next(iter(kern.overloads.values())))
         scratch = torch.full_like(out, float("nan"))
-        _lean_launch(lean, w, grid, x, M, scratch, _gemv.SMEM, x.device.index)
+        idx = x.get_device()
+        lean.block(w, M, grid, _gemv.SMEM)(torch._C._cuda_getCurrentRawStream(idx), x.data_ptr(), scratch.data_ptr())
         torch.cuda.synchronize(x.device)
         same = torch.equal(scratch.view(torch.int16), out.view(torch.int16))
     except Exception as exc:  # an ABI surprise in a numba/cuda-bindings release: stay correct, be slow
@@ -236,7 +250,7 @@ class _Weight:
     """What never changes for one quantized weight: checked once, then reused by every call on it."""
 
     __slots__ = ("ref", "ptr", "shape", "shape_obj", "blocksize", "absmax2", "code2", "offset", "version", "device",
-                 "prefix", "N", "K", "bs_shift", "launches", "__weakref__")
+                 "device_index", "prefix", "N", "K", "bs_shift", "launches", "__weakref__")
 
 
 _WEIGHTS: dict = {}  # id(absmax_q) -> _Weight (bitsandbytes passes a fresh view of the packed bytes each call)
@@ -262,9 +276,9 @@ def _weight(packed, shape, absmax_q, absmax2, code2, offset, blocksize):
     key = id(absmax_q)
     w.ref = weakref.ref(absmax_q, lambda _, k=key: _WEIGHTS.pop(k, None))
     w.ptr, w.shape, w.shape_obj, w.blocksize = packed.data_ptr(), tuple(int(v) for v in shape), shape, blocksize
-    w.launches = {}  # (M, x dtype) -> (lean launcher, grid, dynamic smem), once that design's launcher is checked
+    w.launches = {}  # (M, x dtype) -> its _Block, once that kernel's lean launcher is checked
     w.absmax2, w.code2, w.offset, w.version = absmax2, code2, offset, _offset_version(offset)
-    w.device = packed.device
+    w.device, w.device_index = packed.device, packed.get_device()
     w.N, w.K = w.shape
     w.bs_shift = int(blocksize).bit_length() - 1
     lut = _dq._device_lut("nf4", packed.device)
@@ -290,30 +304,38 @@ def _weight_handled(packed, shape, absmax_q, absmax2, code2, blocksize) -> bool:
 def gemv_call(x, packed, shape, absmax_q, absmax2, code2, offset, blocksize):
     """``x @ W.T`` on the fused GEMV as a new tensor, or None where it does not apply (the caller then
     serves the call another way). The per-call work once a weight is known: x's checks, one empty
-    tensor, one packed parameter block and ``cuLaunchKernel``; what the weight needs is cached."""
-    if (x.dtype is not torch.bfloat16 and x.dtype is not torch.float16) or x.numel() > _gemv.MAX_M * x.shape[-1]:
+    tensor and ``cuLaunchKernel`` on the weight's parameter block with x's and y's pointers written in;
+    what the weight needs is cached. Eager decode runs this 224 times a token on an 8B model, on a host
+    that is the bottleneck there: each tensor attribute is read once (``x.shape`` and ``x.device`` build
+    new Python objects at every access)."""
+    dt = x.dtype
+    if dt is not torch.bfloat16 and dt is not torch.float16:
+        return None
+    xs = x.shape
+    K, n = xs[-1], x.numel()
+    if n > _gemv.MAX_M * K:
         return None
     w = _weight(packed, shape, absmax_q, absmax2, code2, offset, blocksize)
-    dev = x.device   # (a new torch.device object at each access: read once, the call is host-bound)
-    if w is None or dev != w.device or not x.is_contiguous() or x.data_ptr() % 16 or x.shape[-1] != w.K:
+    if w is None or K != w.K or n == 0:
         return None
-    idx = dev.index
-    if idx != torch._C._cuda_getDevice():  # torch.cuda.current_device() without its init check
-        return None  # cuLaunchKernel runs in the current device's context, where this kernel is not loaded
-    M = x.numel() // w.K
-    if not 1 <= M <= _gemv.MAX_M:
+    idx = x.get_device()   # -1 for a CPU tensor
+    if idx != w.device_index or idx != torch._C._cuda_getDevice() or not x.is_contiguous():
+        return None   # (cuLaunchKernel runs in the current device's context, where this kernel is not loaded)
+    xp = x.data_ptr()
+    if xp % 16:
         return None
-    out = x.new_empty((*x.shape[:-1], w.N))   # x's dtype and device, without parsing them again
-    hit = w.launches.get((M, x.dtype))
-    if hit is None:
+    M = n // K
+    out = x.new_empty((*xs[:-1], w.N))   # x's dtype and device, without parsing them again
+    blk = w.launches.get((M, dt))
+    if blk is None:
         grid = _gemv.grid_size(w.N)   # once per weight, M and dtype: w.launches keeps it
-        key = (M, "bf16" if x.dtype is torch.bfloat16 else "fp16", x.device.index)
+        key = (M, "bf16" if dt is torch.bfloat16 else "fp16", idx)
         lean = _GEMV_LEAN.get(key)
         if not isinstance(lean, _GemvLean):
             _first_launch(key, grid, w, x, M, packed, absmax_q, absmax2, code2, blocksize, out)
             return out
-        hit = w.launches[(M, x.dtype)] = (lean, grid, _gemv.SMEM)
-    _lean_launch(hit[0], w, hit[1], x, M, out, hit[2], idx)
+        blk = w.launches[(M, dt)] = lean.block(w, M, grid, _gemv.SMEM)
+    blk(torch._C._cuda_getCurrentRawStream(idx), xp, out.data_ptr())
     return out
 
 
