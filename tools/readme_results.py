@@ -251,10 +251,12 @@ def models_block() -> str:
             first = "identical" if f.get("identical") else (f"first differ at step {f['first_divergence']} (logit margins "
                                                            f"{f['margin_a']:.3g} / {f['margin_b']:.3g})")
             out.append(f"- tokens, {r['name']}: {first}; teacher-forced max abs logit difference {t['max_abs']:.3g}.")
-        tests = results.load("bnb_tests_all", g) or results.load("bnb_tests_quick", g)
-        if tests:
+        for mode, what in (("all", "4-bit tests"), ("quick", "4-bit tests without torch.compile")):
+            tests = results.load(f"bnb_tests_{mode}", g)
+            if not tests:
+                continue
             c = tests.get("counts", {})
-            out.append(f"- bitsandbytes' own 4-bit tests with nf4lab installed ({tests['meta'].get('date')}): "
+            out.append(f"- bitsandbytes' own {what} with nf4lab installed ({tests['meta'].get('date')}): "
                        + ", ".join(f"{v} {k}" for k, v in c.items())
                        + (f"; failed: {', '.join(x.split('::')[-1] for x in tests.get('failed', []))}"
                           if tests.get("failed") else "") + f" (`{tests['path']}`).")
