@@ -88,9 +88,7 @@ def variant_launches(mod, names=None, policies=None) -> dict:
         from lab import gemv_stats
 
         out["TC stats2"] = gemv_stats.launch  # M = 1: the statistics loaded in pairs (same bits)
-        from lab import gemv_statword
-
-        out["TC statword"] = gemv_statword.launch  # M = 1: one statistics word a lane a step, shuffled (same bits)
+        out["TC bytes"] = (lambda g: gemv_mma.launch(g, words=False))  # the statistics byte by byte (before the word)
         for n in names:  # "TC grid 896": the shipped kernel on another persistent grid; "TC grid tiles": one tile a block
             m = re.fullmatch(r"TC grid (\d+|tiles)", n)
             if m:

@@ -16,6 +16,8 @@ anything. lab/bench_gemv.py times them by name, beside the shipped kernel ("TC")
 - ``+xg``: on the former kernel, x loaded from L1/L2 at each step (``make_kernel(xslot=False)``). The logs of
   2026-11-27 before 01:55 UTC ran before x's shared slot shipped: there a plain name is this former kernel and
   ``+xs`` the slot's;
+- all of them on the kernel with byte-wise statistics loads (``make_kernel(words=False)``), as they were recorded
+  before the statistics word shipped;
 - combinations: ``TC -lut -mma``, ``TC -lut -x``, ``TC -mma -x``, ``TC -lut -mma -x`` (only the weight and
   statistics loads, their addressing and the block's reduction are left).
 
@@ -85,7 +87,7 @@ def _patched(parts):
         # fetch's M: 0 skips the statistics loads (their guard is q // 2 < M) in M = 1's layout; 2 is the batch's
         # layout (M > 1: each lane's 16-byte pieces 64 bytes apart, whole 32-byte sectors per instruction)
         fm = 0 if "stats" in parts else 2 if "wide" in parts else None
-        gemv.step_ops = (lambda b, M, base, nested=True: plain(b, fm if M == 1 else M, base, nested)) \
+        gemv.step_ops = (lambda b, M, base, nested=True, words=False: plain(b, fm if M == 1 else M, base, nested)) \
             if fm is not None else plain
         if "l1" in parts:
             gemv.load_stream_u32x4 = ops.load_u32x4
@@ -119,7 +121,7 @@ def main() -> int:
     for name in ["TC"] + NAMES:
         parts, D = parse(name)
         with _patched(parts):
-            kern = gemv.make_kernel.__wrapped__(True, 1, 0x400, True, D, gemv.BLOCKS_PER_SM, "xg" not in parts)
+            kern = gemv.make_kernel.__wrapped__(True, 1, 0x400, True, D, gemv.BLOCKS_PER_SM, "xg" not in parts, False)
             stem = name.replace(" ", "").replace("-", "_")
             r = gemv_reports.sass_report(kern, gemv.signature(), 128, stem, workdir=work)
         ops_ = r["opcodes"]
@@ -139,7 +141,7 @@ def launch(g, parts, D=1):
     if kern is None:
         with _patched(parts):
             kern = gemv.make_kernel.__wrapped__(g.dtype == "bf16", g.M, gemv.probe_base(), g.nested, D,
-                                                gemv.BLOCKS_PER_SM, "xg" not in parts)
+                                                gemv.BLOCKS_PER_SM, "xg" not in parts, False)
             gemv.prepare(kern, args)  # compiles now, while the parts are swapped
         _KERNELS[key] = kern
     kern[g.grid or gemv.grid_size(g.N), gemv.THREADS, g.stream, gemv.SMEM](*args)

@@ -28,7 +28,7 @@ from nf4lab.kernels import gemv, ops  # noqa: E402
 _PLAIN = gemv.step_ops.__wrapped__  # the shipped step_ops, uncached
 
 
-def _step_ops_pairs(is_bf16, M, base, nested=True):
+def _step_ops_pairs(is_bf16, M, base, nested=True, words=False):
     """gemv.step_ops with a fetch whose statistics loads come in pairs (M = 1, nested, blocksize 64)."""
     look, half_bits, _ = _PLAIN(is_bf16, M, base, nested)
     weights = _PLAIN(is_bf16, 0, base, nested)[2]   # M = 0: the shipped M = 1 weight loads, no statistics loads
@@ -83,7 +83,7 @@ def launch(g):
     if kern is None:
         base = gemv.probe_base() if nf4lab.ON_GPU else 0
         with _paired():
-            kern = gemv.make_kernel.__wrapped__(g.dtype == "bf16", 1, base, True)
+            kern = gemv.make_kernel.__wrapped__(g.dtype == "bf16", 1, base, True, words=False)
             gemv.prepare(kern, args)  # compiles now, while fetch is the paired one
         _KERNELS[g.dtype] = kern
     kern[g.grid or gemv.grid_size(g.N), gemv.THREADS, g.stream, gemv.SMEM](*args)

@@ -183,6 +183,37 @@ def test_kernel_within_tolerance(N, K, dtype, M, grid, opts):
     assert gemv.check(g.result(), gc, name=f"{N}x{K} {dtype} M={M} grid {grid} {opts}", rounded_table=True).ok
 
 
+@pytest.mark.parametrize("N,K,dtype,M,grid,opts", [(33, 512, "fp16", 1, 1, {"dist": "codes"}),
+                                                     (9, 768, "bf16", 3, None, {"dist": "heavy", "x_dist": "heavy"})])
+def test_statistics_word_gives_the_byte_loads_bits(N, K, dtype, M, grid, opts):
+    """The shipped kernel's statistics as one word per lane a step (lanes 0-15 a row's 4 absmax codes, 16-31 its
+    absmax2, shuffled to the lanes that scale) and the byte-wise loads it keeps for other shapes hand the same
+    values to the same arithmetic: the same bits, on a block that does 3 tiles (all 16 codes) and on a batch."""
+    from nf4lab.kernels.fastkernel import address
+
+    gc, g = _case_buffers(N, K, dtype, M=M, **opts)
+    g.grid = grid
+    assert gemv.words_apply(g.nested, g.bs_shift, g.K, address(g.absmax_q))
+    args = (g.packed_u32, g.absmax_q, g.absmax2, g.code2, g.lut, g.offset, g.x_u32, g.y, g.N, g.K, g.bs_shift)
+    out = []
+    for words in (True, False):
+        g.y.copy_to_device(np.full(M * N, 0x7FBF, np.uint16))
+        gemv.prepare(gemv.kernel(dtype, M, True, words), args)[g.grid or gemv.grid_size(N), gemv.THREADS, 0,
+                                                                 gemv.SMEM](*args)
+        out.append(g.result().copy())
+    assert np.array_equal(out[0], out[1])
+    assert gemv.check(out[0], gc, rounded_table=True).ok
+
+
+def test_statistics_word_applies_only_where_a_step_is_whole_blocks_at_a_word():
+    ok = gemv.words_apply
+    assert ok(True, 6, 4096, 0x1000) and ok(True, 6, 256, 4)
+    assert not ok(False, 6, 4096, 0x1000)      # plain statistics: float32 absmax per block
+    assert not ok(True, 7, 4096, 0x1000)       # blocksize 128: 2 blocks a step
+    assert not ok(True, 6, 4096 + 64, 0x1000)  # K not a multiple of 256: partial steps
+    assert not ok(True, 6, 4096, 0x1002)       # absmax codes not 4-byte aligned: a 32-bit load would fault
+
+
 def test_lab_tensor_core_knobs_default_to_the_shipped_kernel():
     """lab/gemv_mma.py (the knobs bench_gemv times: blocks per SM, steps in flight, carveout) builds its kernels
     with nf4lab.kernels.gemv.make_kernel; at its defaults it is the shipped kernel, PTX for PTX, so the
@@ -341,7 +372,9 @@ def test_ptx(cc, dtype):
     elif dtype == "fp16":
         assert count(ptx, r"^mma\.sync\.aligned\.m16n8k8\.row\.col\.f32\.f16\.f16\.f32") == 32
     else:  # the soft mma is long: NVVM leaves the loop over a step's two pieces rolled (32 prmt, local memory)
-        assert count(ptx, r"^mma\.sync") == 0 and count(ptx, r"^shfl\.sync\.idx") in (8 * 16, 16 * 16)
+        assert count(ptx, r"^mma\.sync") == 0 and count(ptx, r"^shfl\.sync\.idx") - 4 in (8 * 16, 16 * 16)
+    if cc >= (8, 0) or dtype == "fp16":   # the statistics word: its 4 shuffles, no byte loads of absmax codes
+        assert count(ptx, r"^shfl\.sync\.idx") == 4 and count(ptx, r"^ld\.global\.u8") == 0
 
 
 def test_nf4lab_arch_caps_the_mma(monkeypatch):

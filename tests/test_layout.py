@@ -39,11 +39,12 @@ def test_python_m_flat_name_runs_the_moved_module():
 def test_the_gemv_stays_small():
     """The GEMV's code in nf4lab (kernel, float64 check, benchmark; its device ops apart) stays at most 720 lines:
     what only the lab uses belongs in lab/. (700 until x's shared slot shipped for M = 1: its device ops live in
-    warp_ops, its 19 lines of use in the kernel count here.)"""
+    warp_ops, its 19 lines of use in the kernel count here; 720 until the statistics word shipped: its load and
+    shuffles, and the choice of the byte-wise loads where it does not apply.)"""
     root = Path(nf4lab.__file__).parent
     files = ("kernels/gemv.py", "lesson/gemv_check.py", "measure/gemv_bench.py")
     n = sum(len((root / f).read_text().splitlines()) for f in files)
-    assert n <= 720, f"{n} lines in {files}"
+    assert n <= 750, f"{n} lines in {files}"
 
 
 def test_no_code_cell_is_longer_than_a_lesson_cell():

