@@ -118,7 +118,7 @@ def gemv_tc_lines(gpu) -> list:
             if o is None or n is None:
                 continue
             lines.append(f"| {'x'.join(map(str, b['shape']))} | {dt} | {o * 1e3:.1f} | {b['ms'] * 1e3:.1f} | "
-                         f"{100 * b['ms'] / o:.0f} | {'' if f is None else format(f * 1e3, '.1f')} | {n * 1e3:.1f} | "
+                         f"{100 * b['ms'] / o:.0f} | {'-' if f is None else format(f * 1e3, '.1f')} | {n * 1e3:.1f} | "
                          f"{n / o:.2f} |")
     batch = results.load("09_gemv_tc_batch", gpu)
     if batch is not None:
