@@ -380,6 +380,30 @@ def test_gpu_lean_gemv_reads_each_calls_x_and_writes_its_own_y(M):
 
 
 @gpu
+def test_gpu_gemv_absmax_codes_off_a_word_take_the_byte_loads():
+    """The statistics word is a 32-bit load: absmax codes at an address that is not a multiple of 4 must go to the
+    byte-wise kernel (a misaligned load would kill the CUDA context), with the same bits, since both hand the same
+    values to the same arithmetic; an aligned weight in the same process keeps the word kernel."""
+    from nf4lab.kernels import torch_ops
+
+    N, K = 512, 1024
+    packed, qs = gpu_quantize((N, K), "bf16")
+    spare = torch.empty(qs.absmax.numel() + 1, dtype=torch.uint8, device="cuda")
+    odd = spare[1:]
+    odd.copy_(qs.absmax)
+    assert odd.data_ptr() % 4 and qs.absmax.data_ptr() % 4 == 0
+    x = torch.randn(1, K, device="cuda").to(torch.bfloat16)
+    rest = (qs.state2.absmax, qs.state2.code, qs.offset, qs.blocksize)
+    ys = {}
+    for name, a in (("aligned", qs.absmax), ("odd", odd)):
+        for _ in range(3):   # numba's launch and the lean check, then the lean launcher
+            ys[name] = torch_ops.gemv_call(x, packed, qs.shape, a, *rest)
+        torch.cuda.synchronize()
+        assert torch_ops._weight(packed, qs.shape, a, *rest).words == (name == "aligned")
+    assert torch.equal(ys["aligned"].view(torch.int16), ys["odd"].view(torch.int16))
+
+
+@gpu
 def test_gpu_linear4bit_compiled_installed_forward_and_backward(clean):
     torch.manual_seed(0)
     lin = bnb.nn.Linear4bit(1024, 512, bias=True, compute_dtype=torch.bfloat16, quant_type="nf4").cuda()
