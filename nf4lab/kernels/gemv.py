@@ -114,8 +114,8 @@ def make_kernel(is_bf16, M, base, nested=True, D=1, min_blocks=BLOCKS_PER_SM, xs
     ahead), ``min_blocks`` (blocks per SM) and ``xslot`` (False: x from L1/L2 at each step, as M > 1 does) are
     lab/gemv_mma.py's knobs."""
     NT, WIDE, WORDS = (M + 1) // 2, M > 1, words and nested  # n-tiles of 8 columns (2 batch rows x 4 blocks)
-    FB = FBW if WORDS else globals()["FB"]
-    NACC, NCF, NB = 2 * NT, 4 * NT, FB * (D + 1)
+    SW = FBW if WORDS else FB         # words per step in a lane's buffer
+    NACC, NCF, NB = 2 * NT, 4 * NT, SW * (D + 1)
     mma = mma_bf16 if is_bf16 else mma_f16
     look, half_bits, fetch = step_ops(is_bf16, M, base, nested, WORDS)
     XS = xslot and M == 1 and D == 1  # x through a shared slot per warp, a step ahead (warp_ops.x_slot_ops)
@@ -138,7 +138,7 @@ def make_kernel(is_bf16, M, base, nested=True, D=1, min_blocks=BLOCKS_PER_SM, xs
         if XS:
             xok = x_quad(xq, x_u32, cp, lane, k)
         for d in range(D):
-            fetch(buf, FB * (d + 1), packed_u32, absmax_q, absmax2, tp, cp, g, q, n, kw, tiles, steps, ash)
+            fetch(buf, SW * (d + 1), packed_u32, absmax_q, absmax2, tp, cp, g, q, n, kw, tiles, steps, ash)
             cp = uint32(cp + uint32(W))
             if cp >= steps:
                 cp, tp = warp, uint32(tp + grid)
@@ -164,9 +164,9 @@ def make_kernel(is_bf16, M, base, nested=True, D=1, min_blocks=BLOCKS_PER_SM, xs
             for i in range(NACC):
                 acc[i] = float32(0.0)
             while True:
-                for i in range(FB * D):
-                    buf[i] = buf[i + FB]
-                fetch(buf, FB * D, packed_u32, absmax_q, absmax2, tp, cp, g, q, n, kw, tiles, steps, ash)
+                for i in range(SW * D):
+                    buf[i] = buf[i + SW]
+                fetch(buf, SW * D, packed_u32, absmax_q, absmax2, tp, cp, g, q, n, kw, tiles, steps, ash)
                 if XS:
                     xok = x_quad(xq, x_u32, min(cp, uint32(steps - uint32(1))), lane, k)
                 cp = uint32(cp + uint32(W))
