@@ -76,8 +76,6 @@ def variant_launches(mod, names=None, policies=None) -> dict:
             for dd in (0, 1, 2, 3):
                 out[f"TC B{bps} D{dd}"] = (lambda g, b=bps, dd=dd: gemv_mma.launch(g, blocks_per_sm=b, D=dd))
         out["TC B2 D1 carve"] = (lambda g: gemv_mma.launch(g, carveout=True))
-        for pf in (1, 2, 3, 4, 6):  # the block's step pf x 8 ahead prefetched to L2 at each step
-            out[f"TC PF{pf}"] = (lambda g, pf=pf: gemv_mma.launch(g, PF=pf))
         out["TC x-global"] = (lambda g: gemv_mma.launch(g, xslot=False))  # M = 1: x from L1/L2 at each step (former)
         from lab import gemv_pp
 

@@ -18,7 +18,7 @@ from ..lesson import reference
 from . import arch, ops
 from .fastkernel import address
 from .warp_ops import (_lookup_at, default_base, f32_from_bits, load_stream_u32x4, load_u32_of_bytes,  # noqa: F401
-                       lookup, mma_bf16, mma_f16, prefetch_l2, prmt, probe_base, shfl_idx, shfl_xor_sync, syncwarp, table_lookup,
+                       lookup, mma_bf16, mma_f16, prmt, probe_base, shfl_idx, shfl_xor_sync, syncwarp, table_lookup,
                        x_slot_ops)
 from numba import cuda, float32, types, uint32, uint64  # noqa: E402  (globals the simulator swaps in kernels)
 
@@ -108,7 +108,7 @@ def step_ops(is_bf16, M, base, nested=True, words=False):
 
 
 @functools.cache
-def make_kernel(is_bf16, M, base, nested=True, D=1, min_blocks=BLOCKS_PER_SM, xslot=True, words=True, PF=0):
+def make_kernel(is_bf16, M, base, nested=True, D=1, min_blocks=BLOCKS_PER_SM, xslot=True, words=True):
     """The kernel for a dtype, batch M (1..8), table base (``probe_base()``) and kind of statistics; ``words``: the
     statistics as one word per lane a step (only where :func:`words_apply`); ``D`` (steps of loads in flight
     ahead), ``min_blocks`` (blocks per SM) and ``xslot`` (False: x from L1/L2 at each step, as M > 1 does) are
@@ -155,9 +155,6 @@ def make_kernel(is_bf16, M, base, nested=True, D=1, min_blocks=BLOCKS_PER_SM, xs
         lane4, parity = lane << uint32(2), uint32(0)
         acc, cf, s = cuda.local.array(NACC, float32), cuda.local.array(NCF, float32), cuda.local.array(4, float32)
         A, xr = cuda.local.array(32, uint32), cuda.local.array(32, uint32)
-        tq, cq = t, uint32(c + uint32(PF * W))   # PF: the block's step PF W ahead of this one, prefetched to L2
-        while PF and cq >= steps:
-            cq, tq = uint32(cq - steps), uint32(tq + grid)
         if XS:  # lanes that hold no x keep zeros; the others' x arrives through the slot
             for j in range(16):
                 xr[j] = uint32(0)
@@ -175,13 +172,6 @@ def make_kernel(is_bf16, M, base, nested=True, D=1, min_blocks=BLOCKS_PER_SM, xs
                 cp = uint32(cp + uint32(W))
                 if cp >= steps:
                     cp, tp = warp, uint32(tp + grid)
-                if PF:
-                    pr, pw = uint32(tq * uint32(16) + (lane & uint32(15))), uint32(cq * uint32(32) + uint32(16) * (lane >> uint32(4)))
-                    if tq < tiles and pr < n and pw < kw:
-                        prefetch_l2(packed_u32, uint64(pr) * uint64(kw) + uint64(pw))
-                    cq = uint32(cq + uint32(W))
-                    while cq >= steps:
-                        cq, tq = uint32(cq - steps), uint32(tq + grid)
                 cn = uint32(c + uint32(W))
                 tn = t
                 if cn >= steps:

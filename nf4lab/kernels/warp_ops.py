@@ -92,10 +92,6 @@ def _py_load_u32_of_bytes(arr, i):
     return np.uint32(b[0] | b[1] << 8 | b[2] << 16 | b[3] << 24)
 
 
-def _py_prefetch_l2(arr, i):  # a hint: nothing to do in the simulator
-    return None
-
-
 def _halves(u, is_bf16):
     u = int(u)
     if is_bf16:
@@ -221,25 +217,6 @@ def _build_device_ops():
         return types.uint32(arr, i), codegen
 
     @intrinsic
-    def prefetch_l2(typingctx, arr, i):
-        """Ask L2 for the line holding uint32 element ``i`` of ``arr`` (``prefetch.global.L2``): no register waits
-        for it, so a kernel can have bytes in flight past what its registers hold."""
-        if not (isinstance(arr, types.Array) and arr.dtype == types.uint32 and arr.ndim == 1):
-            return None
-
-        def codegen(context, builder, sig, args):
-            from numba.cuda import cgutils
-
-            ary = context.make_array(sig.args[0])(context, builder, args[0])
-            ptr = cgutils.get_item_pointer(context, builder, sig.args[0], ary, [args[1]], wraparound=False)
-            asm = ir.InlineAsm(ir.FunctionType(ir.VoidType(), [ir.IntType(64)]), "prefetch.global.L2 [$0];", "l",
-                               side_effect=True)
-            builder.call(asm, [builder.ptrtoint(ptr, ir.IntType(64))])
-            return context.get_dummy_value()
-
-        return types.none(arr, i), codegen
-
-    @intrinsic
     def dyn_base(typingctx):
         """The shared-window address where the block's dynamic shared memory starts."""
         def codegen(context, builder, sig, args):
@@ -254,8 +231,7 @@ def _build_device_ops():
 
     return dict(mma_bf16=make_mma(mma16.format("bf16"), _soft_mma()), mma_f16=make_mma(mma16.format("f16"), f16_two_k8),
                 prmt=prmt, f32_from_bits=f32_from_bits,
-                load_stream_u32x4=load_stream_u32x4, load_u32_of_bytes=load_u32_of_bytes, dyn_base=dyn_base,
-                prefetch_l2=prefetch_l2)
+                load_stream_u32x4=load_stream_u32x4, load_u32_of_bytes=load_u32_of_bytes, dyn_base=dyn_base)
 
 
 @functools.cache
@@ -280,13 +256,13 @@ def _lookup_at(base):
 
 # nf4lab.measure.ptx pickles these by name, so that a PTX subprocess (compile mode) gets the device versions.
 DEVICE_OPS = ("mma_bf16", "mma_f16", "prmt", "lookup", "shfl_xor_sync", "f32_from_bits", "load_stream_u32x4", "syncwarp",
-              "shared_load4", "shared_store4", "shfl_idx", "load_u32_of_bytes", "prefetch_l2")
+              "shared_load4", "shared_store4", "shfl_idx", "load_u32_of_bytes")
 if runtime.SIMULATOR:
     mma_bf16, mma_f16 = functools.partial(_py_mma, True), functools.partial(_py_mma, False)
     prmt, lookup, shfl_xor_sync, dyn_base, syncwarp = _py_prmt, _py_lookup, _py_shfl_xor_sync, None, _py_syncwarp
     shared_load4, shared_store4 = _py_load4, _py_store4
     f32_from_bits, load_stream_u32x4 = _py_f32_from_bits, _py_load_stream_u32x4
-    shfl_idx, load_u32_of_bytes, prefetch_l2 = _py_shfl_idx, _py_load_u32_of_bytes, _py_prefetch_l2
+    shfl_idx, load_u32_of_bytes = _py_shfl_idx, _py_load_u32_of_bytes
 else:
     globals().update(_build_device_ops())
     _lds_stand_in = _lookup_at(0x400)
