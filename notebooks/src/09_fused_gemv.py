@@ -412,7 +412,9 @@ ROAD = [("FFMA design (09's former)", "09_fused_gemv", "auto", "pair lookup + 2 
         ("chains of mmas, 2", "09_gemv_chains", "TC C2", "the mma chain is not the wait"),
         ("x from L1/L2 at each step", "09_gemv_tc", "TC x-global", "each step waits for x (2 KB of weights ahead)"),
         ("statistics loaded in pairs", "09_gemv_stats2", "TC stats2", "half the loads, the same cache lines"),
-        ("D2-3, B3-4, carveout, +add, 128 cols", None, "", "register moves; spills; L1 shrinks; an add; overhead")]
+        ("3 blocks per SM, no spills", "09_gemv_b3", "TC B3 D1", "80 registers: 24 warps, each slower"),
+        ("weights into L2, 2 steps ahead", "09_gemv_l2prefetch", "TC PF2", "more requests, not less waiting"),
+        ("D2-3, B4, carveout, +add, 128 cols", None, "", "register moves; spills; L1 shrinks; an add; overhead")]
 print(f"{'design, bf16, ' + (RUN.meta['gpu'] if RUN else 'none recorded'):<37}{'4096x14336 M=1':>20}{'8192x28672 M=1':>20}{'4096x14336 M=8':>20}  why")
 for label, stem, v, why in ROAD:
     cells = []
