@@ -153,7 +153,6 @@ def make_kernel(is_bf16, M, base, nested=True, D=1, min_blocks=BLOCKS_PER_SM, xs
             sm[(e << uint32(6)) | (i & uint32(31))] = sm[uint32(LUT) + (e >> uint32(4))] | (sm[uint32(LUT) + (e & uint32(15))] << uint32(16))
         cuda.syncthreads()
         lane4, parity = lane << uint32(2), uint32(0)
-        xa = (((uint32(16) + uint32(4) * warp) << uint32(6)) + uint32(32) + uint32(8) * q) << uint32(2)
         acc, cf, s = cuda.local.array(NACC, float32), cuda.local.array(NCF, float32), cuda.local.array(4, float32)
         A, xr = cuda.local.array(32, uint32), cuda.local.array(32, uint32)
         if XS:  # lanes that hold no x keep zeros; the others' x arrives through the slot
@@ -199,7 +198,7 @@ def make_kernel(is_bf16, M, base, nested=True, D=1, min_blocks=BLOCKS_PER_SM, xs
                             m = uint32(2 * nt) + (g >> uint32(2))
                             if XS:
                                 if g == q:
-                                    x_read(xr, sm, xa, q, h)
+                                    x_read(xr, sm, warp, q, h)
                             elif (blk if WIDE else q) == (g & uint32(3)) and m < uint32(M) and xcol < k:
                                 xi = uint64(m * kx + (xcol >> uint32(1)) + uint32(0 if WIDE else 16 * h))
                                 for j in range(4):

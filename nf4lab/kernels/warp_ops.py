@@ -387,25 +387,24 @@ def x_slot_ops(base):
     from numba import uint32, uint64
 
     @cuda.jit(device=True, inline="always")
-    def at(warp, b):  # byte offset of block b's chunk 0 in the warp's slot (chunk j: + 256 (j // 2) + 16 (j % 2))
-        return (((uint32(16) + uint32(4) * warp) << uint32(6)) + uint32(32) + uint32(8) * b) << uint32(2)
+    def at(warp, b, wi):  # byte offset of word wi (a multiple of 4) of block b's 64 columns
+        return (((uint32(16) + uint32(4) * warp + b) << uint32(6)) + uint32(32) + ((wi + uint32(4) * b) & uint32(31))) << uint32(2)
 
     @cuda.jit(device=True, inline="always")
-    def x_quad(xq, x_u32, c, lane, k):  # lane l: chunk l // 4 of block l % 4, i.e. columns 64 (l % 4) + 8 (l // 4)
-        w = uint32(32) * (lane & uint32(3)) + uint32(4) * (lane >> uint32(2))
-        ok = uint32(c * uint32(256) + uint32(2) * w) < k
-        xq[0], xq[1], xq[2], xq[3] = ops.load_u32x4(x_u32, uint64(c * uint32(128) + w if ok else uint32(0)))
+    def x_quad(xq, x_u32, c, lane, k):
+        ok = uint32(c * uint32(256) + uint32(8) * lane) < k
+        xq[0], xq[1], xq[2], xq[3] = ops.load_u32x4(x_u32, uint64(c * uint32(128) + uint32(4) * lane if ok else uint32(0)))
         return ok
 
     @cuda.jit(device=True, inline="always")
     def x_stash(sm, xq, ok, warp, lane):
-        z, j = uint32(0), lane >> uint32(2)
-        store4(sm, at(warp, lane & uint32(3)) + uint32(256) * (j >> uint32(1)) + uint32(16) * (j & uint32(1)),
+        z = uint32(0)
+        store4(sm, at(warp, lane >> uint32(3), uint32(4) * (lane & uint32(7))),
                xq[0] if ok else z, xq[1] if ok else z, xq[2] if ok else z, xq[3] if ok else z)
 
     @cuda.jit(device=True, inline="always")
-    def x_read(xr, sm, a, q, h):  # a: at(warp, q), computed once before the step loop
-        for j in range(4):   # chunk 4 h + j
-            xr[4 * j], xr[4 * j + 1], xr[4 * j + 2], xr[4 * j + 3] = load4(sm, a + uint32(512 * h + 256 * (j // 2) + 16 * (j % 2)))
+    def x_read(xr, sm, warp, q, h):
+        for j in range(4):
+            xr[4 * j], xr[4 * j + 1], xr[4 * j + 2], xr[4 * j + 3] = load4(sm, at(warp, q, uint32(16 * h + 4 * j)))
 
     return x_quad, x_stash, x_read
