@@ -153,7 +153,7 @@ def make_mma_piece(M, is_bf16, x_read):
 # **Fetch.** A step's loads: lane q's pieces of rows g, g + 8 (16 bytes each, skipping L1; M = 1: columns 64q..; a
 # batch: 32q.. and 128 + 32q.., whole sectors) and one statistics word. A step holds 4 whole blocks of each row
 # (blocksize 64, K a multiple of 256): lanes 0-15 load row `lane`'s 4 absmax codes in one 32-bit load, lanes 16-31 its
-# absmax2, 16 rows' cache lines where byte loads reached 64 (`lab/gemv_statword.py`; else `gemv.words_apply` is False
+# absmax2, 16 rows' cache lines where byte loads reached 64 (lab/README.md, "TC statword"; else `gemv.words_apply` is False
 # and the package's byte-wise loads run).
 # %% tags=["kernel"]
 def make_fetch(M):
