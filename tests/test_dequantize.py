@@ -411,18 +411,12 @@ def test_fp16_half_away_rounding_facts():
 
 
 def _bnb_cpu_ops_h() -> str:
-    """bitsandbytes' csrc/cpu_ops.h (not shipped in its wheel): $NF4LAB_BNB_CPU_OPS_H, or a local
-    mirror of its repository; skip when neither is there."""
-    path = os.environ.get("NF4LAB_BNB_CPU_OPS_H")
-    if path and os.path.exists(path):
-        return open(path).read()
-    git_dir = "/work/.mirror/bitsandbytes-foundation+bitsandbytes/repo"
-    if os.path.isdir(git_dir) and shutil.which("git"):
-        r = subprocess.run(["git", "--git-dir", git_dir, "show", "HEAD:csrc/cpu_ops.h"], capture_output=True,
-                           text=True)
-        if r.returncode == 0:
-            return r.stdout
-    pytest.skip("bitsandbytes' csrc/cpu_ops.h not found (set NF4LAB_BNB_CPU_OPS_H)")
+    """bitsandbytes' float_to_fp16 / float_to_bf16 (csrc/cpu_ops.h is not shipped in its wheel): a
+    verbatim copy in tests/fixtures, or $NF4LAB_BNB_CPU_OPS_H to try another release's header."""
+    path = os.environ.get("NF4LAB_BNB_CPU_OPS_H") or os.path.join(os.path.dirname(__file__), "fixtures",
+                                                                   "bnb_cpu_ops_convert.h")
+    with open(path) as f:
+        return f.read()
 
 
 @pytest.fixture(scope="module")
@@ -585,13 +579,20 @@ def test_cuda_build_fp16_ties_away_and_fp4_negative_zero(bnb_lib, quant_type):
             assert (got[codes == 8] == (0x8000 if neg_zero else 0)).all(), (flags, shape)
 
 
+@pytest.mark.parametrize("this_cpu_avx512", [True, False])
 @pytest.mark.parametrize("quant_type", ["nf4", "fp4"])
-def test_cuda_build_cpu_matches_bitsandbytes_c(bnb_lib, bnb_c_converters, quant_type):
+def test_cuda_build_cpu_matches_bitsandbytes_c(bnb_lib, bnb_c_converters, monkeypatch, quant_type, this_cpu_avx512):
     """Every CPU case, as the CUDA build's CPU kernel would give it: bitsandbytes' float32 result
     (its torch fallback), fp4's zero from the scalar loop's -0.0f entry, then cpu_ops.h's own
-    float_to_fp16 / float_to_bf16 compiled without AVX2, as in libbitsandbytes_cuda130.so."""
+    float_to_fp16 / float_to_bf16 compiled without AVX2, as in libbitsandbytes_cuda130.so.
+
+    The expected bits come from the pretended library alone, never from the bitsandbytes loaded
+    here: whether THIS machine's torch reports AVX-512 must not matter (``this_cpu_avx512``)."""
     from copy import copy
 
+    from bitsandbytes.backends.cpu import ops as cpu_ops
+
+    monkeypatch.setattr(cpu_ops, "_has_avx512", this_cpu_avx512)
     bnb_lib(CUDA_BUILD)
     for dtype in ("fp16", "bf16"):
         for shape in CPU_SHAPES:
