@@ -1,7 +1,6 @@
 """The fused-GEMV machinery (nf4lab.kernels.gemv) and notebook 09 run headless in the simulator."""
 from __future__ import annotations
 
-import time
 import types
 from pathlib import Path
 
@@ -126,7 +125,6 @@ def test_notebook_runs_in_the_simulator(variant, tmp_path):
     nbformat = pytest.importorskip("nbformat")
     nbclient = pytest.importorskip("nbclient")
     nb = nbformat.read(ROOT / "notebooks" / variant, as_version=4)
-    t0 = time.time()
     nbclient.NotebookClient(nb, timeout=300, kernel_name="python3",
                             resources={"metadata": {"path": str(ROOT / "notebooks")}}).execute()
     text = "\n".join(o.get("text", "") for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", []))
@@ -135,7 +133,6 @@ def test_notebook_runs_in_the_simulator(variant, tmp_path):
         assert "PASSED: exercise" in text and "NOT PASSED" not in text
     else:
         assert "NOT PASSED (not solved yet)" in text
-    assert time.time() - t0 < 120
 
 
 @pytest.fixture(scope="module")
