@@ -26,6 +26,11 @@ from .. import runtime
 
 LAUNCHES = 20
 REPLAYS = 15
+# The series' one noise margin, in percent: a change between two kernels timed in one run counts
+# only when it is larger than this. An assumed margin, chosen above what the records show for one
+# kernel timed again in another run of the same day (each record's spread_ms says how much one
+# run varies); every notebook that calls a change "a gain" or "none" uses this name.
+NOISE_PCT = 3
 METHOD = (f"GPU time: median of {REPLAYS} CUDA-graph replays of {LAUNCHES} captured launches each "
           "(torch.cuda.graph + numba external_stream), after a warm-up launch; spread = p10-p90")
 

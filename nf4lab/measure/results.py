@@ -40,6 +40,8 @@ def meta(method: str) -> dict:
         "clocks": {"sm_mhz": info.get("sm_clock_mhz"), "mem_mhz": info.get("mem_clock_mhz")},
         "sms": info.get("sms"),
         "l2_bytes": info.get("l2_bytes"),
+        # notebook 02 sizes its grid from it; recorded so that the simulator can show the recorded GPU's
+        "max_threads_per_sm": info.get("max_threads_per_sm"),
         "spec_peak_gbps": info.get("spec_peak_gbps"),
         "date": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
         "numba": info.get("numba"),
