@@ -1,6 +1,6 @@
 """Where a compiled 4-bit decode step's GPU time goes between kernels: idle gaps per kernel (GPU only).
 
-    python lab/decode_gaps.py [--layers 32] [--tokens 16]
+    python -m lab.decode_gaps [--layers 32] [--tokens 16]
 
 The model benchmark's ``compiled_interleaved`` run found a decode step of the same wall time for
 bitsandbytes and nf4lab (H100, 2026-11-27 04:34: 8.43 against 8.44 ms, GPU span of the compiled call
@@ -33,7 +33,6 @@ from collections import Counter, defaultdict
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
 
 import nf4lab  # noqa: E402  (first: decides GPU or simulator)
 from nf4lab.measure import models, results  # noqa: E402

@@ -1,6 +1,6 @@
 """Where a compiled 4-bit decode step spends its GPU time: bitsandbytes against nf4lab (GPU only).
 
-    python lab/decode_profile.py [--layers 4] [--tokens 8] [--mode reduce-overhead|default|eager]
+    python -m lab.decode_profile [--layers 4] [--tokens 8] [--mode reduce-overhead|default|eager]
 
 The model benchmark (``python -m nf4lab models``) found nf4lab's compiled decode no faster than
 bitsandbytes' although nf4lab's GEMV kernel alone is faster at the model's shapes. This
@@ -26,7 +26,6 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
 
 import nf4lab  # noqa: E402  (first: decides GPU or simulator)
 from nf4lab.kernels import bnb_backend  # noqa: E402

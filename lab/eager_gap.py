@@ -11,16 +11,14 @@ call, median of 15 rounds taken in turn:
 If ``loop`` is dear but ``alone`` is not, the launch waits on queued GPU work; if ``no launch`` is as cheap as
 bitsandbytes, the driver launch is the difference.
 
-    python lab/eager_gap.py
+    python -m lab.eager_gap
 """
 from __future__ import annotations
 
 import statistics
 import sys
 import time
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import nf4lab  # noqa: E402  (first: decides GPU or simulator)
 
 

@@ -24,7 +24,7 @@ anything. lab/bench_gemv.py times them by name, beside the shipped kernel ("TC")
 The time a variant saves is what that stage costs on the kernel's critical path, not its own length: stages
 overlap, so the savings need not add up. What the runs measured is in lab/README.md.
 
-    python lab/bench_gemv.py --shapes 4096x14336 14336x4096 8192x28672 --dtypes bf16 --ms 1 \\
+    python -m lab.bench_gemv --shapes 4096x14336 14336x4096 8192x28672 --dtypes bf16 --ms 1 \\
         --variants TC 'TC -lut' 'TC -mma' 'TC -x' 'TC -lut -mma -x' --no-save
 """
 from __future__ import annotations
@@ -32,9 +32,7 @@ from __future__ import annotations
 import contextlib
 import sys
 import types
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import nf4lab  # noqa: F401  (first: decides GPU or simulator)
 from nf4lab.kernels import gemv, ops
 from nf4lab.kernels.warp_ops import f32_from_bits

@@ -4,8 +4,8 @@ Runs ``nf4lab.kernels.gemv.launch`` on tools/gpu_gemv_paths.py's cases (every pa
 and plain statistics, odd shapes, the LLM shapes) and prints one SHA-256 of y's bits per case, and of all of them.
 Run it in two checkouts and compare the lines (``diff``): equal digests, equal bits.
 
-    python lab/gemv_bits.py > after.txt; (cd ../before && python lab/gemv_bits.py) > before.txt; diff before.txt after.txt
-    python lab/gemv_bits.py --small     # the small cases only (the simulator: minutes)
+    python -m lab.gemv_bits > after.txt; (cd ../before && python -m lab.gemv_bits) > before.txt; diff before.txt after.txt
+    python -m lab.gemv_bits --small     # the small cases only (the simulator: minutes)
 """
 from __future__ import annotations
 
@@ -15,13 +15,11 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "tools"))
 
 import nf4lab  # noqa: E402  (first: decides GPU or simulator)
 from nf4lab.kernels import gemv  # noqa: E402
 from nf4lab.lesson import gemv_check  # noqa: E402
-from gpu_gemv_paths import CASES  # noqa: E402
+from tools.gpu_gemv_paths import CASES  # noqa: E402
 
 
 def main(argv=None) -> int:

@@ -5,14 +5,11 @@ as words or bytes) at M = 1 and 8: ptxas' registers and local (spill) bytes per 
 256-thread blocks with the 64 KB table the driver says fit an SM (cuOccupancyMaxActiveBlocksPerMultiprocessor),
 before and after asking for the largest shared-memory carveout. Prints one line per build.
 
-    python lab/gemv_occupancy.py
+    python -m lab.gemv_occupancy
 """
 from __future__ import annotations
 
-import sys
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import nf4lab  # noqa: E402,F401  (first: decides GPU or simulator)
 from nf4lab.kernels import gemv  # noqa: E402

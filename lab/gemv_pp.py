@@ -1,5 +1,5 @@
 """The tensor-core GEMV with its step loop unrolled over two buffers ("PP"), a lab variant for issue
-"Decode GEMV at the read bound". Not measured yet: time it with ``python lab/bench_gemv.py --variants TC "TC PP"``.
+"Decode GEMV at the read bound". Not measured yet: time it with ``python -m lab.bench_gemv --variants TC "TC PP"``.
 
 Why. In the shipped kernel (nf4lab.kernels.gemv, D = 1) each warp keeps two steps of weights in ``buf``: at the
 top of each trip ``buf[0:24] = buf[24:48]`` moves the step fetched one trip ago into place, then ``fetch`` refills
@@ -19,9 +19,7 @@ from __future__ import annotations
 
 import functools
 import sys
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import nf4lab  # noqa: E402,F401  (first: decides GPU or simulator)
 from numba import cuda, float32, uint32, uint64  # noqa: E402  (module globals: the simulator swaps them in kernels)
 

@@ -1,7 +1,7 @@
-"""Reports of the GEMV lab: Nsight Compute summaries (lab/profile_gemv.py), offline SASS (lab/sass_gemv.py),
-the read-only bound (lab/gemv_read_bound.py) and the all-records table of a benchmark run.
+"""Reports of the GEMV lab: Nsight Compute summaries (lab/profile_gemv.py), offline SASS (lab/sass_gemv.py and
+the variants' ``main``) and the all-records table of a benchmark run (lab/bench_gemv.py).
 
-Import it as ``lab.gemv_reports`` (the repository root on sys.path).
+Imported as ``lab.gemv_reports`` by the scripts that print these reports.
 """
 from __future__ import annotations
 
@@ -12,9 +12,7 @@ import re
 import shutil
 import subprocess
 
-from nf4lab.kernels import gemv
-from nf4lab.kernels.gemv import NAME
-from nf4lab.measure.gemv_bench import COPY, default_kernel, weight_bytes
+from nf4lab.measure.gemv_bench import COPY
 from nf4lab.measure.ptx import compile_ptx
 
 
@@ -58,50 +56,6 @@ def ncu_table(run: dict) -> str:
         lines.append(f"{r['shape']:>11}  {r['variant']:<22}" + "".join(
             f" {format(m[k], f) if m.get(k) is not None else '-':>{w}}" for k, _, w, f in cols))
     return "\n".join(lines)
-
-
-def pipe_ceiling_gbps(metrics: dict, N: int, K: int, sms: int) -> float:
-    """Weight bandwidth (GB/s, bytes of :func:`weight_bytes`) at which the SM's load/store data pipe, one
-    wavefront per cycle, would be 100% busy with the wavefronts per weight that a profile measured."""
-    weights_per_s = sms * metrics["sm_hz"] / (metrics["pipe_per_1k_weights"] / 1000)
-    return weights_per_s * weight_bytes(N, K) / (N * K) / 1e9
-
-
-def read_bound_table(bound, gemv_run=None) -> str:
-    """lab/gemv_read_bound.py's run (a bench.Run) as text: per shape the read-only bound in us and GB/s, as a
-    share of that run's copy ceiling, and, from a GEMV benchmark run, the default kernel (bf16, M=1) against it."""
-    copy = max((r["gbps"] for r in bound.records if r["name"] == COPY), default=None)
-    lines = [f"{'W (N x K)':>11} {'read us':>8} {'read GB/s':>10} {'% copy':>7} {'GEMV us':>8} {'GEMV / read':>12}"
-             f"  best read config"]
-    for r in bound.records:
-        if r["kind"] != "bound":
-            continue
-        ours = None
-        if gemv_run is not None:
-            name = default_kernel(gemv_run)
-            ours = next((q for q in gemv_run.records if q["name"] == name and q["shape"] == r["shape"]
-                         and q["dtype"] == "bf16" and q.get("M", 1) == 1), None)
-        lines.append(f"{'x'.join(map(str, r['shape'])):>11} {r['ms'] * 1e3:8.1f} {r['gbps']:10.0f} "
-                     f"{(100 * r['gbps'] / copy if copy else float('nan')):6.0f}% "
-                     f"{(ours['ms'] * 1e3 if ours else float('nan')):8.1f} "
-                     f"{(100 * r['ms'] / ours['ms'] if ours else float('nan')):11.0f}%  {r.get('config', '')}")
-    if copy:
-        lines.append(f"(copy ceiling {copy:.0f} GB/s in the same run; 'GEMV / read': the GEMV's speed as a share "
-                     "of the pure read's)")
-    return "\n".join(lines)
-
-
-def load_ncu(gpu: str | None = None) -> dict | None:
-    """The recorded profiles of lab/profile_gemv.py --save (data/ncu/<gpu>/09_fused_gemv.json), or None."""
-    import json
-
-    from nf4lab.measure import results
-
-    base = results.ROOT / "data" / "ncu"
-    found = sorted(base.glob(f"*/{NAME}.json"))
-    if gpu:
-        found = [p for p in found if p.parent.name == results.gpu_slug(gpu)]
-    return json.loads(found[0].read_text()) if found else None
 
 
 # ---------------------------------------------------------------- SASS, offline
@@ -203,8 +157,6 @@ def weight_load_waits(sass: str) -> dict:
     return dict(scoreboards=sorted(boards), waits=waits)
 
 
-
-
 def sass_report(kernel, sig, weights_per_trip, stem="kernel", workdir=None, ptx=None):
     """ptxas registers/spills/smem and the SASS of the hottest (innermost) loop, per weight.
 
@@ -229,38 +181,12 @@ def sass_report(kernel, sig, weights_per_trip, stem="kernel", workdir=None, ptx=
                 opcodes=dict(ops.most_common()))
 
 
-
 SASS_REPORT = "data/sass/09_fused_gemv.json"  # lab/sass_gemv.py --save writes it (relative to the repository)
 
 
 def ptxas_version() -> str:
     out = subprocess.run([find_tool("ptxas"), "--version"], capture_output=True, text=True).stdout
     return out.strip().splitlines()[-1] if out.strip() else "unknown"
-
-
-def load_sass_report():
-    """The offline SASS report recorded by ``lab/sass_gemv.py --save`` ({"meta", "rows"}), or None."""
-    import json
-
-    from nf4lab.measure.results import ROOT
-
-    path = ROOT / SASS_REPORT
-    if not path.exists():
-        return None
-    data = json.loads(path.read_text())
-    data["path"] = SASS_REPORT
-    return data
-
-
-def sass_table(report, dtype="bf16", m=1) -> str:
-    rows = [r for r in report["rows"] if r["dtype"] == dtype and r.get("m", 1) == m]
-    out = [f"{'variant':<26} {'registers':>9} {'spilled B':>9} {'warps/SM':>8} {'SASS/weight':>11}"]
-    for r in rows:
-        out.append(f"{r['variant']:<26} {r['registers']:>9} {r['spill_bytes'] or 0:>9} {r.get('warps_per_sm') or '-':>8} "
-                   f"{r['per_weight']:>11.2f}")
-    return "\n".join(out)
-
-
 
 
 def table(run) -> str:

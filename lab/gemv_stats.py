@@ -8,16 +8,14 @@ and an even block and the next share one absmax2 (a group is 256 blocks): 4 load
 in the same registers, so the kernel's arithmetic and its bits do not change. Other shapes or blocksizes run the
 shipped kernel.
 
-    python lab/bench_gemv.py --shapes 4096x14336 14336x4096 8192x28672 --dtypes bf16 --ms 1 \\
+    python -m lab.bench_gemv --shapes 4096x14336 14336x4096 8192x28672 --dtypes bf16 --ms 1 \\
         --variants TC 'TC stats2' --no-save
 """
 from __future__ import annotations
 
 import contextlib
 import sys
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import nf4lab  # noqa: E402,F401  (first: decides GPU or simulator)
 import numpy as np  # noqa: E402
 from numba import cuda, uint32  # noqa: E402  (module globals: the simulator swaps them in kernels)

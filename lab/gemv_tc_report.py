@@ -3,12 +3,12 @@
 Prints README.md's generated tensor-core section (``tools/readme_results.py``, ``gemv_tc_lines``) for every GPU
 with a record: data/results/<gpu>/09_gemv_tc.json and 09_gemv_tc_batch.json, timed by
 
-    python lab/bench_gemv.py --variants TC 'R2 S1 C32 W8 B4' --variant-dtypes bf16 fp16 --ms 1 2 4 8 \
+    python -m lab.bench_gemv --variants TC 'R2 S1 C32 W8 B4' --variant-dtypes bf16 fp16 --ms 1 2 4 8 \
         --batch-shapes 4096x14336 14336x4096 8192x28672 --batch-dtypes bf16 fp16 --no-save
 
 (the files it writes under $OUT, renamed), beside 09_read_bound.json of the same session (lab/gemv_read_bound.py).
 
-    python lab/gemv_tc_report.py
+    python -m lab.gemv_tc_report
 """
 from __future__ import annotations
 
@@ -16,12 +16,10 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "tools"))
 
 
 def main() -> int:
-    import readme_results
+    from tools import readme_results
 
     gpus = sorted(p.parent.name for p in (ROOT / "data" / "results").glob("*/09_gemv_tc.json"))
     for gpu in gpus:

@@ -7,7 +7,7 @@ columns per lane, warps per block, batch M, launch bounds, streaming loads, and 
 code table in 16 copies; H16: a table of fp16 pairs, NOT exact). The former shipped FFMA design (``auto_design``) is this factory with table="pair", cols=32, warps=8, no shuffles, one
 scale copy (the FFMA design notebook 09 taught before the tensor-core kernel replaced it).
 
-Import it as ``lab.gemv_variants`` (the repository root on sys.path): nf4lab.compile_ptx's subprocess then
+Import it as ``lab.gemv_variants`` (from the repository root): nf4lab.compile_ptx's subprocess then
 finds this module's device ops by reference.
 """
 import nf4lab  # first: may switch numba to its simulator

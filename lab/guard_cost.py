@@ -1,6 +1,6 @@
 """What dynamo's guards cost per linear layer of a compiled forward, at every call (CPU or GPU).
 
-    python lab/guard_cost.py [--layers 224] [--repeats 300]
+    python -m lab.guard_cost [--layers 224] [--repeats 300]
 
 A compiled 4-bit decode step spent 2.6-2.9 ms of host time in the frame around the compiled forward against
 0.65 ms for bf16 (H100, 2026-11-27, ``models --profile-steps``): dynamo re-checks its guards at every call,
@@ -21,7 +21,6 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
 
 import nf4lab  # noqa: E402,F401  (first: decides GPU or simulator)
 from nf4lab.measure import results  # noqa: E402

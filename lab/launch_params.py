@@ -12,16 +12,14 @@ here, each case 100 calls then a synchronize, 20 rounds taken in turn, median ho
 - a numba kernel with one int64 parameter, through ``kernelParams``;
 - the whole ``LeanLauncher`` call, and a tiny torch op (``add_``) for scale.
 
-    python lab/launch_params.py
+    python -m lab.launch_params
 """
 from __future__ import annotations
 
 import ctypes
 import statistics
 import sys
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import nf4lab  # noqa: E402  (first: decides GPU or simulator)
 
 

@@ -1,7 +1,7 @@
 """Nsight Compute on the fused GEMV variants of notebook 09 (GPU machine with ncu): what limits them.
 
-    python lab/profile_gemv.py --shapes 8192x28672 4096x14336 --variants auto "R8 S2 C32 W8 B2 H16"
-    python lab/profile_gemv.py --save        # the default set, recorded for notebook 09
+    python -m lab.profile_gemv --shapes 8192x28672 4096x14336 --variants auto "R8 S2 C32 W8 B2 H16"
+    python -m lab.profile_gemv --save        # the default set, recorded for notebook 09
 
 For each (shape, variant) a driver process (this file, ``drive``) quantizes a bf16 W with bitsandbytes on the
 GPU, warms the variant up and launches it once between cudaProfilerStart/Stop; ncu profiles that launch at
@@ -24,7 +24,6 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
 
 SECTIONS = ("SpeedOfLight", "MemoryWorkloadAnalysis", "ComputeWorkloadAnalysis", "SchedulerStats",
             "WarpStateStats", "Occupancy", "LaunchStats")
@@ -129,8 +128,8 @@ def main(argv=None) -> int:
                    "--export", str(rep), "--force-overwrite"]
             for s in SECTIONS + (("SourceCounters",) if a.source else ()):
                 cmd += ["--section", s]
-            cmd += ["--metrics", ",".join(NCU_METRICS.values()), sys.executable, __file__, "drive", shape, v]
-            r = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+            cmd += ["--metrics", ",".join(NCU_METRICS.values()), sys.executable, "-m", "lab.profile_gemv", "drive", shape, v]
+            r = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=ROOT)
             if r.returncode or not rep.exists():
                 print(f"{shape} [{v}]: ncu failed\n{r.stdout[-2000:]}\n{r.stderr[-2000:]}")
                 continue

@@ -6,14 +6,11 @@ wall time, the GPU's busy time (sum of kernel times), and the ops and kernels th
 If the wall time is far above the GPU time the step is host-bound, and a backend's host cost per call
 decides it.
 
-    python lab/qlora_profile.py [--layers 32] [--cprofile]
+    python -m lab.qlora_profile [--layers 32] [--cprofile]
 """
 import argparse
-import sys
 import time
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import nf4lab  # noqa: E402
 from nf4lab.measure import models  # noqa: E402

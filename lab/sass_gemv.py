@@ -7,11 +7,11 @@ and counts the instructions of the kernel's hottest loop (the innermost loop wit
 instructions: one item of the streaming kernel), per weight: loop instructions / weights one lane
 handles per trip (rows x columns per lane; for a batch of M, each weight counts once, not M times).
 
-    python lab/sass_gemv.py                       # the default design, bf16 and fp16
-    python lab/sass_gemv.py --all                 # every variant of VARIANTS
-    python lab/sass_gemv.py --variants "R2 S1 C32 W8 B4" --m 1 2 4 8 --dtypes bf16
-    python lab/sass_gemv.py --keep /tmp/sass      # also keep .ptx/.cubin/.sass
-    python lab/sass_gemv.py --all --batch --save   # record data/sass/09_fused_gemv.json (notebook 09 prints it)
+    python -m lab.sass_gemv                       # the default design, bf16 and fp16
+    python -m lab.sass_gemv --all                 # every variant of VARIANTS
+    python -m lab.sass_gemv --variants "R2 S1 C32 W8 B4" --m 1 2 4 8 --dtypes bf16
+    python -m lab.sass_gemv --keep /tmp/sass      # also keep .ptx/.cubin/.sass
+    python -m lab.sass_gemv --all --batch --save   # record data/sass/09_fused_gemv.json (notebook 09 prints it)
 
 Needs ptxas (CUDA toolkit) and cuobjdump (the toolkit's, or ``pip install nvidia-cuda-cuobjdump``).
 """
@@ -23,7 +23,6 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
 
 import nf4lab  # noqa: E402,F401  (first: decides GPU or simulator)
 
@@ -49,7 +48,6 @@ def main(argv=None) -> int:
     ap.add_argument("--src", default=str(ROOT / "notebooks" / "src" / "09_fused_gemv.py"))
     args = ap.parse_args(argv)
     from lab import bench_gemv, gemv_reports  # noqa: F401
-    from nf4lab.kernels import gemv
 
     mod = bench_gemv.load_kernel(Path(args.src))
     rows = []
@@ -104,7 +102,7 @@ def main(argv=None) -> int:
 
         meta = dict(date=datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"), arch="sm_90",
                     ptxas=gemv_reports.ptxas_version(), numba=runtime.versions()["numba"],
-                    numba_cuda=runtime.versions()["numba_cuda"], command="python lab/sass_gemv.py " + " ".join(
+                    numba_cuda=runtime.versions()["numba_cuda"], command="python -m lab.sass_gemv " + " ".join(
                         argv if argv is not None else sys.argv[1:]),
                     note="offline: ptxas -arch=sm_90 -v and cuobjdump -sass of the PTX numba compiles; no GPU")
         path = ROOT / gemv_reports.SASS_REPORT

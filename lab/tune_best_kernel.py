@@ -10,7 +10,7 @@ harness in one run beside the copy/fill ceilings and bitsandbytes:
               lane t stores words t, t+32, t+64, t+96 of its warp's tile (coalesced).
   v16s      : one 16-byte load and four contiguous 16-byte stores per thread (scattered).
 
-    python tools/tune_best_kernel.py 5   # round 5: writes data/results/<gpu>/tuning_round5*.json
+    python -m lab.tune_best_kernel 5   # round 5: writes data/results/<gpu>/tuning_round5*.json
 """
 from __future__ import annotations
 
@@ -66,78 +66,6 @@ def make_words(K, T, store=ops.store_u32x4, persistent=0):
     return launch
 
 
-def make_v16_exchange(T, store=ops.store_u32x4):
-    WARPS = T // 32
-    STAGE = 4 * T  # 128 words per warp
-
-    @cuda.jit
-    def kern(packed_u32, absmax_q, absmax2, code2, offset, lut_g, out_u32, nwords):
-        lut = cuda.shared.array(16, float32)
-        stage = cuda.shared.array(STAGE, uint32)
-        tid = cuda.threadIdx.x
-        if tid < 16:
-            lut[tid] = lut_g[tid]
-        cuda.syncthreads()
-        warp = tid >> 5
-        lane = tid & 31
-        tile = (uint64(cuda.blockIdx.x) * uint64(WARPS) + uint64(warp)) * uint64(128)
-        if tile + uint64(4 * lane) < nwords:
-            a, bb, c, d = ops.load_u32x4(packed_u32, tile + uint64(4 * lane))
-            stage[warp * 128 + 4 * lane] = a
-            stage[warp * 128 + 4 * lane + 1] = bb
-            stage[warp * 128 + 4 * lane + 2] = c
-            stage[warp * 128 + 4 * lane + 3] = d
-        cuda.syncthreads()  # a warp-level barrier would do; syncthreads also runs in the simulator
-        for j in range(4):
-            w = tile + uint64(32 * j + lane)
-            if w < nwords:
-                x = stage[warp * 128 + 32 * j + lane]
-                blk = w >> uint64(3)
-                s = ops.fadd_rn(ops.fmul_rn(code2[absmax_q[blk]], absmax2[blk >> uint64(8)]), offset)
-                o0 = ops.pack_bf16x2(lut[(x >> 4) & 15] * s, lut[x & 15] * s)
-                o1 = ops.pack_bf16x2(lut[(x >> 12) & 15] * s, lut[(x >> 8) & 15] * s)
-                o2 = ops.pack_bf16x2(lut[(x >> 20) & 15] * s, lut[(x >> 16) & 15] * s)
-                o3 = ops.pack_bf16x2(lut[(x >> 28) & 15] * s, lut[(x >> 24) & 15] * s)
-                store(out_u32, w * uint64(4), o0, o1, o2, o3)
-
-    def launch(b):
-        nwords = b.n // 8
-        assert b.n % 8 == 0 and b.blocksize == 64 and b.dtype == "bf16" and nwords % 4 == 0
-        grid = (nwords + 128 * WARPS - 1) // (128 * WARPS)
-        kern[grid, T, b.stream](b.packed_u32, b.absmax_q, b.absmax2, b.code2, b.offset, b.lut, b.out_u32,
-                                uint64(nwords))
-    return launch
-
-
-def make_v16_scattered(T):
-    @cuda.jit
-    def kern(packed_u32, absmax_q, absmax2, code2, offset, lut_g, out_u32, nvec):
-        lut = cuda.shared.array(16, float32)
-        tid = cuda.threadIdx.x
-        if tid < 16:
-            lut[tid] = lut_g[tid]
-        cuda.syncthreads()
-        v = uint64(cuda.blockIdx.x) * uint64(T) + uint64(tid)
-        if v < nvec:
-            ws = ops.load_u32x4(packed_u32, v * uint64(4))
-            blk = v >> uint64(1)
-            s = ops.fadd_rn(ops.fmul_rn(code2[absmax_q[blk]], absmax2[blk >> uint64(8)]), offset)
-            for j in range(4):
-                x = ws[j]
-                o0 = ops.pack_bf16x2(lut[(x >> 4) & 15] * s, lut[x & 15] * s)
-                o1 = ops.pack_bf16x2(lut[(x >> 12) & 15] * s, lut[(x >> 8) & 15] * s)
-                o2 = ops.pack_bf16x2(lut[(x >> 20) & 15] * s, lut[(x >> 16) & 15] * s)
-                o3 = ops.pack_bf16x2(lut[(x >> 28) & 15] * s, lut[(x >> 24) & 15] * s)
-                ops.store_u32x4(out_u32, (v * uint64(4) + uint64(j)) * uint64(4), o0, o1, o2, o3)
-
-    def launch(b):
-        nvec = b.n // 32
-        assert b.n % 32 == 0 and b.blocksize == 64 and b.dtype == "bf16"
-        kern[(nvec + T - 1) // T, T, b.stream](b.packed_u32, b.absmax_q, b.absmax2, b.code2, b.offset, b.lut,
-                                               b.out_u32, uint64(nvec))
-    return launch
-
-
 def make_expand_bound(K, T, store=ops.store_u32x4):
     """Same traffic as the w-variants with no arithmetic: the bound of this access pattern."""
     @cuda.jit
@@ -158,48 +86,6 @@ def make_expand_bound(K, T, store=ops.store_u32x4):
         nwords = b.n // 8
         kern[(nwords + T * K - 1) // (T * K), T, b.stream](b.packed_u32, b.out_u32, uint64(nwords))
     launch.no_verify = True
-    return launch
-
-
-def make_smem_scales(K, T, store=ops.store_u32x4):
-    """Scales of the block's 64-weight blocks computed once into shared memory."""
-    NB = T * K // 8  # 64-blocks per tile (8 words each)
-
-    @cuda.jit
-    def kern(packed_u32, absmax_q, absmax2, code2, offset, lut_g, out_u32, nwords):
-        lut = cuda.shared.array(16, float32)
-        scales = cuda.shared.array(NB, float32)
-        tid = cuda.threadIdx.x
-        tile0 = uint64(cuda.blockIdx.x) * uint64(T * K)
-        base = tile0 + uint64(tid)
-        words = cuda.local.array(K, uint32)
-        for j in range(K):
-            w = base + uint64(j * T)
-            if w < nwords:
-                words[j] = packed_u32[w]
-        if tid < 16:
-            lut[tid] = lut_g[tid]
-        if tid < NB:
-            blk = (tile0 >> uint64(3)) + uint64(tid)
-            if blk * uint64(8) < nwords:
-                scales[tid] = ops.fadd_rn(ops.fmul_rn(code2[absmax_q[blk]], absmax2[blk >> uint64(8)]), offset)
-        cuda.syncthreads()
-        for j in range(K):
-            w = base + uint64(j * T)
-            if w < nwords:
-                s = scales[(tid + j * T) >> 3]
-                x = words[j]
-                o0 = ops.pack_bf16x2(lut[(x >> 4) & 15] * s, lut[x & 15] * s)
-                o1 = ops.pack_bf16x2(lut[(x >> 12) & 15] * s, lut[(x >> 8) & 15] * s)
-                o2 = ops.pack_bf16x2(lut[(x >> 20) & 15] * s, lut[(x >> 16) & 15] * s)
-                o3 = ops.pack_bf16x2(lut[(x >> 28) & 15] * s, lut[(x >> 24) & 15] * s)
-                store(out_u32, w * uint64(4), o0, o1, o2, o3)
-
-    def launch(b):
-        nwords = b.n // 8
-        assert b.n % 8 == 0 and b.blocksize == 64 and b.dtype == "bf16"
-        kern[(nwords + T * K - 1) // (T * K), T, b.stream](b.packed_u32, b.absmax_q, b.absmax2, b.code2, b.offset,
-                                                           b.lut, b.out_u32, uint64(nwords))
     return launch
 
 
@@ -626,7 +512,7 @@ ROUND_SHAPES = {"7": [(4096, 14336), (8192, 28672), (16384, 16384)]}
 
 
 def main():
-    """python tools/tune_best_kernel.py [ROUND [ROWS COLS]]: ROUND 4-7 (default 5)."""
+    """python -m lab.tune_best_kernel [ROUND [ROWS COLS]]: ROUND 4-7 (default 5)."""
     rnd = sys.argv[1] if len(sys.argv) > 1 else "5"
     shape = tuple(int(s) for s in sys.argv[2:4]) if len(sys.argv) > 3 else None
     print(nf4lab.describe(), flush=True)

@@ -1,10 +1,10 @@
 """Why notebook 06's kernel stops at 96.6% of the traffic-matched bound at 4096x14336 on the H200
 (99% at 16384x16384 and 8192x28672), and which change closes the gap (issue 13).
 
-    python3 lab/wall_small_shapes.py              # H200/H100: writes data/results/<gpu>/wall_small_shapes.json
-    python3 lab/wall_small_shapes.py --small-only # 4096x14336 only (about half the time)
-    python3 lab/wall_small_shapes.py --tiny       # no GPU: every variant bit for bit in the simulator (~2 min)
-    NF4LAB_MODE=compile python3 lab/wall_small_shapes.py --ptx   # no GPU: compile all; registers, SASS order
+    python -m lab.wall_small_shapes              # H200/H100: writes data/results/<gpu>/wall_small_shapes.json
+    python -m lab.wall_small_shapes --small-only # 4096x14336 only (about half the time)
+    python -m lab.wall_small_shapes --tiny       # no GPU: every variant bit for bit in the simulator (~2 min)
+    NF4LAB_MODE=compile python -m lab.wall_small_shapes --ptx   # no GPU: compile all; registers, SASS order
 
 The working hypothesis (nothing here is measured yet). The gap does not scale with the work
 (launch_shapes.json, H200, 06 at 128 x 2 against the bound at 128 x 2: 1.3 / 0.7 / 0.5 us at
@@ -51,7 +51,6 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
 
 import nf4lab  # noqa: E402  (first: decides GPU or simulator before numba.cuda is imported)
 import numpy as np  # noqa: E402
@@ -660,7 +659,7 @@ def tiny_main(args) -> int:
     """Every variant bit for bit in the simulator (no timing): small shapes, persistent grids that loop."""
     global TINY_GRID
     if not runtime.SIMULATOR:
-        print("--tiny runs in the simulator: NF4LAB_MODE=sim python3 lab/wall_small_shapes.py --tiny",
+        print("--tiny runs in the simulator: NF4LAB_MODE=sim python -m lab.wall_small_shapes --tiny",
               file=sys.stderr)
         return 2
     TINY_GRID = 2
@@ -710,7 +709,7 @@ def ptx_main(args) -> int:
     import tempfile
 
     if runtime.SIMULATOR:
-        print("--ptx needs real numba.cuda: NF4LAB_MODE=compile python3 lab/wall_small_shapes.py --ptx",
+        print("--ptx needs real numba.cuda: NF4LAB_MODE=compile python -m lab.wall_small_shapes --ptx",
               file=sys.stderr)
         return 2
     ptxas = shutil.which("ptxas")
