@@ -1,32 +1,44 @@
-"""Tuning experiment for the series' best kernel (run on a GPU; the record of how it was chosen).
+"""The design space around notebook 06's dequantization kernel (GPU; the record of how its shape was chosen).
 
-Variants of the bf16 kernel at 16384x16384, all verified bit for bit, timed with the
-harness in one run beside the copy/fill ceilings and bitsandbytes:
+Variants of the bf16 kernel, each verified bit for bit (bounds excepted), timed with the harness in one run
+beside the copy/fill ceilings and bitsandbytes. Names in the records:
 
-  w{K}x{T}  : each thread converts K u32 words (8 weights each) at stride T inside its
-              block's tile, all K loads issued before the first store; one 16-byte
-              store per word; each warp's stores cover 512 contiguous bytes.
-  v16x{T}   : one 16-byte load per thread (4 words), exchanged through shared memory so
-              lane t stores words t, t+32, t+64, t+96 of its warp's tile (coalesced).
-  v16s      : one 16-byte load and four contiguous 16-byte stores per thread (scattered).
+  w{K}x{T}      each thread converts K u32 words (8 weights each) at stride T inside its block's tile, all K
+                loads issued before the first store; one 16-byte store per word (each warp's stores cover
+                512 contiguous bytes); "cs": streaming stores (st.global.cs)
+  bound: ...    the same traffic with no arithmetic (output garbage, not verified)
 
-    python -m lab.tune_best_kernel 5   # round 5: writes data/results/<gpu>/tuning_round5*.json
+One experiment per command, each writing data/results/<gpu>/<record>.json. Notebooks 06 and 07 read the
+tuning_round* records, so an experiment keeps its first run's record name only while its variants are the same:
+
+    python -m lab.tune_best_kernel load-store-hints        # tuning_round4.json
+    python -m lab.tune_best_kernel scale-loads             # tuning_scale_loads.json (tuning_round5's lab kernels)
+    python -m lab.tune_best_kernel traffic-bounds          # tuning_round6.json
+    python -m lab.tune_best_kernel block-shape             # tuning_round7_<shape>.json, three LLM shapes
+    python -m lab.tune_best_kernel block-shape 4096 14336  # one shape
+
+Notebook 06's kernel comes from the notebook's kernel cells through nf4lab's loader, its launch shape set as
+module attributes (lab.wall_small_shapes.nb06). The records' "06 ..." variants of tuning_round5*.json (06 with
+textual edits, at commit 8a3ce2b, and the fp32 block shapes) and the variants of rounds 1-3 are in git only:
+see lab/README.md.
 """
 from __future__ import annotations
 
-import os
 import sys
 
 import numpy as np
 
-import nf4lab
-from nf4lab.measure import bench
+import nf4lab  # first: decides GPU or simulator
+from llvmlite import ir as _ir
 from nf4lab.kernels import ops
+from nf4lab.measure import bench
 from numba import cuda, float32, uint32, uint64
+from numba import types as _types
+from numba.cuda.extending import intrinsic as _intrinsic
 
 
-def make_words(K, T, store=ops.store_u32x4, persistent=0):
-    """persistent > 0: a grid of persistent * SMs blocks that strides over the tiles."""
+def make_words(K, T, store=ops.store_u32x4):
+    """w{K}x{T}: K words a thread at stride T, all loads before the first store (a grid-stride loop over tiles)."""
     @cuda.jit
     def kern(packed_u32, absmax_q, absmax2, code2, offset, lut_g, out_u32, nwords):
         lut = cuda.shared.array(16, float32)
@@ -59,8 +71,6 @@ def make_words(K, T, store=ops.store_u32x4, persistent=0):
         nwords = b.n // 8
         assert b.n % 8 == 0 and b.blocksize == 64 and b.dtype == "bf16"
         grid = (nwords + T * K - 1) // (T * K)
-        if persistent:
-            grid = min(grid, persistent * (nf4lab.device_info()["sms"] or 1))
         kern[grid, T, b.stream](b.packed_u32, b.absmax_q, b.absmax2, b.code2, b.offset, b.lut, b.out_u32,
                                 uint64(nwords))
     return launch
@@ -89,11 +99,7 @@ def make_expand_bound(K, T, store=ops.store_u32x4):
     return launch
 
 
-# ---- round 4: L2 prefetch hints on the loads, and bulk (TMA) stores from shared memory --------
-from llvmlite import ir as _ir
-from numba import types as _types
-from numba.cuda.extending import intrinsic as _intrinsic
-
+# ---- L2 prefetch hints on the loads, and bulk (TMA) stores from shared memory -------------------
 if nf4lab.SIMULATOR:
     def ld_u32_l2_256(arr, i):
         return arr[i]
@@ -277,45 +283,7 @@ def make_bulk(K, T, prefetch=False):
     return launch
 
 
-# ---- round 5: why notebook 06 trails the same design elsewhere; contiguous chunks per block; fp32 --
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-# The commit whose notebook 06 round 5 measured (its kernel was rewritten after round 5, so that
-# round's textual edits only apply to this version).
-ROUND5_06 = "8a3ce2b"
-
-
-def nb06(dtype, threads=512, units=2, edits=(), rev=None):
-    """Notebook 06's kernel cell (of git revision ``rev``, default the checkout), with textual edits
-    (each a (old, new) pair that must match)."""
-    import subprocess
-    import tempfile
-    from pathlib import Path
-    from nf4lab.lesson import versions
-
-    path = Path(ROOT) / "notebooks" / "06_output_dtypes.ipynb"
-    if rev is not None:
-        text = subprocess.run(["git", "show", f"{rev}:notebooks/06_output_dtypes.ipynb"], cwd=ROOT,
-                              capture_output=True, text=True, check=True).stdout
-        path = Path(tempfile.mkdtemp()) / path.name
-        path.write_text(text)
-    src = "\n".join(versions.kernel_cells(path))
-    src = src.replace("THREADS = 512", f"THREADS = {threads}", 1).replace("UNITS = 2", f"UNITS = {units}", 1)
-    for old, new in edits:
-        assert old in src, old
-        src = src.replace(old, new)
-    mod = {}
-    exec(compile(src, "<06 kernel cell>", "exec"), mod)
-    return mod["launch"]
-
-
-NO_TAIL = ("if cuda.blockIdx.x == 0 and tid == 0:", "if False:")
-FMUL_RN = ("table[(byte >> 4) & NIB] * s", "ops.fmul_rn(table[(byte >> 4) & NIB], s)")
-FMUL_RN2 = ("table[byte & NIB] * s", "ops.fmul_rn(table[byte & NIB], s)")
-NO_SHIFT = ("w = words[k] >> uint32((first & uint64(7)) << 2)", "w = words[k]")
-
-
+# ---- what holds notebook 06's kernel below the bounds: scale loads, contiguous chunks per block ------------
 def fastkernel_launch(dtype):
     """nf4lab.dequantize's kernel (nested statistics, vector path) on the harness' buffers."""
     from numba import cuda as _cuda
@@ -420,50 +388,6 @@ def make_words_scales_first(K, T):
     return launch
 
 
-def variants_round4():
-    cs = ops.store_u32x4_cs
-    return {
-        "w2x512 cs": make_words(2, 512, cs),
-        "w1x256 cs": make_words(1, 256, cs),
-        "L2::256B loads w1x256 cs": make_words_l2(1, 256),
-        "L2::256B loads w2x512 cs": make_words_l2(2, 512),
-        "L2::256B loads w4x256 cs": make_words_l2(4, 256),
-        "bound: L2::256B loads, expand w1x256 cs": make_words_l2(1, 256, bound=True),
-        "bound: L2::256B loads, expand w2x512 cs": make_words_l2(2, 512, bound=True),
-        "bulk (TMA) store w2x256": make_bulk(2, 256),
-        "bulk (TMA) store w4x256": make_bulk(4, 256),
-        "bulk (TMA) store w2x512 + L2::256B": make_bulk(2, 512, prefetch=True),
-        "bulk (TMA) store w8x128 + L2::256B": make_bulk(8, 128, prefetch=True),
-    }
-
-
-def variants_round5_bf16():
-    return {
-        "06 as in the notebook": nb06("bf16", rev=ROUND5_06),
-        "06 - tail code": nb06("bf16", rev=ROUND5_06, edits=[NO_TAIL]),
-        "06 + fmul_rn": nb06("bf16", rev=ROUND5_06, edits=[FMUL_RN, FMUL_RN2]),
-        "06 - fp32 shift": nb06("bf16", rev=ROUND5_06, edits=[NO_SHIFT]),
-        "06 - tail - shift + fmul_rn": nb06("bf16", rev=ROUND5_06, edits=[NO_TAIL, NO_SHIFT, FMUL_RN, FMUL_RN2]),
-        "nf4lab.dequantize kernel": fastkernel_launch("bf16"),
-        "w2x512": make_words(2, 512),
-        "w2x512 scales first": make_words_scales_first(2, 512),
-        "w4x256 scales first": make_words_scales_first(4, 256),
-        "chunked w2x512, 4/SM": make_words_chunked(2, 512, 4),
-        "chunked w2x512, 4/SM, scales first": make_words_chunked(2, 512, 4, scales_first=True),
-        "chunked w2x256, 8/SM": make_words_chunked(2, 256, 8),
-        "chunked w4x128, 16/SM, scales first": make_words_chunked(4, 128, 16, scales_first=True),
-    }
-
-
-def variants_round5_fp32():
-    out = {"06 fp32 as in the notebook (2x512)": nb06("fp32", rev=ROUND5_06)}
-    for units, threads in ((1, 256), (2, 256), (4, 256), (1, 512), (4, 512), (1, 1024), (2, 1024)):
-        out[f"06 fp32 {units}x{threads}"] = nb06("fp32", threads, units, rev=ROUND5_06)
-    out["06 fp32 2x512 - tail"] = nb06("fp32", rev=ROUND5_06, edits=[NO_TAIL])
-    out["nf4lab.dequantize kernel fp32"] = fastkernel_launch("fp32")
-    return out
-
-
 def make_mix_bound(T, stores=4):
     """A bound with the copy's own access style: each thread one 16-byte load and `stores` 16-byte
     stores (each warp store 512 contiguous bytes), no arithmetic. stores=4 moves NF4's bytes (packed
@@ -485,54 +409,107 @@ def make_mix_bound(T, stores=4):
     return launch
 
 
-def variants_round6_bf16():
+def nb06(units=None, threads=None):
+    """Notebook 06's kernel (all dtypes), at its own launch shape or at ``units`` x ``threads``."""
+    if units is None:
+        from nf4lab.lesson import versions
+
+        return versions.load_module("06_output_dtypes").launch
+    from lab.wall_small_shapes import nb06 as at_shape
+
+    return at_shape(threads, units)
+
+
+def variants_load_store_hints():
+    """L2::256B prefetch hints on the word loads, streaming stores, and bulk (TMA) stores from shared memory."""
+    cs = ops.store_u32x4_cs
+    return {
+        "w2x512 cs": make_words(2, 512, cs),
+        "w1x256 cs": make_words(1, 256, cs),
+        "L2::256B loads w1x256 cs": make_words_l2(1, 256),
+        "L2::256B loads w2x512 cs": make_words_l2(2, 512),
+        "L2::256B loads w4x256 cs": make_words_l2(4, 256),
+        "bound: L2::256B loads, expand w1x256 cs": make_words_l2(1, 256, bound=True),
+        "bound: L2::256B loads, expand w2x512 cs": make_words_l2(2, 512, bound=True),
+        "bulk (TMA) store w2x256": make_bulk(2, 256),
+        "bulk (TMA) store w4x256": make_bulk(4, 256),
+        "bulk (TMA) store w2x512 + L2::256B": make_bulk(2, 512, prefetch=True),
+        "bulk (TMA) store w8x128 + L2::256B": make_bulk(8, 128, prefetch=True),
+    }
+
+
+def variants_scale_loads():
+    """The scale's loads issued with the words ("scales first"), persistent blocks that each own one contiguous
+    run of tiles ("chunked"), beside nf4lab.dequantize's kernel."""
+    return {
+        "nf4lab.dequantize kernel": fastkernel_launch("bf16"),
+        "w2x512": make_words(2, 512),
+        "w2x512 scales first": make_words_scales_first(2, 512),
+        "w4x256 scales first": make_words_scales_first(4, 256),
+        "chunked w2x512, 4/SM": make_words_chunked(2, 512, 4),
+        "chunked w2x512, 4/SM, scales first": make_words_chunked(2, 512, 4, scales_first=True),
+        "chunked w2x256, 8/SM": make_words_chunked(2, 256, 8),
+        "chunked w4x128, 16/SM, scales first": make_words_chunked(4, 128, 16, scales_first=True),
+    }
+
+
+def variants_traffic_bounds():
+    """Bounds of notebook 06's traffic in two access styles (no arithmetic), beside 06's kernel."""
     return {
         "bound: 16B load + 4 coalesced 16B stores x256": make_mix_bound(256),
         "bound: 16B load + 4 coalesced 16B stores x512": make_mix_bound(512),
         "bound: expand u32 -> 16 B, w2x512": make_expand_bound(2, 512),
         "bound: expand u32 -> 16 B, w1x256": make_expand_bound(1, 256),
-        "06 best kernel": nb06("bf16"),
+        "06 best kernel": nb06(),
     }
 
 
-def variants_round7_bf16():
-    """Block shape of notebook 06's kernel at the LLM weight shapes, where the last partial wave of
-    blocks is a larger share of the time than at 16384x16384."""
-    out = {}
-    for units, threads in ((2, 512), (1, 512), (2, 256), (1, 256), (4, 128), (2, 128), (1, 1024)):
-        out[f"06 {units}x{threads}"] = nb06("bf16", threads, units)
+def variants_block_shape():
+    """Block shape (units x threads) of notebook 06's kernel at the LLM weight shapes, where the last partial
+    wave of blocks is a larger share of the time than at 16384x16384."""
+    out = {f"06 {units}x{threads}": nb06(units, threads)
+           for units, threads in ((2, 512), (1, 512), (2, 256), (1, 256), (4, 128), (2, 128), (1, 1024))}
     out["nf4lab.dequantize kernel"] = fastkernel_launch("bf16")
     return out
 
 
-ROUNDS = {"4": [("bf16", variants_round4)], "5": [("bf16", variants_round5_bf16), ("fp32", variants_round5_fp32)],
-          "6": [("bf16", variants_round6_bf16)],
-          "7": [("bf16", variants_round7_bf16)]}
-ROUND_SHAPES = {"7": [(4096, 14336), (8192, 28672), (16384, 16384)]}
+# experiment: (variants, record name, shapes: None = the case's default 16384x16384)
+EXPERIMENTS = {
+    "load-store-hints": (variants_load_store_hints, "tuning_round4", None),
+    "scale-loads": (variants_scale_loads, "tuning_scale_loads", None),
+    "traffic-bounds": (variants_traffic_bounds, "tuning_round6", None),
+    "block-shape": (variants_block_shape, "tuning_round7", [(4096, 14336), (8192, 28672), (16384, 16384)]),
+}
 
 
-def main():
-    """python -m lab.tune_best_kernel [ROUND [ROWS COLS]]: ROUND 4-7 (default 5)."""
-    rnd = sys.argv[1] if len(sys.argv) > 1 else "5"
-    shape = tuple(int(s) for s in sys.argv[2:4]) if len(sys.argv) > 3 else None
+def main(argv=None) -> int:
+    import argparse
+
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("experiment", choices=list(EXPERIMENTS))
+    ap.add_argument("shape", nargs="*", type=int, help="ROWS COLS (default: the experiment's shapes)")
+    ap.add_argument("--name", help="record name (default: the experiment's)")
+    a = ap.parse_args(argv)
+    make, record, shapes = EXPERIMENTS[a.experiment]
+    if a.shape and len(a.shape) != 2:
+        ap.error("shape: ROWS COLS")
+    shapes = [tuple(a.shape)] if a.shape else (shapes or [None])
     print(nf4lab.describe(), flush=True)
-    shapes = [shape] if shape else ROUND_SHAPES.get(rnd, [None])
-    for (dtype, make), shape in [(dm, sh) for dm in ROUNDS[rnd] for sh in shapes]:
-        case = nf4lab.make_case(shape, dtype, "randn", 0)
+    for shape in shapes:
+        case = nf4lab.make_case(shape, "bf16", "randn", 0)
         print(case, flush=True)
-        if not nf4lab.ON_GPU:
+        if not nf4lab.ON_GPU:  # the simulator checks the variants' bits; bounds only time (whole tiles of 16384^2)
             for name, launch in make().items():
-                if getattr(launch, "no_verify", False):
-                    launch(nf4lab.make_buffers(case))
-                    continue
-                print(nf4lab.run_and_verify(launch, case, name=name))
+                if not getattr(launch, "no_verify", False):
+                    print(nf4lab.run_and_verify(launch, case, name=name))
             continue
         run = bench.run_versions(make(), case)
-        suffix = ("" if dtype == "bf16" else f"_{dtype}") + (f"_{shape[0]}x{shape[1]}" if len(shapes) > 1 else "")
-        path = run.save(os.environ.get("TUNE_NAME", f"tuning_round{rnd}") + suffix)
+        suffix = f"_{shape[0]}x{shape[1]}" if len(shapes) > 1 else ""
+        path = run.save((a.name or record) + suffix)
         print(run.table())
         print("saved", path, flush=True)
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())
