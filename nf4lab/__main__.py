@@ -137,7 +137,9 @@ def execute_notebook(path: Path, out: Path, timeout: int = 1800) -> float:
     t0 = time.perf_counter()
     client = notebook_client(nb, path.parent, timeout)
     try:
-        client.execute()
+        # nbclient keeps alive a kernel whose manager it was handed (km=): shut it down here, or
+        # every kernel lives until this process exits and then prints "Parent appears to have exited".
+        client.execute(cleanup_kc=True)
     finally:
         import shutil
 
