@@ -9,15 +9,15 @@
 # **Goal.** bitsandbytes dequantizes to bf16, fp16 or fp32, and our kernel must match it bit for
 # bit in each. We write **one kernel source** and let numba compile a specialised kernel per output
 # dtype, choosing the conversion at compile time: `cvt.rn.bf16x2.f32` for bf16, `cvt.rn.f16x2.f32`
-# for fp16, the float32 bits themselves for fp32. It combines what the earlier steps taught:
-# several packed words per thread, all loaded before any store, shared LUT, warp-contiguous
-# 16-byte stores. We predict it lands near the copy ceiling for every dtype; the benchmark says
-# how near, and whether it beats 04/05's exchange kernel is for the measurement to decide. A last
-# section shows what a T4 (sm_75), which lacks the sm_80 conversion instructions, runs instead.
+# for fp16, the float32 bits themselves for fp32. Bit-exactness is a property of that rounding
+# instruction, and the PTX shows which one each kernel carries. The kernel also changes the
+# access pattern of 04 and 05 (no shared-memory exchange); the benchmark times it beside 05's
+# kernel in the same run. A last section shows what a T4 (sm_75), which lacks the sm_80
+# conversion instructions, runs instead.
 #
 # **Contents**
 # 1. [Prediction](#prediction)
-# 2. [Design](#design)
+# 2. [The access pattern, against 04 and 05](#design)
 # 3. [The kernel](#kernel)
 # 4. [PTX evidence, per dtype](#ptx)
 # 5. [Verification, per dtype](#verify)
@@ -32,7 +32,7 @@ import nf4lab  # first: decides GPU or simulator before numba.cuda is imported
 import numpy as np
 from numba import cuda
 
-from nf4lab import bench, bytemodel, plots, ptx, results
+from nf4lab import bench, bytemodel, plots, ptx, results, versions
 
 print(nf4lab.describe())
 cases = {d: nf4lab.make_case(dtype=d) for d in ("bf16", "fp16", "fp32")}   # default shape
@@ -78,50 +78,20 @@ if copy is None:
 
 # %% [markdown]
 # <a id="design"></a>
-# ## 2. Design
+# ## 2. The access pattern, against 04 and 05
 #
-# What the earlier steps taught, combined:
-#
-# * **Warp-contiguous accesses, without an exchange.** The unit of work is what one 16-byte store
-#   holds: the 8 weights of a packed word for bf16/fp16, 4 weights (half a word) for fp32. Lane `t`
-#   of a block takes units `base + t`, `base + t + THREADS`, ... (`UNITS` of them). Each warp store
-#   instruction writes 512 contiguous bytes; each warp load reads 128 contiguous bytes (64 for
-#   fp32, where two lanes share a word). Step 04's shared-memory exchange is no longer needed: the
-#   16-byte load was what made it necessary.
-# * **Every global load before the barrier.** A thread issues its `UNITS` word loads, the matching
-#   `absmax_q` and `absmax2` loads and its share of the two small tables back to back into
-#   registers (local arrays that LLVM keeps in registers once the loops over `UNITS` are
-#   unrolled). Then the tables go into shared memory, one barrier, and the stores. A block waits
-#   for memory once.
-# * **code2 in shared memory too.** The scale needs `code2[absmax_q[b]]`: a load whose address is
-#   known only when `absmax_q` has arrived. Read from global memory, that is a second round trip
-#   through the memory system before the first store, in every block. With the block's 256 threads
-#   copying `code2` (256 floats) alongside the data, the lookup becomes a shared-memory read after
-#   the barrier. The lab measured what each piece cost (`lab/wall_small_shapes.py`,
-#   `data/results/<gpu>/wall_small_shapes*.json`): the LUT prologue nearly nothing, the dependent
-#   `code2` load most of the gap to the bound at 4096 x 14336 on the H200.
-# * **The sizes come from measurements.** The tuning script (`lab/tune_best_kernel.py`) timed 1, 2, 4
-#   and 8 words per thread at 128 to 1024 threads, persistent grids, 16-byte loads with an
-#   exchange, streaming stores, L2 prefetch hints and TMA bulk stores on the H100
-#   (`data/results/NVIDIA_H100_80GB_HBM3/tuning_round*.json`). The block size is not neutral, so
-#   `tools/launch_shapes.py` times this kernel at several launch shapes on the GPU it runs on
-#   (`data/results/<gpu>/launch_shapes.json`); the one shape shipped for all, 256 threads x 2 units,
-#   is printed beside them below when this GPU has a record.
-# * **Shared LUT** (step 05), filled once per block.
-# * **The scale once per unit** (once per word for bf16/fp16, twice for fp32; `fmul_rn`/`fadd_rn`,
-#   never an FMA), the block index a shift.
-# * **fp32** writes 32 bytes per packed word. Giving one thread the whole word would mean two
-#   16-byte stores per lane, 32 bytes apart: each warp store would leave holes, the pitfall of
-#   step 04. Half a word per thread keeps every store instruction contiguous.
-# * **The tail:** the last weights that do not fill a unit are written one at a time by the one
-#   thread whose unit index is just past the last whole unit: the grid has one thread more than
-#   there are units, and no thread does anything else afterwards.
-# * **Typed constants and `fmul_rn` everywhere.** `uint32 >> 4` looks harmless, but the `4` is an
-#   int64 and numba then computes the byte extraction in 64 bits; a first version of this kernel
-#   written that way (with the tail after the loop) ran slower on the H100 than the same design
-#   with typed constants (`data/results/NVIDIA_H100_80GB_HBM3/tuning_round5.json`: "06 as in the notebook" against
-#   "nf4lab.dequantize kernel", one run). At the wall every instruction between a thread's loads
-#   and its stores costs bandwidth.
+# 04 and 05 load 16 bytes of codes per thread and exchange them through shared memory, so that
+# each warp's stores stay contiguous. Here the unit of work is what one 16-byte store holds: the
+# 8 weights of one packed 32-bit word (bf16, fp16), or 4 weights, half a word (fp32). Lane `t`
+# of a block takes units `t`, `t + THREADS`, ... (`UNITS` of them): each warp store writes 512
+# contiguous bytes and each warp load reads 128 (64 for fp32), with no exchange. A thread issues
+# all its global loads (its words, their scales, its share of the LUT and of `code2`) before the
+# block's one barrier, so a block waits for memory once; `code2` sits in shared memory beside the
+# LUT, so that `code2[absmax_q[b]]` is not a second trip to global memory. The scale is computed
+# once per unit with `fmul_rn`/`fadd_rn` (never an FMA), and the one thread just past the last
+# whole unit writes the tail. Section 6 times 05's shared-LUT kernel beside this one in the same
+# run: that is the measured comparison. How these choices were tried and timed is in
+# `lab/README.md`.
 #
 # <a id="kernel"></a>
 # ## 3. The kernel
@@ -130,17 +100,32 @@ if copy is None:
 # function, closing over the constant `OUT`. numba freezes closure constants into the code, so
 # `if OUT == FP32:` is decided at compile time and each kernel contains only its own conversion
 # (the PTX below shows it). `launch(b)` picks the kernel for `b.dtype`.
+#
+# **The launch shape.** `THREADS` and `UNITS` come from a record of this kernel timed at several
+# launch shapes (`tools/launch_shapes.py`); the cell prints it with its GPU and date, and which of
+# the two parameters moved the bandwidth.
 
 # %%
+import re
+
 shapes = bench.Run.load("launch_shapes")
 if shapes is None:
     print("no launch-shape run recorded for this GPU (python tools/launch_shapes.py records one)")
 else:
-    print(f"this kernel at several launch shapes, 16384 x 16384 bf16 ({results.source_note()}):")
+    print(f"this kernel at several launch shapes, 16384 x 16384 bf16, {results.label(shapes.meta)}:")
     for k in shapes.kernels():
         if k["shape"] == [16384, 16384] and k["dtype"] == "bf16":
             bound = f", {k['pct_bound']:.0f}% of the traffic-matched bound" if k.get("pct_bound") else ""
             print(f"  {k['name']}: {k['gbps']:.0f} GB/s, {k['pct_copy']:.0f}% of copy{bound}")
+    shape_of = {k["name"]: re.search(r"(\d+) threads x (\d+)", k["name"]) for k in shapes.kernels()
+                if k["shape"] == [16384, 16384] and k["dtype"] == "bf16" and k["name"].startswith("06")}
+    by_units = {}
+    for name, m in shape_of.items():
+        if m:
+            by_units.setdefault(int(m.group(2)), []).append(shapes.get(name, dtype="bf16")["gbps"])
+    for u, g in sorted(by_units.items()):
+        print(f"  {u} unit(s) per thread, {len(g)} block size(s): {min(g):.0f}-{max(g):.0f} GB/s "
+              f"(spread {(max(g) - min(g)) / max(g):.1%})")
 
 # %% tags=["kernel"]
 import nf4lab  # noqa: F811  (this cell runs on its own in nf4lab.versions)
@@ -331,13 +316,17 @@ nf4lab.verify_versions(VERSIONS, cases["bf16"], dtypes=("bf16", "fp16", "fp32"))
 # ## 6. Benchmark
 #
 # One kernel source, timed for each output dtype at the default shape, each with its own ceilings
-# and bitsandbytes (for the same dtype) in the same run.
+# and bitsandbytes (for the same dtype) in the same run. Beside the bf16 kernel, the same run
+# times 05's shared-LUT kernel (16-byte loads and an exchange, loaded from notebook 05's `kernel`
+# cell): the one comparison of the two access patterns, on the same data, in one process.
 
 # %%
 # Under NF4LAB_ARCH=sm_75 (section 7) these kernels carry the T4 paths: their results get a file of their own.
 SM75_RUN = nf4lab.arch.FORCED is not None and nf4lab.arch.FORCED < (8, 0)
 RESULTS_NAME = "sm_75_06_output_dtypes" if SM75_RUN else "06_output_dtypes"
+PREV = "05 LUT in shared memory"           # 04's access pattern with 05's shared LUT
 run = bench.step(RESULTS_NAME, {
+    PREV: (versions.load("05_shared_lut")[PREV], cases["bf16"]),
     "06 best kernel -> bf16": (launch, cases["bf16"]),
     "06 best kernel -> fp16": (launch, cases["fp16"]),
     "06 best kernel -> fp32": (launch, cases["fp32"]),
@@ -349,13 +338,13 @@ if run is not None:
         bound = f", {r['pct_bound']:.0f}% of the traffic-matched bound" if r.get("pct_bound") else ""
         print(f"{r['name']}: {r['gbps']:.0f} GB/s, {r['pct_copy']:.0f}% of copy, {r['pct_fill']:.0f}% of fill"
               f"{bound}, {r['speedup_vs_bnb']:.2f}x bitsandbytes")
-    bf = run.get("06 best kernel -> bf16")
-    for name in ("04_vector_loads", "05_shared_lut"):   # other runs: compare shares of each run's copy
-        r = bench.Run.load(name)
-        best = max(r.kernels(), key=lambda k: k["pct_copy"] or 0, default=None) if r is not None else None
-        if bf and best and best.get("pct_copy"):
-            print(f"bf16 against {best['name']!r} ({best['pct_copy']:.0f}% of copy in {name}'s run): "
-                  f"{bf['pct_copy'] / best['pct_copy']:.3f}x")
+    bf, prev = run.get("06 best kernel -> bf16"), run.get(PREV, dtype="bf16")
+    if bf and prev:
+        print(f"same run, bf16: this kernel {bf['ms']:.4f} ms, {PREV!r} {prev['ms']:.4f} ms: "
+              f"{prev['ms'] / bf['ms']:.3f}x ({results.label(run.meta)})")
+    else:
+        print(f"this run ({results.label(run.meta)}) did not time {PREV!r} beside this kernel: "
+              "no comparison (run the notebook on a GPU to measure both)")
 
 # %%
 plots.progress("06_output_dtypes");
@@ -439,8 +428,10 @@ for d in ("bf16", "fp16"):
 # would cost up to the factor printed above; a kernel at the memory wall may have issue slots to
 # spare and hide part of the extra work behind memory time, so we predict a cost below that bound,
 # largest for bf16; how far below is for the measurement to say. The measurement, when one with
-# `NF4LAB_ARCH=sm_75` is recorded for this GPU (fp32 converts nothing: we expect its two runs to
-# differ only by run-to-run noise):
+# `NF4LAB_ARCH=sm_75` is recorded for this GPU: it is another process, so the cell compares each
+# run's share of its own traffic-matched bound, and only when the two runs used the same GPU,
+# driver and package versions on the same day; otherwise it says what differs. fp32 converts
+# nothing: its two shares should differ only by run-to-run noise.
 
 # %%
 sm80 = bench.Run.load("06_output_dtypes") if SM75_RUN else run
@@ -449,11 +440,17 @@ if sm75 is None or sm80 is None:
     print("no NF4LAB_ARCH=sm_75 run recorded for this GPU: the cost above is an estimate only")
 else:
     print(f"sm_75 paths: {results.label(sm75.meta)}\nsm_80 paths: {results.label(sm80.meta)}")
-    for d in ("bf16", "fp16", "fp32"):
+    keys = ("gpu", "driver", "numba_cuda", "bitsandbytes", "torch")
+    differ = [k for k in keys if sm75.meta.get(k) != sm80.meta.get(k)]
+    if sm75.meta.get("date", "")[:10] != sm80.meta.get("date", "")[:10]:
+        differ.append("day (the kernel may have changed in between)")
+    if differ:
+        print(f"not compared: the two runs differ in {', '.join(differ)}")
+    for d in ("bf16", "fp16", "fp32") if not differ else ():
         a, b = sm80.get(f"06 best kernel -> {d}"), sm75.get(f"06 best kernel -> {d}")
-        if a and b and a.get("pct_copy") and b.get("pct_copy"):   # two runs: shares of each one's copy
-            print(f"{d}: {a['pct_copy']:.1f}% of copy with the sm_80 instructions, {b['pct_copy']:.1f}% "
-                  f"with the sm_75 paths: {a['pct_copy'] / b['pct_copy'] - 1:+.1%} time")
+        if a and b and a.get("pct_bound") and b.get("pct_bound"):   # each run's share of its own bound
+            print(f"{d}: {a['pct_bound']:.1f}% of the bound with the sm_80 instructions, "
+                  f"{b['pct_bound']:.1f}% with the sm_75 paths")
 
 # %% [markdown]
 # <a id="learned"></a>
@@ -465,18 +462,11 @@ else:
 #   `cvt.rn.f16x2.f32` (round to nearest even, both lanes at once, first operand to the upper
 #   half), or no rounding at all for fp32.
 # * At the wall, what is left is the access pattern: warp-contiguous loads and stores, several
-#   loads in flight per thread, and one wait on memory per block: a load whose address depends on
-#   another load (`code2[absmax_q[b]]`) is a second wait, so the small table moves to shared memory.
-#   Compare the bars with the copy ceiling; fp32 writes twice the output bytes and is compared with
-#   the fill ceiling. Whether each dtype reached its bound on this GPU is printed in section 6.
-# * Designs that look different (16-byte loads with an exchange in 04/05, u32 words here) are
-#   compared by measurement, not by argument: section 6 printed this kernel's bf16 against 04's
-#   and 05's best, each as a share of its own run's copy. How much there was to win depends on the
-#   GPU: where 04's kernel already ran within a few % of the traffic-matched bound (the H100's
-#   runs), little; where it stopped well short of it (the H200's 04 run recorded 84% of copy,
-#   `data/results/NVIDIA_H200/04_vector_loads.json`), more. The traffic-matched
-#   bound (the same bytes, no arithmetic at all) is the fairer target than copy: 07 holds every
-#   kernel to it.
+#   loads in flight per thread, and one wait on memory per block. Whether each dtype reached its
+#   traffic-matched bound on this GPU is printed in section 6; fp32 writes twice the output bytes.
+# * Two access patterns (16-byte loads with an exchange in 05, u32 words here) are compared by
+#   measurement, in one run on the same data: section 6 printed the ratio on this GPU. 07 holds
+#   every kernel to the traffic-matched bound.
 # * A GPU without an instruction gets a second path chosen at compile time, not a second kernel:
 #   on sm_75 bf16 is rounded in integers; the cost is counted in PTX, and measured where an
 #   `NF4LAB_ARCH=sm_75` run is recorded for the GPU (the cell above says whether one is).
@@ -488,20 +478,21 @@ else:
 # <a id="exercises"></a>
 # ## 9. Exercise: the fp16 path
 #
-# A colleague wrote an fp16-only version of a simple one-word-per-thread kernel. It looks right,
-# and bf16 and fp16 "are both 16 bits". Run the check with `dtype="fp16"`, read the message
-# (every position of what?), and fix the kernel. *Think first:* in `cvt.rn.f16x2.f32 d, a, b`,
-# which operand lands in the upper half of `d`, and which weight of a pair belongs at the lower
-# address?
+# A colleague wrote an fp16-only version of a simple one-word-per-thread kernel, reasoning that
+# bf16 and fp16 "are both 16 bits". Run the cell: the check compares its output with
+# bitsandbytes' fp16 bit for bit, and the cell prints the conversion instructions of the
+# kernel's PTX. Which rounding instruction does fp16 output need (section 4), and which one does
+# this kernel carry? Fix `f16_pair` (one line). The solution also asserts the PTX.
 
 # %%
 @cuda.jit(device=True, inline="always")
 def f16_pair(byte, table, s):
+    """The two weights of one packed byte (high nibble first), as two fp16 in one uint32."""
 ### BEGIN SOLUTION
-    return ops.pack_f16x2(table[(byte >> 4) & NIB] * s, table[byte & NIB] * s)   # (lo, hi): high nibble first
+    return ops.pack_f16x2(ops.fmul_rn(table[(byte >> U4) & NIB], s), ops.fmul_rn(table[byte & NIB], s))
 ### STUDENT
-    # TODO: not bit-exact. Fix this line.
-    return ops.pack_f16x2(table[byte & NIB] * s, table[(byte >> 4) & NIB] * s)
+    # TODO: not bit-exact for fp16 output. Fix this line (the PTX printed below is the clue).
+    return ops.pack_bf16x2(ops.fmul_rn(table[(byte >> U4) & NIB], s), ops.fmul_rn(table[byte & NIB], s))
 ### END SOLUTION
 
 
@@ -517,14 +508,14 @@ def dequant_fp16(packed, packed_u32, lut, absmax_q, absmax2, code2, offset, out,
         s = block_scale(absmax_q, absmax2, code2, offset, first >> log2_bs)
         w = packed_u32[wi]
         if first + uint64(8) <= n:
-            ops.store_u32x4(out_u32, wi << 2, f16_pair(w, table, s), f16_pair(w >> 8, table, s),
-                            f16_pair(w >> 16, table, s), f16_pair(w >> 24, table, s))
+            ops.store_u32x4(out_u32, wi << U2, f16_pair(w & BYTE, table, s), f16_pair((w >> U8_32) & BYTE, table, s),
+                            f16_pair((w >> U16_32) & BYTE, table, s), f16_pair(w >> U24_32, table, s))
         else:
             i = first
             while i < n:
-                byte = w >> uint32(((i - first) >> 1) << 3)
-                q = ((byte >> 4) & NIB) if (i & U1) == 0 else (byte & NIB)
-                out[i] = ops.to_f16_bits(table[q] * s)
+                byte = w >> uint32(((i - first) >> U1) << U3)
+                q = ((byte >> U4) & NIB) if (i & U1) == U0 else (byte & NIB)
+                out[i] = ops.to_f16_bits(ops.fmul_rn(table[q], s))
                 i += U1
 
 
@@ -536,14 +527,16 @@ def launch_fp16(b):
 
 
 result = nf4lab.check(launch_fp16, name="exercise: fp16 path", dtype="fp16", shapes=((3, 5), (1, 65), (7, 33)))
+ex_ptx = nf4lab.compile_ptx(dequant_fp16, sig("fp16"))
+ptx.show(ex_ptx, [r"^cvt\.rn\.\w+x2"], limit=2)
 ### BEGIN SOLUTION
 assert result
+ptx.check(ex_ptx, present=[r"^cvt\.rn\.f16x2\.f32"], absent=[r"^cvt\.rn\.bf16x2"])
 ### STUDENT
 ### END SOLUTION
 
 # %% [markdown]
-# *What to notice:* the tail (written one weight at a time) was right all along; only the packed
-# pairs were swapped, which verification recognises and names. Packing intrinsics differ in
-# operand order between libraries (`__floats2half2_rn(a, b)` puts `a` in the *low* half, the raw
-# `cvt.rn.f16x2.f32` puts its first source in the *high* half); `nf4lab.ops.pack_f16x2(lo, hi)`
-# hides that, but only if `lo` is the weight at the lower address.
+# *What to notice:* the tail (written one weight at a time with `ops.to_f16_bits`) was right all
+# along; only the packed pairs went through the wrong conversion. Two 16-bit formats with the same
+# size round differently and place their bits differently (bf16: 8 exponent bits, fp16: 5), so
+# bit-exactness is decided by the instruction that rounds, and the PTX is where to look for it.
