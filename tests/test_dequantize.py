@@ -309,7 +309,7 @@ def test_block_crossing_a_row_gives_the_formats_values(shape, bs, quant_type):
     assert np.array_equal(np.abs(got16).view(np.int16), np.abs(want16).view(np.int16))
     if dequant.bnb_cpu_path(shape, bs) == "avx512":
         theirs = F.dequantize_4bit(packed, qs).numpy().reshape(-1)
-        # If this fails, bitsandbytes fixed its AVX-512 indexing: update README "Drop-in" and dequant.py.
+        # If this fails, bitsandbytes fixed its AVX-512 indexing: update docs/package.md "Where nf4lab and bitsandbytes differ" and dequant.py.
         assert not np.array_equal(theirs, want), "bitsandbytes' AVX-512 path now gives the format's values"
         rows_ok = np.array_equal(theirs[: shape[-1]], want[: shape[-1]])
         assert rows_ok, "row 0 is indexed the same way by both (its blocks start at 0)"
