@@ -1,6 +1,6 @@
-"""SASS of the notebook 09 GEMV kernels without a GPU: registers and instructions per weight.
+"""SASS of the FFMA GEMV designs (lab/gemv_variants.py) without a GPU: registers and instructions per weight.
 
-Compiles the kernel cell of notebooks/src/09_fused_gemv.py to PTX (NVVM, works in the simulator),
+Compiles a design to PTX (NVVM, works in the simulator),
 assembles it for sm_90 with ptxas (the PTX ``.version`` line is lowered to what the installed ptxas
 accepts; the launch bounds the kernel was jitted with stay in the PTX), disassembles with cuobjdump
 and counts the instructions of the kernel's hottest loop (the innermost loop with the most
@@ -38,18 +38,17 @@ def _line(label, r, wpt):
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--dtypes", nargs="*", default=["bf16", "fp16"])
-    ap.add_argument("--variants", nargs="*", help="names from the notebook's VARIANTS (default: the default design)")
+    ap.add_argument("--variants", nargs="*", help="names from gemv_variants.VARIANTS (default: the default design)")
     ap.add_argument("--all", action="store_true", help="every variant of VARIANTS")
     ap.add_argument("--m", nargs="*", type=int, default=[1], help="batch sizes (default 1)")
     ap.add_argument("--batch", action="store_true",
-                    help="also auto_design for M = 2, 4, 8 (short and long W) and the notebook's BATCH_VARIANTS")
+                    help="also auto_design for M = 2, 4, 8 (short and long W) and BATCH_VARIANTS")
     ap.add_argument("--keep", help="folder to keep the .ptx/.cubin/.sass files in")
     ap.add_argument("--save", action="store_true", help="write the report to data/sass/09_fused_gemv.json")
-    ap.add_argument("--src", default=str(ROOT / "notebooks" / "src" / "09_fused_gemv.py"))
     args = ap.parse_args(argv)
-    from lab import bench_gemv, gemv_reports  # noqa: F401
+    from lab import gemv_reports
+    from lab import gemv_variants as mod
 
-    mod = bench_gemv.load_kernel(Path(args.src))
     rows = []
     names = list(mod.VARIANTS) if args.all else (args.variants or [])
     designs = {}
