@@ -135,17 +135,6 @@ def test_notebook_runs_in_the_simulator(variant, tmp_path):
         assert "NOT PASSED (not solved yet)" in text
 
 
-@pytest.fixture(scope="module")
-def nb09():
-    """The design family of the lab (lab/gemv_variants.py)."""
-    import sys
-
-    sys.path.insert(0, str(ROOT))
-    from lab import gemv_variants
-
-    return gemv_variants
-
-
 def _case_buffers(N, K, dtype, M=1, seed=5, **kw):
     gc = gemv.make_gemv_case(N, K, dtype, M=M, seed=seed, **kw)
     return gc, gemv.make_gemv_buffers(gc)
@@ -211,50 +200,6 @@ def test_statistics_word_applies_only_where_a_step_is_whole_blocks_at_a_word():
     assert not ok(True, 6, 4096, 0x1002)       # absmax codes not 4-byte aligned: a 32-bit load would fault
 
 
-def test_lab_tensor_core_knobs_default_to_the_shipped_kernel():
-    """lab/gemv_mma.py (the knobs bench_gemv times: blocks per SM, steps in flight, carveout) builds its kernels
-    with nf4lab.kernels.gemv.make_kernel; at its defaults it is the shipped kernel, PTX for PTX, so the
-    lab's numbers for "TC B2 D1" are the shipped kernel's. (A separate prototype with the same work once
-    measured 1.5 us slower on the H100 from code layout alone: one source keeps that from recurring.)"""
-    import sys
-
-    import nf4lab.measure.ptx  # noqa: F401
-
-    sys.path.insert(0, str(ROOT))
-    from lab import gemv_mma
-
-    for dtype in ("bf16", "fp16"):
-        ours = compile_ptx(gemv.kernel(dtype), gemv.signature())
-        lab = compile_ptx(gemv_mma.kernel(dtype == "bf16", 1), gemv.signature())
-        assert _norm_ptx(ours) == _norm_ptx(lab)
-        assert nf4lab.measure.ptx.count(ours, r"^mma\.sync") == 16
-
-
-@pytest.mark.parametrize("case, slots, fetch_first",
-                         [(CASES[i], 2, False) for i in (5, 8, 10)] + [(CASES[i], 3, True) for i in (5, 8)],
-                         ids=lambda v: f"{v[0]}x{v[1]}-{v[2]}-M{v[3]}" if isinstance(v, tuple) else str(v))
-def test_lab_pingpong_variant_gives_the_shipped_bits(case, slots, fetch_first):
-    """lab/gemv_pp.py (the step loop over fixed buffers instead of a moved ring: PP, two slots each refilled after
-    its compute; F3, three slots each refilled before the next one's compute) computes the same products
-    and sums in the same order as the shipped kernel, so its output must be the same bits: including a block
-    that does three tiles (grid 1: the slot parity carries across tiles; all 16 codes), a batch of 2 over three
-    tiles, and K = 2048 + 64 (9 steps for 8 warps: one warp does two steps a tile, the others one)."""
-    import sys
-
-    sys.path.insert(0, str(ROOT))
-    from lab import gemv_pp
-
-    N, K, dtype, M, grid, opts = case
-    gc, g = _case_buffers(N, K, dtype, M=M, **opts)
-    g.grid = grid
-    gemv.launch(g)
-    shipped = g.result().copy()
-    g.y.copy_to_device(np.full(M * N, 0x7FBF, np.uint16))
-    gemv_pp.launch(g, slots=slots, fetch_first=fetch_first)
-    assert np.array_equal(g.result(), shipped)
-    assert gemv.check(g.result(), gc, rounded_table=True).ok
-
-
 def test_tensor_core_tolerance_is_needed_and_explained():
     """The table rounding is real (the fp32-table tolerance fails on a heavy-tailed case) and is all there is:
     against a float64 reference built from the bf16-rounded table the error is output rounding only."""
@@ -273,80 +218,18 @@ def test_tensor_core_tolerance_is_needed_and_explained():
     assert (np.abs(y - ref) <= gemv.UNIT_OUT["bf16"] * np.abs(ref) + 1e-4 * s).all()
 
 
-# The lab's other designs (lab/gemv_variants.py): (N, K, dtype, M, Design fields, grid, case options)
-STREAM_CASES = [
-    (5, 64, "bf16", 1, {"rows": 4, "split": 4, "cols": 64, "min_blocks": 3}, None, {}),
-    (4, 320, "bf16", 8, {"rows": 1, "min_blocks": 2}, None, {"dist": "heavy", "x_dist": "heavy"}),
-    (6, 256, "fp16", 1, {"cols": 64, "stream": False}, None, {"blocksize": 128}),
-    (13, 128, "fp16", 1, {"rows": 3, "min_blocks": 3}, 1, {}),
-    (7, 1088, "bf16", 1, {"rows": 4, "split": 2, "min_blocks": 3, "table": "prmt"}, 1, {"dist": "codes"}),
-    (6, 1088, "bf16", 1, {"rows": 4, "split": 2, "min_blocks": 3, "shfl_rows": 2}, 1, {"dist": "codes"}),
-    (9, 1088, "fp16", 2, {"rows": 4, "split": 2, "min_blocks": 3, "scale_copies": 16}, 1, {"dist": "heavy"}),
-]
+def test_prmt_twin_and_table_offsets():
+    """The simulator's byte-permute twin follows PTX's prmt on the selectors the kernel uses (bytes 0-7 of the two
+    sources), and the four selectors of the table lookup give (byte j << 8) | lane8 for every byte of a word."""
+    from nf4lab.device.warp_ops import _py_prmt
 
-
-@pytest.mark.parametrize("N,K,dtype,M,design,grid,opts", STREAM_CASES,
-                         ids=[f"{c[0]}x{c[1]}-{c[2]}-M{c[3]}-{i}" for i, c in enumerate(STREAM_CASES)])
-def test_lab_variants_within_tolerance(nb09, N, K, dtype, M, design, grid, opts):
-    gc, g = _case_buffers(N, K, dtype, M=M, **opts)
-    g.grid = grid
-    d = nb09.Design(m=M, **design)
-    nb09.launch(g, design=d)
-    assert gemv.check(g.result(), gc, name=f"{N}x{K} {dtype} M={M} {d.name} grid {grid} {opts}").ok
-
-
-def test_fp16_table_experiment_is_the_rounded_dot_product(nb09):
-    """The H16 experiment computes x @ W16.T, W16 = fp16(lut)[q] * absmax: within the float32 summation tolerance
-    of that product (and not of the exact one for short rows: the rounding is what it trades)."""
-    gc, g = _case_buffers(5, 256, "bf16", seed=3, dist="codes")
-    g.grid = 1
-    nb09.launch(g, design=nb09.Design(rows=2, split=2, lut16=True, scale_copies=16))
-    q = np.empty(2 * gc.packed.size, np.int64)
-    q[0::2], q[1::2] = gc.packed >> 4, gc.packed & 15          # high nibble first
-    absmax = reference.block_absmax(gc.absmax_q, gc.absmax2, gc.code2, gc.offset)
-    lut16 = gc.lut.astype(np.float16).astype(np.float32)
-    assert (lut16 != gc.lut).sum() >= 10                       # the rounding is real
-    w16 = (lut16[q[: gc.N * gc.K]] * np.repeat(absmax, 64)[: gc.N * gc.K]).reshape(gc.N, gc.K)
-    y64 = gc.x.astype(np.float64) @ w16.astype(np.float64).T
-    tol = gemv.tolerance(gc.x, w16, "bf16")
-    err = np.abs(gemv.to_f32(g.result(), "bf16").reshape(y64.shape) - y64)
-    assert (err <= tol).all(), float((err / tol).max())
-
-
-def test_variant_entries_launch(nb09):
-    """VARIANTS entries that are not a plain Design (a function of N, a (design, grid policy) pair) launch as
-    lab/bench_gemv.py launches them, and R4 with 16 warps per block (512 threads) is correct."""
-    from lab import bench_gemv
-
-    launches = bench_gemv.variant_launches(nb09, ["auto (R2, before)", "R4 S2 C32 W8 B3, full grid",
-                                                  "R4 S1 C32 W16 B2"], policies=[])
-    for key, fn in launches.items():
-        gc, g = _case_buffers(9, 128, "bf16", seed=11)
-        fn(g)
-        assert gemv.check(g.result(), gc, name=key).ok
-
-
-def test_prmt_twin_and_table_offsets(nb09):
-    """The byte-permute twin follows PTX's prmt (8 source bytes, sign replication by bit 3), and the four
-    selectors of lut8_prmt give (byte j << 8) | lane8 for every byte of a word."""
     a, b = 0x89ABCDEF, 0x01234567
-    assert nb09._py_prmt(a, b, 0x3210) == a and nb09._py_prmt(a, b, 0x7654) == b
-    assert nb09._py_prmt(a, b, 0x0123) == 0xEFCDAB89
-    assert nb09._py_prmt(a, b, 0x8888) == 0xFFFFFFFF and nb09._py_prmt(a, b, 0x000C) == 0xEFEFEF00  # sign of 0xEF, 0x01
+    assert _py_prmt(a, b, 0x3210) == a and _py_prmt(a, b, 0x7654) == b
+    assert _py_prmt(a, b, 0x0123) == 0xEFCDAB89 and _py_prmt(a, b, 0x4444) == 0x67676767
     for w in (0x00000000, 0xFFFFFFFF, 0x12A5F07C):
         for lane in (0, 17, 31):
             for j, sel in enumerate((0x5504, 0x5514, 0x5524, 0x5534)):
-                assert nb09._py_prmt(w, lane << 3, sel) == (((w >> (8 * j)) & 0xFF) << 8) | (lane << 3)
-
-
-def _norm_ptx(p):
-    """PTX without names and comments (numba numbers its shared arrays per process), the operands of
-    commutative min.u32 sorted."""
-    import re
-
-    p = re.sub(r"//.*", "", re.sub(r"_cudapy_smem_\d+", "SMEM", re.sub(r"_Z\w+", "NAME", p)))
-    p = re.sub(r"(min\.u32\s+%r\d+), (%r\d+), (%r\d+)", lambda m: m.group(1) + ", " + ", ".join(sorted(m.group(2, 3))), p)
-    return [line.rstrip() for line in p.splitlines() if line.strip()]
+                assert _py_prmt(w, lane << 3, sel) == (((w >> (8 * j)) & 0xFF) << 8) | (lane << 3)
 
 
 @pytest.mark.parametrize("cc", [(9, 0), (7, 5)])
@@ -408,46 +291,3 @@ def test_grid(monkeypatch):
         assert gemv.grid_size(4096) == 256 and gemv.grid_size(14336) == 2 * 132 and gemv.grid_size(20) == 2
     finally:
         gemv._sm_count.cache_clear()
-
-
-def test_ncu_summary_and_pipe_ceiling(nb09):
-    """A profile's record: time in us, wavefronts per 1000 weights, and the pipe ceiling they imply."""
-    from lab import gemv_reports as rep_mod
-
-    N, K = 1024, 2048
-    vals = {"time_us": 20_000.0, "pipe_wavefronts": 64.0 * N * K / 1000, "shared_wavefronts": 32.0 * N * K / 1000,
-            "sm_hz": 2e9, "dram_pct": 50.0}
-    kernel = {"metrics": {rep_mod.NCU_METRICS[k]: {"value": v} for k, v in vals.items()}}
-    kernel["metrics"][rep_mod.NCU_METRICS["registers"]] = {"value": "n/a"}   # text: recorded as missing
-    rec = rep_mod.ncu_summary(kernel, N, K)
-    assert rec["time_us"] == 20.0 and rec["pipe_per_1k_weights"] == 64.0 and rec["shared_per_1k_weights"] == 32.0
-    assert rec["registers"] is None and rec["issue_pct"] is None
-    # 132 SMs x 2e9 wavefronts/s / 0.064 per weight = 4.125e12 weights/s, times the bytes per weight
-    expect = 132 * 2e9 / 0.064 * gemv.weight_bytes(N, K) / (N * K) / 1e9
-    assert rep_mod.pipe_ceiling_gbps(rec, N, K, 132) == pytest.approx(expect)
-    text = rep_mod.ncu_table({"rows": [{"shape": f"{N}x{K}", "variant": "auto", "metrics": rec}]})
-    assert "auto" in text and "64.0" in text and " -" in text
-
-
-@pytest.mark.parametrize("unroll,grid,block", [(1, 1, 1), (4, 1, 1), (8, 2, 3)])
-def test_read_bound_kernel_reads_every_vector_once(unroll, grid, block):
-    """lab/gemv_read_bound.py's reader: every 16-byte vector XORed exactly once (its grid-stride loop with
-    `unroll` loads in flight and a tail), so the bound it times really reads all the weight bytes."""
-    import sys
-
-    sys.path.insert(0, str(ROOT))
-    from lab import gemv_read_bound as rb
-
-    rng = np.random.default_rng(unroll)
-    nvec = 37                                        # not a multiple of any unroll x threads
-    words = rng.integers(0, 2**32, size=4 * nvec, dtype=np.uint64).astype(np.uint32)
-    total = np.bitwise_xor.reduce(words)
-    words[-1] ^= total ^ np.uint32(0x9E3779B9)     # now all vectors XOR to the magic value
-    out = np.zeros(1, np.uint32)
-    kern = rb.make_reader(unroll)
-    if grid * block == 1:
-        kern[grid, block](cuda.to_device(words), nvec, (d := cuda.to_device(out)))
-        assert d.copy_to_host()[0] == 0x9E3779B9     # the one thread saw every vector once
-    else:                                             # several threads: the XOR of their partial sums is the total
-        words[-1] ^= np.uint32(0x9E3779B9)            # back to an arbitrary total: just no fault or out-of-bounds read
-        kern[grid, block](cuda.to_device(words), nvec, cuda.to_device(out))
