@@ -8,19 +8,11 @@ from __future__ import annotations
 import re
 
 from ..measure import bench, results
+from ..measure.figures import finish
 
 CEILING_STYLE = {bench.COPY: ("tab:red", "--"), bench.FILL: ("tab:purple", ":"),
                  bench.BOUND: ("tab:green", "-"),
                  "spec peak (datasheet)": ("black", "-.")}
-
-
-def _caption(fig, meta):
-    if meta:
-        here = results.current_gpu()
-        where = ("measured on " if here and results.gpu_slug(meta.get("gpu") or "") == here
-                 else "no GPU here: recorded on " if here is None else "recorded on another GPU, ")
-        fig.text(0.01, 0.005, where + results.label(meta) + "\n" + meta.get("method", "")[:150],
-                 fontsize=7, color="0.35", va="bottom")
 
 
 def bars(run, *, title=None, highlight=(), shape=None, dtype=None, ax=None):
@@ -54,15 +46,12 @@ def bars(run, *, title=None, highlight=(), shape=None, dtype=None, ax=None):
         color, ls = CEILING_STYLE.get(c["name"], ("k", "-"))
         ax.axvline(c["gbps"], color=color, ls=ls, lw=1.2, label=f"{c['name']}: {c['gbps']:.0f} GB/s")
     top = max([r["gbps"] for r in recs] + [c["gbps"] for c in ceil])
-    ax.set_xlim(0, top * 1.6)  # room on the right for the labels and the legend
+    ax.set_xlim(0, top * 1.35)  # room on the right for the bars' labels
     ax.set_xlabel("effective bandwidth, GB/s (bytes of the NF4 byte model / GPU time)")
     l2 = " (fits in L2)" if recs[0].get("fits_l2") else ""
     ax.set_title(title or f"NF4 dequantization, {'x'.join(map(str, shape))} -> {dtype}{l2}")
-    if ceil:
-        ax.legend(loc="upper right", fontsize=8, framealpha=0.95)  # the top rows (baselines) are short
     if fig is not None:
-        fig.tight_layout(rect=(0, 0.06, 1, 1))
-        _caption(fig, run.meta)
+        finish(fig, run.meta, legend_from=ax)
     return ax
 
 
@@ -106,8 +95,7 @@ def progress(notebook: str, gpu: str | None = None, *, shape=None, dtype="bf16")
     fig, ax = plt.subplots(figsize=(9, 0.45 * len(merged.records) + 2.2))
     bars(merged, highlight=highlight, shape=shape, dtype=dtype, ax=ax,
          title=f"Step by step: {'x'.join(map(str, shape))} -> {dtype} (this step in orange)")
-    fig.tight_layout(rect=(0, 0.06, 1, 1))
-    _caption(fig, here.meta)
+    finish(fig, here.meta, legend_from=ax)
     return merged
 
 
@@ -130,15 +118,12 @@ def sweep(run, *, dtype="bf16", names=None, ax=None):
         ax.plot([r["bytes"] / 1e6 for r in rs], [r["gbps"] for r in rs], style, marker="o", ms=3, label=name)
     l2 = run.meta.get("l2_bytes")
     if l2:
-        ax.axvline(l2 / 1e6, color="0.5", lw=1)
-        ax.text(l2 / 1e6, ax.get_ylim()[1] * 0.02, " L2 size", color="0.4", fontsize=8)
+        ax.axvline(l2 / 1e6, color="0.5", lw=1, label=f"L2 size ({l2 / 2**20:.0f} MiB)")
     ax.set_xscale("log")
     ax.set_xlabel("bytes moved per call, MB (log scale)")
     ax.set_ylabel("effective bandwidth, GB/s")
     ax.set_title(f"NF4 dequantization across sizes ({dtype} output)")
-    ax.legend(fontsize=7, ncol=2)
     ax.grid(alpha=0.3)
     if fig is not None:
-        fig.tight_layout(rect=(0, 0.06, 1, 1))
-        _caption(fig, run.meta)
+        finish(fig, run.meta, legend_from=ax)
     return ax

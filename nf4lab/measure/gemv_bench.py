@@ -184,7 +184,7 @@ def plot(run, batch=False):
     if copy:
         ax.axhline(copy["gbps"], color="tab:red", ls="--", lw=1, label=f"copy ceiling {copy['gbps']:.0f} GB/s")
     ax.set(ylabel="effective weight bandwidth, GB/s", title="Fused NF4 GEMV: weight bytes read per second")
-    ax.legend(fontsize=7)
-    fig.tight_layout(rect=(0, 0.06, 1, 1))
-    fig.text(0.01, 0.005, "measured on " + results.label(run.meta), fontsize=7, color="0.35", va="bottom")
+    from .figures import finish
+
+    finish(fig, run.meta, legend_from=ax)
     return ax
