@@ -128,35 +128,6 @@ def opcode(text):
     return re.sub(r"^@!?U?P[T\d]+\s+", "", text).split()[0]
 
 
-def control_bits(sass: str):
-    """[(address, instruction, write scoreboard or None, wait mask)] of every instruction: the control bits of
-    Volta-to-Hopper SASS sit in bits 105-125 of the 128-bit word, whose upper half cuobjdump prints on the next
-    line (stall 4 bits, yield 1, write scoreboard 3 (7: none), read scoreboard 3, wait mask 6, reuse 4)."""
-    lines, out = sass.splitlines(), []
-    for i, line in enumerate(lines[:-1]):
-        m = _INSTRUCTION.match(line)
-        hi = re.match(r"\s*/\* (0x[0-9a-f]+) \*/", lines[i + 1])
-        if m and hi:
-            c = int(hi.group(1), 16) >> 41
-            wb = (c >> 5) & 7
-            out.append((int(m.group(1), 16), m.group(2).strip(), None if wb == 7 else wb, (c >> 11) & 0x3F))
-    return out
-
-
-def weight_load_waits(sass: str) -> dict:
-    """In the hottest loop: the scoreboards the weights' streaming loads (LDG...NA.128) write, and how many
-    instructions wait on one of them (each such wait is for every load on that scoreboard, the newest too)."""
-    listing = _instructions(sass)
-    span = _hottest_span(listing)
-    if span is None:
-        return dict(scoreboards=[], waits=0)
-    first, last = listing[span[0]][0], listing[span[1]][0]     # the loop's addresses, not its texts
-    ins = [x for x in control_bits(sass) if first <= x[0] <= last]
-    boards = {wb for _, t, wb, _ in ins if "LDG" in t and ".NA.128" in t and wb is not None}
-    waits = sum(1 for _, _, _, mask in ins if any(mask >> b & 1 for b in boards))
-    return dict(scoreboards=sorted(boards), waits=waits)
-
-
 def sass_report(kernel, sig, weights_per_trip, stem="kernel", workdir=None, ptx=None):
     """ptxas registers/spills/smem and the SASS of the hottest (innermost) loop, per weight.
 
