@@ -340,12 +340,15 @@ nf4lab.verify_versions({"01 naive": launch}, case);
 # CUDA graph (GPU time, launch overhead excluded) next to the ceilings of 00 (copy, fill, the
 # traffic-matched bound) and bitsandbytes, all in the same run, and records the run. It also
 # measures the host time per call (`host_ms`: calls back to back, synchronised at the end). A
-# numba launch from Python costs tens of microseconds, which is why GPU time is measured with
-# CUDA graphs; back to back, those launches overlap with the kernels already queued, so on a
-# kernel that runs longer than a launch takes, `host_ms` is close to the GPU time and does not
-# show the launch cost. In the simulator it shows the recorded run.
+# numba launch from Python has a host cost of its own, which is why GPU time is measured with
+# CUDA graphs (00 shows the timing loop); back to back, those launches overlap with the kernels
+# already queued, so on a kernel that runs longer than a launch takes, `host_ms` is close to the
+# GPU time and does not show the launch cost. In the simulator it shows the recorded run.
 
 # %%
+# The contract: one size, 16384 x 16384 -> bf16 (make_case's default on a GPU); each version timed
+# in one run against the copy and fill ceilings, the traffic-matched bound of 00 and bitsandbytes;
+# GB/s = bytemodel.bytes_moved(n, "bf16", 64) / GPU time (median of CUDA-graph replays, as in 00).
 run = bench.step("01_naive", VERSIONS)
 if run is not None and run.recorded:          # on a GPU, bench.step has printed the table
     print(run.table())
@@ -404,7 +407,8 @@ def nibble_loop(packed, lut, absmax_q, absmax2, code2, offset, out, n, nbytes):
             if j < n:
                 out[j] = ops.to_bf16_bits(lut[q] * s)
 ### STUDENT
-# TODO: this kernel is not bit-exact. Run the check, read its message, fix the kernel.
+# TODO: this kernel is not bit-exact. Run the check, read its message, fix the kernel
+# (one line changes).
 @cuda.jit
 def nibble_loop(packed, lut, absmax_q, absmax2, code2, offset, out, n, nbytes):
     n = uint64(n)
@@ -467,7 +471,8 @@ def launch_any_blocksize(b):
     dequant_any_blocksize[blocks, THREADS, b.stream](b.packed, b.lut, b.absmax_q, b.absmax2, b.code2, b.offset,
                                                      b.out, b.n, b.nbytes, block_shift)
 ### STUDENT
-# TODO: predict, run, then replace this with a kernel that takes the block size into account.
+# TODO: predict, run, then replace this with a kernel that takes the block size into account
+# (about 18 lines: 01's kernel with a shift argument, and a launch that computes it).
 def launch_any_blocksize(b):
     launch(b)   # the 01 kernel: 64 weights per block, hard-coded
 ### END SOLUTION
@@ -481,8 +486,15 @@ assert nf4lab.check(launch_any_blocksize, name="exercise 2: blocksize 32", block
 ### END SOLUTION
 
 # %% [markdown]
+# ### BEGIN SOLUTION
 # *What to notice:* with blocks of 128 the hard-coded kernel uses block `i >> 5` where the
 # right one is `i >> 6`, so only the first 64 weights get the right scale; and on most shapes
 # (1 x 65 already) it also indexes `absmax_q` past its end, up to about twice its length. The
 # simulator raises `IndexError` for that; a GPU reads whatever lies there, silently, and may
 # even get the right value by luck. Bounds are the kernel's job, not the hardware's.
+# ### STUDENT
+# *What to notice:* compare the index of the first wrong weight with the block size, and the
+# largest block index the kernel computes with the length of `absmax_q`. The simulator raises
+# `IndexError` when a kernel reads past an array; a GPU reads whatever lies there, silently.
+# Bounds are the kernel's job, not the hardware's.
+# ### END SOLUTION

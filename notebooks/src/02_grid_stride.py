@@ -208,6 +208,9 @@ nf4lab.verify_versions(VERSIONS, case, extra_shapes=[(2, 16383)]);   # more weig
 # bitsandbytes, so that the comparison does not mix runs.
 
 # %%
+# The contract: one size, 16384 x 16384 -> bf16 (make_case's default on a GPU); each version timed
+# in one run against the copy and fill ceilings, the traffic-matched bound of 00 and bitsandbytes;
+# GB/s = bytemodel.bytes_moved(n, "bf16", 64) / GPU time (median of CUDA-graph replays, as in 00).
 BASELINE = versions.load("01_naive")          # {"01 naive (per byte)": launch}
 run = bench.step("02_grid_stride", {**BASELINE, **VERSIONS})
 if run is not None and run.recorded:          # on a GPU, bench.step has printed the table
