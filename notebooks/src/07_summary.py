@@ -24,6 +24,7 @@
 # 4. [Targets](#targets)
 # 5. [Across sizes](#sweep)
 # 6. [Where the rest of the time goes](#rest)
+# 7. [Exercise: reading the worklog](#exercises)
 
 # %%
 import nf4lab  # first: decides GPU or simulator before numba.cuda is imported
@@ -40,11 +41,14 @@ for name in VERSIONS:
 # <a id="verify"></a>
 # ## 1. All versions, verified bit for bit
 #
-# On the default case (16384x16384 on a GPU, 130x129 in the simulator) and on an odd little
-# shape. A version that is not bit-exact stops the notebook here.
+# On two small cases, on the GPU or in the simulator alike: 130x129 with the `codes` distribution
+# (every 4-bit code in every position of a byte) and an odd 31x67 with `heavy` scales. A version
+# that is not bit-exact stops the notebook here. Each step notebook verified its own versions at
+# full size and on its edge shapes; on a GPU, section 2 verifies every version again at
+# 16384x16384, before and after timing it, so this section does not repeat the full-size check.
 
 # %%
-case = nf4lab.make_case(dist="codes", seed=1)
+case = nf4lab.make_case((130, 129), dist="codes", seed=1)
 small = nf4lab.make_case((31, 67), dist="heavy", seed=2)
 for name, launch in VERSIONS.items():
     for c in (case, small):
@@ -81,7 +85,7 @@ if run is not None:
     mb = run.get(BEST, dtype="bf16")["bytes"] / 1e6
     l2 = run.meta.get("l2_bytes")
     print(f"16384x16384 -> bf16 moves {mb:.0f} MB per call; L2 of the {GPU}: "
-          + (f"{l2 / 2**20:.0f} MiB, so this is DRAM bandwidth" if l2 else "not recorded"))
+          + (f"{l2 / 1e6:.0f} MB, so this is DRAM bandwidth" if l2 else "not recorded"))
     plots.bars(run, title=f"NF4 dequantization, 16384x16384 -> bf16, {GPU}: every version, ceilings, bitsandbytes",
                highlight={k["name"] for k in run.kernels()}, dtype="bf16");
 else:
@@ -188,8 +192,11 @@ if run is not None:
 # <a id="sweep"></a>
 # ## 5. Across sizes
 #
-# The same comparison from about 1 MB to about 1 GB of output, including the LLM weight shapes
-# 4096x14336 and 8192x28672. Left of the L2 line the whole working set fits in L2 and repeated
+# The same comparison across sizes, from about 1 MB moved to the 16384x16384 of section 2,
+# including the LLM weight shapes 4096x14336 and 8192x28672. Three versions are swept: the first
+# kernel (01), the first at the wall (04's coalesced stores) and the last (06). The 16384x16384
+# point is section 2's run (the same process): it is not measured twice. Left of the L2 line (the
+# L2 size printed in section 2) the whole working set fits in L2 and repeated
 # calls are partly served from it: those points are not a DRAM measurement (they are marked
 # `fits_l2` in the results), and whether the L2 lifts them above DRAM bandwidth or the launch cost
 # below holds them under it, the table after the plot shows. Copy and fill (dashed) and the traffic-matched bound are measured at each size.
@@ -197,19 +204,15 @@ if run is not None:
 # share of a short kernel.
 #
 # Section 4's targets are checked at 16384x16384 only; the table's `% bound` column gives every other
-# shape. At the LLM shapes one thing held an earlier version of 06's kernel back, on the H200 only (96% of the
-# bound at 4096x14336, where the H100 was at 98%): the dependent `code2[absmax_q]` load before each block's
-# first store. `lab/wall_small_shapes.py` found it; 06's kernel now keeps code2 in shared memory and issues
-# every global load first, at 256 threads x 2 units (`data/results/<gpu>/wall_small_shapes_focus.json` has the
-# lab's variants side by side).
+# shape. How 06's kernel was tuned for the LLM shapes is in `lab/README.md`.
 
 # %%
 from nf4lab.buffers import quiet_small_grids
 
 SWEEP = [(512, 1024), (1024, 1024), (2048, 2048), (4096, 4096), (4096, 14336), (8192, 8192), (8192, 28672),
-         (16384, 16384), (16384, 32768)]   # about 1 MB to 1 GB of bf16 output
-SWEEP_VERSIONS = [n for n in VERSIONS if n[:2] in ("01", "03")] + [BEST]
-SWEEP_VERSIONS += [n for n in VERSIONS if n.startswith("04") and "coalesced" in n][:1]
+         (16384, 16384)]   # the last one is section 2's run
+SWEEP_VERSIONS = [n for n in VERSIONS if n.startswith("01")][:1]
+SWEEP_VERSIONS += [n for n in VERSIONS if n.startswith("04") and "coalesced" in n][:1] + [BEST]
 
 if nf4lab.ON_GPU:
     from tqdm.auto import tqdm
@@ -218,10 +221,12 @@ if nf4lab.ON_GPU:
     # 512x1024 gives some versions fewer blocks than SMs and numba warns about it; that size is
     # in the sweep on purpose (the launch-bound end), so the warning is expected here.
     with quiet_small_grids():
-        for shape in tqdm(SWEEP, desc="sizes"):
+        for shape in tqdm(SWEEP[:-1], desc="sizes"):
             c = nf4lab.make_case(shape, cache=False)
             sweep.add(bench.run_versions({n: VERSIONS[n] for n in SWEEP_VERSIONS}, c, progress=False,
                                          strict=True).records)
+    sweep.add([r for r in run.records if r["dtype"] == "bf16" and r["shape"] == list(SWEEP[-1])
+               and (r["kind"] != "kernel" or r["name"] in SWEEP_VERSIONS)])
     sweep.finalize().save("07_sweep")
 else:
     sweep = bench.Run.load("07_sweep")
@@ -255,7 +260,8 @@ if sweep is not None:
 #
 # 1. **Nsight Compute** (profiles of every version, `data/ncu/`, read in detail in notebook 08):
 #    DRAM throughput as a share of its peak, sectors per request (16-byte accesses by a whole warp
-#    are 16 sectors per request: fully coalesced), and what the warps wait for.
+#    are 16 sectors per request: fully coalesced), and what the warps wait for. A profile recorded
+#    before its notebook's kernel changed is labelled `[earlier kernel]` (the record says which).
 # 2. **The design space around the kernel** (the tuning rounds of `lab/tune_best_kernel.py`): 1-8 words per thread,
 #    128-1024 threads, persistent grids, contiguous chunks per block, 16-byte loads with an
 #    exchange, streaming stores, L2 prefetch hints, bulk (TMA) stores, each variant verified, and
@@ -282,7 +288,11 @@ else:
     print(f"\nNsight Compute, {'this GPU' if mine else 'recorded on ' + rec['meta']['gpu'] + ' (not this machine)'}: "
           f"profiled {' and '.join(rec['dates'])}, {rec['meta']['ncu']}, "
           f"{'x'.join(map(str, rec['meta']['shape']))} {rec['meta']['dtype']}")
-    print(profiling.table({name: v["summary"] for name, v in rec["versions"].items()}))
+    for name, v in rec["versions"].items():
+        if v.get("earlier_kernel"):
+            print(f"  [earlier kernel] {name}, profiled {v.get('date')}: {v['earlier_kernel']}")
+    print(profiling.table({(f"[earlier kernel] {name}" if v.get("earlier_kernel") else name): v["summary"]
+                           for name, v in rec["versions"].items()}))
 
 # %%
 def tuning_gpu():
@@ -332,3 +342,42 @@ else:
 # untried here, and is the natural next step for a kernel engineer: a persistent,
 # software-pipelined kernel whose bulk (TMA) loads of several KB per block run ahead of the
 # conversion and the bulk stores.
+
+# %% [markdown]
+# <a id="exercises"></a>
+# ## 7. Exercise: reading the worklog
+#
+# The table's "x bitsandbytes" column is a ratio of two GPU times of **one run**: a version's and
+# bitsandbytes'. Write `speedup(run, name, dtype)` from the records themselves (`run.get(name,
+# dtype=...)` returns a record, a dict with `ms`, `gbps`, `kind`, ...; `run.records` lists them
+# all). Which of the two bitsandbytes rows of section 3 is the baseline, and why that one? The
+# check compares your value with the column for every version and both dtypes, bit for bit.
+
+# %%
+def speedup(run, name, dtype):
+    """bitsandbytes' time over the version's time, both from this run (> 1: the version is faster)."""
+### BEGIN SOLUTION
+    return run.get(bench.BNB_GPU, dtype=dtype)["ms"] / run.get(name, dtype=dtype)["ms"]
+### STUDENT
+    return None   # TODO: about 2 lines
+### END SOLUTION
+
+
+def check_speedup(fn, run):
+    """PASSED when fn gives the table's 'x bitsandbytes' for every version of the run."""
+    rows = [r for r in run.kernels() if r.get("speedup_vs_bnb") is not None]
+    bad = [(r["name"], r["dtype"], fn(run, r["name"], r["dtype"]), r["speedup_vs_bnb"]) for r in rows
+           if fn(run, r["name"], r["dtype"]) != r["speedup_vs_bnb"]]
+    for name, d, got, want in bad[:3]:
+        print(f"  {name} ({d}): yours {got}, the table {want:.4f}")
+    if bad and all(isinstance(g, float) and g < w for _, _, g, w in bad):
+        print("  all yours are lower: is your baseline the same call, timed the same way as the kernels?")
+    print(("PASSED" if rows and not bad else "NOT PASSED") + f": {len(rows) - len(bad)} of {len(rows)} records")
+    return bool(rows) and not bad
+
+
+ok = check_speedup(speedup, run) if run is not None else print("no run recorded: nothing to check")
+### BEGIN SOLUTION
+assert ok
+### STUDENT
+### END SOLUTION
