@@ -22,26 +22,38 @@ def test_notebooks_are_built_from_their_sources():
     assert p.returncode == 0, p.stdout + p.stderr
 
 
-def _builder():
-    sys.path.insert(0, str(ROOT / "tools"))
-    try:
-        import build_notebooks
-    finally:
-        sys.path.pop(0)
-    return build_notebooks
+def build(tmp_path, source: str) -> subprocess.CompletedProcess:
+    """tools/build_notebooks.py through its command line, on a tree of its own: a copy of the tool (its root is
+    its folder's parent), the package linked in (the tool reads nf4lab's notebook cleaner from there), one source."""
+    import shutil
+
+    (tmp_path / "tools").mkdir()
+    shutil.copy(ROOT / "tools" / "build_notebooks.py", tmp_path / "tools")
+    (tmp_path / "nf4lab").symlink_to(ROOT / "nf4lab")
+    (tmp_path / "notebooks" / "src").mkdir(parents=True)
+    (tmp_path / "notebooks" / "src" / "01_demo.py").write_text(source)
+    return subprocess.run([sys.executable, str(tmp_path / "tools" / "build_notebooks.py")],
+                          capture_output=True, text=True, timeout=300, cwd=tmp_path)
 
 
-def test_builder_reads_cells_tags_and_solution_regions():
-    bn = _builder()
+def test_builder_writes_cells_tags_and_solution_regions(tmp_path):
     src = ('# header comment, not a cell\n\n# %% [markdown]\n# ## Title\n#\n# prose\n\n'
            '# %% tags=["kernel"]\nx = 1\n### BEGIN SOLUTION\ny = 2\n### STUDENT\ny = None  # TODO\n### END SOLUTION\n')
-    cells = bn.parse(src)
-    assert [(c["type"], c["tags"]) for c in cells] == [("markdown", []), ("code", ["kernel"])]
-    assert cells[0]["lines"] == ["## Title", "", "prose"]
-    assert bn.variant(cells[1]["lines"], solution=True) == ["x = 1", "y = 2"]
-    assert bn.variant(cells[1]["lines"], solution=False) == ["x = 1", "y = None  # TODO"]
-    with pytest.raises(ValueError, match="markdown heading"):
-        bn.parse("# %%\nx = 1\n# ## A heading left in code\n")
+    p = build(tmp_path, src)
+    assert p.returncode == 0, p.stdout + p.stderr
+    for path, body in ((tmp_path / "notebooks" / "01_demo.ipynb", "x = 1\ny = None  # TODO"),
+                       (tmp_path / "notebooks" / "solutions" / "01_demo_SOLUTION.ipynb", "x = 1\ny = 2")):
+        nb = nbformat.read(path, as_version=4)
+        assert nb.cells[1].metadata["tags"] == ["setup"]           # after the Colab badge: the hosted setup
+        cells = nb.cells[2:]
+        assert [(c.cell_type, c.metadata.get("tags", [])) for c in cells] == [("markdown", []), ("code", ["kernel"])]
+        assert cells[0].source == "## Title\n\nprose"
+        assert cells[1].source == body
+
+
+def test_builder_refuses_a_markdown_heading_in_code(tmp_path):
+    p = build(tmp_path, "# %%\nx = 1\n# ## A heading left in code\n")
+    assert p.returncode != 0 and "markdown heading" in p.stderr
 
 
 def test_every_step_has_a_solution_twin():
