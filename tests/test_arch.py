@@ -49,9 +49,16 @@ def run(code, **env):
 
 
 def test_forced_sm75_compiles_the_old_path_for_any_target():
-    code = ("import nf4lab, sys; sys.path.insert(0, 'tests'); from test_arch import convert, SIG; from nf4lab import ptx;"
-            "p = nf4lab.compile_ptx(convert, SIG, cc=(9, 0));"
-            "print('RESULT', *ptx.target(p), len(ptx.grep(p, r'^cvt\\.rn\\.bf16')), len(ptx.grep(p, r'^setp\\.nan')))")
+    """NF4LAB_ARCH=sm_75 read at import (a fresh process) gives the sm_75 paths in PTX for sm_90. The process
+    defines ``convert`` from this file's source, so that nothing imports a test module."""
+    import inspect
+
+    kernel = getattr(convert, "py_func", None) or convert.fn          # a GPU's dispatcher or the simulator's kernel
+    code = "\n".join([
+        "import nf4lab", "from numba import cuda", f"import {ops.__name__} as ops", f"import {ptx.__name__} as ptx",
+        inspect.getsource(kernel),
+        f"p = nf4lab.compile_ptx(convert, {SIG!r}, cc=(9, 0))",
+        "print('RESULT', *ptx.target(p), len(ptx.grep(p, r'^cvt\\.rn\\.bf16')), len(ptx.grep(p, r'^setp\\.nan')))"])
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, cwd=ROOT,
                        env=dict(os.environ, NF4LAB_ARCH="sm_75", PYTHONPATH=ROOT))
     assert p.returncode == 0, p.stderr
