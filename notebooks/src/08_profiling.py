@@ -27,6 +27,7 @@
 # 7. [Down to the source line](#lines)
 # 8. [Profiling your own kernel](#own)
 # 9. [What we learned](#learned)
+# 10. [Exercise: what does the hot instruction wait for?](#exercises)
 
 # %%
 import nf4lab  # first: decides GPU or simulator before numba.cuda is imported
@@ -64,8 +65,7 @@ print(" \\\n    ".join(parts + [" ".join(cur)]).replace(",", ",\\\n      "))
 # `WarpStateStats` (stall reasons) and `SourceCounters` (stall samples per instruction). ncu
 # replays the kernel once per group of counters it cannot read together, restoring memory
 # in between, so the profiled launch takes far longer than the kernel itself. The kernels are
-# compiled with `lineinfo=True` (set by the driver, where numba-cuda can: see section 7),
-# which maps every SASS instruction to the Python line it came from; `--clock-control none`
+# compiled with `lineinfo=True` (set by the driver), which maps every SASS instruction to the Python line it came from; `--clock-control none`
 # leaves the clocks where the benchmarks ran.
 #
 # Pick a version to profile live (when this machine can), then load what is recorded.
@@ -103,8 +103,10 @@ if rec is not None and rec["versions"]:
         print(f"  recorded on {m.get('gpu')}, not on this machine"
               + (f" ({nf4lab.device_info()['gpu']}): its own numbers may differ" if nf4lab.ON_GPU else ""))
     for name, v in rec["versions"].items():
+        if v.get("earlier_kernel"):
+            print(f"  [earlier kernel] {name}, profiled {v.get('date')}: {v['earlier_kernel']}")
         if v.get("lineinfo") is False:
-            print(f"  {name}: profiled without line info (numba-cuda could not compile it with lineinfo=True)")
+            print(f"  {name}: this recorded profile has no line info (section 7 cannot show its lines)")
     MEASURED = True
 else:
     print("No profile recorded yet (data/ncu/ is empty): the tables below show the hand-made example in "
@@ -112,7 +114,8 @@ else:
     rec = profiling.load_fixture()
     MEASURED = False
 
-summaries = {name: v["summary"] for name, v in rec["versions"].items()}
+summaries = {(f"[earlier kernel] {name}" if v.get("earlier_kernel") else name): v["summary"]
+             for name, v in rec["versions"].items()}
 if live is not None:
     summaries[f"{live['name']} (live)"] = live["summary"]
 # One line naming whose rows the tables below show.
@@ -239,8 +242,8 @@ for name, s in summaries.items():
 # ## 5. Occupancy: enough warps to keep bytes in flight?
 #
 # Achieved occupancy (`sm__warps_active.avg.pct_of_peak_sustained_active`) is the average
-# number of resident warps per SM as a share of the maximum (64 on an H100 or H200);
-# theoretical occupancy is what registers, shared memory and block size allow. A memory-bound
+# number of resident warps per SM as a share of the maximum (ncu records the GPU's limits with
+# every profile; the cell prints them); theoretical occupancy is what registers, shared memory and block size allow. A memory-bound
 # kernel needs occupancy only as a means: by Little's law, the bytes in flight must equal
 # bandwidth times latency. The estimate below takes the copy ceiling measured on the GPU whose
 # results this notebook shows and the series' one assumed DRAM latency
@@ -251,9 +254,17 @@ LATENCY_NS = lesson.ASSUMED_DRAM_LATENCY_NS  # assumed, the same figure in every
 ceil = bench.Run.load("07_summary") or bench.Run.load("00_ceiling")
 copy = ceil.get(bench.COPY) if ceil is not None else None
 sms = ceil.meta.get("sms") if ceil is not None else None
-# threads per SM: the GPU in hand's; without one, 2048 (64 warps, as on the H100 and H200)
-warps = (nf4lab.device_info().get("max_threads_per_sm") or 2048) // 32
-if copy and sms:
+# The per-SM limits, as ncu recorded them with a profile (the live one if any, else a recorded one).
+shown = live if live is not None else next((v for v in rec["versions"].values() if v.get("kernels")), None)
+attrs = {}
+if MEASURED and shown is not None:
+    m = profiling.main_kernel(shown["kernels"])["metrics"]
+    attrs = {k: m[f"device__attribute_{k}"]["value"] for k in ("max_warps_per_multiprocessor",
+             "max_threads_per_multiprocessor", "max_registers_per_multiprocessor") if f"device__attribute_{k}" in m}
+    print(f"per SM, as ncu recorded it ({'live, ' + live['gpu'] if live is not None else 'recorded on ' + rec['meta'].get('gpu', '?') + ', ' + str(shown.get('date'))}): "
+          + ", ".join(f"{k.replace('_', ' ')} {v:,.0f}" for k, v in attrs.items()))
+warps = int(attrs.get("max_warps_per_multiprocessor") or 0)
+if copy and sms and warps:
     inflight = copy["gbps"] * LATENCY_NS  # GB/s * ns = bytes
     print(f"{results.source_note(results.gpu_slug(ceil.meta['gpu']))}:")
     print(f"  copy ceiling {copy['gbps']:.0f} GB/s (measured) x {LATENCY_NS} ns (assumed) = {inflight / 1e6:.1f} MB "
@@ -264,7 +275,10 @@ if copy and sms:
           + ("cannot get there" if per_thread > 1 else "can get there")
           + (", 16-byte ones can." if per_thread <= 16 else ", nor can one 16-byte load per thread."))
 else:
-    print("no copy ceiling recorded for this GPU (run notebook 00 or 07 on it): no estimate")
+    print("no copy ceiling or per-SM limits recorded for this GPU (run notebook 00 or 07 on it): no estimate")
+if attrs.get("max_registers_per_multiprocessor") and attrs.get("max_threads_per_multiprocessor"):
+    print(f"registers per thread that still let every warp slot fill: "
+          f"{attrs['max_registers_per_multiprocessor'] / attrs['max_threads_per_multiprocessor']:.0f}")
 print(f"\noccupancy ({WHERE}):")
 for name, s in summaries.items():
     if s:
@@ -279,8 +293,8 @@ for name, s in summaries.items():
 # small, fixed grid (notebook 02) leaves most warp slots empty however few registers the
 # kernel uses. A few points below theoretical is normal: the last wave of blocks does not fill
 # the GPU, and blocks take time to start and end. Theoretical below 100 % comes from the
-# registers: on a GPU with 64K registers and 64 warps per SM (the H100, the H200), more than 32
-# registers per thread no longer fit all 64 warps.
+# registers: an SM's register file, shared by all its resident threads, allows as many registers
+# per thread as the line above prints; a kernel that needs more cannot fill every warp slot.
 
 # %% [markdown]
 # <a id="stalls"></a>
@@ -332,10 +346,8 @@ for reason, (name, v) in sorted(most.items(), key=lambda x: -x[1][1]):
 # `tools/profile_all.py` also exports ncu's *source page* (`--page source --print-source
 # cuda,sass`): the stall samples of every SASS instruction, grouped under the Python line it
 # came from (line info). Below: the lines where a version's warps spent their samples, and the
-# instruction of each line that collected most of them. It shows the version chosen above when
-# its profile has line info; numba-cuda 0.30 cannot compile every kernel with `lineinfo=True`
-# (section 1 prints which recorded profiles lack it), so otherwise the fastest version whose
-# recorded profile has it.
+# instruction of each line that collected most of them. It shows the live profile when there is
+# one, else the fastest recorded profile that has line info (section 1 names those without).
 
 # %%
 def hot_lines(path, top=6):
@@ -350,9 +362,10 @@ def show_lines(lines):
         print(f"{'':14}hottest instruction: {t['sass']}")
 
 
-lines = []
+lines, source_page = [], None
 if live is not None:
-    lines = hot_lines(live["files"].get("source"))
+    source_page = live["files"].get("source")
+    lines = hot_lines(source_page)
     print(f"{live['name']}, profiled now on {live['gpu']}"
           + (":" if lines else ": no line info in this profile (compiled without lineinfo=True)"))
 if not lines and MEASURED:
@@ -364,19 +377,86 @@ if not lines and MEASURED:
     fastest = sorted((v["summary"]["duration_us"], n) for n, v in rec["versions"].items() if found[n] and v["summary"])
     pick = VERSION if found.get(VERSION) else (fastest[0][1] if fastest else None)
     if pick:
-        print(f"{pick}, recorded on {rec['meta'].get('gpu')}:")
+        print(f"{pick}, recorded on {rec['meta'].get('gpu')}, {rec['versions'][pick].get('date')}:")
         lines = found[pick]
+        source_page = f"{profiling.ROOT}/{rec['dir']}/{rec['versions'][pick]['source']}"
 show_lines(lines) if lines else print("No source page with line info recorded: no source lines to show.")
 
 # %% [markdown]
 # How to read it. Instructions of device functions that numba inlines (`inline="always"`) and
 # of the `nf4lab.ops` helpers are often attributed to the kernel's `def` line, so a `def` line
-# at the top means "inside a helper": the instruction column says which. An `IMAD.WIDE.U32 ...,
-# 0x4` (an index times 4 bytes: a 4-byte element's address) collecting most samples waits for its
-# index; where that index is itself loaded, as `absmax_q[blk]` is for `code2[absmax_q[blk]]`, that
-# is a dependent load chain (the page does not say which array it is). And `I2F.F64` /
-# `DSETP` instructions in a bounds check would be the signed/unsigned comparison of notebook 01
-# (numba compares int64 with uint64 in float64).
+# at the top means "inside a helper": the instruction column says which. A stall sample is
+# charged to the instruction that **cannot issue yet**: the one waiting for an operand. So the
+# hottest instruction is rarely slow itself; what it waits for is the instruction that wrote
+# its operand register. The cell below reads the whole SASS listing of the same source page in
+# address order, takes the hottest instruction and walks back to the instruction that last wrote
+# one of its source registers, then from there to the load at the start of the chain.
+
+# %%
+import csv
+import re
+
+
+def program(path):
+    """Every SASS instruction of an ncu source page, in address order, with its Python line."""
+    rows = list(csv.reader(open(path)))
+    head = next(i for i, r in enumerate(rows) if r[:1] == ["Line No"])
+    prog, line, src = [], None, None
+    for r in rows[head + 1:]:
+        if r[0].strip():
+            line, src = r[0].strip(), r[1].strip()
+        elif len(r) > 4 and r[2].startswith("0x"):
+            prog.append({"addr": int(r[2], 16), "sass": r[3].strip(), "samples": float(r[4] or 0),
+                         "line": line, "source": src})
+    return sorted(prog, key=lambda x: x["addr"])
+
+
+NO_DEST = ("ST", "RED", "BRA", "EXIT", "BAR", "RET", "CALL", "BSYNC", "BSSY", "WARPSYNC", "ISETP", "FSETP", "DSETP")
+
+
+def operands(sass):
+    """(opcode, registers written, registers read) of one SASS instruction; R4.64 is R4 and R5."""
+    op, _, rest = re.sub(r"^@!?U?P\w+\s+", "", sass).partition(" ")
+    ops = [o.strip() for o in rest.split(",")] if rest else []
+    width = 4 if ".128" in op else 2 if (".64" in op or ".WIDE" in op) else 1
+    dest = set()
+    if ops and not op.startswith(NO_DEST):
+        m = re.match(r"R(\d+)", ops.pop(0))
+        dest = {int(m.group(1)) + k for k in range(width)} if m else set()
+    src = set()
+    for o in ops:
+        for m in re.finditer(r"\bR(\d+)(\.64)?", o):
+            src |= {int(m.group(1)), int(m.group(1)) + 1} if m.group(2) else {int(m.group(1))}
+    return op, dest, src
+
+
+def last_writer(prog, i):
+    """Index of the last instruction before i that writes a register i reads (None if none)."""
+    src = operands(prog[i]["sass"])[2]
+    return next((j for j in range(i - 1, -1, -1) if operands(prog[j]["sass"])[1] & src), None)
+
+
+if source_page and lines:
+    prog = program(source_page)
+    i = max(range(len(prog)), key=lambda k: prog[k]["samples"])
+    total = sum(x["samples"] for x in prog)
+    print(f"hottest instruction ({prog[i]['samples'] / total:.1%} of the samples), line {prog[i]['line']}:"
+          f" {prog[i]['sass']}")
+    j = i
+    for _ in range(6):            # a short chain: ALU steps until the load that started it
+        j = last_writer(prog, j)
+        if j is None:
+            break
+        print(f"  waits for {prog[j]['sass']:<44} line {prog[j]['line']}: {prog[j]['source'][:60]}")
+        if operands(prog[j]["sass"])[0].startswith(("LDG", "LDS", "LDC", "LD.")):
+            break
+
+# %% [markdown]
+# The chain ends at a load (`LDG`: global memory, `LDS`: shared): the samples on the hottest
+# instruction are the wait for that load's data, which is what `long_scoreboard` counts. Its
+# line says which array it reads, and so which wait a design could remove or hide (issue the
+# load earlier, or keep the array in shared memory). The walk follows the address order and
+# ignores branches: near a loop's head the last writer may sit at the loop's end instead.
 
 # %% [markdown]
 # <a id="own"></a>
@@ -416,4 +496,67 @@ show_lines(lines) if lines else print("No source page with line info recorded: n
 # - `long_scoreboard` comes first in the memory-bound versions: the warps wait on memory. Any
 #   other reason on top (`lg_throttle`, `mio_throttle`, `math_pipe_throttle`, or `not_selected`
 #   in an instruction-bound kernel) names what holds a version back before DRAM does.
-# - With `lineinfo=True`, stalls land on Python lines, which is where a fix is written.
+# - With `lineinfo=True`, stalls land on Python lines, which is where a fix is written; the
+#   hottest instruction is the one that waits, and the instruction it waits for is found by
+#   walking back to the writer of its operands.
+
+# %% [markdown]
+# <a id="exercises"></a>
+# ## 10. Exercise: what does the hot instruction wait for?
+#
+# Without a GPU, from a committed record: the source page of 04's coalesced kernel, profiled on
+# the GPU named below. Write `waits_for(prog, i)`: the index of the last instruction before `i`
+# that **writes** a register that instruction `i` **reads** (`operands(sass)` gives both sets),
+# or None. Then read what the printed chain says about the kernel. The check tries every
+# instruction of the listing against what `waits_for` must satisfy.
+
+# %%
+def waits_for(prog, i):
+### BEGIN SOLUTION
+    reads = operands(prog[i]["sass"])[2]
+    for j in range(i - 1, -1, -1):
+        if operands(prog[j]["sass"])[1] & reads:
+            return j
+    return None
+### STUDENT
+    return None   # TODO: walk back from i (about 5 lines)
+### END SOLUTION
+
+
+def check_waits_for(fn, prog):
+    """PASSED when fn(prog, i) is, for every i, the nearest earlier writer of a register i reads."""
+    bad = 0
+    for i in range(len(prog)):
+        reads, j = operands(prog[i]["sass"])[2], fn(prog, i)
+        writes = lambda k: bool(operands(prog[k]["sass"])[1] & reads)
+        between = range(0 if j is None else j + 1, i)      # nothing after j may write what i reads
+        bad += not ((j is None or (isinstance(j, int) and 0 <= j < i and writes(j)))
+                    and not any(writes(k) for k in between))
+    print(("PASSED" if not bad else "NOT PASSED") + f": {len(prog) - bad} of {len(prog)} instructions")
+    return not bad
+
+
+page = rec and rec["versions"].get("04 16B loads, coalesced stores", {}).get("source")
+if MEASURED and page:
+    prog04 = program(f"{profiling.ROOT}/{rec['dir']}/{page}")
+    print(f"04 16B loads, coalesced stores, recorded on {rec['meta'].get('gpu')}, "
+          f"{rec['versions']['04 16B loads, coalesced stores'].get('date')}: {len(prog04)} instructions")
+    ok = check_waits_for(waits_for, prog04)
+    hot = max(range(len(prog04)), key=lambda k: prog04[k]["samples"])
+    j = waits_for(prog04, hot)
+    print(f"hottest: {prog04[hot]['sass']} (line {prog04[hot]['line']})")
+    if j is not None:
+        print(f"waits for: {prog04[j]['sass']} (line {prog04[j]['line']}: {prog04[j]['source'][:60]})")
+else:
+    ok = None
+    print("no recorded source page of 04's kernel for this GPU: nothing to check")
+### BEGIN SOLUTION
+assert ok is not False
+### STUDENT
+### END SOLUTION
+
+# %% [markdown]
+# *What to notice:* read the two printed instructions with their lines. Which array does the
+# load read, and what does the hottest instruction do with the loaded value? If it turns it
+# into an address, the kernel waits for one load before it can even issue the next: compare
+# with how 06's kernel handles `code2[absmax_q[b]]` (notebook 06, section 2).
