@@ -77,17 +77,9 @@ def variant_launches(mod, names=None, policies=None) -> dict:
                 out[f"TC B{bps} D{dd}"] = (lambda g, b=bps, dd=dd: gemv_mma.launch(g, blocks_per_sm=b, D=dd))
         out["TC B2 D1 carve"] = (lambda g: gemv_mma.launch(g, carveout=True))
         out["TC x-global"] = (lambda g: gemv_mma.launch(g, xslot=False))  # M = 1: x from L1/L2 at each step (former)
-        from lab import gemv_pp
-
-        out["TC PP"] = gemv_pp.launch   # the step loop over two fixed buffers (lab/gemv_pp.py)
-        for ns in (2, 3, 4):  # slots refilled before the compute: ns - 1 steps in flight, no ring moves
-            out[f"TC F{ns}"] = (lambda g, ns=ns: gemv_pp.launch(g, slots=ns, fetch_first=True))
         from lab import gemv_ablate
 
         out.update(gemv_ablate.variant_launches())  # stages left out, timing only ("TC -lut", ...)
-        from lab import gemv_stats
-
-        out["TC stats2"] = gemv_stats.launch  # M = 1: the statistics loaded in pairs (same bits)
         out["TC bytes"] = (lambda g: gemv_mma.launch(g, words=False))  # the statistics byte by byte (before the word)
         for n in names:  # "TC grid 896": the shipped kernel on another persistent grid; "TC grid tiles": one tile a block
             m = re.fullmatch(r"TC grid (\d+|tiles)", n)
