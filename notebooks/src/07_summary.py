@@ -85,7 +85,7 @@ if run is not None:
     mb = run.get(BEST, dtype="bf16")["bytes"] / 1e6
     l2 = run.meta.get("l2_bytes")
     print(f"16384x16384 -> bf16 moves {mb:.0f} MB per call; L2 of the {GPU}: "
-          + (f"{l2 / 1e6:.0f} MB, so this is DRAM bandwidth" if l2 else "not recorded"))
+          + (f"{l2 / 2**20:.0f} MiB (as the setup cell prints it), so this is DRAM bandwidth" if l2 else "not recorded"))
     plots.bars(run, title=f"NF4 dequantization, 16384x16384 -> bf16, {GPU}: every version, ceilings, bitsandbytes",
                highlight={k["name"] for k in run.kernels()}, dtype="bf16");
 else:
@@ -196,7 +196,7 @@ if run is not None:
 # including the LLM weight shapes 4096x14336 and 8192x28672. Three versions are swept: the first
 # kernel (01), the first at the wall (04's coalesced stores) and the last (06). The 16384x16384
 # point is section 2's run (the same process): it is not measured twice. Left of the L2 line (the
-# L2 size printed in section 2) the whole working set fits in L2 and repeated
+# L2 size printed in section 2, drawn on the plot's MB axis) the whole working set fits in L2 and repeated
 # calls are partly served from it: those points are not a DRAM measurement (they are marked
 # `fits_l2` in the results), and whether the L2 lifts them above DRAM bandwidth or the launch cost
 # below holds them under it, the table after the plot shows. Copy and fill (dashed) and the traffic-matched bound are measured at each size.
