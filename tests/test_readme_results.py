@@ -1,0 +1,50 @@
+"""The front page and the generated results pages: the README stays a front page, and every record whose
+kernel is no longer the shipped one is labelled as such by tools/readme_results.py."""
+import importlib.util
+import subprocess
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _tool():
+    spec = importlib.util.spec_from_file_location("readme_results", ROOT / "tools" / "readme_results.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_readme_is_a_front_page():
+    lines = (ROOT / "README.md").read_text().splitlines()
+    assert len(lines) <= 200, f"README.md has {len(lines)} lines; run logs belong in docs/results.md"
+
+
+@pytest.mark.parametrize("name, kernel", [("07_summary", "dequant"), ("dequantize", "dequant"),
+                                          ("exactness_sm75", "dequant"), ("09_gemv_tc", "gemv"),
+                                          ("models_compiled_ab_3", "gemv"), ("launch_cost", "dequant")])
+def test_a_record_older_than_the_shipped_kernel_is_labelled(name, kernel):
+    tool = _tool()
+    first = tool.SHIPPED[kernel][2]
+    before = {"date": "2026-01-01 00:00 UTC"}
+    assert tool.earlier(name, before) == "recorded 2026-01-01 00:00 UTC with an earlier kernel"
+    assert tool.stamp(name, before).startswith("recorded 2026-01-01")
+    newest = max(v[2] for v in tool.SHIPPED.values())
+    assert tool.earlier(name, {"date": newest}) == "" and tool.stamp(name, {"date": newest}) == newest
+    assert first <= newest
+
+
+def test_a_bound_that_runs_no_shipped_kernel_is_not_labelled():
+    tool = _tool()
+    assert tool.earlier("09_read_bound", {"date": "2026-01-01 00:00 UTC"}) == ""
+
+
+def test_the_shipping_commits_exist_and_follow_their_first_runs():
+    tool = _tool()
+    for what, commit, first in tool.SHIPPED.values():
+        p = subprocess.run(["git", "-C", str(ROOT), "show", "-s", "--format=%cd", "--date=format-local:%Y-%m-%d %H:%M UTC",
+                            commit], capture_output=True, text=True, env={"TZ": "UTC", "PATH": "/usr/bin:/bin"})
+        if p.returncode != 0:
+            pytest.skip(f"git history without {commit} (a shallow clone)")
+        assert first <= p.stdout.strip(), f"{what}: its first run {first} is after the commit that shipped it"
