@@ -286,7 +286,7 @@ def models_block() -> str:
         ql = {r["variant"]: r for r in recs if r["kind"] == "qlora"}
         tok = {r["variant"]: r["tok_s"] for r in dec}
         n = dec[0]["new_tokens"] if dec else 0
-        out += [f"#### {meta.get('gpu', g)}", "", f"{labelled('models', meta)}; greedy decode of {n} new tokens, batch 1, "
+        out += [f"### {meta.get('gpu', g)}", "", f"{labelled('models', meta)}; greedy decode of {n} new tokens, batch 1, "
                 "random weights (`python -m nf4lab models`"
                 + ("; each decode variant in a child process of its own" if meta.get("isolated") else "") + "):", "",
                 "| decode | tok/s | x bitsandbytes, same mode | x bf16, same mode |", "| --- | ---: | ---: | ---: |"]
