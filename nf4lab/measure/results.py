@@ -21,6 +21,8 @@ import re
 import tempfile
 from pathlib import Path
 
+from . import provenance
+
 ROOT = Path(__file__).resolve().parents[2]
 RESULTS_DIR = ROOT / "data" / "results"
 
@@ -50,6 +52,8 @@ def meta(method: str) -> dict:
         "torch": info.get("torch"),
         "numpy": info.get("numpy"),
         "method": method,
+        "run": provenance.RUN_ID,             # a timing ratio compares records of one run
+        "code_path": provenance.code_path(),  # native, or the architecture NF4LAB_ARCH caps it at
     }
 
 

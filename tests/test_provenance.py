@@ -1,0 +1,62 @@
+"""Comparable or refused: a printed comparison of two records gives a ratio only when they can be
+compared, and otherwise says what differs."""
+from nf4lab.measure import provenance
+
+META = {"run": "r1", "gpu": "NVIDIA H100 80GB HBM3", "driver": "580", "numba_cuda": "0.30.4", "torch": "2.11.0",
+        "bitsandbytes": "0.50.2", "code_path": "native", "date": "2026-11-27 14:53 UTC"}
+FAST = {"name": "06 kernel", "ms": 0.2, "source_sha256": "aaaa"}
+SLOW = {"name": "bitsandbytes", "ms": 0.3, "source_sha256": None}
+
+
+def test_one_run_gives_a_ratio():
+    ratio, text = provenance.compare(META, FAST, META, SLOW)
+    assert abs(ratio - 1.5) < 1e-12 and text == "1.50x"
+
+
+def test_two_runs_are_refused_with_the_date():
+    other = dict(META, run="r2", date="2026-11-23 10:00 UTC")
+    ratio, text = provenance.compare(META, FAST, other, SLOW)
+    assert ratio is None and "2026-11-23 10:00 UTC" in text and "not compared" in text
+
+
+def test_a_record_without_its_run_is_refused():
+    old = {k: v for k, v in META.items() if k != "run"}
+    ratio, text = provenance.compare(old, FAST, META, SLOW)
+    assert ratio is None and "before records named their run" in text
+
+
+def test_a_comparison_about_the_code_path_holds_the_kernel_equal():
+    sm75 = dict(META, code_path="sm_75")
+    same_kernel = dict(FAST, ms=0.25)
+    assert provenance.compare(META, FAST, sm75, same_kernel, about="code_path")[1] == "1.25x"
+    earlier_kernel = dict(FAST, ms=0.27, source_sha256="bbbb")      # the incomparable pair of notebook 06
+    ratio, text = provenance.compare(META, FAST, sm75, earlier_kernel, about="code_path")
+    assert ratio is None and "kernel source" in text
+    other_gpu = dict(sm75, gpu="NVIDIA H200")
+    ratio, text = provenance.compare(META, FAST, other_gpu, same_kernel, about="code_path")
+    assert ratio is None and "gpu" in text
+
+
+def test_source_hash_follows_the_kernel_a_launch_calls():
+    class Dispatcher:                       # what numba's cuda.jit returns: py_func is the kernel's source
+        def __init__(self, f):
+            self.py_func = f
+
+    def k1(x):
+        return x + 1
+
+    def k2(x):
+        return x + 2
+
+    g = {"kernel": Dispatcher(k1)}
+    launch = eval(compile("lambda b: kernel(b)", "<cell>", "eval"), g)
+    h1 = provenance.source_hash(launch)
+    g["kernel"] = Dispatcher(k2)
+    assert provenance.source_hash(launch) != h1
+
+
+def test_results_meta_names_the_run_and_the_code_path(monkeypatch):
+    from nf4lab.measure import results
+
+    m = results.meta("test")
+    assert m["run"] == provenance.RUN_ID and m["code_path"] == provenance.code_path()
