@@ -9,8 +9,10 @@ import pytest
 
 import nf4lab  # noqa: F401  (first: may switch numba to the simulator)
 from nf4lab.kernels import gemv
+from nf4lab.harness import gemv_check
+from nf4lab.measure import gemv_bench
 from nf4lab.measure.ptx import compile_ptx
-from nf4lab.lesson import reference
+from nf4lab.format import reference
 from numba import cuda, float32  # noqa: E402  (after nf4lab)
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -18,7 +20,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 @pytest.fixture(scope="module")
 def gc():
-    return gemv.make_gemv_case(40, 192, "bf16", seed=2)
+    return gemv_check.make_gemv_case(40, 192, "bf16", seed=2)
 
 
 def test_case_matches_bitsandbytes_dequantization(gc):
@@ -30,14 +32,14 @@ def test_case_matches_bitsandbytes_dequantization(gc):
 
 def test_float32_sum_passes_and_bf16_rounding_is_within(gc):
     y32 = (gc.x @ gc.w.T).astype(np.float32)
-    assert gemv.check(y32, gc).ok
+    assert gemv_check.check(y32, gc).ok
     bits = reference.f32_to_bits(y32.reshape(-1), "bf16")
-    assert gemv.check(bits, gc).ok
+    assert gemv_check.check(bits, gc).ok
     # a reversed summation order passes too: order is not a bug
     rev = np.zeros(gc.N, np.float32)
     for k in range(gc.K - 1, -1, -1):
         rev = (rev + gc.x[0, k] * gc.w[:, k]).astype(np.float32)
-    assert gemv.check(rev, gc).ok
+    assert gemv_check.check(rev, gc).ok
 
 
 @pytest.mark.parametrize("bug", ["nibbles swapped", "no offset", "missing lane", "wrong group", "truncated"])
@@ -58,27 +60,27 @@ def test_planted_bugs_fail_the_tolerance(gc, bug):
         y = (gc.x @ gc.w.T).astype(np.float32)
         t = (y.view(np.uint32) & 0xFFFF0000).view(np.float32)
         y_bad = t * np.float32(1 - 2 ** -7)  # and a relative error of 2^-7, twice the bf16 unit
-        assert not gemv.compare(y_bad, gc).ok
+        assert not gemv_check.compare(y_bad, gc).ok
         return
     y = (gc.x @ w.reshape(gc.N, gc.K).T).astype(np.float32)
-    rep = gemv.compare(y, gc, name=bug)
+    rep = gemv_check.compare(y, gc, name=bug)
     assert not rep.ok and rep.worst_ratio > 10, str(rep)
-    with pytest.raises(gemv.GemvError):
-        gemv.check(y, gc)
+    with pytest.raises(gemv_check.GemvError):
+        gemv_check.check(y, gc)
 
 
 def test_tolerance_grows_with_k():
     x = np.ones((1, 1024), np.float32)
     w = np.ones((1, 1024), np.float32)
-    t_short = gemv.tolerance(x[:, :64], w[:, :64], "fp16")
-    t_long = gemv.tolerance(x, w, "fp16")
+    t_short = gemv_check.tolerance(x[:, :64], w[:, :64], "fp16")
+    t_long = gemv_check.tolerance(x, w, "fp16")
     # K * eps32 * sum|xw| grows like K^2 here; the output rounding like K
     assert t_long[0, 0] > 16 * t_short[0, 0]
 
 
 def test_bitsandbytes_cpu_output_is_close(gc):
-    yb = gemv.bnb_output(gc)
-    rep = gemv.compare(yb, gc)
+    yb = gemv_check.bnb_output(gc)
+    rep = gemv_check.compare(yb, gc)
     # bitsandbytes rounds each weight to bf16 before multiplying: close, not always inside the float32 bound
     assert rep.worst_ratio < 20
 
@@ -115,28 +117,20 @@ def test_layout_is_checked():
 
 
 def test_weight_bytes():
-    assert gemv.weight_bytes(4096, 4096) == 4096 * 4096 // 2 + 4096 * 64 + 4 * 1024 + 1024
-    assert gemv.unfused_bytes(2, 64) - gemv.weight_bytes(2, 64) == 4 * 128
+    assert gemv_bench.weight_bytes(4096, 4096) == 4096 * 4096 // 2 + 4096 * 64 + 4 * 1024 + 1024
+    assert gemv_bench.unfused_bytes(2, 64) - gemv_bench.weight_bytes(2, 64) == 4 * 128
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("variant", ["solutions/09_fused_gemv_SOLUTION.ipynb", "09_fused_gemv.ipynb"])
-def test_notebook_runs_in_the_simulator(variant, tmp_path):
-    nbformat = pytest.importorskip("nbformat")
-    nbclient = pytest.importorskip("nbclient")
-    nb = nbformat.read(ROOT / "notebooks" / variant, as_version=4)
-    nbclient.NotebookClient(nb, timeout=300, kernel_name="python3",
-                            resources={"metadata": {"path": str(ROOT / "notebooks")}}).execute()
-    text = "\n".join(o.get("text", "") for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", []))
-    assert "within the float32 tolerance" in text
-    if "SOLUTION" in variant:
-        assert "PASSED: exercise" in text and "NOT PASSED" not in text
-    else:
-        assert "NOT PASSED (not solved yet)" in text
+def test_notebook_runs_in_the_simulator(notebook_twins):
+    solution, student = notebook_twins("09_fused_gemv")
+    assert "within the float32 tolerance" in solution
+    assert "PASSED: exercise" in solution and "NOT PASSED" not in solution
+    assert "NOT PASSED (not solved yet)" in student
 
 
 def _case_buffers(N, K, dtype, M=1, seed=5, **kw):
-    gc = gemv.make_gemv_case(N, K, dtype, M=M, seed=seed, **kw)
+    gc = gemv_check.make_gemv_case(N, K, dtype, M=M, seed=seed, **kw)
     return gc, gemv.make_gemv_buffers(gc)
 
 
@@ -166,7 +160,7 @@ def test_kernel_within_tolerance(N, K, dtype, M, grid, opts):
     gc, g = _case_buffers(N, K, dtype, M=M, **opts)
     g.grid = grid
     gemv.launch(g)
-    assert gemv.check(g.result(), gc, name=f"{N}x{K} {dtype} M={M} grid {grid} {opts}", rounded_table=True).ok
+    assert gemv_check.check(g.result(), gc, name=f"{N}x{K} {dtype} M={M} grid {grid} {opts}", rounded_table=True).ok
 
 
 @pytest.mark.parametrize("N,K,dtype,M,grid,opts", [(33, 512, "fp16", 1, 1, {"dist": "codes"}),
@@ -188,7 +182,7 @@ def test_statistics_word_gives_the_byte_loads_bits(N, K, dtype, M, grid, opts):
                                                                  gemv.SMEM](*args)
         out.append(g.result().copy())
     assert np.array_equal(out[0], out[1])
-    assert gemv.check(out[0], gc, rounded_table=True).ok
+    assert gemv_check.check(out[0], gc, rounded_table=True).ok
 
 
 def test_statistics_word_applies_only_where_a_step_is_whole_blocks_at_a_word():
@@ -203,19 +197,19 @@ def test_statistics_word_applies_only_where_a_step_is_whole_blocks_at_a_word():
 def test_tensor_core_tolerance_is_needed_and_explained():
     """The table rounding is real (the fp32-table tolerance fails on a heavy-tailed case) and is all there is:
     against a float64 reference built from the bf16-rounded table the error is output rounding only."""
-    from nf4lab.kernels import ops
-    from nf4lab.lesson import reference
+    from nf4lab.device import ops
+    from nf4lab.format import reference
 
     gc, g = _case_buffers(11, 256, "bf16", dist="heavy", x_dist="heavy")
     gemv.launch(g)
-    y = gemv.to_f32(g.result(), "bf16").reshape(1, -1).astype(np.float64)
-    assert not gemv.compare(y.astype(np.float32), gc).ok
+    y = gemv_check.to_f32(g.result(), "bf16").reshape(1, -1).astype(np.float64)
+    assert not gemv_check.compare(y.astype(np.float32), gc).ok
     lut_b = np.array([np.uint32(int(ops.bf16_bits_py(v)) << 16).view(np.float32) for v in gc.lut], np.float64)
     codes = np.stack([gc.packed >> 4, gc.packed & 15], -1).reshape(-1)[: gc.N * gc.K]
     absmax = reference.block_absmax(gc.absmax_q, gc.absmax2, gc.code2, gc.offset).astype(np.float64)
     ref = gc.x.astype(np.float64) @ (lut_b[codes] * np.repeat(absmax, gc.blocksize)[: gc.N * gc.K]).reshape(gc.N, gc.K).T
     s = np.abs(gc.x.astype(np.float64)) @ np.abs(gc.w.astype(np.float64)).T
-    assert (np.abs(y - ref) <= gemv.UNIT_OUT["bf16"] * np.abs(ref) + 1e-4 * s).all()
+    assert (np.abs(y - ref) <= gemv_check.UNIT_OUT["bf16"] * np.abs(ref) + 1e-4 * s).all()
 
 
 def test_prmt_twin_and_table_offsets():
@@ -261,7 +255,7 @@ def test_nf4lab_arch_caps_the_mma(monkeypatch):
     """NF4LAB_ARCH=sm_75 compiles the T4's paths for any GPU, the mma's included, so that a run on an H100
     tests them: PTX for sm_90 then holds fp16's m16n8k8 and no mma at all for bf16."""
     import nf4lab.measure.ptx
-    from nf4lab.kernels import arch
+    from nf4lab import arch
 
     monkeypatch.setattr(arch, "FORCED", (7, 5))
     monkeypatch.setenv(arch.ENV, "sm_75")                    # for the PTX subprocess of the simulator's runs

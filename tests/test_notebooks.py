@@ -11,7 +11,7 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from nf4lab.__main__ import ROOT, execute_notebook, notebook_paths
+from nf4lab.__main__ import ROOT, notebook_paths
 
 NOTEBOOKS = notebook_paths(solutions=True)
 
@@ -62,29 +62,19 @@ def test_every_step_has_a_solution_twin():
     assert students and students == solutions
 
 
-def _outputs(nb) -> str:
-    text = []
-    for c in nb.cells:
-        for o in c.get("outputs", []):
-            text.append(o.get("text", "") if isinstance(o.get("text", ""), str) else "")
-            if "data" in o:
-                text.append(str(o["data"].get("text/plain", "")))
-    return "\n".join(text)
+# 08 runs in tests/test_profiling.py and 09 in tests/test_gemv.py, with assertions of their own.
+STEMS = sorted({p.stem.removesuffix("_SOLUTION") for p in NOTEBOOKS} - {"08_profiling", "09_fused_gemv"})
 
 
-# 09 runs in tests/test_gemv.py, with assertions of its own (tolerance, exercise verdicts).
 @pytest.mark.slow
-@pytest.mark.parametrize("path", [p for p in NOTEBOOKS if not p.name.startswith("09_")], ids=lambda p: p.stem)
-def test_notebook_runs_in_the_simulator(path, tmp_path):
-    out = tmp_path / path.name
-    execute_notebook(path, out, timeout=600)
-    nb = nbformat.read(out, as_version=4)
-    text = _outputs(nb)
-    # A kernel that is not bit-exact raises VerificationError in its cell, which fails execute_notebook
-    # above; "NOT bit-exact" may still appear in the text where a notebook shows a planted bug.
-    has_exercises = any("nf4lab.check" in c.source or "check(" in c.source for c in nb.cells
-                        if c.cell_type == "code")
-    if has_exercises and "solutions" in path.parts:
-        assert "NOT PASSED" not in text, "a solution fails its own checker"
-    elif has_exercises:
-        assert "NOT PASSED" in text, "an unsolved exercise should fail its checker (cleanly)"
+@pytest.mark.parametrize("stem", STEMS)
+def test_notebook_runs_in_the_simulator(stem, notebook_twins):
+    """The solution runs top to bottom, then the student's own cells (its exercise stubs) in the same kernel:
+    one run covers both twins' code. A kernel that is not bit-exact raises VerificationError in its cell, which
+    fails the run; "NOT bit-exact" may still appear in the text where a notebook shows a planted bug."""
+    solution, student = notebook_twins(stem)
+    sources = "\n".join(c.source for p in NOTEBOOKS if p.stem.removesuffix("_SOLUTION") == stem
+                        for c in nbformat.read(p, as_version=4).cells if c.cell_type == "code")
+    if "nf4lab.check" in sources or "check(" in sources:
+        assert "NOT PASSED" not in solution, "a solution fails its own checker"
+        assert "NOT PASSED" in student, "an unsolved exercise should fail its checker (cleanly)"
