@@ -116,16 +116,57 @@ def problems(nb) -> list[str]:
 
 
 # ---------------------------------------------------------------- stale outputs
-def code_hash(nb) -> str:
-    """SHA-256 of the code a run executed: every code cell's source, in order, except the cells
-    tagged ``setup`` (the Colab/Kaggle install cell, which does nothing elsewhere)."""
+#: What a run's record hashes. 1: the code cells. 2: also the markdown cells that contain a number
+#: (prose that states a result must change with it) and the kernel cells of the notebooks the code
+#: loads through nf4lab's loader (07 and 08 run 01-06's kernels: their outputs go stale with them).
+HASH_VERSION = 2
+_LOADS = re.compile(r"""\b(?:load_all|load|load_module)\(\s*(?:upto\s*=\s*(\d+)|["'](\d\d_\w+)["'])?""")
+
+
+def loaded_notebooks(nb) -> list[str]:
+    """Stems of the notebooks whose kernel cells ``nb``'s code runs through nf4lab's loader."""
+    from ..harness.versions import NOTEBOOKS
+
+    stems = set()
+    for c in nb.cells:
+        if c.cell_type != "code" or "versions" not in c.source:
+            continue
+        for m in _LOADS.finditer(c.source):
+            if m.group(2):
+                stems.add(m.group(2))
+            elif m.group(0).startswith("load_all"):
+                upto = int(m.group(1) or 6)
+                stems.update(p.stem for p in NOTEBOOKS.glob("[0-9][0-9]_*.ipynb") if 1 <= int(p.stem[:2]) <= upto)
+    return sorted(stems)
+
+
+def code_hash(nb, version: int = HASH_VERSION) -> str:
+    """SHA-256 of what a run's outputs come from: every code cell's source, in order, except the cells
+    tagged ``setup`` (the Colab/Kaggle install cell, which does nothing elsewhere); from version 2 also
+    the markdown cells with a number in them and the kernel cells of the notebooks it loads."""
     import hashlib
 
     h = hashlib.sha256()
     for c in nb.cells:
         if c.cell_type == "code" and "setup" not in c.get("metadata", {}).get("tags", []):
             h.update(c.source.encode() + b"\x00")
+        elif version >= 2 and c.cell_type == "markdown" and re.search(r"\d", c.source):
+            h.update(b"md\x00" + c.source.encode() + b"\x00")
+    if version >= 2:
+        from ..harness.versions import NOTEBOOKS, kernel_cells
+
+        for stem in loaded_notebooks(nb):
+            path = NOTEBOOKS / f"{stem}.ipynb"
+            cells = kernel_cells(path) if path.exists() else ["<missing>"]
+            h.update(f"nb {stem}\x00".encode() + "\x00".join(cells).encode() + b"\x00")
     return h.hexdigest()
+
+
+def record(nb) -> None:
+    """Note in ``nb``'s metadata what its outputs come from (after a run)."""
+    md = nb.metadata.setdefault("nf4lab", {})
+    md["code_sha256"] = code_hash(nb)
+    md["hash_version"] = HASH_VERSION
 
 
 def has_outputs(nb) -> bool:
@@ -133,15 +174,19 @@ def has_outputs(nb) -> bool:
 
 
 def stale(nb) -> str | None:
-    """Why a notebook's outputs do not come from its code cells as they are now, or None.
+    """Why a notebook's outputs do not come from its cells as they are now, or None.
 
-    A run records :func:`code_hash` in ``metadata.nf4lab.code_sha256``; outputs with no record,
-    or with a record of other code, are stale: a cell changed after the run that produced them."""
+    A run records :func:`code_hash` in ``metadata.nf4lab.code_sha256`` (with ``hash_version``; records
+    without it hash the code cells only); outputs with no record, or with a record of other cells or other
+    loaded kernels, are stale: something changed after the run that produced them."""
     if not has_outputs(nb):
         return None
-    recorded = nb.metadata.get("nf4lab", {}).get("code_sha256")
+    md = nb.metadata.get("nf4lab", {})
+    recorded = md.get("code_sha256")
     if recorded is None:
         return "outputs without a record of the code that produced them (execute it: python -m nf4lab notebooks)"
-    if recorded != code_hash(nb):
-        return "a code cell changed after the run whose outputs it shows (execute it again)"
+    if recorded != code_hash(nb, md.get("hash_version", 1)):
+        what = ("a code cell, a markdown cell with a number, or a loaded notebook's kernel"
+                if md.get("hash_version", 1) >= 2 else "a code cell")
+        return f"{what} changed after the run whose outputs it shows (execute it again)"
     return None

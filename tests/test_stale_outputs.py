@@ -1,0 +1,57 @@
+"""Outputs go stale with everything they come from: code cells, prose that states a number, and
+the kernel cells of the notebooks that 07 and 08 load through nf4lab's loader."""
+import json
+
+import nbformat
+
+from nf4lab.measure import nbclean
+
+
+def _nb(*cells):
+    nb = nbformat.v4.new_notebook()
+    for kind, src in cells:
+        nb.cells.append(nbformat.v4.new_code_cell(src) if kind == "code" else nbformat.v4.new_markdown_cell(src))
+    nb.cells[0].outputs = [nbformat.v4.new_output("stream", text="2891 GB/s\n")]
+    return nb
+
+
+def test_a_changed_number_in_prose_makes_outputs_stale():
+    nb = _nb(("code", "print(run)"), ("markdown", "The kernel reaches 99% of the bound."), ("markdown", "Why."))
+    nbclean.record(nb)
+    assert nbclean.stale(nb) is None
+    nb.cells[2].source = "Why, in other words."          # prose without a number: not a result
+    assert nbclean.stale(nb) is None
+    nb.cells[1].source = "The kernel reaches 97% of the bound."
+    assert "markdown cell with a number" in nbclean.stale(nb)
+
+
+def test_a_record_without_hash_version_hashes_code_only():
+    nb = _nb(("code", "print(run)"), ("markdown", "99%"))
+    nb.metadata["nf4lab"] = {"code_sha256": nbclean.code_hash(nb, 1)}
+    nb.cells[1].source = "97%"
+    assert nbclean.stale(nb) is None
+    nb.cells[0].source = "print(run2)"
+    assert "a code cell changed" in nbclean.stale(nb)
+
+
+def test_a_loaded_notebooks_kernel_change_makes_outputs_stale(tmp_path, monkeypatch):
+    from nf4lab.harness import versions
+
+    def write(stem, src):
+        nb = nbformat.v4.new_notebook()
+        nb.cells.append(nbformat.v4.new_code_cell(src, metadata={"tags": ["kernel"]}))
+        nb.cells.append(nbformat.v4.new_code_cell("print('not a kernel cell')"))
+        (tmp_path / f"{stem}.ipynb").write_text(json.dumps(nb))
+
+    write("01_naive", "VERSIONS = {'a': 1}")
+    write("04_vector_loads", "VERSIONS = {'b': 2}")
+    monkeypatch.setattr(versions, "NOTEBOOKS", tmp_path)
+    summary = _nb(("code", "from nf4lab.harness import versions\nV = versions.load_all()"))
+    one = _nb(("code", "from nf4lab.harness import versions\nV = versions.load('04_vector_loads')"))
+    assert nbclean.loaded_notebooks(summary) == ["01_naive", "04_vector_loads"]
+    assert nbclean.loaded_notebooks(one) == ["04_vector_loads"]
+    for nb in (summary, one):
+        nbclean.record(nb)
+        assert nbclean.stale(nb) is None
+    write("04_vector_loads", "VERSIONS = {'b': 3}")
+    assert "loaded notebook" in nbclean.stale(summary) and "loaded notebook" in nbclean.stale(one)
