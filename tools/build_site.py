@@ -132,21 +132,17 @@ def stage_notebook(rel: Path, src: Path, titles: dict[str, str], stage: Path) ->
     for c in nb["cells"]:
         if c["cell_type"] == "markdown":
             c["source"] = local_links("".join(c["source"]), solution)
-    block = f"\n\n:::{{admonition}} Outputs\n:class: nf4lab-provenance\n{note}\n:::\n"
-    for c in nb["cells"]:
-        if c["cell_type"] != "markdown":
-            continue
-        text = "".join(c["source"])
-        lines = text.splitlines()
-        if lines and lines[0].startswith("# "):
-            if solution:
-                lines[0] += " (solution)"
-            # The note goes right under the title: where these outputs come from is read first.
-            text = lines[0] + block + "\n".join(lines[1:])
-        else:
-            text = block + text
-        c["source"] = text
-        break
+    block = f":::{{admonition}} Outputs\n:class: nf4lab-provenance\n{note}\n:::\n"
+    # The note goes right under the title (a Colab badge cell may come first): where these outputs
+    # come from is read before any of them.
+    md = [c for c in nb["cells"] if c["cell_type"] == "markdown"]
+    titled = next((c for c in md if "".join(c["source"]).startswith("# ")), None)
+    if titled is None:
+        if md:
+            md[0]["source"] = block + "\n" + "".join(md[0]["source"])
+    else:
+        title, _, rest = "".join(titled["source"]).partition("\n")
+        titled["source"] = title + (" (solution)" if solution else "") + "\n\n" + block + "\n" + rest
     write_if_changed(stage / rel, json.dumps(nb, indent=1, ensure_ascii=False).encode())
     return nb
 
@@ -255,11 +251,11 @@ def stage_all(stage: Path, executed: Path | None, python: str) -> None:
 
     rows = ["| | Notebook | Solution |", "| --- | --- | --- |"]
     for rel, nb in students:
-        num, _, name = titles[rel.stem].partition(" · ")
-        name = name or titles[rel.stem]
+        num, sep, name = titles[rel.stem].partition(" · ")    # "01 · Naive: ..."
+        if not sep:
+            num, name = rel.stem[:2], titles[rel.stem]
         sol = f"[solution](notebooks/solutions/{rel.stem}_SOLUTION.ipynb)" if rel.stem in solutions else ""
-        rows.append(f"| {num if name != titles[rel.stem] or num.isdigit() else ''} | "
-                    f"[{name}](notebooks/{rel.stem}.ipynb) | {sol} |")
+        rows.append(f"| {num} | [{name}](notebooks/{rel.stem}.ipynb) | {sol} |")
 
     docs = sorted((ROOT / "docs").glob("*.md"))
     order = {"results.md": 0, "instructors.md": 1, "DEVELOPING.md": 2}
