@@ -67,10 +67,15 @@ def has_outputs(nb: dict) -> bool:
     return any(c.get("outputs") for c in nb["cells"] if c["cell_type"] == "code")
 
 
+def simulated(executed_on: str) -> bool:
+    """Whether `nf4lab.describe()`, recorded as executed_on, tells of a run in the simulator."""
+    return executed_on.startswith("mode=") or "simulator" in executed_on
+
+
 def executed_gpu(nb: dict) -> str | None:
     """The GPU a notebook's outputs were recorded on, from the metadata `nf4lab notebooks` writes."""
     on = nb.get("metadata", {}).get("nf4lab", {}).get("executed_on") or ""
-    if not on or on.startswith("mode=") or not has_outputs(nb):
+    if not on or simulated(on) or not has_outputs(nb):
         return None
     return on.split(" (")[0]
 
@@ -80,9 +85,10 @@ def provenance(nb: dict) -> str:
     if not has_outputs(nb):
         return ("This page shows the notebook without outputs: it has not been executed since its code "
                 "last changed. Run it yourself: `jupyter lab notebooks/`.")
-    if on and on.startswith("mode="):
-        return (f"The outputs below come from a run in numba's CUDA simulator ({on}): the kernels ran on "
-                "small cases, and the timings and plots are recorded GPU results, named where shown.")
+    if on and simulated(on):
+        return ("The outputs below come from a run without a GPU, in numba's CUDA simulator: the kernels "
+                "ran on small cases, and the timings and plots are recorded GPU results, named where "
+                f"shown. The run: {on}")
     if on:
         return f"The outputs below were recorded when this notebook ran on {on}."
     return "The outputs below were recorded by a run whose machine the notebook does not name."
@@ -124,7 +130,8 @@ def stage_notebook(rel: Path, src: Path, titles: dict[str, str], stage: Path) ->
     nb = json.loads(src.read_text())
     solution = rel.parent.name == "solutions"
     stem = rel.stem.removesuffix("_SOLUTION")
-    note = provenance(nb)
+    note = provenance(nb).rstrip()
+    note += "" if note.endswith(".") else "."
     if solution:
         note += f" The students' version: [{titles[stem]}](../{stem}.ipynb)."
     elif (ROOT / "notebooks" / "solutions" / f"{stem}_SOLUTION.ipynb").exists():
