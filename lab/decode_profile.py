@@ -28,7 +28,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 
 import nf4lab  # noqa: E402  (first: decides GPU or simulator)
-from nf4lab.kernels import bnb_backend  # noqa: E402
+from nf4lab.integrations import bnb_backend  # noqa: E402
 from nf4lab.measure import models, results  # noqa: E402
 
 
@@ -47,7 +47,7 @@ def eager_breakdown(gen) -> dict:
     garbage collector off."""
     import gc
 
-    from nf4lab.kernels import torch_ops
+    from nf4lab.integrations import torch_ops
 
     spent = [0.0, 0]
     inner = torch_ops.gemv_call

@@ -34,8 +34,9 @@ import sys
 import types
 
 import nf4lab  # noqa: F401  (first: decides GPU or simulator)
-from nf4lab.kernels import gemv, ops
-from nf4lab.kernels.warp_ops import f32_from_bits
+from nf4lab.kernels import gemv
+from nf4lab.device import ops
+from nf4lab.device.warp_ops import f32_from_bits
 from numba import cuda, uint32
 
 PARTS = ("lut", "mma", "x", "stats")

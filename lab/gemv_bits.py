@@ -18,7 +18,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 import nf4lab  # noqa: E402  (first: decides GPU or simulator)
 from nf4lab.kernels import gemv  # noqa: E402
-from nf4lab.lesson import gemv_check  # noqa: E402
+from nf4lab.harness import gemv_check  # noqa: E402
 from tools.gpu_gemv_paths import CASES  # noqa: E402
 
 

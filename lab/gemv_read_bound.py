@@ -1,6 +1,6 @@
 """How fast can ANY kernel read a GEMV's weight bytes? A read-only bound for notebook 09 (GPU only).
 
-For each LLM shape, a kernel that only reads the bytes the fused GEMV reads (``gemv.weight_bytes``: packed
+For each LLM shape, a kernel that only reads the bytes the fused GEMV reads (``gemv_bench.weight_bytes``: packed
 codes and scales) with 128-bit streaming loads, several loads in flight per thread, and XORs them together
 (one conditional store keeps the compiler from dropping the loads): no table, no arithmetic, no output. It
 is timed exactly like the GEMV (``nf4lab.measure.bench.gpu_time_ms``, CUDA-graph replays, cycling over enough copies

@@ -17,7 +17,8 @@ import dataclasses
 import numpy as np
 from numba import cuda, float32, uint32, uint64
 
-from nf4lab.kernels import gemv, ops, warp_ops
+from nf4lab.kernels import gemv
+from nf4lab.device import ops, warp_ops
 from nf4lab.kernels.gemv import MAX_M, f32_from_bits, load_stream_u32x4, sms
 from nf4lab import runtime
 

@@ -30,7 +30,7 @@ def layers(kind, n, device):
     import torch
     import bitsandbytes as bnb
 
-    from nf4lab.kernels import lean_linear
+    from nf4lab.integrations import lean_linear
 
     torch.manual_seed(0)
     if kind == "bf16":

@@ -32,7 +32,7 @@ def main() -> int:
     from numba import cuda
 
     from nf4lab.kernels import fastkernel as fk
-    from nf4lab.lesson import reference
+    from nf4lab.format import reference
     from tools.bench_launch import loop_us
 
     n = 1 << 18

@@ -30,7 +30,7 @@ import numpy as np
 
 import nf4lab  # first: decides GPU or simulator
 from llvmlite import ir as _ir
-from nf4lab.kernels import ops
+from nf4lab.device import ops
 from nf4lab.measure import bench
 from numba import cuda, float32, uint32, uint64
 from numba import types as _types
@@ -412,7 +412,7 @@ def make_mix_bound(T, stores=4):
 def nb06(units=None, threads=None):
     """Notebook 06's kernel (all dtypes), at its own launch shape or at ``units`` x ``threads``."""
     if units is None:
-        from nf4lab.lesson import versions
+        from nf4lab.harness import versions
 
         return versions.load_module("06_output_dtypes").launch
     from lab.wall_small_shapes import nb06 as at_shape

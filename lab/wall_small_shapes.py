@@ -57,10 +57,13 @@ import numpy as np  # noqa: E402
 from numba import cuda, float32, int32, uint32, uint64  # noqa: E402
 
 from nf4lab import runtime  # noqa: E402
-from nf4lab.kernels import dequant, fastkernel, ops  # noqa: E402
-from nf4lab.lesson import GROUP_SHIFT, versions  # noqa: E402
-from nf4lab.lesson.buffers import SIM_EDGE_SHAPES, make_buffers, run_and_verify  # noqa: E402
-from nf4lab.measure import bench, bytemodel, results  # noqa: E402
+from nf4lab.kernels import dequant, fastkernel  # noqa: E402
+from nf4lab.device import ops
+from nf4lab.lesson import GROUP_SHIFT  # noqa: E402
+from nf4lab.harness import versions
+from nf4lab.harness.buffers import SIM_EDGE_SHAPES, make_buffers, run_and_verify  # noqa: E402
+from nf4lab.measure import bench, results  # noqa: E402
+from nf4lab.format import bytemodel
 
 NAME = "wall_small_shapes"
 SMALL = (4096, 14336)

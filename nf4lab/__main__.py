@@ -15,8 +15,8 @@ import time
 from pathlib import Path
 
 import nf4lab
+from nf4lab import config, runtime
 from nf4lab.measure import bench, results
-from nf4lab import runtime
 
 ROOT = Path(__file__).resolve().parent.parent
 BUILD = ROOT / "build"
@@ -42,7 +42,7 @@ def _select(all_versions: dict, wanted) -> dict:
 
 
 def _versions(wanted):
-    from nf4lab.lesson import versions
+    from nf4lab.harness import versions
 
     found = versions.load_all()
     if not found:
@@ -54,6 +54,8 @@ def cmd_info(args) -> int:
     print(runtime.describe())
     for k, v in runtime.device_info().items():
         print(f"  {k}: {v}")
+    for k, v in config.set_variables().items():
+        print(f"  {k}={v}")
     return 0
 
 
@@ -249,6 +251,11 @@ def main(argv=None) -> int:
     for attr in ("no_plot",):
         if not hasattr(args, attr):
             setattr(args, attr, False)
+    try:
+        runtime.check_arch()
+    except ValueError as exc:  # a bad NF4LAB_ARCH: one line that names it and the allowed values, no traceback
+        print(f"python -m nf4lab: {exc}", file=sys.stderr)
+        return 2
     return args.fn(args)
 
 

@@ -5,11 +5,15 @@ The decision has to happen before ``numba.cuda`` is imported: numba reads
 We probe the driver through ctypes (cuInit + cuDeviceGetCount) so that the probe
 itself imports nothing from numba.
 
-``NF4LAB_MODE`` overrides the probe:
+``NF4LAB_MODE`` (see :mod:`nf4lab.config`) overrides the probe:
   gpu      -- use the GPU (fail loudly later if there is none)
   sim      -- force the simulator, even on a GPU machine
   compile  -- real numba.cuda without a GPU: compile_ptx works, launches do not.
               Used by the PTX subprocess of simulator-mode sessions.
+
+Importing decides silently (a library that prints when imported is noise in every tool and
+test that imports it): :func:`describe` says where kernels run and why, and
+``python -m nf4lab info`` and the first cell of every notebook print it.
 """
 from __future__ import annotations
 
@@ -19,6 +23,8 @@ import functools
 import os
 import sys
 import warnings
+
+from . import arch, config
 
 MODES = ("gpu", "sim", "compile")
 
@@ -82,16 +88,16 @@ def _numpy_shim() -> None:
 
 
 def _decide() -> tuple[str, str]:
-    forced = os.environ.get("NF4LAB_MODE", "").strip().lower()
+    forced = config.mode()
     if forced:
         if forced not in MODES:
             raise ValueError(f"NF4LAB_MODE must be one of {MODES}, got {forced!r}")
         return forced, "forced by NF4LAB_MODE"
     if "numba.cuda" in sys.modules:
         # Too late to choose: follow whatever numba already is.
-        from numba import config
+        from numba import config as numba_config
 
-        if config.ENABLE_CUDASIM:
+        if numba_config.ENABLE_CUDASIM:
             return "sim", "numba.cuda was imported with the simulator already on"
     if os.environ.get("NUMBA_ENABLE_CUDASIM", "0") not in ("", "0"):
         return "sim", "NUMBA_ENABLE_CUDASIM is set"
@@ -103,12 +109,10 @@ _numpy_shim()
 MODE, REASON = _decide()
 SIMULATOR = MODE == "sim"
 ON_GPU = MODE == "gpu"
-if ON_GPU:
-    from .kernels import arch as _arch
-
-    _dev = _probe_device()
-    if _dev is not None:
-        _arch.check_device(*_dev)   # a GPU older than sm_75, or NF4LAB_ARCH newer than it: a clear error
+# (name, compute capability) of device 0 where kernels run on a GPU, else None.
+DEVICE = _probe_device() if ON_GPU else None
+if DEVICE is not None and tuple(DEVICE[1]) < arch.MIN_CC:
+    arch.check_device(*DEVICE)   # a GPU older than sm_75: nothing of the series can run, say so now
 
 if SIMULATOR:
     if "numba.cuda" in sys.modules and not sys.modules["numba"].config.ENABLE_CUDASIM:
@@ -120,11 +124,6 @@ if SIMULATOR:
     os.environ["NUMBA_ENABLE_CUDASIM"] = "1"
     if "numba" in sys.modules:  # numba read the variable already; tell its config too
         sys.modules["numba"].config.ENABLE_CUDASIM = 1
-    print(
-        f"nf4lab: no usable CUDA GPU ({REASON}); kernels run in numba's CUDA simulator "
-        "(pure Python: slow, so cases are small). PTX is still compiled by NVVM.",
-        file=sys.stderr,
-    )
 elif MODE == "compile":
     os.environ["NUMBA_ENABLE_CUDASIM"] = "0"
     if "numba" in sys.modules:
@@ -139,6 +138,20 @@ SIM_SHAPE = (130, 129)
 
 def default_shape() -> tuple[int, int]:
     return GPU_SHAPE if ON_GPU else SIM_SHAPE
+
+
+def check_arch() -> None:
+    """NF4LAB_ARCH against the GPU in hand: a ValueError naming it for a bad value or one newer than the GPU."""
+    if DEVICE is not None:
+        arch.check_device(*DEVICE)
+    else:
+        arch.forced()
+
+
+def target_cc() -> tuple[int, int]:
+    """The architecture PTX is compiled for by default: NF4LAB_ARCH, else the GPU in hand, else sm_90."""
+    check_arch()
+    return arch.target_cc(DEVICE[1] if DEVICE is not None else None)
 
 
 def _patch_simulator_jit() -> None:
@@ -288,6 +301,9 @@ def _nvidia_smi_driver() -> str | None:
 
 def describe() -> str:
     i = device_info()
+    if SIMULATOR:
+        return (f"no usable CUDA GPU ({i['reason']}): kernels run in numba's CUDA simulator (pure Python: slow, "
+                f"so cases are small); PTX is still compiled by NVVM. numba {i['numba']}, numba-cuda {i['numba_cuda']}")
     if not ON_GPU:
         return f"mode={i['mode']} ({i['reason']}); numba {i['numba']}, numba-cuda {i['numba_cuda']}"
     return (f"{i['gpu']} (cc {i['cc'][0]}.{i['cc'][1]}, {i['sms']} SMs, L2 {i['l2_bytes'] / 2**20:.0f} MiB, "

@@ -6,7 +6,8 @@ import sys
 import pytest
 
 import nf4lab
-from nf4lab.kernels import arch, ops
+from nf4lab import arch
+from nf4lab.device import ops
 from nf4lab.measure import ptx
 from numba import cuda
 
@@ -67,10 +68,20 @@ def test_forced_sm75_compiles_the_old_path_for_any_target():
 
 
 @pytest.mark.parametrize("value", ["sm_70", "sm75", "hopper", "sm_100"])
-def test_unknown_arch_is_a_value_error_naming_the_variable_and_values(value):
-    p = run("import nf4lab", NF4LAB_ARCH=value)
-    assert p.returncode != 0
-    assert "ValueError" in p.stderr and "NF4LAB_ARCH" in p.stderr and "sm_75, sm_80, sm_86, sm_89, sm_90" in p.stderr
+def test_unknown_arch_is_a_value_error_naming_the_variable_and_values(value, monkeypatch):
+    monkeypatch.setenv("NF4LAB_ARCH", value)
+    with pytest.raises(ValueError, match="NF4LAB_ARCH.*sm_75, sm_80, sm_86, sm_89, sm_90"):
+        arch.forced()
+    with pytest.raises(ValueError, match="NF4LAB_ARCH"):
+        nf4lab.compile_ptx(convert, SIG)   # before anything compiles
+
+
+def test_the_command_line_says_a_bad_arch_in_one_line():
+    p = subprocess.run([sys.executable, "-m", "nf4lab", "info"], capture_output=True, text=True, timeout=300, cwd=ROOT,
+                       env=dict(os.environ, NF4LAB_ARCH="sm_99", PYTHONPATH=ROOT))
+    assert p.returncode == 2 and p.stdout == "", p.stdout
+    lines = p.stderr.strip().splitlines()
+    assert len(lines) == 1 and "NF4LAB_ARCH='sm_99'" in lines[0] and "sm_75, sm_80, sm_86, sm_89, sm_90" in lines[0], p.stderr
 
 
 def test_a_gpu_older_than_sm75_is_refused_by_name():
@@ -80,8 +91,8 @@ def test_a_gpu_older_than_sm75_is_refused_by_name():
 
 
 def test_forcing_paths_newer_than_the_gpu_is_refused(monkeypatch):
-    monkeypatch.setattr(arch, "FORCED", (9, 0))
+    monkeypatch.setenv("NF4LAB_ARCH", "sm_90")
     with pytest.raises(ValueError, match="NF4LAB_ARCH=sm_90.*Tesla T4"):
         arch.check_device("Tesla T4", (7, 5))
-    monkeypatch.setattr(arch, "FORCED", (7, 5))
+    monkeypatch.setenv("NF4LAB_ARCH", "sm_75")
     assert not arch.has_cvt_bf16((9, 0)) and arch.level() == 750

@@ -6,7 +6,8 @@ import sys
 import pytest
 
 import nf4lab
-from nf4lab.measure import bench, bytemodel, results
+from nf4lab.measure import bench, results
+from nf4lab.format import bytemodel
 
 
 def test_byte_model_matches_the_definition():
@@ -52,7 +53,7 @@ def test_results_round_trip_and_format(tmp_path, monkeypatch):
     assert back.recorded and back.records[0]["name"] == "k"
 
 
-# Records that are not a timed kernel: tools/bench_launch.py's per-call costs, nf4lab.models' decode, QLoRA
+# Records that are not a timed kernel: tools/bench_launch.py's per-call costs, nf4lab.measure.models' decode, QLoRA
 # and agreement records, and the GEMV's tolerance checks, with the fields each must carry.
 OTHER_KINDS = {"launch": ("name", "op", "host_us", "per_call_us"),
                "decode": ("name", "variant", "tok_s", "new_tokens"),

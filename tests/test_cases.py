@@ -3,7 +3,8 @@ import os
 import numpy as np
 import pytest
 
-from nf4lab.lesson import cases, reference
+from nf4lab.harness import cases
+from nf4lab.format import reference
 
 
 def test_make_case_is_reproducible_and_cached(tmp_path, monkeypatch):

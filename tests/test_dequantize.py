@@ -14,7 +14,7 @@ import torch
 
 import nf4lab
 from nf4lab.kernels import dequant, fastkernel as fk
-from nf4lab.lesson import reference as R
+from nf4lab.format import reference as R
 
 F = pytest.importorskip("bitsandbytes.functional")
 

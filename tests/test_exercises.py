@@ -8,7 +8,7 @@ import pytest
 
 import nf4lab  # noqa: F401  (before numba.cuda: may switch on the simulator)
 from nf4lab.lesson import block_scale, exercises
-from nf4lab.kernels import ops
+from nf4lab.device import ops
 from numba import cuda, float32, uint16, uint32, uint64
 
 SMALL = ((3, 5), (1, 65), (7, 33))

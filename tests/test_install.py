@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import nf4lab
-from nf4lab.kernels import bnb_backend, torch_ops
+from nf4lab.integrations import bnb_backend, torch_ops
 from nf4lab import runtime
 
 F = pytest.importorskip("bitsandbytes.functional")
@@ -270,7 +270,7 @@ def test_gpu_cuda_graph_and_side_stream(clean):
 
 @gpu
 def test_gpu_install_serves_bitsandbytes_and_uninstall_restores(clean):
-    from nf4lab.kernels import bnb_backend
+    from nf4lab.integrations import bnb_backend
 
     packed, qs = gpu_quantize((4096, 1024), "bf16", 64, "nf4", True)
     want = gbits(F.dequantize_4bit(packed, qs))  # bitsandbytes' own CUDA kernel
@@ -314,7 +314,7 @@ def test_gpu_installed_dequantize_fast_path_has_bitsandbytes_bits(dtype, clean, 
 def _within_tolerance(y, packed, qs, x):
     """y against float64 on the GPU: bitsandbytes' float32 weights, float64 products and sums."""
     from bitsandbytes.functional import QuantState
-    from nf4lab.lesson.gemv_check import tolerance
+    from nf4lab.harness.gemv_check import tolerance
     from nf4lab.measure.gemv_bench import _gpu_check
 
     qs32 = QuantState(absmax=qs.absmax, shape=qs.shape, code=qs.code, blocksize=qs.blocksize, quant_type=qs.quant_type,
@@ -328,7 +328,7 @@ def _within_tolerance(y, packed, qs, x):
 @pytest.mark.parametrize("M", [1, 2, 4, 8])
 @pytest.mark.parametrize("dtype", ["bf16", "fp16"])
 def test_gpu_installed_gemv_within_tolerance(M, dtype, clean):
-    from nf4lab.kernels import bnb_backend, torch_ops
+    from nf4lab.integrations import bnb_backend, torch_ops
 
     N, K = 4096, 4096
     packed, qs = gpu_quantize((N, K), dtype)
@@ -356,7 +356,8 @@ def test_gpu_lean_gemv_reads_each_calls_x_and_writes_its_own_y(M):
     """Once a weight's launch block is cached, every call must bring its own x and y pointers into it: the same
     bits as numba's launch of the same kernel for x's at other addresses, on another stream too (a stale slot
     would give the first call's y or write over it). Fails if the block's x or y slot is not written per call."""
-    from nf4lab.kernels import gemv, torch_ops
+    from nf4lab.kernels import gemv
+    from nf4lab.integrations import torch_ops
 
     N, K = 1024, 2048
     packed, qs = gpu_quantize((N, K), "bf16")
@@ -384,7 +385,7 @@ def test_gpu_gemv_absmax_codes_off_a_word_take_the_byte_loads():
     """The statistics word is a 32-bit load: absmax codes at an address that is not a multiple of 4 must go to the
     byte-wise kernel (a misaligned load would kill the CUDA context), with the same bits, since both hand the same
     values to the same arithmetic; an aligned weight in the same process keeps the word kernel."""
-    from nf4lab.kernels import torch_ops
+    from nf4lab.integrations import torch_ops
 
     N, K = 512, 1024
     packed, qs = gpu_quantize((N, K), "bf16")
@@ -435,7 +436,7 @@ def test_gpu_linear4bit_compiled_installed_forward_and_backward(clean):
 def test_gpu_installed_gemm_past_the_gemv_has_bitsandbytes_bits(nested, clean):
     """A training step's gemm_4bit (M = 2048: bitsandbytes dequantizes and calls F.linear there): with
     install(), nf4lab's kernel dequantizes, and the product is bitsandbytes' to the bit, forward and backward."""
-    from nf4lab.kernels import bnb_backend
+    from nf4lab.integrations import bnb_backend
 
     packed, qs = gpu_quantize((1024, 4096), "bf16", nested=nested)
     g = torch.Generator(device="cuda").manual_seed(3)
@@ -498,7 +499,7 @@ def test_gpu_reduce_overhead_first_call_inside_cudagraph_trees():
 @gpu
 def test_gpu_bad_input_raises_before_launch(clean):
     packed, qs = gpu_quantize((64, 64))
-    args = list(__import__("nf4lab.kernels.torch_ops", fromlist=["op_args"]).op_args(packed, qs))
+    args = list(__import__("nf4lab.kernels.dequant", fromlist=["op_args"]).op_args(packed, qs))
     args[5] = 48
     with pytest.raises(ValueError, match="quant_state.blocksize"):
         torch.ops.nf4lab.dequantize_4bit(*args)

@@ -1,4 +1,4 @@
-"""The lean Linear4bit forward (nf4lab.kernels.lean_linear): same bits as bitsandbytes' forward, falls back
+"""The lean Linear4bit forward (nf4lab.integrations.lean_linear): same bits as bitsandbytes' forward, falls back
 where it does not mirror it, follows weight changes, and leaves dynamo no guard on quant_state."""
 import contextlib
 import copy
@@ -8,7 +8,7 @@ import torch
 
 import nf4lab
 from nf4lab import runtime
-from nf4lab.kernels import lean_linear
+from nf4lab.integrations import lean_linear
 
 bnb = pytest.importorskip("bitsandbytes")
 
@@ -201,7 +201,7 @@ def test_compiled_guards_skip_quant_state(lean):
 def test_gpu_compiled_reduce_overhead_lean_layers_have_eager_bits():
     """compile_for_decode's setting on CUDA: lean layers, dict-tag guards, nf4lab installed, inductor with CUDA
     graphs; the replayed output has the bits of the same layers run eagerly."""
-    from nf4lab.kernels import bnb_backend
+    from nf4lab.integrations import bnb_backend
 
     mods = torch.nn.ModuleList([layer(256, 256, seed=i, device="cuda") for i in range(4)])
     x = torch.randn(1, 256, dtype=torch.bfloat16, device="cuda")

@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 
 import nf4lab  # noqa: F401  (first: may switch numba to the simulator)
-from nf4lab.kernels import arch, gemv
+from nf4lab import arch
+from nf4lab.kernels import gemv
 from nf4lab.measure.ptx import compile_ptx
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -25,7 +26,7 @@ def _norm_ptx(p):
 
 @pytest.fixture(scope="module")
 def nb09():
-    from nf4lab.lesson import versions
+    from nf4lab.harness import versions
 
     return versions.load_module("09_fused_gemv")
 

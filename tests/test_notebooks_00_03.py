@@ -2,7 +2,7 @@
 
 The generic test executes every notebook headless; these are the cheap checks that
 point at the broken piece directly: the ``kernel``-tagged cells of 01-03 (what
-nf4lab.lesson.versions and the summary load) define VERSIONS with step-numbered names, and
+nf4lab.harness.versions and the summary load) define VERSIONS with step-numbered names, and
 every version is bit-exact on tiny odd and even shapes, including the odd tail.
 """
 from __future__ import annotations
@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 import nf4lab
-from nf4lab.lesson import versions
+from nf4lab.harness import versions
 
 ROOT = Path(__file__).resolve().parent.parent
 STEPS = ("01_naive", "02_grid_stride", "03_packed_u32")

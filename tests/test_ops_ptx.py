@@ -4,9 +4,10 @@ import pytest
 from numba import cuda, float32, uint64
 
 import nf4lab
-from nf4lab.kernels import arch, ops
+from nf4lab import arch
+from nf4lab.device import ops
 from nf4lab.measure import ptx
-from nf4lab.lesson import reference
+from nf4lab.format import reference
 
 
 def test_twins_round_like_the_reference():
@@ -135,7 +136,7 @@ def test_no_two_device_ops_share_a_twin():
     """compile_ptx finds device ops by the identity of their simulator twins: aliases are ambiguous."""
     import collections
 
-    from nf4lab.kernels import warp_ops
+    from nf4lab.device import warp_ops
 
     seen = collections.defaultdict(list)
     for mod in (ops, warp_ops):

@@ -26,7 +26,7 @@ SOURCE = textwrap.dedent('''
     from numba import cuda, types, uint64
     from numba.core.extending import intrinsic
 
-    from nf4lab.kernels import ops
+    from nf4lab.device import ops
 
 
     @cuda.jit
@@ -166,7 +166,7 @@ import os, re, sys, tempfile
 os.environ["NF4LAB_MODE"] = "compile"
 import nf4lab
 from numba import cuda, types, uint64
-from nf4lab.kernels import ops
+from nf4lab.device import ops
 from nf4lab.measure import ptxall
 
 def kern(x, out, out16, n):

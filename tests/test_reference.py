@@ -4,8 +4,8 @@ import pytest
 import torch
 import bitsandbytes.functional as F
 
-from nf4lab.lesson import reference
-from nf4lab.lesson.cases import generate
+from nf4lab.format import reference
+from nf4lab.harness.cases import generate
 
 
 @pytest.mark.parametrize("dtype", ["bf16", "fp16", "fp32"])

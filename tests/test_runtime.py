@@ -15,13 +15,21 @@ def run(code, **env):
     return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=e, timeout=300)
 
 
-def test_import_without_gpu_says_simulator_once():
-    p = run("import nf4lab, nf4lab.lesson.cases; import nf4lab; from numba import config, cuda;"
+def test_import_without_gpu_is_silent_and_describe_says_simulator():
+    p = run("import nf4lab, nf4lab.harness.cases; import nf4lab; from numba import config, cuda;"
             "print(nf4lab.MODE, config.ENABLE_CUDASIM, type(cuda).__name__)")
     assert p.returncode == 0, p.stderr
     skip_on_gpu(p)
     assert p.stdout.split()[:2] == ["sim", "1"]
-    assert p.stderr.count("simulator") == 1 and "no usable CUDA GPU" in p.stderr
+    assert p.stderr == "", p.stderr   # importing prints nothing: describe() and `python -m nf4lab info` say it
+    d = run("import nf4lab; print(nf4lab.describe())")
+    assert "simulator" in d.stdout and "no usable CUDA GPU" in d.stdout, d.stdout
+
+
+def test_help_prints_no_banner():
+    p = subprocess.run([sys.executable, "-m", "nf4lab", "--help"], capture_output=True, text=True, timeout=300,
+                       cwd=ROOT, env=dict(os.environ, PYTHONPATH=ROOT))
+    assert p.returncode == 0 and p.stderr == "" and p.stdout.startswith("usage: python -m nf4lab"), p.stderr
 
 
 def skip_on_gpu(p):

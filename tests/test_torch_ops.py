@@ -10,7 +10,8 @@ import pytest
 import torch
 
 import nf4lab
-from nf4lab.kernels import dequant, torch_ops
+from nf4lab.kernels import dequant
+from nf4lab.integrations import torch_ops
 
 F = pytest.importorskip("bitsandbytes.functional")
 
@@ -73,7 +74,7 @@ def test_op_is_called_when_compiling(monkeypatch):
 def test_opcheck(shape, dtype, bs, qt, nested):
     """torch's own checks of a custom op: schema, fake implementation against the real one, aliasing."""
     packed, qs = quantize(shape, dtype, bs, qt, nested)
-    args = torch_ops.op_args(packed, qs)
+    args = dequant.op_args(packed, qs)
     torch.library.opcheck(torch.ops.nf4lab.dequantize_4bit.default, args,
                           test_utils=("test_schema", "test_faketensor", "test_aot_dispatch_static"))
     out = torch.empty(tuple(qs.shape), dtype=qs.dtype)
@@ -83,7 +84,7 @@ def test_opcheck(shape, dtype, bs, qt, nested):
 
 def test_op_rejects_bad_input_like_dequantize():
     packed, qs = quantize((8, 64), "bf16", 64, "nf4", False)
-    args = list(torch_ops.op_args(packed, qs))
+    args = list(dequant.op_args(packed, qs))
     bad = list(args)
     bad[5] = 48  # blocksize
     with pytest.raises(ValueError, match="quant_state.blocksize"):
@@ -120,7 +121,7 @@ def test_dequantize_plan_traces_without_str_of_dtype():
     packed, qs = quantize((8, 64), "bf16", 64, "nf4", False)
     qs.dtype = torch.int32
     with pytest.raises(ValueError, match="quant_state.dtype"):
-        dequant.dequantize(packed, qs)
+        nf4lab.dequantize(packed, qs)
 
 
 def test_offset_value_is_read_once_and_again_after_an_inplace_change(monkeypatch):
@@ -140,7 +141,7 @@ def test_gemv_lean_parameter_block_is_numbas_layout():
     nitems, itemsize, data, shape[0], strides[0]); the float32 offset in the low 4 bytes of its slot;
     then N, K, bs_shift. A wrong slot would hand the kernel a wrong pointer; the GPU run's bit check
     against numba's own launch is the other half of this test."""
-    from nf4lab.kernels.torch_ops import _GemvLean
+    from nf4lab.integrations.torch_ops import _GemvLean
 
     ptrs, counts = (1000, 2000, 3000, 4000, 5000), (11, 12, 13, 14, 16)
     buf = bytearray(_GemvLean.LAYOUT.size)
@@ -162,7 +163,7 @@ def test_gemv_launch_block_writes_only_x_and_y_and_launches_the_whole_block():
     import threading
     from types import SimpleNamespace
 
-    from nf4lab.kernels.torch_ops import _Block, _GemvLean
+    from nf4lab.integrations.torch_ops import _Block, _GemvLean
 
     seen = []
 

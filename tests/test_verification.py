@@ -2,10 +2,10 @@ import numpy as np
 import pytest
 
 import nf4lab
-import nf4lab.lesson.verification
-from nf4lab.lesson import reference
-from nf4lab.lesson.cases import generate
-from nf4lab.lesson.verification import POISON, VerificationError, compare, poisoned_output, verify
+import nf4lab.harness.verification
+from nf4lab.format import reference
+from nf4lab.harness.cases import generate
+from nf4lab.harness.verification import POISON, VerificationError, compare, poisoned_output, verify
 
 
 @pytest.fixture(scope="module")
@@ -84,10 +84,10 @@ def _host_launch(skip_last_at=None):
     """A 'kernel' that writes bitsandbytes' answer from the host; optionally forgets the last
     weight whenever n is odd and at least skip_last_at (a tail bug only some shapes show)."""
     def launch(b):
-        out = nf4lab.lesson.verification.poisoned_output(b.n, b.dtype)
+        out = nf4lab.harness.verification.poisoned_output(b.n, b.dtype)
         out[: b.n] = b.case.expected
         if skip_last_at is not None and b.n % 2 and b.n >= skip_last_at:
-            out[b.n - 1] = nf4lab.lesson.verification.poisoned_output(1, b.dtype)[0]
+            out[b.n - 1] = nf4lab.harness.verification.poisoned_output(1, b.dtype)[0]
         b.out.copy_to_device(out)
     return launch
 
@@ -116,10 +116,10 @@ def test_verify_versions_refuses_what_is_not_a_launch(case):
 def test_small_grid_warnings_are_silenced_while_verifying():
     import warnings
 
-    import nf4lab.lesson.buffers  # noqa: F401  (nf4lab first: it decides GPU or simulator)
+    import nf4lab.harness.buffers  # noqa: F401  (nf4lab first: it decides GPU or simulator)
     from numba.cuda.core.errors import NumbaPerformanceWarning  # numba-cuda's own class, what its launches raise
 
-    from nf4lab.lesson.buffers import quiet_small_grids
+    from nf4lab.harness.buffers import quiet_small_grids
 
     with warnings.catch_warnings(record=True) as seen:
         warnings.simplefilter("always")

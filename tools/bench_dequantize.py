@@ -27,7 +27,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 import nf4lab  # noqa: E402  (before numba.cuda)
-from nf4lab.measure import bench, bytemodel, results  # noqa: E402
+from nf4lab.measure import bench, results  # noqa: E402
+from nf4lab.format import bytemodel
 from nf4lab import runtime
 
 SPEED_SHAPES = [(4096, 4096), (4096, 14336), (8192, 28672), (16384, 16384)]

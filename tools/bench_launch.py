@@ -104,7 +104,9 @@ def main(argv=None):
     import bitsandbytes.functional as F
     import torch
 
-    from nf4lab.kernels import gemv, torch_ops
+    from nf4lab.kernels import gemv
+    from nf4lab.integrations import torch_ops
+    from nf4lab.kernels import dequant
     from nf4lab.measure import results
 
     N = K = 4096
@@ -114,7 +116,7 @@ def main(argv=None):
     x = torch.randn(1, K, generator=g, device="cuda").to(torch.bfloat16)
     wd = F.dequantize_4bit(packed, qs)
     y = torch.empty(1, N, dtype=torch.bfloat16, device="cuda")
-    dq_args = torch_ops.op_args(packed, qs)
+    dq_args = dequant.op_args(packed, qs)
     gv_args = (packed, list(qs.shape), qs.absmax, qs.state2.absmax, qs.state2.code, qs.offset, qs.blocksize)
     off = torch_ops.offset_value(qs.offset)
     nf4lab.uninstall()
@@ -138,7 +140,7 @@ def main(argv=None):
         ("gemv M=1", "torch bf16 x @ w.t() (unquantized)", lambda: x @ wd.t(), False),
     ]
     # The installed GEMV call in pieces (no dispatcher above them): where its host time goes.
-    from nf4lab.kernels import bnb_backend
+    from nf4lab.integrations import bnb_backend
     from bitsandbytes.backends.cuda import ops as bnb_cuda
 
     ours = bnb_backend._make_kernels(bnb_backend._bnb_cuda_fallbacks())

@@ -31,7 +31,7 @@ def pytest_runtest_logreport(report):
 
 
 def pytest_terminal_summary(terminalreporter):
-    from nf4lab.kernels import bnb_backend
+    from nf4lab.integrations import bnb_backend
     from nf4lab.measure import results
 
     counts: dict = {}

@@ -25,7 +25,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 import nf4lab  # noqa: E402  (before numba.cuda)
-from nf4lab.kernels import arch  # noqa: E402
+from nf4lab import arch  # noqa: E402
 from nf4lab.measure import results
 from nf4lab import runtime
 from numba import cuda  # noqa: E402  (a module global: the simulator swaps it in kernels' globals)
@@ -52,7 +52,7 @@ def special_floats():
 def check_conversions() -> dict:
     import numpy as np
 
-    from nf4lab.kernels import ops
+    from nf4lab.device import ops
 
     @cuda.jit
     def convert(x, b1, f1, b2, f2, n):
@@ -93,13 +93,13 @@ def check_conversions() -> dict:
 
 
 def load_notebook_versions(stem):
-    from nf4lab.lesson import versions
+    from nf4lab.harness import versions
 
     return versions.load(stem)
 
 
 def check_notebooks() -> list[dict]:
-    from nf4lab.lesson.verification import VerificationError
+    from nf4lab.harness.verification import VerificationError
 
     recs = []
     case = nf4lab.make_case()

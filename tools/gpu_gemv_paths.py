@@ -13,8 +13,9 @@ import sys
 import time
 
 import nf4lab
-from nf4lab.kernels import arch, gemv
-from nf4lab.lesson import gemv_check
+from nf4lab import arch
+from nf4lab.kernels import gemv
+from nf4lab.harness import gemv_check
 from nf4lab.measure import bench
 
 CASES = [(20, 320, 1, {}), (7, 192, 3, {}), (11, 256, 1, {"dist": "heavy", "x_dist": "heavy"}), (17, 576, 8, {}),

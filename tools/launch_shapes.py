@@ -20,7 +20,7 @@ import nf4lab  # noqa: E402  (before numba.cuda)
 from nf4lab.measure import bench  # noqa: E402
 from nf4lab import runtime
 from nf4lab.kernels import fastkernel
-from nf4lab.lesson import versions
+from nf4lab.harness import versions
 
 SHAPES = [(16384, 16384), (4096, 14336), (8192, 28672)]
 PAIRS = [(128, 1), (128, 2), (128, 4), (256, 2), (512, 2), (1024, 2)]

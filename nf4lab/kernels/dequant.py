@@ -1,4 +1,5 @@
-"""``nf4lab.dequantize(A, quant_state, out=None)``: a drop-in for bitsandbytes' ``dequantize_4bit``.
+"""The work behind ``nf4lab.dequantize(A, quant_state, out=None)``, bitsandbytes' ``dequantize_4bit``'s drop-in
+(:mod:`nf4lab.integrations.dequantize`): validation (``_plan``) and the eager CUDA and CPU paths (``run``).
 
 Same inputs (the packed uint8 tensor and its ``QuantState``, or a ``Params4bit`` weight that
 carries its state), same result (a tensor of ``quant_state.shape`` and ``quant_state.dtype``,
@@ -31,7 +32,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from ..lesson.reference import BLOCKSIZES, FP4_LUT, NF4_LUT, QUANT_TYPES
+from ..format.reference import BLOCKSIZES, FP4_LUT, NF4_LUT, QUANT_TYPES
 
 
 
@@ -174,38 +175,30 @@ def plan_checked(A, absmax, blocksize, quant_type, shape, dtype, qs) -> _Plan:
     return p
 
 
-def dequantize(A, quant_state=None, out=None):
-    """Dequantize packed 4-bit weights exactly as ``bitsandbytes.functional.dequantize_4bit``.
-
-    ``A``: packed uint8 tensor (or a ``Params4bit``), ``quant_state``: its ``QuantState``
-    (taken from ``A.quant_state`` when omitted), ``out``: optional tensor of
-    ``quant_state.shape`` and ``quant_state.dtype`` on A's device, filled and returned.
-    """
-    p = _plan(A, quant_state, out)
-    if _compiling():
-        # Under torch.compile the launch (pointers, alignment, path choice) cannot be traced:
-        # it runs inside nf4lab's custom op, which the graph sees through its fake implementation.
-        from . import torch_ops
-
-        args = torch_ops.op_args(p.A, p.qs)
-        if out is None:
-            result = _torch().ops.nf4lab.dequantize_4bit(*args)
-        else:
-            _torch().ops.nf4lab.dequantize_4bit_out(*args, out)
-            result = out
-    elif p.A.device.type == "cuda":
-        result = _dequantize_cuda(p, out)
-    else:
-        result = _dequantize_cpu(p, out)
-    # bitsandbytes' BC shim, reproduced: a packed weight given as one row comes back transposed.
-    if p.A.dim() >= 1 and p.A.shape[0] == 1:
-        return result.t()
-    return result
+def run(p, out):
+    """Dequantize a validated call (:func:`_plan`) eagerly: the CUDA kernels or the CPU path, by A's device.
+    The result is never transposed (the ``A.shape[0] == 1`` shim is :func:`nf4lab.dequantize`'s)."""
+    if p.A.device.type == "cuda":
+        return _dequantize_cuda(p, out)
+    return _dequantize_cpu(p, out)
 
 
 def _compiling() -> bool:
     compiler = getattr(_torch(), "compiler", None)
     return bool(compiler is not None and compiler.is_compiling())
+
+
+def op_args(A, qs):
+    """The arguments of nf4lab's torch op ``dequantize_4bit`` for a packed tensor and its QuantState
+    (traceable: attribute reads only)."""
+    torch = _torch()
+    if getattr(qs, "nested", False):
+        off = qs.offset
+        if not isinstance(off, torch.Tensor):
+            off = torch.tensor(float(off), dtype=torch.float32, device=A.device)
+        return (A, qs.absmax, qs.state2.absmax, qs.state2.code, off, qs.blocksize, qs.state2.blocksize,
+                qs.quant_type, list(qs.shape), qs.dtype)
+    return (A, qs.absmax, None, None, None, qs.blocksize, 256, qs.quant_type, list(qs.shape), qs.dtype)
 
 
 # ---------------------------------------------------------------- CPU

@@ -45,8 +45,8 @@ import threading
 import numpy as np
 
 from .. import runtime  # first: it may switch numba to the simulator
-from . import ops
-from ..lesson.reference import FP4_LUT_CUDA, LUTS_CUDA  # noqa: F401  (re-exported)
+from ..device import ops
+from ..format.reference import FP4_LUT_CUDA, LUTS_CUDA  # noqa: F401  (re-exported)
 
 # A module global, not a local of _build: the simulator swaps the name ``cuda`` in a
 # kernel's globals for its fake module, and would miss a closure variable.

@@ -1,12 +1,13 @@
 """The fused NF4 GEMV of notebook 09, ``y = x @ W.T`` for 1 to 8 rows of x, W (N, K) in bitsandbytes' NF4 (``launch``,
-``launch_torch``); its check (..lesson.gemv_check) and benchmark (..measure.gemv_bench), as gemv.<name> too.
+``launch_torch``): the kernel and its launch. Its check is :mod:`nf4lab.harness.gemv_check`, its benchmark
+:mod:`nf4lab.measure.gemv_bench`.
 
 A code byte costs one PRMT (its table address) and one 32-bit shared load, whose result (the byte's two NF4
 values as a bf16x2/f16x2 pair) is an ``mma.sync`` A-fragment register as it stands; the tensor core sums in
-float32. At M = 1 x reaches the mma through a shared slot a step ahead (:func:`.warp_ops.x_slot_ops`). A step's
+float32. At M = 1 x reaches the mma through a shared slot a step ahead (:func:`nf4lab.device.warp_ops.x_slot_ops`). A step's
 statistics: one 32-bit load a lane, shuffled to the lanes that scale (:func:`words_apply`; else byte by byte).
 Notebook 09 builds the same kernel cell by cell (tests/test_nb09.py pins both to one PTX). Below sm_80
-(a T4) fp16 runs as two m16n8k8, bf16 on the FP32 units (:mod:`.warp_ops`); everything fits a T4's 64 KB.
+(a T4) fp16 runs as two m16n8k8, bf16 on the FP32 units (:mod:`nf4lab.device.warp_ops`); everything fits a T4's 64 KB.
 """
 import dataclasses
 import functools
@@ -14,10 +15,10 @@ import functools
 import numpy as np
 
 from .. import runtime  # first: it may switch numba to the simulator
-from ..lesson import reference
-from . import arch, ops
+from ..format import reference
+from ..device import ops
 from .fastkernel import address
-from .warp_ops import (_lookup_at, default_base, f32_from_bits, load_stream_u32x4, load_u32_of_bytes,  # noqa: F401
+from ..device.warp_ops import (_lookup_at, default_base, f32_from_bits, load_stream_u32x4, load_u32_of_bytes,  # noqa: F401
                        lookup, mma_bf16, mma_f16, prmt, probe_base, shfl_idx, shfl_xor_sync, syncwarp, table_lookup,
                        x_slot_ops)
 from numba import cuda, float32, types, uint32, uint64  # noqa: E402  (globals the simulator swaps in kernels)
@@ -271,7 +272,7 @@ def sms():
 def kernel(dtype, M=1, nested=True, words=True):
     """The shipped kernel for a dtype, batch and kind of statistics (compiled at its first launch); ``words`` only
     where :func:`words_apply`."""
-    return make_kernel(dtype == "bf16", M, probe_base() if runtime.ON_GPU else default_base(arch.target_cc()), nested,
+    return make_kernel(dtype == "bf16", M, probe_base() if runtime.ON_GPU else default_base(runtime.target_cc()), nested,
                        words=words)
 
 
@@ -411,10 +412,3 @@ def launch_torch(x, packed, shape, absmax_q, absmax2, code2, offset, blocksize, 
     stream = cuda.external_stream(torch.cuda.current_stream(x.device).cuda_stream)
     launch(buffers_from_torch(x, packed, shape, absmax_q, absmax2, code2, offset, blocksize, out, stream))
 
-
-def __getattr__(name):  # the check's and the benchmark's names, as notebook 09 and the lab use them
-    if name.startswith("__"):  # the import system's probes (__path__, ...): answering them would import in a cycle
-        raise AttributeError(name)
-    from ..lesson import gemv_check
-    from ..measure import gemv_bench
-    return getattr(gemv_check if name in vars(gemv_check) else gemv_bench, name)

@@ -13,9 +13,8 @@ from __future__ import annotations
 
 from numba import cuda, uint64
 
-import nf4lab
-
-from ..kernels import ops
+from .. import runtime
+from ..device import ops
 
 BLOCK_SHIFT = 5     # 64 weights per block = 32 packed bytes: block = byte index >> 5
 GROUP_SHIFT = 8     # 256 blocks per absmax2 group
@@ -33,12 +32,12 @@ def block_scale(absmax_q, absmax2, code2, offset, blk):
 
 def sm_count():
     """SMs of the GPU in hand (02)."""
-    return nf4lab.device_info()["sms"] or SIM_SMS
+    return runtime.device_info()["sms"] or SIM_SMS
 
 
 def blocks_per_sm(threads):
     """Resident blocks per SM when threads are the limit (registers and shared memory are not, in 02-03)."""
-    per_sm = nf4lab.device_info().get("max_threads_per_sm")
+    per_sm = runtime.device_info().get("max_threads_per_sm")
     return per_sm // threads if per_sm else SIM_BLOCKS_PER_SM
 
 

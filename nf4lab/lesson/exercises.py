@@ -2,13 +2,13 @@
 
     result = nf4lab.check(launch, name="ex 3.2: coalesced stores", min_pct_copy=80)
 
-``check`` runs ``launch(b)`` (``b`` a :class:`nf4lab.lesson.buffers.Buffers`) on every
+``check`` runs ``launch(b)`` (``b`` a :class:`nf4lab.harness.buffers.Buffers`) on every
 shape of ``shapes`` (by default the edge sizes of :func:`default_shapes`: one
 weight, odd counts, a partial block, exactly one block, and a tensor that spans
 two absmax2 groups and ends in a partial block), smallest first, and compares
 the output with bitsandbytes bit for bit. It stops at the first wrong shape and
 prints a one-line verdict followed by the teaching message of
-:mod:`nf4lab.lesson.verification` (what differs, and a hint where the pattern points at
+:mod:`nf4lab.harness.verification` (what differs, and a hint where the pattern points at
 a known mistake).
 
 ``check`` never raises because of the student's kernel: a wrong result, an
@@ -68,7 +68,7 @@ class CheckResult:
     pct_copy: float | None = None
     verdict: str = ""
     failed_shape: tuple | None = None
-    report: object = None          # nf4lab.lesson.verification.Report of the failing shape, if any
+    report: object = None          # nf4lab.harness.verification.Report of the failing shape, if any
     error: str | None = None       # the kernel's exception, summarised
     simulator: bool = False
     seconds: float = 0.0
@@ -87,7 +87,7 @@ class CheckResult:
 
 
 def _validate(launch, name, dtype, blocksize, quant_type, shapes, dist, min_pct_copy):
-    from .cases import _validate as validate_case
+    from ..harness.cases import _validate as validate_case
 
     if not callable(launch):
         raise ValueError(f"launch must be a function launch(b) that launches your kernel, got {launch!r}")
@@ -217,8 +217,8 @@ def _run_one(launch, case, label):
     """Launch on fresh poisoned buffers. Returns (report, error_lines, sticky)."""
     from numba import cuda
 
-    from .buffers import make_buffers, quiet_small_grids
-    from .verification import verify
+    from ..harness.buffers import make_buffers, quiet_small_grids
+    from ..harness.verification import verify
 
     b = make_buffers(case)
     b.reset_output()
@@ -247,7 +247,7 @@ def check(launch, *, name="exercise", dtype="bf16", blocksize=64, quant_type="nf
 
     Parameters
     ----------
-    launch: ``launch(b)`` launching the student's kernel on ``b.stream`` (see nf4lab.lesson.buffers).
+    launch: ``launch(b)`` launching the student's kernel on ``b.stream`` (see nf4lab.harness.buffers).
     name: what the verdict calls the exercise.
     dtype, blocksize, quant_type: the case parameters (output bf16/fp16/fp32, 64..4096, nf4/fp4).
     shapes: shapes to verify, smallest first; default :func:`default_shapes` (edge sizes).
@@ -261,7 +261,7 @@ def check(launch, *, name="exercise", dtype="bf16", blocksize=64, quant_type="nf
     Returns a :class:`CheckResult`, falsy unless the exercise passed. Raises ValueError
     for bad arguments, never for a wrong or crashing kernel.
     """
-    from .cases import make_case
+    from ..harness.cases import make_case
 
     if shapes is None:
         shapes = default_shapes(blocksize)
@@ -344,8 +344,9 @@ def check(launch, *, name="exercise", dtype="bf16", blocksize=64, quant_type="nf
 
 def _speed(launch, name, dtype, blocksize, quant_type):
     """% of the copy ceiling on the default (16384x16384) case, copy measured in the same run."""
-    from ..measure import bench, bytemodel
-    from .cases import make_case
+    from ..measure import bench
+    from ..format import bytemodel
+    from ..harness.cases import make_case
 
     case = make_case(dtype=dtype, blocksize=blocksize, quant_type=quant_type)
     run = bench.Run().add(bench.ceilings(bytemodel.bytes_moved(case.n, dtype, blocksize), case.shape, dtype))

@@ -21,7 +21,8 @@ import time
 
 import numpy as np
 
-from . import bytemodel, results
+from ..format import bytemodel
+from . import results
 from .. import runtime
 
 LAUNCHES = 20
@@ -130,7 +131,7 @@ def _copy_kernel():
     """
     from numba import cuda, uint64
 
-    from ..kernels import ops
+    from ..device import ops
 
     @cuda.jit
     def copy16(src, dst, nvec):
@@ -148,7 +149,7 @@ def _store_kernel():
     (on the H200 torch's uint8 fill_ ran at 80% of the copy: not a write ceiling there)."""
     from numba import cuda, uint32, uint64
 
-    from ..kernels import ops
+    from ..device import ops
 
     @cuda.jit
     def store16(dst, nvec):
@@ -171,7 +172,7 @@ def _bound_kernel(wide: bool, threads: int, units: int):
     """
     from numba import cuda, uint32, uint64
 
-    from ..kernels import ops
+    from ..device import ops
 
     ushift = uint64(2 if wide else 3)
 
@@ -289,7 +290,7 @@ def bnb_baselines(case) -> list[dict]:
     out = torch.empty(case.shape, dtype=qs.dtype, device="cuda")
     F.dequantize_4bit(packed, qs, out=out)
     torch.cuda.synchronize()
-    from ..lesson.verification import compare
+    from ..harness.verification import compare
 
     exact = compare(out, case.expected, case.dtype, n=case.n, blocksize=case.blocksize).ok
     nbytes = bytemodel.bytes_moved(case.n, case.dtype, case.blocksize)
@@ -305,20 +306,21 @@ def time_dequantize(case, name: str = "nf4lab.dequantize (out=)") -> dict:
     row: verified bit for bit, then timed like the kernels."""
     import torch
 
-    import nf4lab
+    from ..harness.verification import compare
+    from ..integrations.dequantize import dequantize
 
     packed, qs = case.quant_state("cuda")
     out = torch.empty(case.shape, dtype=qs.dtype, device="cuda")
-    nf4lab.dequantize(packed, qs, out=out)
-    exact = nf4lab.compare(out, case.expected, case.dtype, n=case.n, blocksize=case.blocksize).ok
-    t = gpu_time_ms(lambda s: nf4lab.dequantize(packed, qs, out=out))
+    dequantize(packed, qs, out=out)
+    exact = compare(out, case.expected, case.dtype, n=case.n, blocksize=case.blocksize).ok
+    t = gpu_time_ms(lambda s: dequantize(packed, qs, out=out))
     return _record("kernel", name, case.shape, case.dtype, t,
                    bytemodel.bytes_moved(case.n, case.dtype, case.blocksize), bit_exact=exact)
 
 
 def measure_kernel(name, launch, case, *, buffers=None, host=True) -> dict:
     """Verify ``launch`` bit for bit on ``case`` (raises on mismatch), then time it."""
-    from ..lesson.buffers import make_buffers, run_and_verify
+    from ..harness.buffers import make_buffers, run_and_verify
 
     b = buffers if buffers is not None else make_buffers(case)
     # A launch marked no_verify is a bound (same traffic, no real work), not a kernel.
@@ -427,7 +429,7 @@ def run_versions(versions: dict, case, *, baselines=True, progress=True, strict=
     _require_gpu()
     from tqdm.auto import tqdm
 
-    from ..lesson.buffers import make_buffers
+    from ..harness.buffers import make_buffers
 
     run = Run()
     nbytes = bytemodel.bytes_moved(case.n, case.dtype, case.blocksize)
@@ -443,7 +445,7 @@ def run_versions(versions: dict, case, *, baselines=True, progress=True, strict=
             if strict:
                 raise
             # Keep going (CLI, sweeps): record the failure instead of a timing.
-            from ..lesson.verification import VerificationError
+            from ..harness.verification import VerificationError
 
             print(f"{name}: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}")
             run.add({"kind": "kernel", "name": name, "shape": list(case.shape), "dtype": case.dtype,
@@ -470,7 +472,7 @@ def step(notebook: str, versions: dict, case=None) -> Run | None:
             return None
         print(f"No GPU here: showing the results recorded in {run.path}\n  ({results.label(run.meta)})")
         return run
-    from ..lesson.cases import make_case
+    from ..harness.cases import make_case
 
     default = case if case is not None else make_case()
     groups: dict = {}

@@ -3,8 +3,8 @@ import dataclasses, itertools, math, time  # noqa: E401
 
 from .. import runtime
 from ..kernels.gemv import LLM_SHAPES, TORCH_DTYPE, buffers_from_torch
-from ..lesson import reference
-from ..lesson.gemv_check import tolerance
+from ..format import reference
+from ..harness.gemv_check import tolerance
 from . import bench, results
 from .bench import COPY  # the copy ceiling's record name: one spelling, bench's
 

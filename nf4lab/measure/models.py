@@ -561,7 +561,7 @@ def compiled_interleaved_time(models_: dict, s: Settings, prompt, switch: dict, 
 
 def nf4lab_op_calls() -> int:
     """How many of bitsandbytes' 4-bit op calls nf4lab's kernels have served so far (its Python ran)."""
-    from ..kernels import bnb_backend
+    from ..integrations import bnb_backend
 
     return sum(n for (op, by), n in bnb_backend.calls.items() if by.startswith("nf4lab"))
 
@@ -570,8 +570,7 @@ def _compiled_abc(bf16, nf4_bnb, nf4_ours, nf4_lean, s: Settings, prompt, log, t
     """compiled_interleaved on four models; nf4_bnb, nf4_ours and nf4_lean are NF4 twins of one bf16 model."""
     import torch
 
-    import nf4lab
-    from ..kernels import bnb_backend, lean_linear
+    from ..integrations import bnb_backend, lean_linear
 
     log(f"[{time.perf_counter() - t_start:6.1f} s] {COMPILED_ABC}: bf16, bitsandbytes (as forced and lean) and "
         "nf4lab compiled, generate by generate ...")
@@ -580,14 +579,14 @@ def _compiled_abc(bf16, nf4_bnb, nf4_ours, nf4_lean, s: Settings, prompt, log, t
             "new_tokens": s.new_tokens, "batch": 1, "prompt_len": s.prompt_len}
 
     def use_nf4lab():
-        nf4lab.compile_for_decode(nf4_ours)
-        if not nf4lab.installed() and s.device != "cpu":   # on CPU (the smoke test) bitsandbytes serves all
+        bnb_backend.compile_for_decode(nf4_ours)
+        if not bnb_backend.installed() and s.device != "cpu":   # on CPU (the smoke test) bitsandbytes serves all
             raise RuntimeError("nf4lab.install() returned False")
 
     models_ = {"bf16_compiled": bf16, "bnb_compiled_forced": nf4_bnb, "bnb_compiled_lean": nf4_lean,
                "nf4lab_compiled": nf4_ours}
-    switch = {"bf16_compiled": nf4lab.uninstall, "bnb_compiled_forced": nf4lab.uninstall,
-              "bnb_compiled_lean": nf4lab.uninstall, "nf4lab_compiled": use_nf4lab}
+    switch = {"bf16_compiled": bnb_backend.uninstall, "bnb_compiled_forced": bnb_backend.uninstall,
+              "bnb_compiled_lean": bnb_backend.uninstall, "nf4lab_compiled": use_nf4lab}
     try:
         # each model under the guard setting that is faster for it (lab/guard_cost.py): bitsandbytes as forced
         # keeps torch's default, as a user who forces the flag gets it
@@ -603,7 +602,7 @@ def _compiled_abc(bf16, nf4_bnb, nf4_ours, nf4_lean, s: Settings, prompt, log, t
     except Exception as exc:
         return [dict(base, name=LABELS[COMPILED_ABC], variant=COMPILED_ABC, error=_err(exc))]
     finally:
-        nf4lab.uninstall()
+        bnb_backend.uninstall()
         for m in models_.values():
             lean_linear.restore(m)
             _reset_compiled(m)
@@ -619,22 +618,22 @@ def _compiled_abc(bf16, nf4_bnb, nf4_ours, nf4_lean, s: Settings, prompt, log, t
 
 
 def _eager_ab(nf4, s: Settings, prompt, log, t_start) -> list:
-    import nf4lab
+    from ..integrations import bnb_backend
 
     def use_nf4lab():
-        if not nf4lab.install():
+        if not bnb_backend.install():
             raise RuntimeError("nf4lab.install() returned False")
 
     log(f"[{time.perf_counter() - t_start:6.1f} s] {EAGER_AB}: bnb_eager and nf4lab_eager, generate by generate ...")
     base = {"kind": "decode_interleaved", "mode": "eager", "rounds": s.eager_rounds, "new_tokens": s.new_tokens,
             "batch": 1, "prompt_len": s.prompt_len}
     try:
-        got = eager_interleaved_time(nf4, s, prompt, {"bnb_eager": nf4lab.uninstall, "nf4lab_eager": use_nf4lab})
+        got = eager_interleaved_time(nf4, s, prompt, {"bnb_eager": bnb_backend.uninstall, "nf4lab_eager": use_nf4lab})
         got["nf4lab_eager"]["op_calls_per_generate"] = _op_calls(nf4, s, prompt, use_nf4lab)
     except Exception as exc:
         return [dict(base, name=LABELS[EAGER_AB], variant=EAGER_AB, error=_err(exc))]
     finally:
-        nf4lab.uninstall()
+        bnb_backend.uninstall()
     recs = []
     for v, r in got.items():
         recs.append(dict(base, name=LABELS[v], variant=v, **r))
@@ -646,7 +645,7 @@ def _eager_ab(nf4, s: Settings, prompt, log, t_start) -> list:
 def _op_calls(model, s: Settings, prompt, switch) -> dict:
     """bitsandbytes' 4-bit op calls in one eager generate of N tokens, by op and by who served them (nf4lab's
     kernels or bitsandbytes' after nf4lab's checks): a decode whose calls fall through to bitsandbytes pays both."""
-    from ..kernels import bnb_backend
+    from ..integrations import bnb_backend
 
     switch()
     c0 = dict(bnb_backend.calls)
@@ -762,7 +761,7 @@ class _Records(list):
 
 def _served_ops():
     try:
-        from ..kernels import bnb_backend
+        from ..integrations import bnb_backend
 
         return list(bnb_backend._state.get("ops", ()))
     except Exception:
@@ -809,8 +808,8 @@ def run(s: Settings, only=None, log=print, isolate=False, dump=None) -> dict:
     the single selected decode variant to that path, for the parent of an isolated run."""
     import torch
 
-    import nf4lab
-    from ..kernels import lean_linear
+    from ..integrations import bnb_backend
+    from ..integrations import lean_linear
 
     t_start = time.perf_counter()
     # Nothing is downloaded: random weights, the config in code (the GPU machines have no network).
@@ -867,10 +866,10 @@ def run(s: Settings, only=None, log=print, isolate=False, dump=None) -> dict:
 
     def nf4lab_on(compiled_model=None):
         if compiled_model is not None:
-            nf4lab.compile_for_decode(compiled_model)
-            ok = nf4lab.installed()
+            bnb_backend.compile_for_decode(compiled_model)
+            ok = bnb_backend.installed()
         else:
-            ok = nf4lab.install()
+            ok = bnb_backend.install()
         if not ok:
             raise RuntimeError("nf4lab.install() returned False (no usable CUDA GPU, or the simulator): "
                                "nothing would run on nf4lab's kernels")
@@ -899,7 +898,7 @@ def run(s: Settings, only=None, log=print, isolate=False, dump=None) -> dict:
         bf16 = None
         _free()
         if nf4 is not None:
-            nf4lab.uninstall()
+            bnb_backend.uninstall()
             if "bnb_eager" in want:
                 decode("bnb_eager", nf4, False)
             if "bnb_compiled_forced" in want:
@@ -916,14 +915,14 @@ def run(s: Settings, only=None, log=print, isolate=False, dump=None) -> dict:
                     log(f"[{time.perf_counter() - t_start:6.1f} s] {v} FAILED: {exc}")
                     continue
                 decode(v, nf4, comp)
-            nf4lab.uninstall()  # also gives the quantizer its class back
+            bnb_backend.uninstall()  # also gives the quantizer its class back
             lean_linear.restore(nf4)  # the eager and QLoRA runs below: Linear4bit as transformers made it
             if EAGER_AB in want:
                 records += _eager_ab(nf4, s, prompt, log, t_start)
             if any(v in want for v in QLORA):
                 records += _qlora(nf4, s, want, log, t_start)
     finally:
-        nf4lab.uninstall()
+        bnb_backend.uninstall()
         del bf16, nf4
         _free()
 
@@ -942,7 +941,7 @@ def run(s: Settings, only=None, log=print, isolate=False, dump=None) -> dict:
 
 
 def _qlora(nf4, s: Settings, want, log, t_start) -> list:
-    import nf4lab
+    from ..integrations import bnb_backend
 
     recs = []
     log(f"[{time.perf_counter() - t_start:6.1f} s] QLoRA: peft ...")
@@ -960,20 +959,20 @@ def _qlora(nf4, s: Settings, want, log, t_start) -> list:
         if v not in want:
             continue
         try:
-            if v == "qlora_nf4lab" and not nf4lab.install():
+            if v == "qlora_nf4lab" and not bnb_backend.install():
                 raise RuntimeError("nf4lab.install() returned False")
             if v == "qlora_bnb":
-                nf4lab.uninstall()
+                bnb_backend.uninstall()
             grads[v] = qlora_grads(model, ids)
         except Exception as exc:
             grads[v] = exc
         finally:
-            nf4lab.uninstall()
+            bnb_backend.uninstall()
     def use_nf4lab():
-        if not nf4lab.install():
+        if not bnb_backend.install():
             raise RuntimeError("nf4lab.install() returned False")
 
-    switch = {"qlora_bnb": nf4lab.uninstall, "qlora_nf4lab": use_nf4lab}
+    switch = {"qlora_bnb": bnb_backend.uninstall, "qlora_nf4lab": use_nf4lab}
     run_ = [v for v in QLORA if v in want and not isinstance(grads.get(v), Exception)]
     log(f"[{time.perf_counter() - t_start:6.1f} s] {', '.join(run_)}, interleaved step by step ...")
     timed, err = {}, None
@@ -988,7 +987,7 @@ def _qlora(nf4, s: Settings, want, log, t_start) -> list:
         err = _err(exc)
         log(f"    FAILED: {err.splitlines()[0]}")
     finally:
-        nf4lab.uninstall()
+        bnb_backend.uninstall()
     for v in QLORA:
         if v not in want:
             continue

@@ -500,8 +500,8 @@ def _synthetic_case(shape, dtype, blocksize=64):
 
     import numpy as np
 
-    from ..lesson.cases import Case, case_name
-    from ..lesson.reference import LUTS
+    from ..harness.cases import Case, case_name
+    from ..format.reference import LUTS
 
     n = math.prod(shape)
     rng = np.random.default_rng(0)
@@ -535,7 +535,7 @@ def _lineinfo_on():
 
 def notebook_versions(path) -> list[str]:
     """Version names a step notebook defines (executes its kernel cells, compiles nothing)."""
-    from ..lesson import versions as _versions
+    from ..harness import versions as _versions
 
     return list(_versions.load(path))
 
@@ -543,7 +543,7 @@ def notebook_versions(path) -> list[str]:
 def step_versions(first: int = 1, last: int = 6) -> list[tuple]:
     """[(notebook stem, version name)] defined by the step notebooks, in order; a notebook whose
     kernel cells fail to load is skipped with a message."""
-    from ..lesson import versions as _versions
+    from ..harness import versions as _versions
 
     found = []
     for path in sorted(_versions.NOTEBOOKS.glob("[0-9][0-9]_*.ipynb")):
@@ -559,7 +559,7 @@ def step_versions(first: int = 1, last: int = 6) -> list[tuple]:
 def load_versions_with_source(notebook: str, srcdir: Path) -> dict:
     """VERSIONS of one notebook, with each kernel cell compiled from a real file under
     ``srcdir`` (so that line info points at text ncu can show)."""
-    from ..lesson import versions as _versions
+    from ..harness import versions as _versions
 
     return dict(getattr(_versions.load_module(notebook, srcdir), "VERSIONS", {}))
 
@@ -572,8 +572,7 @@ def demo_versions() -> dict:
     any notebook defines versions."""
     from numba import cuda, uint64
 
-    from ..kernels import ops
-    from ..lesson import block_scale
+    from ..device import ops
 
     @cuda.jit
     def dequant_demo_per_byte(packed, absmax_q, absmax2, code2, offset, lut, out, nbytes, n):
@@ -582,7 +581,8 @@ def demo_versions() -> dict:
             return
         byte = packed[i]
         j = uint64(2) * i
-        scale = block_scale(absmax_q, absmax2, code2, offset, j >> uint64(6))
+        blk = j >> uint64(6)   # notebook 01's block_scale, both operations rounded
+        scale = ops.fadd_rn(ops.fmul_rn(code2[absmax_q[blk]], absmax2[blk >> uint64(8)]), offset)
         out[j] = ops.to_bf16_bits(lut[byte >> 4] * scale)
         if j + uint64(1) < n:
             out[j + uint64(1)] = ops.to_bf16_bits(lut[byte & 15] * scale)
@@ -604,7 +604,7 @@ def drive(notebook: str, version: str, *, shape=(16384, 16384), dtype="bf16", wa
         _lineinfo_on()
     from numba import cuda
 
-    from ..lesson.buffers import make_buffers
+    from ..harness.buffers import make_buffers
 
     if notebook == "demo":
         vs = demo_versions()
@@ -633,7 +633,7 @@ def drive(notebook: str, version: str, *, shape=(16384, 16384), dtype="bf16", wa
 
 def _try_case(shape, dtype):
     try:
-        from ..lesson.cases import make_case
+        from ..harness.cases import make_case
 
         return make_case(tuple(shape), dtype=dtype)
     except Exception as exc:  # bitsandbytes missing or failing: profile on synthetic inputs
@@ -725,7 +725,7 @@ def _main(argv=None) -> int:
     if args.cmd == "drive":
         info = drive(args.notebook, args.version, shape=tuple(int(s) for s in args.shape.split("x")),
                      dtype=args.dtype, srcdir=args.srcdir, synthetic=args.synthetic)
-        print("nf4lab.profiling.drive:", json.dumps(info))
+        print("nf4lab.measure.profiling.drive:", json.dumps(info))
         return 0
     print(table({Path(p).stem: summarize(main_kernel(parse_csv(Path(p).read_text())) or {}) for p in args.csv}))
     return 0

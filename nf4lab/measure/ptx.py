@@ -14,7 +14,7 @@ import re
 import subprocess
 import sys
 
-from ..kernels import arch
+from .. import arch
 from .. import runtime
 
 
@@ -53,7 +53,7 @@ def _by_name() -> dict:
 
     found = {}
     for modname, mod in list(sys.modules.items()):
-        if mod is not None and modname.startswith("nf4lab.") and mod.__name__ == modname:  # not the flat aliases
+        if mod is not None and modname.startswith("nf4lab.") and mod.__name__ == modname:
             for name in getattr(mod, "DEVICE_OPS", ()):
                 found[id(getattr(mod, name))] = (modname, name)
     return found
@@ -91,13 +91,20 @@ sys.stdout.write(ptx)
 """
 
 
+# Each is called as observer(kernel, sig, kwargs) before a compile: `python -m nf4lab ptx --all` notes
+# this way which kernels a notebook compiles (nf4lab.measure.ptxall.Recorder).
+OBSERVERS: list = []
+
+
 def compile_ptx(kernel, sig, cc=None, **kwargs) -> str:
     """PTX of ``kernel`` (a @cuda.jit kernel or plain function) for signature ``sig``, with the options it was
     jitted with (launch bounds included).
 
-    ``cc`` defaults to :func:`nf4lab.kernels.arch.target_cc`: NF4LAB_ARCH, else the GPU in hand, else sm_90.
+    ``cc`` defaults to :func:`nf4lab.runtime.target_cc`: NF4LAB_ARCH, else the GPU in hand, else sm_90.
     """
-    cc = tuple(cc) if cc is not None else arch.target_cc()
+    for observe in OBSERVERS:
+        observe(kernel, sig, kwargs)
+    cc = tuple(cc) if cc is not None else runtime.target_cc()
     fn = _kernel_fn(kernel)
     jit_kwargs = dict(getattr(kernel, "_nf4lab_jit_kwargs", {}) or {})
     bounds = jit_kwargs.get("launch_bounds") or (getattr(kernel, "targetoptions", None) or {}).get("launch_bounds")
@@ -178,7 +185,7 @@ def show(ptx: str, patterns=None, limit: int = 12) -> None:
 
 
 # Instructions that exist only from sm_80, and what stands for each in code compiled for sm_75
-# (nf4lab.kernels.ops' second paths): bf16 rounded in integers tests for NaN, packed fp16 converts twice.
+# (nf4lab.device.ops' second paths): bf16 rounded in integers tests for NaN, packed fp16 converts twice.
 SM80_ONLY = {r"cvt\.rn\.bf16x2": r"^setp\.nan\.f32", r"cvt\.rn\.bf16": r"^setp\.nan\.f32",
              r"cvt\.rn\.f16x2": r"^cvt\.rn\.f16\.f32"}
 

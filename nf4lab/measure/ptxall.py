@@ -38,7 +38,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from ..kernels import arch
+from .. import arch
 
 ROOT = Path(__file__).resolve().parents[2]
 SRC = ROOT / "notebooks" / "src"
@@ -210,19 +210,14 @@ class Recorder:
             return launch(kern, *args)
 
         simk.FakeCUDAKernel.__call__ = recording_call
-        compile_ptx = ptx.compile_ptx
 
-        def recording_compile_ptx(kernel, sig, cc=None, **kwargs):
+        def record_compile(kernel, sig, kwargs):
             from numba.core import sigutils
 
             args, _ = sigutils.normalize_signature(sig)
             rec.add(kernel, args, "compile_ptx", {k: v for k, v in kwargs.items() if k == "launch_bounds"})
-            return compile_ptx(kernel, sig, cc=cc, **kwargs)
 
-        ptx.compile_ptx = recording_compile_ptx
-        import nf4lab
-
-        nf4lab.compile_ptx = recording_compile_ptx
+        ptx.OBSERVERS.append(record_compile)
 
 
 def _blank_variant(lines: list[str], solution: bool) -> tuple[list[str], set]:
@@ -331,28 +326,26 @@ def collect_notebook(nb: str, variant: str) -> tuple[list, list]:
     import matplotlib
 
     matplotlib.use("Agg")
+    from ..harness.versions import run_cell
+
     rec = Recorder()
     rec.install()
     solution = variant == "solution"
     ns = {"__name__": "__main__", "__file__": str(src)}
-    cwd = os.getcwd()
-    os.chdir(ROOT / "notebooks")  # where the notebooks run
     errors, student_lines = [], set()
-    try:
-        for first, code, student in _code_cells(src, solution):
-            student_lines |= student
-            try:
-                exec(compile(code, str(src), "exec"), ns)
-            except Exception as exc:  # a cell that fails: its later kernels may be missing, so it fails the run
-                msg = (str(exc).strip().splitlines() or [type(exc).__name__])[-1]
-                errors.append((f"{nb} ({variant})", f"cell at line {first} raised {type(exc).__name__}: {msg}"))
-                break
-            finally:
-                import matplotlib.pyplot as plt
+    # The cells run as in Jupyter, from notebooks/: _run_source starts this process there.
+    for first, code, student in _code_cells(src, solution):
+        student_lines |= student
+        try:
+            run_cell(code, str(src), ns)
+        except Exception as exc:  # a cell that fails: its later kernels may be missing, so it fails the run
+            msg = (str(exc).strip().splitlines() or [type(exc).__name__])[-1]
+            errors.append((f"{nb} ({variant})", f"cell at line {first} raised {type(exc).__name__}: {msg}"))
+            break
+        finally:
+            import matplotlib.pyplot as plt
 
-                plt.close("all")
-    finally:
-        os.chdir(cwd)
+            plt.close("all")
     found = list(rec.seen.values())
     if not solution:
         found = [f for f in found if _uses_student_code(f[0], student_lines, str(src))]
@@ -461,8 +454,9 @@ def _run_source(what: str, variant: str, ccs: list, ptxas: str, workdir: str) ->
     """Collect one source's kernels (simulator subprocess), compile them (compile subprocess), assemble."""
     tag = re.sub(r"[^A-Za-z0-9_.-]", "_", f"{Path(what).stem if what.endswith('.py') else what}_{variant}")
     pkl = os.path.join(workdir, f"{tag}.pkl")
-    p = subprocess.run([sys.executable, "-c", _COLLECT_CHILD, what, variant, pkl], capture_output=True,
-                       text=True, env=_child_env("sim"), cwd=str(ROOT))
+    source = str(Path(what).resolve()) if what.endswith(".py") else what   # the child runs from notebooks/
+    p = subprocess.run([sys.executable, "-c", _COLLECT_CHILD, source, variant, pkl], capture_output=True,
+                       text=True, env=_child_env("sim"), cwd=str(ROOT / "notebooks"))
     name = what if what == PACKAGE else f"{what} ({variant})"
     if p.returncode != 0 or not os.path.exists(pkl):
         tail = [ln for ln in p.stderr.strip().splitlines() if ln.strip()][-1:] or [f"exit {p.returncode}"]
@@ -597,6 +591,7 @@ def update_readme(report: Report, check: bool = False, path: Path = ROOT / "READ
 
 # ---------------------------------------------------------------- command line
 def add_arguments(p) -> None:
+    p.usage = "%(prog)s --all [--arch SM ...] [--only SOURCE ...] [options]"
     p.add_argument("--arch", action="append", metavar="SM",
                    help=f"architecture to assemble for, repeatable: {', '.join(arch.ARCHS)} (default: all of them)")
     p.add_argument("--all", action="store_true", help="every kernel of the notebooks and of nf4lab (required)")
@@ -614,7 +609,8 @@ def add_arguments(p) -> None:
 def command(args) -> int:
     """Exit status: 0 every kernel assembled everywhere, 1 a failure, 2 a usage error."""
     if not args.all:
-        print("python -m nf4lab ptx: give --all (every kernel of the series and of nf4lab)", file=sys.stderr)
+        print("usage: python -m nf4lab ptx --all [--arch SM ...] [--only SOURCE ...] [options]\n"
+              "python -m nf4lab ptx: give --all (every kernel of the series and of nf4lab)", file=sys.stderr)
         return 2
     try:
         archs = [arch.name(arch.parse(a)) for a in (args.arch or arch.ARCHS)]

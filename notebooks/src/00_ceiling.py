@@ -29,7 +29,9 @@ import nf4lab  # first: decides GPU or simulator before numba.cuda is imported
 
 import numpy as np
 
-from nf4lab import bench, bytemodel, plots, reference, results
+from nf4lab.measure import bench, results
+from nf4lab.format import bytemodel, reference
+from nf4lab.lesson import plots
 
 print(nf4lab.describe())
 
@@ -97,7 +99,7 @@ for k, (q, wk, bk) in enumerate(zip((q_hi, q_lo), w, bits)):
 assert list(bits) == list(case.expected[2 * j: 2 * j + 2]), "the worked example disagrees with bitsandbytes"
 
 # %% [markdown]
-# The same in one vectorised call, for the whole case: `nf4lab.reference` is the numpy spec
+# The same in one vectorised call, for the whole case: `nf4lab.format.reference` is the numpy spec
 # that every kernel in the series is checked against (and bitsandbytes' own output is stored
 # in the case, so the spec itself is checked here too):
 
@@ -112,7 +114,7 @@ assert np.array_equal(ref_bits, case.expected)
 # ## 3. The byte model: what 16384 x 16384 moves
 #
 # The fewest bytes any kernel must move: every input read once, every output written once
-# (`nf4lab.bytemodel`, the one place the series counts bytes). Per weight that is 0.5 byte of
+# (`nf4lab.format.bytemodel`, the one place the series counts bytes). Per weight that is 0.5 byte of
 # packed codes, 1/64 byte of `absmax_q`, a negligible share of `absmax2` and `code2`, and
 # 2 bytes of bf16 output.
 
@@ -154,7 +156,7 @@ for shape in [(4096, 4096), SHAPE]:
 # <a id="measured"></a>
 # ## 4. Ceilings and the bitsandbytes baseline, measured
 #
-# Three ceilings, timed exactly like our kernels will be (`nf4lab.bench`):
+# Three ceilings, timed exactly like our kernels will be (`nf4lab.measure.bench`):
 #
 # * **device copy**: half of the bytes read and half written, the classic "achievable
 #   bandwidth" (the faster of torch's `copy_` and a numba kernel copying 16 bytes per thread);
@@ -172,7 +174,7 @@ for shape in [(4096, 4096), SHAPE]:
 #
 # ### The traffic-matched bound, written out
 #
-# `nf4lab.bench` times this kernel at a few launch shapes and keeps the fastest; here is the
+# `nf4lab.measure.bench` times this kernel at a few launch shapes and keeps the fastest; here is the
 # one for bf16 output at 256 threads x 2 words per thread. Each 32-bit word of codes holds 8
 # weights, whose 16 bf16 output bytes go out in one 16-byte store; each word also reads its
 # block's `absmax_q` byte (8 words per block of 64 weights). What it stores is the loaded bits,
@@ -182,7 +184,8 @@ for shape in [(4096, 4096), SHAPE]:
 # %%
 from numba import cuda, uint32, uint64
 
-from nf4lab import ops, ptx
+from nf4lab.device import ops
+from nf4lab.measure import ptx
 
 THREADS, UNITS = 256, 2        # one of bench.SHAPES: threads per block x words per thread
 
@@ -222,7 +225,7 @@ print(f"bound_bf16: {nw} words of codes read, {16 * nw:,} output bytes written, 
 # A numba launch from Python has a host cost of its own, a large share of a sub-millisecond
 # kernel when launches are timed one by one. So we capture 20 launches in a CUDA graph and
 # replay it: one host call per 20 launches, and the events around a replay measure GPU time.
-# This is the loop `nf4lab.bench` runs for every timing in the series (`bench.gpu_time_ms`,
+# This is the loop `nf4lab.measure.bench` runs for every timing in the series (`bench.gpu_time_ms`,
 # which also falls back to plain launches for code that cannot be captured). Host-side cost is
 # measured separately (`host_ms`). In the simulator there is no GPU to time: the cell shows the
 # code, and the recorded run below was timed with it.

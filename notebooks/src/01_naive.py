@@ -31,7 +31,10 @@ import nf4lab  # first: decides GPU or simulator before numba.cuda is imported
 import numpy as np
 from numba import cuda, float32, uint64
 
-from nf4lab import bench, bytemodel, ops, plots, ptx, reference
+from nf4lab.measure import bench, ptx
+from nf4lab.format import bytemodel, reference
+from nf4lab.device import ops
+from nf4lab.lesson import plots
 
 print(nf4lab.describe())
 case = nf4lab.make_case()  # 16384 x 16384 on a GPU, 130 x 129 in the simulator
@@ -192,7 +195,7 @@ print(f"FMA scales on the main case ({case.n:,} weights), bf16 output: {n_bf16:,
 # or large, can let this bug through: that is why the series checks the PTX *and* verifies on
 # several dtypes and distributions.
 #
-# **The fix:** `nf4lab.ops.fmul_rn` / `fadd_rn` (libdevice `__fmul_rn` / `__fadd_rn` on the GPU,
+# **The fix:** `nf4lab.device.ops.fmul_rn` / `fadd_rn` (libdevice `__fmul_rn` / `__fadd_rn` on the GPU,
 # plain numpy in the simulator). They compile to `mul.rn.f32` / `add.rn.f32`, whose explicit
 # rounding mode also forbids `ptxas` from fusing them later. (`fastmath=True` would make
 # matters worse.)
@@ -266,10 +269,10 @@ ptx.check(mixed_ptx, present=[r"^cvt\.rn\.f64\.s64", r"^setp\.\w+\.f64"], absent
 # a test checks that the copy there is the code of this cell.
 
 # %% tags=["kernel"]
-import nf4lab  # noqa: F811  (this cell runs on its own in nf4lab.versions)
+import nf4lab  # noqa: F811  (this cell runs on its own in nf4lab.harness.versions)
 from numba import cuda, uint64
 
-from nf4lab import ops
+from nf4lab.device import ops
 
 THREADS = 256       # threads per block
 BLOCK_SHIFT = 5     # 64 weights per block = 32 packed bytes: block = byte index >> 5

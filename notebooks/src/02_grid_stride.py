@@ -26,7 +26,12 @@ import nf4lab  # first: decides GPU or simulator before numba.cuda is imported
 import numpy as np
 from numba import cuda, uint64
 
-from nf4lab import bench, bytemodel, lesson, ops, plots, ptx, results, versions
+from nf4lab.measure import bench, ptx, results
+from nf4lab.format import bytemodel
+from nf4lab import lesson
+from nf4lab.device import ops
+from nf4lab.lesson import plots
+from nf4lab.harness import versions
 
 print(nf4lab.describe())
 case = nf4lab.make_case()
@@ -102,11 +107,11 @@ else:
 # small fixed number makes the loop loop. (These three helpers join `nf4lab.lesson` for 03.)
 
 # %% tags=["kernel"]
-import nf4lab  # noqa: F811  (this cell runs on its own in nf4lab.versions)
+import nf4lab  # noqa: F811  (this cell runs on its own in nf4lab.harness.versions)
 from numba import cuda, uint64
 
-from nf4lab import ops
-from nf4lab.lesson import BLOCK_SHIFT, SIM_BLOCKS_PER_SM, SIM_SMS, block_scale   # written in 01
+from nf4lab.device import ops
+from nf4lab.lesson import BLOCK_SHIFT, SIM_BLOCKS_PER_SM, SIM_SMS, block_scale  # written in 01
 
 THREADS = 256
 
@@ -204,7 +209,7 @@ nf4lab.verify_versions(VERSIONS, case, extra_shapes=[(2, 16383)]);   # more weig
 # ## 5. Benchmark
 #
 # Both versions, and the baseline they are compared with: 01's kernel (loaded from 01's
-# `kernel` cell by `nf4lab.versions`), measured in the same run with the ceilings and
+# `kernel` cell by `nf4lab.harness.versions`), measured in the same run with the ceilings and
 # bitsandbytes, so that the comparison does not mix runs.
 
 # %%

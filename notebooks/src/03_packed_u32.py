@@ -28,7 +28,11 @@ import nf4lab  # first: decides GPU or simulator before numba.cuda is imported
 import numpy as np
 from numba import cuda, uint64
 
-from nf4lab import bench, bytemodel, ops, plots, ptx, reference, versions
+from nf4lab.measure import bench, ptx
+from nf4lab.format import bytemodel, reference
+from nf4lab.device import ops
+from nf4lab.lesson import plots
+from nf4lab.harness import versions
 
 print(nf4lab.describe())
 case = nf4lab.make_case()
@@ -83,12 +87,12 @@ assert np.array([int(word)], dtype=np.uint32).view(np.uint16).tolist() == case.e
 # `out[n]`, one past the end: that byte gets a 16-bit store instead.
 
 # %% tags=["kernel"]
-import nf4lab  # noqa: F811  (this cell runs on its own in nf4lab.versions)
+import nf4lab  # noqa: F811  (this cell runs on its own in nf4lab.harness.versions)
 from numba import cuda, uint64
 
-from nf4lab import ops
+from nf4lab.device import ops
 
-from nf4lab.lesson import BLOCK_SHIFT, block_scale, blocks_per_sm, grid_for   # written in 01 and 02
+from nf4lab.lesson import BLOCK_SHIFT, block_scale, blocks_per_sm, grid_for  # written in 01 and 02
 
 THREADS = 256
 

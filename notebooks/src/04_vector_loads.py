@@ -34,7 +34,10 @@ import dataclasses
 import numpy as np
 from numba import cuda, uint32, uint64
 
-from nf4lab import bench, bytemodel, ops, plots, ptx
+from nf4lab.measure import bench, ptx
+from nf4lab.format import bytemodel
+from nf4lab.device import ops
+from nf4lab.lesson import plots
 
 print(nf4lab.describe())
 case = nf4lab.make_case()  # 16384 x 16384 on a GPU, 130 x 129 in the simulator
@@ -83,7 +86,7 @@ if best:
 #
 # CUDA C++ writes `*(uint4*)p`. Numba has no such cast: four adjacent `uint32` loads stay four
 # 32-bit loads (numba passes no alignment to LLVM, so LLVM may not merge them), and numba's
-# vector type `cuda.uint32x4` cannot index an array. `nf4lab.ops.load_u32x4(arr, i)` and
+# vector type `cuda.uint32x4` cannot index an array. `nf4lab.device.ops.load_u32x4(arr, i)` and
 # `ops.store_u32x4(arr, i, a, b, c, d)` are small `@intrinsic`s that build an aligned `<4 x i32>`
 # load/store in LLVM IR, which NVVM turns into `ld.global.v4.u32` / `st.global.v4.u32`.
 #
@@ -94,7 +97,7 @@ if best:
 # misaligned buffer before anything reaches the GPU (tried out after the first kernel). In the
 # simulator the twin of `load_u32x4` also raises on a misaligned index; a GPU has no such net.
 #
-# Here is the load, as `nf4lab.ops` defines it (the store is the same with `builder.store`). An
+# Here is the load, as `nf4lab.device.ops` defines it (the store is the same with `builder.store`). An
 # `@intrinsic` receives numba's *types* at compile time and returns a signature and a `codegen`
 # that writes LLVM IR: a pointer to element `i`, moved to the global address space (so NVVM emits
 # `ld.global`, not a generic `ld`), cast to a pointer to `<4 x i32>`, loaded with `align=16`. The
@@ -166,12 +169,12 @@ else:
 # type, so indices use shifts, and constants are typed (`uint64(4)`, `NIB = uint32(15)`).
 
 # %% tags=["kernel"]
-import nf4lab  # noqa: F811  (this cell runs on its own in nf4lab.versions)
+import nf4lab  # noqa: F811  (this cell runs on its own in nf4lab.harness.versions)
 import numpy as np
 from numba import cuda, uint32, uint64
 
-from nf4lab import ops
-from nf4lab.lesson import block_scale   # 01's scale, both operations rounded (never an FMA)
+from nf4lab.device import ops
+from nf4lab.lesson import block_scale  # 01's scale, both operations rounded (never an FMA)
 
 NIB = uint32(15)   # typed constants: `x & 15` with a literal would be int64
 U1 = uint64(1)

@@ -29,7 +29,9 @@ import nf4lab  # first: decides GPU or simulator before numba.cuda is imported
 import numpy as np
 from numba import cuda
 
-from nf4lab import bench, plots, ptx, versions
+from nf4lab.measure import bench, ptx
+from nf4lab.lesson import plots
+from nf4lab.harness import versions
 
 print(nf4lab.describe())
 case = nf4lab.make_case()
@@ -91,13 +93,13 @@ print(f"distinct codes per warp lookup on this case: mean {distinct.mean():.1f},
 # registers: the PTX has no `ld.local`).
 
 # %% tags=["kernel"]
-import nf4lab  # noqa: F811  (this cell runs on its own in nf4lab.versions)
+import nf4lab  # noqa: F811  (this cell runs on its own in nf4lab.harness.versions)
 import numpy as np
 from numba import cuda, float32, uint32, uint64
 
-from nf4lab import ops
-from nf4lab.lesson import block_scale   # 01's scale, both operations rounded (never an FMA)
-from nf4lab.reference import NF4_LUT
+from nf4lab.device import ops
+from nf4lab.lesson import block_scale  # 01's scale, both operations rounded (never an FMA)
+from nf4lab.format.reference import NF4_LUT
 
 NIB = uint32(15)
 U1 = uint64(1)
@@ -349,7 +351,7 @@ plots.progress("05_shared_lut");
 # ## 7. Exercise: a second table
 #
 # bitsandbytes has a second 4-bit format, **fp4**, with its own 16 values
-# (`nf4lab.reference.lut_for("fp4", device)`). A case made with `quant_type="fp4"` carries that
+# (`nf4lab.format.reference.lut_for("fp4", device)`). A case made with `quant_type="fp4"` carries that
 # table in `b.lut`. **Predict first:** which of the three kernels above serve fp4 unchanged, and
 # which would silently produce NF4 values? Answer from the kernel cell, before you read on.
 #
@@ -358,7 +360,7 @@ plots.progress("05_shared_lut");
 #
 # One trap: bitsandbytes has two fp4 tables one signed zero apart. For code 8 its CUDA kernel
 # gives **-0.0**, and so does its scalar CPU loop; only its table-based CPU paths (the torch
-# fallback and the AVX-512 kernel) give +0.0 (`FP4_LUT_CUDA` and `FP4_LUT` in `nf4lab.reference`;
+# fallback and the AVX-512 kernel) give +0.0 (`FP4_LUT_CUDA` and `FP4_LUT` in `nf4lab.format.reference`;
 # the docstring of `nf4lab/kernels/fastkernel.py` says why for CUDA, `bnb_cpu_path` in
 # `nf4lab/kernels/dequant.py` which CPU path runs when). Bit-exact includes the sign of zero, so
 # take the table of the bitsandbytes that made the cases: `lut_for("fp4", case.device)` (CUDA on
@@ -367,7 +369,7 @@ plots.progress("05_shared_lut");
 
 # %%
 ### BEGIN SOLUTION
-from nf4lab.reference import lut_for
+from nf4lab.format.reference import lut_for
 
 # fp4 code 8 is -0.0 in bitsandbytes' CUDA kernel and +0.0 in its table-based CPU paths (the trap
 # above): take the table of the device that made the cases (CUDA on a GPU, CPU in the simulator).
@@ -390,7 +392,7 @@ def launch_fp4(b):
         np.uint64(b.n), np.uint64(b.blocksize.bit_length() - 1))
 ### STUDENT
 # TODO: a constant-memory kernel with the fp4 table of the bitsandbytes that made the cases,
-# nf4lab.reference.lut_for("fp4", case.device) (-0.0 at code 8 on a GPU), about 10 lines.
+# nf4lab.format.reference.lut_for("fp4", case.device) (-0.0 at code 8 on a GPU), about 10 lines.
 def launch_fp4(b):
     chunks = (b.n + 31) // 32
     dequant_const[(chunks + THREADS - 1) // THREADS, THREADS, b.stream](       # NF4 table built in

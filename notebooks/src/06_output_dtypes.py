@@ -32,7 +32,10 @@ import nf4lab  # first: decides GPU or simulator before numba.cuda is imported
 import numpy as np
 from numba import cuda
 
-from nf4lab import bench, bytemodel, plots, ptx, results, versions
+from nf4lab.measure import bench, ptx, results
+from nf4lab.format import bytemodel
+from nf4lab.lesson import plots
+from nf4lab.harness import versions
 
 print(nf4lab.describe())
 cases = {d: nf4lab.make_case(dtype=d) for d in ("bf16", "fp16", "fp32")}   # default shape
@@ -128,12 +131,12 @@ else:
               f"(spread {(max(g) - min(g)) / max(g):.1%})")
 
 # %% tags=["kernel"]
-import nf4lab  # noqa: F811  (this cell runs on its own in nf4lab.versions)
+import nf4lab  # noqa: F811  (this cell runs on its own in nf4lab.harness.versions)
 import numpy as np
 from numba import cuda, float32, uint32, uint64
 
-from nf4lab import ops
-from nf4lab.lesson import GROUP_SHIFT, block_scale   # 01's scale, both operations rounded (never an FMA)
+from nf4lab.device import ops
+from nf4lab.lesson import GROUP_SHIFT, block_scale  # 01's scale, both operations rounded (never an FMA)
 
 THREADS = 256          # threads per block: one shape for every GPU (tools/launch_shapes.py measures it)
 UNITS = 2              # units of 16 output bytes per thread, at stride THREADS
@@ -322,7 +325,7 @@ nf4lab.verify_versions(VERSIONS, cases["bf16"], dtypes=("bf16", "fp16", "fp32"))
 
 # %%
 # Under NF4LAB_ARCH=sm_75 (section 7) these kernels carry the T4 paths: their results get a file of their own.
-SM75_RUN = nf4lab.arch.FORCED is not None and nf4lab.arch.FORCED < (8, 0)
+SM75_RUN = nf4lab.arch.forced() is not None and nf4lab.arch.forced() < (8, 0)
 RESULTS_NAME = "sm_75_06_output_dtypes" if SM75_RUN else "06_output_dtypes"
 PREV = "05 LUT in shared memory"           # 04's access pattern with 05's shared LUT
 run = bench.step(RESULTS_NAME, {
@@ -362,7 +365,7 @@ if run is not None:
 # ## 7. Older GPUs: the sm_75 (T4) path
 #
 # Three instructions used above exist only from sm_80 (Ampere): `cvt.rn.bf16.f32`,
-# `cvt.rn.bf16x2.f32` and `cvt.rn.f16x2.f32`. A T4 (sm_75) has none of them. `nf4lab.ops` holds a
+# `cvt.rn.bf16x2.f32` and `cvt.rn.f16x2.f32`. A T4 (sm_75) has none of them. `nf4lab.device.ops` holds a
 # second path for each, and NVVM picks one *when the kernel compiles*, from the architecture it
 # compiles for (`__nvvm_reflect("__CUDA_ARCH")`, libdevice's mechanism): each GPU's code holds one.
 #

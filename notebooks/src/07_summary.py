@@ -14,7 +14,7 @@
 # results (section 1 verifies on whatever runs the notebook: the GPU or the simulator). Section 6 adds older recorded evidence (profiles, tuning rounds), possibly from another
 # GPU. Every table and plot says which.
 #
-# The kernels are not copied here: `nf4lab.versions` executes the cells tagged `kernel` of each
+# The kernels are not copied here: `nf4lab.harness.versions` executes the cells tagged `kernel` of each
 # step notebook, so what runs is exactly what those notebooks teach.
 #
 # **Contents**
@@ -29,7 +29,9 @@
 # %%
 import nf4lab  # first: decides GPU or simulator before numba.cuda is imported
 
-from nf4lab import bench, plots, results, versions
+from nf4lab.measure import bench, results
+from nf4lab.lesson import plots
+from nf4lab.harness import versions
 
 print(nf4lab.describe())
 VERSIONS = versions.load_all()
@@ -207,7 +209,7 @@ if run is not None:
 # shape. How 06's kernel was tuned for the LLM shapes is in `lab/README.md`.
 
 # %%
-from nf4lab.buffers import quiet_small_grids
+from nf4lab.harness.buffers import quiet_small_grids
 
 SWEEP = [(512, 1024), (1024, 1024), (2048, 2048), (4096, 4096), (4096, 14336), (8192, 8192), (8192, 28672),
          (16384, 16384)]   # the last one is section 2's run
@@ -269,7 +271,7 @@ if sweep is not None:
 #    in one run per round.
 
 # %%
-from nf4lab import profiling
+from nf4lab.measure import profiling
 
 if run is not None:
     best, copy, bound = (run.get(n, dtype="bf16") for n in (BEST, bench.COPY, BOUND))

@@ -34,7 +34,9 @@ import nf4lab  # first: decides GPU or simulator before numba.cuda is imported
 
 import tempfile
 
-from nf4lab import bench, bytemodel, lesson, profiling, results
+from nf4lab.measure import bench, profiling, results
+from nf4lab.format import bytemodel
+from nf4lab import lesson
 
 print(nf4lab.describe())
 
@@ -42,14 +44,14 @@ print(nf4lab.describe())
 # <a id="source"></a>
 # ## 1. Where the numbers come from
 #
-# `nf4lab.profiling.profile_version(notebook, version, outdir)` runs a small driver program
+# `nf4lab.measure.profiling.profile_version(notebook, version, outdir)` runs a small driver program
 # under `ncu`: it builds the 16384x16384 case, launches the version a few times (the first
 # launch compiles; the others warm up), and then launches it **once** between
 # `cuda.profile_start()` and `cuda.profile_stop()`. `ncu --profile-from-start off` profiles
 # exactly that launch. The command line it builds:
 
 # %%
-cmd = profiling.ncu_command(["python", "-m", "nf4lab.profiling", "drive", "--notebook", "NN_topic",
+cmd = profiling.ncu_command(["python", "-m", "nf4lab.measure.profiling", "drive", "--notebook", "NN_topic",
                              "--version", "NAME"], export="NAME.ncu-rep")
 parts, cur = [], [cmd[0]]
 for tok in cmd[1:]:
@@ -384,7 +386,7 @@ show_lines(lines) if lines else print("No source page with line info recorded: n
 
 # %% [markdown]
 # How to read it. Instructions of device functions that numba inlines (`inline="always"`) and
-# of the `nf4lab.ops` helpers are often attributed to the kernel's `def` line, so a `def` line
+# of the `nf4lab.device.ops` helpers are often attributed to the kernel's `def` line, so a `def` line
 # at the top means "inside a helper": the instruction column says which. A stall sample is
 # charged to the instruction that **cannot issue yet**: the one waiting for an operand. So the
 # hottest instruction is rarely slow itself; what it waits for is the instruction that wrote
@@ -476,7 +478,7 @@ if source_page and lines:
 # ncu --section SpeedOfLight --section MemoryWorkloadAnalysis --section Occupancy \
 #     --section WarpStateStats --section SourceCounters --csv --page raw \
 #     --kernel-name regex:my_kernel --launch-skip 2 --launch-count 1 python my_script.py > my.csv
-# python -m nf4lab.profiling table my.csv
+# python -m nf4lab.measure.profiling table my.csv
 # ```
 #
 # (`--launch-skip 2` skips the compiling and a warm-up launch.) `ERR_NVGPUCTRPERM` means the

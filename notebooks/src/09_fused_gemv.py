@@ -13,8 +13,10 @@
 # %%
 import nf4lab  # first: may switch numba to its simulator
 import json, subprocess, tempfile  # noqa: E401
-from nf4lab import bench, gemv, ptx, results
-from nf4lab.kernels import arch
+from nf4lab.measure import bench, gemv_bench, ptx, results
+from nf4lab.kernels import gemv
+from nf4lab.harness import gemv_check
+from nf4lab import arch
 from nf4lab.measure import ptxall
 print(nf4lab.describe())   # the simulator runs the kernel too: its mma, PRMT and lookups have plain-Python twins
 RUN, BATCH, BOUND = (bench.Run.load(n) for n in ("09_gemv_tc", "09_gemv_tc_batch", "09_read_bound"))
@@ -25,11 +27,11 @@ RUN, BATCH, BOUND = (bench.Run.load(n) for n in ("09_gemv_tc", "09_gemv_tc_batch
 # 2 flops per weight read once: memory-bound, if the instructions keep up. Dequantize + matmul moves 0.5 + 2 + 2 bytes
 # per weight, fused 0.5 plus scales. Times if we only read, at the recorded copy speed and *read bound* (a kernel that only reads them):
 # %%
-copy = RUN and RUN.get(gemv.COPY)
+copy = RUN and RUN.get(gemv_bench.COPY)
 reads = {tuple(r["shape"]): r["ms"] for r in (BOUND.records if BOUND else []) if r["kind"] == "bound"}
 print(f"{'W (N x K)':>12} {'fused reads':>12} {'dequant + matmul':>17} {'ratio':>6} {'us at copy':>11} {'read bound us':>14}")
 for N, K in gemv.LLM_SHAPES:
-    f, u = gemv.weight_bytes(N, K), gemv.unfused_bytes(N, K)
+    f, u = gemv_bench.weight_bytes(N, K), gemv_bench.unfused_bytes(N, K)
     print(f"{N:>5} x {K:<5} {f / 1e6:>9.1f} MB {u / 1e6:>14.1f} MB {u / f:>6.1f} "
           f"{f / copy['gbps'] / 1e3 if copy else float('nan'):>11.1f} {reads.get((N, K), float('nan')) * 1e3:>14.1f}")
 print(f"(copy: {results.label(RUN.meta)}; read bound: {results.label(BOUND.meta) if BOUND else 'none'})" if RUN else "")
@@ -55,10 +57,11 @@ print(f"FFMA design {ffma['variant']}: {ffma['per_weight']:.2f} SASS instruction
 # rows 0-7's (`c + (c & 0xE0) + 32`: bank c & 31, as in a flat array), the 16 values in row 8's, the warps'
 # partial sums in rows 128-255's (`spare`).
 # %% tags=["kernel"]
-import nf4lab  # noqa: F811  (this cell runs on its own in nf4lab.versions)
+import nf4lab  # noqa: F811  (this cell runs on its own in nf4lab.harness.versions)
 import functools
 from numba import cuda, float32, uint32, uint64
-from nf4lab import gemv, ops
+from nf4lab.kernels import gemv
+from nf4lab.device import ops
 # inline PTX, with plain-Python twins for the simulator: mma.sync, prmt, ld.shared at an immediate, shfl.xor
 from nf4lab.kernels.gemv import (_lookup_at, load_u32_of_bytes, lookup, mma_bf16, mma_f16, prmt, shfl_idx, shfl_xor_sync,
                                  spare, syncwarp, x_slot_ops)
@@ -125,7 +128,7 @@ def make_a_fragments(look):
 # So each lane loads 16 of the next step's 512 bytes of x with that step's weights (`x_quad`) and, after this step,
 # stores them in its warp's slot (`x_stash`): 4 spare half-rows, rows 16 + 4 warp + block, rotated 4 words per block
 # against bank conflicts, zeros past K. The lanes g = q read their 64 bytes a piece there (`x_read`, `ld.shared.v4`);
-# the others keep zeros. The three are small device functions in `nf4lab.kernels.warp_ops.x_slot_ops`.
+# the others keep zeros. The three are small device functions in `nf4lab.device.warp_ops.x_slot_ops`.
 # %% tags=["kernel"]
 def make_mma_piece(M, is_bf16, x_read):
     NT, WIDE = (M + 1) // 2, M > 1          # n-tiles of 8 columns: 2 batch rows x 4 blocks each
@@ -367,11 +370,11 @@ else:
 SHAPES = ([((20, 256), "bf16", 1), ((9, 256), "fp16", 3)] if nf4lab.SIMULATOR else
           [((512, 4096), "bf16", 1), ((255, 14336), "fp16", 1), ((100, 4160), "bf16", 4), ((64, 4096), "fp16", 8)])
 for (N, K), dtype, M in SHAPES:
-    gc = gemv.make_gemv_case(N, K, dtype, M=M)
+    gc = gemv_check.make_gemv_case(N, K, dtype, M=M)
     g = gemv.make_gemv_buffers(gc)
     launch(g)
-    ours = gemv.check(g.result(), gc, name=f"ours {N}x{K} {dtype} M={M}", rounded_table=True)
-    theirs = gemv.compare(gemv.bnb_output(gc, "cuda" if nf4lab.ON_GPU else "cpu"), gc, rounded_table=True)
+    ours = gemv_check.check(g.result(), gc, name=f"ours {N}x{K} {dtype} M={M}", rounded_table=True)
+    theirs = gemv_check.compare(gemv_check.bnb_output(gc, "cuda" if nf4lab.ON_GPU else "cpu"), gc, rounded_table=True)
     print(f"{ours}; bitsandbytes {theirs.worst_ratio:.3g}")
 # %% [markdown]
 # <a id="benchmark"></a>
@@ -380,15 +383,15 @@ for (N, K), dtype, M in SHAPES:
 # One run: bitsandbytes `matmul_4bit` (`gemm_4bit`'s fused kernel at M = 1), dequantize + matmul, ours; GPU time, DRAM.
 # %%
 if nf4lab.ON_GPU:   # a progress line per (shape, dtype): wall-clock seconds of that step, not a kernel time
-    run = gemv.benchmark({"notebook 09": launch})
+    run = gemv_bench.benchmark({"notebook 09": launch})
     print(f"saved {run.save(gemv.NAME + '_notebook').relative_to(results.ROOT)}")
 else:
     run = RUN
     print("No GPU here: the run recorded in " + (f"{run.path}" if run else "(none: lab/bench_gemv.py on a GPU)"))
 if run is not None:
     print(f"({results.label(run.meta)}; read bound: {results.label(BOUND.meta) if BOUND else 'none'})\n")
-    print(gemv.summary(run, BOUND))
-    gemv.plot(run)
+    print(gemv_bench.summary(run, BOUND))
+    gemv_bench.plot(run)
 # %% [markdown]
 # <a id="batch"></a>
 # ## 6. Batch: up to 8 rows of x
@@ -396,9 +399,9 @@ if run is not None:
 # M rows cost (M + 1) // 2 n-tiles of mmas on the same A fragments (x from L1/L2: the slot is for M = 1). bitsandbytes'
 # `gemm_4bit` runs its fused kernel up to M = 4; past that a per-GPU heuristic may pick dequantize + `F.linear`. Recorded by the lab:
 # %%
-print(f"{BATCH.path} ({results.label(BATCH.meta)}):\n\n{gemv.summary(BATCH)}" if BATCH else "No batch run recorded here.")
+print(f"{BATCH.path} ({results.label(BATCH.meta)}):\n\n{gemv_bench.summary(BATCH)}" if BATCH else "No batch run recorded here.")
 if BATCH:
-    gemv.plot(BATCH, batch=True)
+    gemv_bench.plot(BATCH, batch=True)
 # %% [markdown]
 # <a id="road"></a>
 # ## 7. The road here: what lost, and why
@@ -420,10 +423,10 @@ for label, stem, v, why in ROAD:
     cells = []
     for shape, M in (((4096, 14336), 1), ((8192, 28672), 1), ((4096, 14336), 8)):
         f = stem and bench.Run.load(stem + ("_batch" if M > 1 else ""))
-        r = f and gemv.find_record(f, gemv.kernel_name(v) if v else gemv.default_kernel(f), shape, "bf16", M)
+        r = f and gemv_bench.find_record(f, gemv_bench.kernel_name(v) if v else gemv_bench.default_kernel(f), shape, "bf16", M)
         ship = BATCH if M > 1 else RUN
-        ref = (f and gemv.find_record(f, gemv.kernel_name("TC"), shape, "bf16", M)
-               or ship and gemv.find_record(ship, gemv.default_kernel(ship), shape, "bf16", M))
+        ref = (f and gemv_bench.find_record(f, gemv_bench.kernel_name("TC"), shape, "bf16", M)
+               or ship and gemv_bench.find_record(ship, gemv_bench.default_kernel(ship), shape, "bf16", M))
         cells.append(f"{r['ms'] * 1e3:.1f} us {r['ms'] / ref['ms']:.2f}x" if r and ref else "-")
     print(f"{label:<37}" + "".join(f"{c:>20}" for c in cells) + f"  {why}")
 # %% [markdown]
@@ -449,7 +452,7 @@ def pair_sum_ex(v):
     return v   # TODO: add the partner lane's v (shfl_xor_sync(mask, value, lane_mask); 1 line)
     ### END SOLUTION
 
-result = gemv.check_exercise(lambda g: launch(g, reduce=pair_sum_ex), "exercise: pair sum", True, (16, 256))
+result = gemv_check.check_exercise(lambda g: launch(g, reduce=pair_sum_ex), "exercise: pair sum", True, (16, 256))
 ### BEGIN SOLUTION
 assert result
 ### END SOLUTION

@@ -17,8 +17,8 @@ from pathlib import Path
 
 import numpy as np
 
-from . import reference
-from .reference import BLOCKSIZES, DTYPES, QUANT_TYPES
+from ..format import reference
+from ..format.reference import BLOCKSIZES, DTYPES, QUANT_TYPES
 
 ROOT = Path(__file__).resolve().parents[2]
 COMMITTED_DIR = ROOT / "data" / "cases"

@@ -38,9 +38,9 @@ from typing import Optional
 
 import torch
 
-from ..lesson.reference import BLOCKSIZES, QUANT_TYPES
-from . import dequant as _dq
-from . import gemv as _gemv
+from ..format.reference import BLOCKSIZES, QUANT_TYPES
+from ..kernels import dequant as _dq
+from ..kernels import gemv as _gemv
 
 _TDTYPE = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}
 
@@ -62,10 +62,7 @@ def _state(absmax, absmax2, code2, offset, blocksize, nested_blocksize, quant_ty
 
 
 def _run(A, qs, out):
-    p = _dq._plan(A, qs, out)
-    if p.A.device.type == "cuda":
-        return _dq._dequantize_cuda(p, out)
-    return _dq._dequantize_cpu(p, out)
+    return _dq.run(_dq._plan(A, qs, out), out)
 
 
 @torch.library.custom_op("nf4lab::dequantize_4bit", mutates_args=())
@@ -103,17 +100,6 @@ def dequantize_4bit_out(A: torch.Tensor, absmax: torch.Tensor, absmax2: Optional
 @dequantize_4bit_out.register_fake
 def _(A, absmax, absmax2, code2, offset, blocksize, nested_blocksize, quant_type, shape, dtype, out):
     return None
-
-
-def op_args(A, qs):
-    """The op's arguments for a packed tensor and its QuantState (traceable: attribute reads only)."""
-    if getattr(qs, "nested", False):
-        off = qs.offset
-        if not isinstance(off, torch.Tensor):
-            off = torch.tensor(float(off), dtype=torch.float32, device=A.device)
-        return (A, qs.absmax, qs.state2.absmax, qs.state2.code, off, qs.blocksize, qs.state2.blocksize,
-                qs.quant_type, list(qs.shape), qs.dtype)
-    return (A, qs.absmax, None, None, None, qs.blocksize, 256, qs.quant_type, list(qs.shape), qs.dtype)
 
 
 # ---------------------------------------------------------------- GEMV
@@ -161,7 +147,7 @@ class _GemvLean:
     def __init__(self, compiled):
         import threading
 
-        from .fastkernel import driver_launch
+        from ..kernels.fastkernel import driver_launch
 
         self._launch = driver_launch()
         self._func = int(compiled._codelibrary.get_cufunc().handle)

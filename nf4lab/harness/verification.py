@@ -13,7 +13,7 @@ import dataclasses
 
 import numpy as np
 
-from . import reference
+from ..format import reference
 
 POISON = {"bf16": 0x7FBF, "fp16": 0x7DFF, "fp32": 0x7FBFBFBF}  # quiet NaNs no kernel produces
 
@@ -139,7 +139,7 @@ def _hints(idx, exp_bits, act_bits, exp_f, act_f, ulp, n, dtype, blocksize):
         else:
             hints.append(f"differences of at most {u.max()} ulp: the compiler probably fused a*b+c into one FMA (fma.rn.f32), "
                          "which rounds once where bitsandbytes rounds twice; use fmul_rn/fadd_rn from "
-                         "nf4lab.kernels.ops, and check the rounding mode of the conversion")
+                         "nf4lab.device.ops, and check the rounding mode of the conversion")
     blocks = np.unique(iw // blocksize)
     nblocks = -(-n // blocksize)
     group = blocksize * reference.NESTED_BLOCKSIZE

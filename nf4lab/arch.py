@@ -2,19 +2,25 @@
 
 A few PTX instructions the series uses exist only on newer GPUs: ``cvt.rn.bf16.f32`` and
 ``cvt.rn.bf16x2.f32`` (bf16 rounding) and ``cvt.rn.f16x2.f32`` (two fp16 at once) need sm_80.
-A T4 (sm_75) rejects them. The device ops in :mod:`nf4lab.kernels.ops` therefore carry two paths
+A T4 (sm_75) rejects them. The device ops in :mod:`nf4lab.device.ops` therefore carry two paths
 and let NVVM pick one *when the kernel compiles*, from the architecture it compiles for
 (``__nvvm_reflect("__CUDA_ARCH")``, the mechanism libdevice uses): the sm_75 path never
 reaches an sm_80 GPU's code and the sm_80 path never reaches a T4's. Both give the same bits.
 
-``NF4LAB_ARCH`` (an environment variable, read once at import) caps the paths at an older
-architecture on any GPU: ``NF4LAB_ARCH=sm_75`` on an H100 compiles exactly the code a T4
-runs, so the old paths are tested bit for bit on the GPUs we have. It also sets the
-architecture :func:`nf4lab.compile_ptx` compiles for by default.
+``NF4LAB_ARCH`` (see :mod:`nf4lab.config`) caps the paths at an older architecture on any GPU:
+``NF4LAB_ARCH=sm_75`` on an H100 compiles exactly the code a T4 runs, so the old paths are tested
+bit for bit on the GPUs we have. It also sets the architecture :func:`nf4lab.compile_ptx` compiles
+for by default. It is parsed when first needed (a kernel compiles, a command starts), so that a bad
+value is one ValueError there, which ``python -m nf4lab`` prints as one line.
+
+This module knows nothing of the GPU in hand: :mod:`nf4lab.runtime` passes the device's compute
+capability in (``check_device``, ``target_cc``), so the two never import each other.
 """
 from __future__ import annotations
 
-import os
+import functools
+
+from . import config
 
 ENV = "NF4LAB_ARCH"
 # The architectures the series is built and checked for (python -m nf4lab ptx --all).
@@ -39,12 +45,14 @@ def name(cc) -> str:
     return f"sm_{cc[0]}{cc[1]}"
 
 
-def _forced() -> tuple[int, int] | None:
-    value = os.environ.get(ENV, "")
-    return parse(value) if value.strip() else None
+@functools.lru_cache(maxsize=None)
+def _parse_setting(value: str) -> tuple[int, int] | None:
+    return parse(value) if value else None
 
 
-FORCED = _forced()
+def forced() -> tuple[int, int] | None:
+    """The cap NF4LAB_ARCH sets, or None; a ValueError (naming it and the allowed values) for a bad value."""
+    return _parse_setting(config.arch())
 
 
 def check_device(gpu: str, cc) -> None:
@@ -55,29 +63,30 @@ def check_device(gpu: str, cc) -> None:
             f"nf4lab needs a GPU of compute capability {MIN_CC[0]}.{MIN_CC[1]} ({name(MIN_CC)}, e.g. a T4) "
             f"or newer; this one is {gpu} ({name(cc)}). Set NF4LAB_MODE=sim to run the series in "
             "numba's CUDA simulator instead.")
-    if FORCED is not None and FORCED > cc:
-        raise ValueError(f"{ENV}={name(FORCED)} asks for code paths newer than this GPU, {gpu} ({name(cc)}); "
+    cap = forced()
+    if cap is not None and cap > cc:
+        raise ValueError(f"{ENV}={name(cap)} asks for code paths newer than this GPU, {gpu} ({name(cc)}); "
                          f"use {ENV}={name(cc)} or older, or leave it unset")
 
 
 def level() -> int:
     """The cap on code paths as NVVM's __CUDA_ARCH number (750 for sm_75), or 0 for none."""
-    return FORCED[0] * 100 + FORCED[1] * 10 if FORCED is not None else 0
+    cap = forced()
+    return cap[0] * 100 + cap[1] * 10 if cap is not None else 0
 
 
-def target_cc() -> tuple[int, int]:
-    """The architecture PTX is compiled for by default: NF4LAB_ARCH, else the GPU in hand, else sm_90."""
-    if FORCED is not None:
-        return FORCED
-    from .. import runtime
-
-    cc = runtime.device_info().get("cc") if runtime.ON_GPU else None
-    return tuple(cc) if cc else DEFAULT_CC
+def target_cc(device_cc=None) -> tuple[int, int]:
+    """The architecture PTX is compiled for by default: NF4LAB_ARCH, else ``device_cc`` (the GPU in hand,
+    which :func:`nf4lab.runtime.target_cc` passes), else sm_90."""
+    cap = forced()
+    if cap is not None:
+        return cap
+    return tuple(device_cc) if device_cc else DEFAULT_CC
 
 
 def has_cvt_bf16(cc) -> bool:
     """Whether code compiled for ``cc`` (under NF4LAB_ARCH) uses the sm_80 conversions."""
-    cc = tuple(cc)
-    if FORCED is not None:
-        cc = min(cc, FORCED)
+    cc, cap = tuple(cc), forced()
+    if cap is not None:
+        cc = min(cc, cap)
     return cc >= CVT_BF16_CC

@@ -15,7 +15,7 @@ and read the same in both modes.
   values, ``lo`` in the low half (the lower address), with one ``cvt.rn.*x2`` instruction.
 
   The bf16 conversions and ``pack_f16x2`` need sm_80 for their one instruction. Each has a
-  second path that NVVM picks when it compiles for an older GPU (see :mod:`nf4lab.kernels.arch`):
+  second path that NVVM picks when it compiles for an older GPU (see :mod:`nf4lab.arch`):
   bf16 rounds in integers, ``(u + 0x7FFF + ((u >> 16) & 1)) >> 16`` with NaN -> 0x7FFF as
   ``cvt.rn.bf16.f32`` gives it; ``pack_f16x2`` converts twice with ``cvt.rn.f16.f32`` and packs.
   Both were checked equal to the sm_80 instruction over all 2^32 float32 inputs.
@@ -29,8 +29,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import arch
-from .. import runtime
+from .. import arch, runtime
 
 __all__ = ["fmul_rn", "fadd_rn", "float_bits", "to_bf16_bits", "to_f16_bits",
            "pack_bf16x2", "pack_f16x2", "load_u32x4", "store_u32x4", "store_u32x4_cs"]
@@ -119,7 +118,8 @@ def _py_store_u32x4_cs(arr, i, a, b, c, d):
 
 
 # ---------------------------------------------------------------- device versions
-def _build_device_ops():
+# Built only where numba.cuda is real (a GPU, or compile mode): the simulator cannot run intrinsics.
+if not runtime.SIMULATOR:
     from llvmlite import ir
     from numba import types
     from numba.cuda import cgutils, libdevice
@@ -187,6 +187,7 @@ def _build_device_ops():
         NVVM folds __nvvm_reflect to a constant for the target architecture and drops the other
         branch, so each GPU's code holds one path. NF4LAB_ARCH caps it: then the answer is a constant.
         """
+        runtime.check_arch()
         cap = arch.level()
         if cap and cap < cc_number:
             return ir.Constant(ir.IntType(1), 0)
@@ -278,26 +279,15 @@ def _build_device_ops():
 
         return sig, codegen
 
-    return dict(
-        fmul_rn=libdevice.fmul_rn,
-        fadd_rn=libdevice.fadd_rn,
-        float_bits=float_bits,
-        to_bf16_bits=cvt_one("cvt.rn.bf16.f32 $0, $1;", bf16_by_integers),
-        to_f16_bits=cvt_one("cvt.rn.f16.f32 $0, $1;"),     # sm_75 has this one
-        pack_bf16x2=cvt_pair("cvt.rn.bf16x2.f32 $0, $1, $2;", bf16_by_integers),
-        pack_f16x2=cvt_pair("cvt.rn.f16x2.f32 $0, $1, $2;", cvt_f16),
-        load_u32x4=load_u32x4,
-        store_u32x4=store_u32x4,
-        store_u32x4_cs=store_u32x4_cs,
-        by_arch=by_arch,  # for other modules' intrinsics (gemv's mma); not a device op itself
-    )
-
-
-if runtime.SIMULATOR:
+    fmul_rn, fadd_rn = libdevice.fmul_rn, libdevice.fadd_rn
+    to_bf16_bits = cvt_one("cvt.rn.bf16.f32 $0, $1;", bf16_by_integers)
+    to_f16_bits = cvt_one("cvt.rn.f16.f32 $0, $1;")     # sm_75 has this one
+    pack_bf16x2 = cvt_pair("cvt.rn.bf16x2.f32 $0, $1, $2;", bf16_by_integers)
+    pack_f16x2 = cvt_pair("cvt.rn.f16x2.f32 $0, $1, $2;", cvt_f16)
+    # by_arch is for other modules' intrinsics (warp_ops' mma); it is not a device op itself.
+else:
     fmul_rn, fadd_rn, float_bits = _py_fmul_rn, _py_fadd_rn, _py_float_bits
     to_bf16_bits, to_f16_bits = bf16_bits_py, f16_bits_py
     pack_bf16x2, pack_f16x2 = _py_pack_bf16x2, _py_pack_f16x2
     load_u32x4, store_u32x4 = _py_load_u32x4, _py_store_u32x4
     store_u32x4_cs = _py_store_u32x4_cs
-else:
-    globals().update(_build_device_ops())

@@ -1,6 +1,6 @@
 """nf4lab.install(): bitsandbytes' 4-bit CUDA ops on nf4lab's kernels; 4-bit models compileable for decode.
 
-Public API, at the package top level (this module is ``nf4lab.kernels.bnb_backend``: a module named
+Public API, at the package top level (this module is ``nf4lab.integrations.bnb_backend``: a module named
 ``install`` would be shadowed by the function)::
 
     nf4lab.install(compile=False) -> bool     # True when nf4lab's kernels now serve bitsandbytes on CUDA
@@ -30,8 +30,8 @@ import contextlib
 import threading
 import warnings
 
-from . import dequant as _dq
-from ..lesson.reference import BLOCKSIZES, QUANT_TYPES
+from ..kernels import dequant as _dq
+from ..format.reference import BLOCKSIZES, QUANT_TYPES
 
 __all__ = ["install", "uninstall", "installed", "installed_in", "compile_for_decode", "prepare_for_compile"]
 
@@ -100,7 +100,7 @@ def _run_checked(A, absmax, blocksize, quant_type, shape, dtype, out):
 
 
 def _gemm_takes(absmax_8bit, absmax_code, absmax_offset, quant_type, bias, A) -> bool:
-    """The op-level conditions; :func:`nf4lab.kernels.torch_ops.gemv_call` checks the tensors."""
+    """The op-level conditions; :func:`nf4lab.integrations.torch_ops.gemv_call` checks the tensors."""
     if absmax_8bit is None or absmax_code is None or absmax_offset is None or quant_type != "nf4":
         return False
     return bias is None or (bias.dtype == A.dtype and bias.device == A.device)
@@ -263,7 +263,7 @@ def install(compile: bool = False) -> bool:
     Harmless twice. Without a usable CUDA GPU (or in numba's simulator) it changes nothing and
     returns False. ``compile`` is accepted for symmetry with :func:`compile_for_decode` and must
     be a bool. The GEMV (``bitsandbytes::gemm_4bit``, M = 1..8) is served by
-    :func:`nf4lab.kernels.torch_ops.gemv_call` where it applies, else by bitsandbytes.
+    :func:`nf4lab.integrations.torch_ops.gemv_call` where it applies, else by bitsandbytes.
     """
     if not isinstance(compile, bool):
         raise TypeError(f"compile must be a bool, got {type(compile).__name__}")
@@ -283,7 +283,7 @@ def uninstall() -> None:
     """bitsandbytes exactly as before install(): our Library is destroyed, so the dispatcher serves
     bitsandbytes' own registrations again; quantizers marked by compile_for_decode are unmarked. Models keep
     compile_for_decode's lean Linear4bit forward (it calls bitsandbytes' own op, served by bitsandbytes again):
-    ``nf4lab.kernels.lean_linear.restore(model)`` gives their layers back their classes."""
+    ``nf4lab.integrations.lean_linear.restore(model)`` gives their layers back their classes."""
     with _lock:
         lib = _state["lib"]
         if lib is not None:
@@ -322,13 +322,13 @@ def compile_for_decode(model):
        Sound because every 4-bit step of the forward is a registered torch op with a fake implementation
        (bitsandbytes' own ``gemm_4bit``/``dequantize_4bit``/``dequantize_blockwise``), with nf4lab's
        kernels (or bitsandbytes') inside the op, so dynamo traces no pointer arithmetic.
-    2. Each ``Linear4bit`` gets the lean forward of :mod:`nf4lab.kernels.lean_linear`: the same op call on
+    2. Each ``Linear4bit`` gets the lean forward of :mod:`nf4lab.integrations.lean_linear`: the same op call on
        the same tensors, read from a snapshot in the module instead of through ``weight.quant_state``, so
        that dynamo does not re-check five tensors and two Python objects per layer at every decode step
        (lab/guard_cost.py: 2.3 us of guards a layer on the H100's host against 0.15 with this forward and step
        3, 224 layers in an 8B model). Where that forward does not
        mirror bitsandbytes' (gradients, CPU repacking, ...) it calls bitsandbytes' forward. uninstall() does
-       not touch models; ``nf4lab.kernels.lean_linear.restore(model)`` does.
+       not touch models; ``nf4lab.integrations.lean_linear.restore(model)`` does.
     3. ``torch._dynamo.config.use_recursive_dict_tags_for_guards = True`` (process-wide; torch's own flag,
        off by default): dynamo checks a module whose guards are all on its own attributes by the version tags
        of its dicts instead of guard by guard. It then does not see a tensor's metadata changed in place

@@ -1,6 +1,6 @@
 """Warp-level device operations of the tensor-core GEMV, each with a plain-Python twin for the simulator.
 
-As in :mod:`nf4lab.kernels.ops`: on a GPU (or when compiling PTX) these are small ``@intrinsic`` functions that
+As in :mod:`nf4lab.device.ops`: on a GPU (or when compiling PTX) these are small ``@intrinsic`` functions that
 emit one chosen instruction; in numba's simulator, where intrinsics do not run, the same names are Python
 functions with the same results, so a kernel reads the same in both modes.
 
@@ -136,7 +136,8 @@ def _soft_mma():
     return "\n".join(L + [f"mov.f32 ${i}, %nd{i};" for i in range(4)] + ["}"])
 
 
-def _build_device_ops():
+# The device versions, built only where numba.cuda is real (a GPU, or compile mode); the twins are below.
+if not runtime.SIMULATOR:
     from llvmlite import ir
     from numba import types
     from numba.cuda.extending import intrinsic
@@ -229,9 +230,7 @@ def _build_device_ops():
 
         return types.uint32(), codegen
 
-    return dict(mma_bf16=make_mma(mma16.format("bf16"), _soft_mma()), mma_f16=make_mma(mma16.format("f16"), f16_two_k8),
-                prmt=prmt, f32_from_bits=f32_from_bits,
-                load_stream_u32x4=load_stream_u32x4, load_u32_of_bytes=load_u32_of_bytes, dyn_base=dyn_base)
+    mma_bf16, mma_f16 = make_mma(mma16.format("bf16"), _soft_mma()), make_mma(mma16.format("f16"), f16_two_k8)
 
 
 @functools.cache
@@ -264,7 +263,6 @@ if runtime.SIMULATOR:
     f32_from_bits, load_stream_u32x4 = _py_f32_from_bits, _py_load_stream_u32x4
     shfl_idx, load_u32_of_bytes = _py_shfl_idx, _py_load_u32_of_bytes
 else:
-    globals().update(_build_device_ops())
     _lds_stand_in = _lookup_at(0x400)
 
     @cuda.jit(device=True, inline="always")

@@ -5,6 +5,9 @@ together they define ``VERSIONS``, a dict from version name to ``launch(b)``.
 The summary notebook, ``python -m nf4lab bench``, the profiler (nf4lab.measure.profiling), the GPU tools
 and the lab execute those cells (and only those) through :func:`load_module` / :func:`load`: the
 one way a notebook's kernels are reused, with no edit of their source.
+
+:func:`run_cell` is the one ``exec`` of nf4lab: ``python -m nf4lab ptx --all`` runs a notebook source's code
+cells through it too, as they are, to see which kernels they launch.
 """
 from __future__ import annotations
 
@@ -44,8 +47,13 @@ def load_module(notebook: str | Path, srcdir: Path | None = None) -> types.Modul
             f = srcdir / f"{path.stem}_cell{i}.py"
             f.write_text(src)
             filename = str(f)
-        exec(compile(src, filename, "exec"), mod.__dict__)
+        run_cell(src, filename, mod.__dict__)
     return mod
+
+
+def run_cell(src: str, filename: str, namespace: dict) -> None:
+    """Run one notebook cell's source, unedited, in ``namespace`` (``filename`` names it in tracebacks)."""
+    exec(compile(src, filename, "exec"), namespace)
 
 
 def load(notebook: str | Path) -> dict:

@@ -3,7 +3,8 @@ import dataclasses
 
 import numpy as np
 
-from . import cases, reference
+from . import cases
+from ..format import reference
 from ..kernels.gemv import TORCH_DTYPE, make_gemv_buffers
 
 EPS32 = float(np.finfo(np.float32).eps)        # 2^-23
@@ -27,7 +28,7 @@ class GemvCase:
     x: np.ndarray           # float32 (M, K): the same values
     w: np.ndarray           # float32 (N, K): what bitsandbytes dequantizes to before the output cast
     y64: np.ndarray         # float64 (M, N): x @ w.T in float64
-    case: object = None     # the nf4lab.lesson.cases.Case it was made from
+    case: object = None     # the nf4lab.harness.cases.Case it was made from
     nested: bool = True
 
 
@@ -43,7 +44,7 @@ def tolerance(x, w, dtype, table=False):
 
 def make_gemv_case(N, K, dtype="bf16", M=1, dist="randn", seed=0, blocksize=64, x_dist="randn",
                    nested=True) -> GemvCase:
-    """W (N, K) quantized by bitsandbytes (nf4lab.lesson.cases, cached; ``dist`` as there), x (M, K) rounded to the
+    """W (N, K) quantized by bitsandbytes (nf4lab.harness.cases, cached; ``dist`` as there), x (M, K) rounded to the
     dtype (``x_dist``: "randn", or "heavy": Student t with 2 degrees of freedom plus a few outlier columns 100x
     larger, as LLM activations have) and y64. ``nested=False``: each block's absmax as one float32."""
     if x_dist not in ("randn", "heavy"):

@@ -13,7 +13,7 @@ Without nested statistics (compress_statistics=False), absmax is float32 per blo
 """
 from __future__ import annotations
 
-from ..lesson.reference import ITEMSIZE, NESTED_BLOCKSIZE
+from .reference import ITEMSIZE, NESTED_BLOCKSIZE
 
 
 def bytes_moved(n: int, dtype: str = "bf16", blocksize: int = 64, nested: bool = True) -> int:

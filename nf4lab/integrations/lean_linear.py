@@ -96,7 +96,7 @@ def _lean_class(cls):
         _classes[cls] = type(name, (cls,), {
             "forward": _lean_forward, "__setattr__": _setattr, "_apply": _apply, "_nf4lab_base": cls,
             "__module__": __name__, "__qualname__": name,
-            "__doc__": f"{cls.__name__} whose forward reads a snapshot of its quant_state (nf4lab.kernels.lean_linear)."})
+            "__doc__": f"{cls.__name__} whose forward reads a snapshot of its quant_state (nf4lab.integrations.lean_linear)."})
     return _classes[cls]
 
 

@@ -118,6 +118,6 @@ def dequantize_bits(packed, absmax_q, absmax2, code2, offset, n, blocksize, dtyp
 
 
 def dequantize_case(case) -> np.ndarray:
-    """The reference bits for a :class:`nf4lab.lesson.cases.Case` (with the table of the device bnb ran on)."""
+    """The reference bits for a :class:`nf4lab.harness.cases.Case` (with the table of the device bnb ran on)."""
     return dequantize_bits(case.packed, case.absmax_q, case.absmax2, case.code2, case.offset,
                            case.n, case.blocksize, case.dtype, case.quant_type, case.device)
