@@ -71,11 +71,6 @@ for d in ("bf16", "fp16", "fp32"):
     if fill and d == "fp32":
         line += f"; at the fill ceiling ({fill['gbps']:.0f} GB/s): {nbytes / fill['gbps'] / 1e6:.3f} ms"
     print(line)
-for name in ("04_vector_loads", "05_shared_lut"):
-    r = bench.Run.load(name)
-    if r is not None and r.kernels():
-        best = max(r.kernels(), key=lambda k: k["gbps"])
-        print(f"best so far in {name}: {best['name']!r} {best['gbps']:.0f} GB/s ({best['pct_copy']:.0f}% of copy)")
 if copy is None:
     print("(no recorded ceiling for this GPU: run notebook 00 on a GPU)")
 
@@ -120,15 +115,15 @@ else:
         if k["shape"] == [16384, 16384] and k["dtype"] == "bf16":
             bound = f", {k['pct_bound']:.0f}% of the traffic-matched bound" if k.get("pct_bound") else ""
             print(f"  {k['name']}: {k['gbps']:.0f} GB/s, {k['pct_copy']:.0f}% of copy{bound}")
-    shape_of = {k["name"]: re.search(r"(\d+) threads x (\d+)", k["name"]) for k in shapes.kernels()
-                if k["shape"] == [16384, 16384] and k["dtype"] == "bf16" and k["name"].startswith("06")}
-    by_units = {}
-    for name, m in shape_of.items():
-        if m:
-            by_units.setdefault(int(m.group(2)), []).append(shapes.get(name, dtype="bf16")["gbps"])
-    for u, g in sorted(by_units.items()):
-        print(f"  {u} unit(s) per thread, {len(g)} block size(s): {min(g):.0f}-{max(g):.0f} GB/s "
-              f"(spread {(max(g) - min(g)) / max(g):.1%})")
+    gbps = {tuple(map(int, m.groups())): k["gbps"] for k in shapes.kernels()   # (threads, units) -> GB/s
+            if k["shape"] == [16384, 16384] and k["dtype"] == "bf16" and k["name"].startswith("06")
+            and (m := re.search(r"(\d+) threads x (\d+)", k["name"]))}
+    for fixed, label, vary in ((1, "units per thread", "block sizes"), (0, "threads per block", "units per thread")):
+        for f in sorted({key[fixed] for key in gbps}):
+            g = {key[1 - fixed]: v for key, v in gbps.items() if key[fixed] == f}
+            if len(g) > 1:
+                print(f"  at {f} {label}, {vary} {sorted(g)}: {min(g.values()):.0f}-{max(g.values()):.0f} GB/s, "
+                      f"a spread of {(max(g.values()) - min(g.values())) / max(g.values()):.1%}")
 
 # %% tags=["kernel"]
 import nf4lab  # noqa: F811  (this cell runs on its own in nf4lab.harness.versions)
