@@ -42,12 +42,25 @@ needs_browser = pytest.mark.skipif(
 
 @pytest.fixture(scope="module")
 def site(tmp_path_factory):
-    """(site folder, staged sources, build log) of a fresh build: a fresh one reports every warning."""
-    tmp = tmp_path_factory.mktemp("site")
-    done = subprocess.run([sys.executable, str(ROOT / "tools" / "build_site.py"), "--out", str(tmp / "site"),
-                           "--stage", str(tmp / "src")], cwd=ROOT, capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, done.stdout + done.stderr
-    return tmp / "site", tmp / "src", done.stderr
+    """(site folder, staged sources, build log) of a fresh build: a fresh one reports every warning.
+
+    Under pytest-xdist the workers share one build (the first builds it, under a lock), so that the
+    site is not built once per worker that runs a test of this file."""
+    import fcntl
+    import os
+
+    shared = os.environ.get("PYTEST_XDIST_WORKER") is not None
+    tmp = (tmp_path_factory.getbasetemp().parent / "site_build") if shared else tmp_path_factory.mktemp("site")
+    tmp.mkdir(exist_ok=True)
+    with open(tmp / ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        log = tmp / "build.log"
+        if not log.exists():
+            done = subprocess.run([sys.executable, str(ROOT / "tools" / "build_site.py"), "--out", str(tmp / "site"),
+                                   "--stage", str(tmp / "src")], cwd=ROOT, capture_output=True, text=True, timeout=600)
+            assert done.returncode == 0, done.stdout + done.stderr
+            log.write_text(done.stderr)
+    return tmp / "site", tmp / "src", log.read_text()
 
 
 @pytest.fixture(scope="module")
