@@ -28,6 +28,8 @@ VARIABLES = (
              "the GPU in hand, else the folder with the most results"),
     Variable("NF4LAB_PTXAS", "the ptxas that `python -m nf4lab ptx --all` assembles with",
              "the one of the nvidia-cuda-nvcc wheel beside numba-cuda's NVVM"),
+    Variable("NF4LAB_RUN_ID", "one run id for the results records of several processes (an orchestrating script "
+             "sets it), so that their numbers may be compared", "a fresh id per process"),
     Variable("NF4LAB_LINEINFO", "0: profile without line info (set by the profiler for a kernel NVVM cannot "
              "compile with it)", "1"),
 )
@@ -60,6 +62,11 @@ def results_gpu() -> str | None:
 def ptxas() -> str:
     """NF4LAB_PTXAS, or '' to search beside NVVM."""
     return _get("NF4LAB_PTXAS")
+
+
+def run_id() -> str:
+    """NF4LAB_RUN_ID, or '' for a fresh id per process."""
+    return _get("NF4LAB_RUN_ID")
 
 
 def lineinfo() -> bool:

@@ -69,3 +69,17 @@ def test_no_module_inside_the_package_imports_the_package_top():
         # the child scripts of ptx and ptxall are module-level strings: their lines start at column 0
         lines = [ln for ln in lines if ln.startswith(" ")]
         assert not lines, f"{path}: {lines}"
+
+
+def test_every_environment_variable_is_read_in_config_and_documented():
+    from nf4lab import config
+
+    for path in _sources():
+        if path == PACKAGE / "config.py":
+            continue
+        code = _code(path)
+        reads = re.findall(r"environ(?:\.get\(\s*[\"'](NF4LAB_\w+)|\[\s*[\"'](NF4LAB_\w+)[\"']\s*\](?!\s*=))", code)
+        assert not reads, f"{path}: reads {reads} itself; nf4lab.config reads the environment"
+    doc = (ROOT / "docs" / "DEVELOPING.md").read_text()
+    block = doc.split("<!-- config:begin")[1].split("-->", 1)[1].split("<!-- config:end -->")[0].strip()
+    assert block == config.markdown_table(), "docs/DEVELOPING.md's table differs from nf4lab.config.VARIABLES"

@@ -17,12 +17,13 @@ from pathlib import Path
 
 import numpy as np
 
+from .. import config
 from ..format import reference
 from ..format.reference import BLOCKSIZES, DTYPES, QUANT_TYPES
 
 ROOT = Path(__file__).resolve().parents[2]
 COMMITTED_DIR = ROOT / "data" / "cases"
-CACHE_DIR = Path(os.environ.get("NF4LAB_CACHE", ROOT / "data" / "cache"))
+CACHE_DIR = Path(config.cache_dir(ROOT / "data" / "cache"))
 
 DISTS = {
     "randn": "standard normal weights",

@@ -39,6 +39,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from .. import config
+
 ROOT = Path(__file__).resolve().parents[2]
 NCU_DIR = ROOT / "data" / "ncu"
 FIXTURE = ROOT / "tests" / "fixtures" / "ncu_raw_fixture.csv"
@@ -600,7 +602,7 @@ def drive(notebook: str, version: str, *, shape=(16384, 16384), dtype="bf16", wa
     between cuda.profile_start() and cuda.profile_stop(). Returns facts for the index."""
     import tempfile
 
-    if os.environ.get("NF4LAB_LINEINFO", "1") != "0":
+    if config.lineinfo():
         _lineinfo_on()
     from numba import cuda
 

@@ -18,8 +18,10 @@ import inspect
 import os
 import uuid
 
+from .. import config
+
 #: This process's run: one id for every record it writes, unless NF4LAB_RUN_ID joins several processes.
-RUN_ID = os.environ.get("NF4LAB_RUN_ID", "").strip() or uuid.uuid4().hex[:12]
+RUN_ID = config.run_id() or uuid.uuid4().hex[:12]
 
 #: What must be equal besides the run for a comparison about one thing.
 SAME_SETUP = ("gpu", "driver", "numba_cuda", "torch", "bitsandbytes", "code_path")
@@ -27,8 +29,7 @@ SAME_SETUP = ("gpu", "driver", "numba_cuda", "torch", "bitsandbytes", "code_path
 
 def code_path() -> str:
     """``native``, or the architecture NF4LAB_ARCH caps the code paths at (e.g. ``sm_75``)."""
-    cap = os.environ.get("NF4LAB_ARCH", "").strip()
-    return cap or "native"
+    return config.arch() or "native"
 
 
 def _source(obj) -> str:

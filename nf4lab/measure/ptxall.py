@@ -38,7 +38,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from .. import arch
+from .. import arch, config
 
 ROOT = Path(__file__).resolve().parents[2]
 SRC = ROOT / "notebooks" / "src"
@@ -101,7 +101,7 @@ def find_ptxas() -> str:
     """ptxas from the nvidia-cuda-nvcc wheel installed beside numba-cuda's NVVM (or NF4LAB_PTXAS).
 
     Not the one on PATH: a system CUDA older than the NVVM wheel rejects its PTX ``.version``."""
-    forced = os.environ.get(PTXAS_ENV, "").strip()
+    forced = config.ptxas()
     if forced:
         if not os.access(forced, os.X_OK):
             raise FileNotFoundError(f"{PTXAS_ENV}={forced!r} is not an executable ptxas")

@@ -21,6 +21,7 @@ import re
 import tempfile
 from pathlib import Path
 
+from .. import config
 from . import provenance
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -106,7 +107,7 @@ def default_gpu() -> str | None:
     compare itself with an H100). Without a GPU: the recorded GPU with the most results files
     (ties by name, so the choice is stable). ``NF4LAB_RESULTS_GPU`` overrides both.
     """
-    env = os.environ.get("NF4LAB_RESULTS_GPU")
+    env = config.results_gpu()
     if env:
         return gpu_slug(env)
     here = current_gpu()
