@@ -13,8 +13,8 @@
 #
 # Most machines cannot profile: `ncu` is often not installed, and cloud GPUs usually refuse
 # access to the performance counters (`ERR_NVGPUCTRPERM`). So the profiles of every version,
-# measured by `tools/profile_all.py`, are committed under `data/ncu/<gpu>/` (today for the H100
-# only), and this notebook reads them whenever it cannot profile itself. Every table says which
+# measured by `tools/profile_all.py`, are committed under `data/ncu/<gpu>/` (section 1
+# prints whose), and this notebook reads them whenever it cannot profile itself. Every table says which
 # GPU its rows come from: a profile recorded on another GPU is evidence about that GPU.
 #
 # **Contents**
@@ -236,8 +236,8 @@ for name, s in summaries.items():
 #   whole contiguous lines (the "scattered stores" version of notebook 04).
 # - **The loads' column (04-06)** is an average over every global load instruction: the code
 #   loads (16 sectors for a 128-bit load, 4 for a 32-bit word) together with the scale loads (1
-#   sector: one address per warp) and the table loads (2 sectors). The 2.3-2.9 printed is that
-#   mix, so this column alone cannot show whether the code loads are fully coalesced.
+#   sector: one address per warp) and the table loads (2 sectors). The value printed for them is
+#   that mix, so this column alone cannot show whether the code loads are fully coalesced.
 
 # %% [markdown]
 # <a id="occupancy"></a>
