@@ -165,8 +165,10 @@ def gemv_tc_lines(gpu) -> list:
     from nf4lab.measure.gemv_bench import default_kernel
 
     ours, ffma, bnb1 = default_kernel(run), "fused NF4 gemv (numba) [R2 S1", "bitsandbytes matmul_4bit gemv"
+    why = bound_comparable(run, bound)
     lines = ["", f"Tensor-core GEMV (`nf4lab.kernels.gemv`), "
-             f"{labelled('09_gemv_tc', run['meta'])}; the read bound, measured on its own ({results.label(bound['meta'])}):", "",
+             f"{labelled('09_gemv_tc', run['meta'])}; the read bound, measured on its own ({results.label(bound['meta'])})"
+             + (f"; % of read bound only where both are one run (here: {why})" if why else "") + ":", "",
              "| W (N x K) | dtype | tensor-core us | read bound us | % of read bound | FFMA design us | bitsandbytes matmul_4bit us | x bitsandbytes |",
              "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
     for b in (q for q in bound["records"] if q["kind"] == "bound"):
@@ -175,7 +177,7 @@ def gemv_tc_lines(gpu) -> list:
             if o is None or n is None:
                 continue
             lines.append(f"| {'x'.join(map(str, b['shape']))} | {dt} | {o * 1e3:.1f} | {b['ms'] * 1e3:.1f} | "
-                         f"{100 * b['ms'] / o:.0f} | {'-' if f is None else format(f * 1e3, '.1f')} | {n * 1e3:.1f} | "
+                         f"{'-' if why else format(100 * b['ms'] / o, '.0f')} | {'-' if f is None else format(f * 1e3, '.1f')} | {n * 1e3:.1f} | "
                          f"{n / o:.2f} |")
     batch = results.load("09_gemv_tc_batch", gpu)
     if batch is not None:
@@ -406,6 +408,17 @@ def summary_block() -> str:
     return "\n".join(out)
 
 
+def bound_comparable(run: dict, bound: dict | None) -> str | None:
+    """None when a GEMV run and a read bound may be compared (one run), else why not, in words."""
+    from nf4lab.measure import provenance
+
+    if bound is None:
+        return "no read bound recorded"
+    if provenance.why_not_comparable(run["meta"], {}, bound["meta"], {}) is None:
+        return None
+    return "not one run: not compared"
+
+
 def summary_rows(gpu: str) -> list:
     """(what, result, x bitsandbytes, recorded, meta) rows for one GPU, from the files that exist."""
     from nf4lab.measure import results
@@ -453,8 +466,19 @@ def summary_rows(gpu: str) -> list:
                 if tuple(r["shape"]) in bounds:
                     pct.append(100 * bounds[tuple(r["shape"])] / r["ms"])
         if x:
-            where = (f"{_span(pct, '.0f')}% of the read bound (a kernel that only reads the weights, recorded "
-                     f"{bound['meta'].get('date')})" if pct else "")
+            why = bound_comparable(tc, bound)
+            if why is None and pct:
+                where = f"{_span(pct, '.0f')}% of the read bound (a kernel that only reads the weights, same run)"
+            elif bounds:
+                # Not one run: both times side by side at the largest shape, and why no ratio is printed.
+                big = max(bounds, key=lambda sh: sh[0] * sh[1])
+                o = next((r for r in recs if r["name"] == ours and tuple(r["shape"]) == big and r.get("ms")
+                          and (r.get("M") or 1) == 1 and r["dtype"] == "bf16"), None)
+                where = ("" if o is None else
+                         f"{'x'.join(map(str, big))} bf16: {o['ms'] * 1e3:.1f} us; a kernel that only reads the weights: "
+                         f"{bounds[big] * 1e3:.1f} us, recorded {bound['meta'].get('date')} ({why})")
+            else:
+                where = ""
             rows.append((f"fused GEMV, one row of x (decode), {len(shapes)} shapes", where, _span(x, ".2f"),
                          stamp("09_gemv_tc", tc["meta"]), tc["meta"]))
     batch = results.load("09_gemv_tc_batch", gpu)
