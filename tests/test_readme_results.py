@@ -48,3 +48,25 @@ def test_the_shipping_commits_exist_and_follow_their_first_runs():
         if p.returncode != 0:
             pytest.skip(f"git history without {commit} (a shallow clone)")
         assert first <= p.stdout.strip(), f"{what}: its first run {first} is after the commit that shipped it"
+
+
+DOCS = ["README.md", "docs/DEVELOPING.md", "docs/instructors.md", "docs/results.md", "docs/package.md"]
+
+
+@pytest.mark.parametrize("doc", DOCS)
+def test_every_repository_path_a_doc_names_exists(doc):
+    """A path in backticks under one of the repository's folders, or a relative link, must exist (placeholders
+    such as <gpu> or NN_topic aside): a reader who follows it must find the file."""
+    import re
+
+    path = ROOT / doc
+    if not path.exists():
+        pytest.skip(f"{doc} does not exist")
+    text = path.read_text()
+    named = set(re.findall(r"`((?:nf4lab|tools|lab|tests|notebooks|data|docs|\.ci)/[A-Za-z0-9_./\-]*)`", text))
+    text = re.sub(r"`[^`]*`", "", text)   # links only outside code: `kernel[grid, block](args)` is no link
+    named |= set(re.findall(r"`((?:nf4lab|tools|lab|tests|notebooks|data|docs|\.ci)/[A-Za-z0-9_./\-]*)`", text))
+    linked = {t for t in re.findall(r"\]\(([^)#\s]+)", text) if "://" not in t and not t.startswith("mailto:")}
+    missing = [p for p in sorted(named) if "NN" not in p and not (ROOT / p).exists()]
+    missing += [t for t in sorted(linked) if not (path.parent / t).exists()]
+    assert not missing, f"{doc} names paths that do not exist: {missing}"
