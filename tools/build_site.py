@@ -40,8 +40,12 @@ def gpu_slug(name: str) -> str:
     return re.sub(r"[^A-Za-z0-9]+", "_", name).strip("_") or "unknown"
 
 
+WRITTEN: set[Path] = set()   # what this build staged; anything else in the stage is a leftover
+
+
 def write_if_changed(path: Path, data: bytes) -> None:
     """Keep the file (and its mtime) when its content is the same, so Sphinx does not re-read it."""
+    WRITTEN.add(path.resolve())
     if path.exists() and path.read_bytes() == data:
         return
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -173,14 +177,14 @@ def stage_linked(pages: list[Path], stage: Path) -> None:
             if dest.parts and dest.parts[0] == ".." or dest in seen:
                 continue
             repo_file = ROOT / dest
-            if not repo_file.is_file() or (stage / dest).exists() and dest in seen:
-                continue
             seen.add(dest)
-            if dest.suffix == ".md" and not (stage / dest).exists():
+            if not repo_file.is_file() or (stage / dest).resolve() in WRITTEN:
+                continue   # not a file of the repository, or already a page of the site
+            if dest.suffix == ".md":
                 # A page reached only through a link: no place in the navigation.
                 write_if_changed(stage / dest, b"---\norphan: true\n---\n" + repo_file.read_bytes())
                 todo.append(dest)
-            elif not (stage / dest).exists():
+            else:
                 write_if_changed(stage / dest, repo_file.read_bytes())
 
 
@@ -244,8 +248,6 @@ def stage_mathjax(stage_root: Path) -> Path | None:
 
 
 def stage_all(stage: Path, executed: Path | None, python: str) -> None:
-    if stage.exists():
-        shutil.rmtree(stage / "docs", ignore_errors=True)   # a removed doc must not linger
     stage.mkdir(parents=True, exist_ok=True)
     sources = notebook_sources(executed)
     titles = {}
@@ -284,6 +286,12 @@ def stage_all(stage: Path, executed: Path | None, python: str) -> None:
              .replace("%%DOCS_TOC%%", "\n".join(f"docs/{d.stem}" for d in docs)))
     write_if_changed(stage / "index.md", index.encode())
     stage_linked([Path("index.md")] + [Path("docs") / d.name for d in docs] + [rel for rel, _ in sources], stage)
+    # A notebook or page removed from the repository must not linger as a page of the site.
+    for f in sorted(stage.rglob("*"), reverse=True):
+        if f.is_file() and f.resolve() not in WRITTEN:
+            f.unlink()
+        elif f.is_dir() and not any(f.iterdir()):
+            f.rmdir()
 
 
 def main(argv=None) -> int:
