@@ -298,16 +298,20 @@ for d, p in kernel_ptx.items():
 #
 # fp16 deserves attention: its range is small (largest finite value 65504) and it has subnormals,
 # so "heavy" weights with per-row scales over orders of magnitude exercise the rounding at both
-# ends. On a GPU the heavy case has the full 16384 x 16384 shape, enough for both ends: a few of its
-# weights overflow to infinity in fp16, and some blocks are small enough for their smallest codes to
-# come out subnormal; the simulator's small heavy case (31 x 67) is too small to reach them. `cvt.rn.f16x2.f32`
-# rounds to nearest even, overflows to infinity and produces subnormals exactly as torch's
-# conversion does: bit-exact here means the same infinities and subnormals too
-# (`tools/gpu_exactness.py` also checks the conversions alone, over 2^24 random float32 bit
-# patterns plus every special value class).
+# ends. `cvt.rn.f16x2.f32` rounds to nearest even, overflows to infinity and produces subnormals
+# exactly as torch's conversion does: bit-exact means the same infinities and subnormals too, where
+# a case reaches them. The cell counts them in bitsandbytes' output for a heavy fp16 case at the
+# main case's shape (on a GPU, the one verification used; in the simulator the shapes are small,
+# and a count of 0 means that end was not reached). `tools/gpu_exactness.py` also checks the
+# conversions alone, over 2^24 random float32 bit patterns plus every special value class.
 
 # %%
-nf4lab.verify_versions(VERSIONS, cases["bf16"], dtypes=("bf16", "fp16", "fp32"));
+nf4lab.verify_versions(VERSIONS, cases["bf16"], dtypes=("bf16", "fp16", "fp32"))
+heavy = nf4lab.make_case(cases["fp16"].shape, dtype="fp16", dist="heavy")
+e = heavy.expected.view(np.uint16)
+print(f"bitsandbytes' fp16 output, heavy case {heavy.shape[0]}x{heavy.shape[1]}: "
+      f"{int(((e & 0x7FFF) == 0x7C00).sum()):,} infinities, "
+      f"{int((((e & 0x7C00) == 0) & ((e & 0x03FF) != 0)).sum()):,} subnormals")
 
 # %% [markdown]
 # <a id="bench"></a>
