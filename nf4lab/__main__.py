@@ -153,7 +153,7 @@ def execute_notebook(path: Path, out: Path, timeout: int = 1800) -> float:
         for line in nbclean.clean(nb):
             print(f"  {path.name}: {line.strip()}", file=sys.stderr)
         nb.metadata.setdefault("nf4lab", {})["executed_on"] = runtime.describe()
-        nb.metadata["nf4lab"]["code_sha256"] = nbclean.code_hash(nb)   # what makes these outputs current
+        nbclean.record(nb)   # what makes these outputs current: their code, numbers in prose, loaded kernels
         out.parent.mkdir(parents=True, exist_ok=True)
         nbformat.write(nb, out)
     return time.perf_counter() - t0

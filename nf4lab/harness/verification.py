@@ -125,8 +125,9 @@ def _hints(idx, exp_bits, act_bits, exp_f, act_f, ulp, n, dtype, blocksize):
     even = iw[(iw % 2 == 0) & (iw + 1 < n)]
     if even.size and np.mean((act_bits[even] == exp_bits[even + 1]) &
                              (act_bits[even + 1] == exp_bits[even])) > 0.9:
-        hints.append("every pair is swapped: out[2i] comes from the HIGH nibble (byte >> 4), "
-                     "out[2i+1] from the low nibble (byte & 15)")
+        # Names the symptom and where the rule is, not the fix: exercises (01, 06) ask for the fix.
+        hints.append("every pair is swapped: out[2i] and out[2i+1] hold each other's values. Which nibble "
+                     "of a byte goes to the lower address? (notebook 00, section 2)")
     elif (iw % 2 == 0).all() or (iw % 2 == 1).all():
         hints.append("only every second element is wrong: look at how the two nibbles of a byte are split "
                      "(high nibble first) and where the second one is stored")
