@@ -60,3 +60,10 @@ def test_results_meta_names_the_run_and_the_code_path(monkeypatch):
 
     m = results.meta("test")
     assert m["run"] == provenance.RUN_ID and m["code_path"] == provenance.code_path()
+
+
+def test_module_hash_is_the_shipped_source():
+    from nf4lab.kernels import dequant, fastkernel
+
+    assert provenance.module_hash(dequant, fastkernel) == provenance.module_hash(dequant, fastkernel)
+    assert provenance.module_hash(dequant) != provenance.module_hash(fastkernel)

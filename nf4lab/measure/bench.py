@@ -22,7 +22,7 @@ import time
 import numpy as np
 
 from ..format import bytemodel
-from . import results
+from . import provenance, results
 from .. import runtime
 
 LAUNCHES = 20
@@ -314,8 +314,12 @@ def time_dequantize(case, name: str = "nf4lab.dequantize (out=)") -> dict:
     dequantize(packed, qs, out=out)
     exact = compare(out, case.expected, case.dtype, n=case.n, blocksize=case.blocksize).ok
     t = gpu_time_ms(lambda s: dequantize(packed, qs, out=out))
+    from ..integrations import dequantize as drop_in
+    from ..kernels import dequant, fastkernel
+
     return _record("kernel", name, case.shape, case.dtype, t,
-                   bytemodel.bytes_moved(case.n, case.dtype, case.blocksize), bit_exact=exact)
+                   bytemodel.bytes_moved(case.n, case.dtype, case.blocksize), bit_exact=exact,
+                   source_sha256=provenance.module_hash(drop_in, dequant, fastkernel))
 
 
 def measure_kernel(name, launch, case, *, buffers=None, host=True) -> dict:
@@ -337,7 +341,8 @@ def measure_kernel(name, launch, case, *, buffers=None, host=True) -> dict:
     timing = gpu_time_ms(fn)
     b.stream = 0
     rec = _record("kernel" if verified else "bound", name, case.shape, case.dtype, timing,
-                  bytemodel.bytes_moved(case.n, case.dtype, case.blocksize), bit_exact=True if verified else None)
+                  bytemodel.bytes_moved(case.n, case.dtype, case.blocksize), bit_exact=True if verified else None,
+                  source_sha256=provenance.source_hash(launch))
     if host:
         rec["host_ms"] = wall_time_ms(lambda: launch(b))
     if verified:

@@ -56,6 +56,14 @@ def source_hash(fn) -> str:
     return hashlib.sha256("\x00".join(parts).encode()).hexdigest()[:16]
 
 
+def module_hash(*modules) -> str:
+    """SHA-256 (16 hex digits) of the source files of ``modules`` (a shipped kernel and its launcher)."""
+    h = hashlib.sha256()
+    for m in modules:
+        h.update(_source(m).encode() + b"\x00")
+    return h.hexdigest()[:16]
+
+
 def _when(meta: dict) -> str:
     return f"recorded {meta.get('date') or 'on an unknown date'} on {meta.get('gpu') or 'an unknown GPU'}"
 
