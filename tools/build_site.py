@@ -220,7 +220,7 @@ def results_section(gpu: str | None, stage: Path, python: str) -> str:
         write_if_changed(stage / "gbps.png", png.read_bytes())
         text += f"![GB/s of every version of the series on the {meta.get('gpu')}](gbps.png)\n\n"
     else:
-        print(f"build_site: `python -m nf4lab plot` failed, the landing page has no plot:\n{done.stderr[-2000:]}",
+        print(f"build_site: WARNING: `python -m nf4lab plot` failed, the landing page has no plot:\n{done.stderr[-2000:]}",
               file=sys.stderr)
     text += ("Each notebook's page shows its own measurements; every recorded result, on every GPU, is on "
              "the [results page](docs/results.md).")
@@ -308,7 +308,7 @@ def main(argv=None) -> int:
     env = dict(os.environ)
     mathjax = stage_mathjax(args.stage.parent / "site_mathjax")
     if mathjax is None:
-        print("build_site: sphinx-mathjax-offline is not installed (pip install -e '.[docs]'): formulas "
+        print("build_site: WARNING: sphinx-mathjax-offline is not installed (pip install -e '.[docs]'): formulas "
               "will load MathJax from the network", file=sys.stderr)
     else:
         env["NF4LAB_SITE_MATHJAX"] = str(mathjax)
