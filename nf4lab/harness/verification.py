@@ -200,6 +200,12 @@ def verify(actual, case, *, name: str = "kernel", raise_on_error: bool = True) -
     that region (the guard) must still hold the poison value from :func:`poisoned_output`.
     Raises :class:`VerificationError` (with the explanation) unless ``raise_on_error`` is False.
     """
+    if actual is None or not (hasattr(actual, "__array_interface__") or hasattr(actual, "__cuda_array_interface__")
+                              or hasattr(actual, "__array__")):
+        raise TypeError(f"verify(actual, case): actual must be the kernel's output array (numpy, numba device "
+                        f"array or torch tensor), got {type(actual).__name__}")
+    if not hasattr(case, "expected"):
+        raise TypeError(f"verify(actual, case): case must be a Case from nf4lab.make_case(), got {type(case).__name__}")
     report = compare(actual, case.expected, case.dtype, n=case.n, blocksize=case.blocksize, name=name)
     if not report.ok and raise_on_error:
         raise VerificationError(report)

@@ -109,6 +109,9 @@ def default_gpu() -> str | None:
     """
     env = config.results_gpu()
     if env:
+        if gpu_slug(env) not in gpus():
+            raise ValueError(f"NF4LAB_RESULTS_GPU={env!r} has no results under data/results/; recorded GPUs: "
+                             f"{', '.join(gpus()) or 'none'}")
         return gpu_slug(env)
     here = current_gpu()
     if here is not None:
