@@ -32,7 +32,7 @@ import nf4lab  # first: decides GPU or simulator before numba.cuda is imported
 import numpy as np
 from numba import cuda
 
-from nf4lab.measure import bench, ptx, results
+from nf4lab.measure import bench, provenance, ptx, results
 from nf4lab.format import bytemodel
 from nf4lab.lesson import plots
 from nf4lab.harness import versions
@@ -342,8 +342,10 @@ if run is not None:
               f"{bound}, {r['speedup_vs_bnb']:.2f}x bitsandbytes")
     bf, prev = run.get("06 best kernel -> bf16"), run.get(PREV, dtype="bf16")
     if bf and prev:
+        ratio, why = provenance.compare(run.meta, bf, run.meta, prev)   # one run: comparable
         print(f"same run, bf16: this kernel {bf['ms']:.4f} ms, {PREV!r} {prev['ms']:.4f} ms: "
-              f"{prev['ms'] / bf['ms']:.3f}x ({results.label(run.meta)})")
+              + (f"{PREV!r} takes {ratio:.3f}x this kernel's time" if ratio else why)
+              + f" ({results.label(run.meta)})")
     else:
         print(f"this run ({results.label(run.meta)}) did not time {PREV!r} beside this kernel: "
               "no comparison (run the notebook on a GPU to measure both)")
@@ -380,7 +382,9 @@ if run is not None:
 # subnormals, ties, the largest finite values, infinities, NaNs): `tools/gpu_exactness.py`, run
 # with and without `NF4LAB_ARCH=sm_75`, recorded on the H100 and the H200
 # (`data/results/<gpu>/exactness.json`, `exactness_sm75.json`); verification is bit-exact
-# either way. To run the T4 path on any GPU, start Python with `NF4LAB_ARCH=sm_75` set (e.g. `NF4LAB_ARCH=sm_75 jupyter lab`): nf4lab reads it once, at import.
+# either way. To run the T4 path on any GPU, start Python with `NF4LAB_ARCH=sm_75` set (e.g.
+# `NF4LAB_ARCH=sm_75 jupyter lab`): nf4lab reads it once, at import. To time both paths as one run,
+# give both processes the same `NF4LAB_RUN_ID`.
 # The cell compiles one unit of the kernel's work (a word of 8 weights to one 16-byte store, with
 # the kernel's own `weights` helper; no scale or index arithmetic) for both targets and counts.
 
@@ -430,10 +434,11 @@ for d in ("bf16", "fp16"):
 # would cost up to the factor printed above; a kernel at the memory wall may have issue slots to
 # spare and hide part of the extra work behind memory time, so we predict a cost below that bound,
 # largest for bf16; how far below is for the measurement to say. The measurement, when one with
-# `NF4LAB_ARCH=sm_75` is recorded for this GPU: it is another process, so the cell compares each
-# run's share of its own traffic-matched bound, and only when the two runs used the same GPU,
-# driver and package versions on the same day; otherwise it says what differs. fp32 converts
-# nothing: its two shares should differ only by run-to-run noise.
+# `NF4LAB_ARCH=sm_75` is recorded for this GPU. The two timings come from two processes, so they
+# are compared only when both belong to one run (started with the same `NF4LAB_RUN_ID`) and
+# nothing but the code path differs: the same GPU, driver, versions and kernel source
+# (`nf4lab.measure.provenance`); otherwise the cell says what differs. fp32 converts nothing: its
+# ratio should differ from 1 only by run-to-run noise.
 
 # %%
 sm80 = bench.Run.load("06_output_dtypes") if SM75_RUN else run
@@ -442,17 +447,12 @@ if sm75 is None or sm80 is None:
     print("no NF4LAB_ARCH=sm_75 run recorded for this GPU: the cost above is an estimate only")
 else:
     print(f"sm_75 paths: {results.label(sm75.meta)}\nsm_80 paths: {results.label(sm80.meta)}")
-    keys = ("gpu", "driver", "numba_cuda", "bitsandbytes", "torch")
-    differ = [k for k in keys if sm75.meta.get(k) != sm80.meta.get(k)]
-    if sm75.meta.get("date", "")[:10] != sm80.meta.get("date", "")[:10]:
-        differ.append("day (the kernel may have changed in between)")
-    if differ:
-        print(f"not compared: the two runs differ in {', '.join(differ)}")
-    for d in ("bf16", "fp16", "fp32") if not differ else ():
+    for d in ("bf16", "fp16", "fp32"):    # provenance.compare: one run, and only the code path differs
         a, b = sm80.get(f"06 best kernel -> {d}"), sm75.get(f"06 best kernel -> {d}")
-        if a and b and a.get("pct_bound") and b.get("pct_bound"):   # each run's share of its own bound
-            print(f"{d}: {a['pct_bound']:.1f}% of the bound with the sm_80 instructions, "
-                  f"{b['pct_bound']:.1f}% with the sm_75 paths")
+        if a and b:
+            ratio, why = provenance.compare(sm80.meta, a, sm75.meta, b, about="code_path")
+            print(f"{d}: the sm_75 paths take {ratio:.3f}x the time of the sm_80 instructions" if ratio
+                  else f"{d}: {why}")
 
 # %% [markdown]
 # <a id="learned"></a>
