@@ -256,15 +256,22 @@ LATENCY_NS = lesson.ASSUMED_DRAM_LATENCY_NS  # assumed, the same figure in every
 ceil = bench.Run.load("07_summary") or bench.Run.load("00_ceiling")
 copy = ceil.get(bench.COPY) if ceil is not None else None
 sms = ceil.meta.get("sms") if ceil is not None else None
-# The per-SM limits, as ncu recorded them with a profile (the live one if any, else a recorded one).
-shown = live if live is not None else next((v for v in rec["versions"].values() if v.get("kernels")), None)
+# The per-SM limits of the GPU whose ceiling is used: as ncu recorded them with a profile of that GPU
+# (the live one, else a recorded one), or, on a GPU without such a profile, numba's device attributes.
+same_gpu = ceil is not None and MEASURED and rec["meta"].get("gpu") == ceil.meta.get("gpu")
+shown = live if live is not None else (next((v for v in rec["versions"].values() if v.get("kernels")), None)
+                                       if same_gpu else None)
 attrs = {}
-if MEASURED and shown is not None:
+if shown is not None:
     m = profiling.main_kernel(shown["kernels"])["metrics"]
     attrs = {k: m[f"device__attribute_{k}"]["value"] for k in ("max_warps_per_multiprocessor",
              "max_threads_per_multiprocessor", "max_registers_per_multiprocessor") if f"device__attribute_{k}" in m}
-    print(f"per SM, as ncu recorded it ({'live, ' + live['gpu'] if live is not None else 'recorded on ' + rec['meta'].get('gpu', '?') + ', ' + str(shown.get('date'))}): "
-          + ", ".join(f"{k.replace('_', ' ')} {v:,.0f}" for k, v in attrs.items()))
+    where = f"live, {live['gpu']}" if live is not None else f"recorded on {rec['meta'].get('gpu')}, {shown.get('date')}"
+    print(f"per SM, as ncu recorded it ({where}): " + ", ".join(f"{k.replace('_', ' ')} {v:,.0f}" for k, v in attrs.items()))
+elif nf4lab.ON_GPU and nf4lab.device_info().get("max_threads_per_sm"):
+    attrs = {"max_warps_per_multiprocessor": nf4lab.device_info()["max_threads_per_sm"] // 32}
+    print(f"per SM, from numba's device attributes ({nf4lab.device_info()['gpu']}): "
+          f"{attrs['max_warps_per_multiprocessor']} warps")
 warps = int(attrs.get("max_warps_per_multiprocessor") or 0)
 if copy and sms and warps:
     inflight = copy["gbps"] * LATENCY_NS  # GB/s * ns = bytes
