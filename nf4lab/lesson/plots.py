@@ -39,7 +39,9 @@ def bars(run, *, title=None, highlight=(), shape=None, dtype=None, ax=None):
     for i, r in enumerate(recs):
         txt = f"{r['gbps']:.0f} GB/s  ({r['ms'] * 1e3:.0f} us"
         txt += f", {r['speedup_vs_bnb']:.2f}x bnb)" if r.get("speedup_vs_bnb") and r["kind"] == "kernel" else ")"
-        ax.text(r["gbps"], i, " " + txt, va="center", fontsize=8)
+        # on a white ground: a ceiling line may run through the label
+        ax.text(r["gbps"], i, " " + txt, va="center", fontsize=8, zorder=3,
+                bbox=dict(facecolor="white", edgecolor="none", pad=0.3, alpha=0.85))
     ax.set_yticks(list(y), names, fontsize=8)
     ax.invert_yaxis()
     for c in ceil:
