@@ -63,6 +63,8 @@ N_BIG = 16384 * 16384
 ceil = bench.Run.load("00_ceiling")
 copy = ceil.get(bench.COPY) if ceil is not None else None
 fill = ceil.get(bench.FILL) if ceil is not None else None
+if copy:
+    print(f"ceilings from notebook 00's run: {results.label(ceil.meta)}")
 for d in ("bf16", "fp16", "fp32"):
     nbytes = bytemodel.bytes_moved(N_BIG, d)
     line = f"16384 x 16384 -> {d}: {nbytes / 1e6:.0f} MB"
