@@ -257,7 +257,6 @@ def test_nf4lab_arch_caps_the_mma(monkeypatch):
     import nf4lab.measure.ptx
     from nf4lab import arch
 
-    monkeypatch.setattr(arch, "FORCED", (7, 5))
     monkeypatch.setenv(arch.ENV, "sm_75")                    # for the PTX subprocess of the simulator's runs
     for dtype, present in (("fp16", r"^mma\.sync\.aligned\.m16n8k8"), ("bf16", r"^shfl\.sync\.idx")):
         kern = gemv.make_kernel.__wrapped__(dtype == "bf16", 1, 0x400)   # a fresh dispatcher: nothing compiled before

@@ -35,7 +35,7 @@ def nb09():
 def test_notebook_kernel_is_the_shipped_kernel(nb09, dtype, M):
     """The kernel the notebook builds cell by cell is the package's at its defaults (D=1, min_blocks=2,
     nested=True), instruction for instruction, so the recorded times it prints are its own."""
-    base = gemv.default_base(arch.target_cc())
+    base = gemv.default_base(nf4lab.runtime.target_cc())
     ours = compile_ptx(nb09.make_kernel(dtype == "bf16", M, base), gemv.signature())
     shipped = compile_ptx(gemv.make_kernel(dtype == "bf16", M, base), gemv.signature())
     assert re.search(r"\.maxntid 256, 1, 1\s+\.minnctapersm 2", shipped), "the launch bounds are part of the kernel"

@@ -68,7 +68,7 @@ def test_ptx_has_the_vector_accesses_and_conversions(probe_ptx):
     s = ptx.summary(probe_ptx)
     assert s["ld.global.v4"] == 1 and s["st.global.v4"] == 1
     assert s["fma"] == 0 and s["mul.rn.f32"] == 1
-    if arch.has_cvt_bf16(arch.target_cc()):
+    if arch.has_cvt_bf16(nf4lab.runtime.target_cc()):
         assert s["cvt.rn.bf16x2"] == 1 and s["cvt.rn.f16x2"] == 1
         ptx.check(probe_ptx, present=[r"^add\.rn\.f32", r"cvt\.rn\.bf16\.f32", r"cvt\.rn\.f16\.f32"], absent=[r"^fma"])
     else:  # the T4's paths (NF4LAB_ARCH=sm_75): bf16 rounded in integers, f16x2 as two scalar conversions

@@ -132,7 +132,7 @@ def main() -> int:
     if not runtime.ON_GPU:
         print("gpu_exactness: no CUDA GPU here", file=sys.stderr)
         return 2
-    level = arch.name(arch.FORCED) if arch.FORCED else "none (the GPU's own paths)"
+    level = arch.name(arch.forced()) if arch.forced() else "none (the GPU's own paths)"
     print(f"{runtime.describe()}\nNF4LAB_ARCH: {level}")
     conv = check_conversions()
     print("conversions, mismatches per op:", conv)
@@ -142,8 +142,8 @@ def main() -> int:
     recs += check_dequantize()
     bad = [r for r in recs if not r["bit_exact"]]
     meta = dict(results.meta("bit for bit against the plain-Python twins, bitsandbytes' CUDA kernel "
-                             "and verify_versions' cases"), nf4lab_arch=arch.name(arch.FORCED) if arch.FORCED else None)
-    path = results.save({"meta": meta, "records": recs}, "exactness_sm75" if arch.FORCED == (7, 5) else "exactness")
+                             "and verify_versions' cases"), nf4lab_arch=arch.name(arch.forced()) if arch.forced() else None)
+    path = results.save({"meta": meta, "records": recs}, "exactness_sm75" if arch.forced() == (7, 5) else "exactness")
     print(f"{len(recs) - len(bad)} of {len(recs)} checks bit-exact; saved {path.relative_to(ROOT)}")
     for r in bad[:20]:
         print("NOT EXACT:", r["name"], r.get("shape", ""), r.get("dtype", ""), (r.get("error") or "")[:300])

@@ -28,9 +28,9 @@ def main() -> int:
     if not nf4lab.ON_GPU:
         print("gpu_gemv_paths: no CUDA GPU here", file=sys.stderr)
         return 2
-    print(nf4lab.describe(), f"NF4LAB_ARCH={arch.name(arch.FORCED) if arch.FORCED else 'unset'}")
+    print(nf4lab.describe(), f"NF4LAB_ARCH={arch.name(arch.forced()) if arch.forced() else 'unset'}")
     run = bench.Run(method="outputs of nf4lab.kernels.gemv.launch against float64 x @ W.T (table-rounding tolerance)")
-    run.meta["nf4lab_arch"] = arch.name(arch.FORCED) if arch.FORCED else None
+    run.meta["nf4lab_arch"] = arch.name(arch.forced()) if arch.forced() else None
     bad = 0
     for N, K, M, opts in CASES:
         for dtype in ("bf16", "fp16"):
@@ -43,7 +43,7 @@ def main() -> int:
             print(f"{rep} ({time.time() - t0:.1f} s)", flush=True)
             run.add(dict(kind="check", name=rep.name, shape=[N, K], dtype=dtype, M=M, ok=rep.ok,
                          worst_ratio=rep.worst_ratio, options=opts))
-    path = run.save("gemv_paths" + (f"_{arch.name(arch.FORCED)}" if arch.FORCED else ""))
+    path = run.save("gemv_paths" + (f"_{arch.name(arch.forced())}" if arch.forced() else ""))
     print(f"{bad} outside the tolerance; saved {path}")
     return 1 if bad else 0
 
