@@ -408,7 +408,8 @@ import re
 
 def program(path):
     """Every SASS instruction of an ncu source page, in address order, with its Python line."""
-    rows = list(csv.reader(open(path)))
+    with open(path, newline="") as f:
+        rows = list(csv.reader(f))
     head = next(i for i, r in enumerate(rows) if r[:1] == ["Line No"])
     prog, line, src = [], None, None
     for r in rows[head + 1:]:
@@ -535,12 +536,14 @@ def waits_for(prog, i):
 def check_waits_for(fn, prog):
     """PASSED when fn(prog, i) is, for every i, the nearest earlier writer of a register i reads."""
     bad = 0
+    def writes(k, reads):
+        return bool(operands(prog[k]["sass"])[1] & reads)
+
     for i in range(len(prog)):
         reads, j = operands(prog[i]["sass"])[2], fn(prog, i)
-        writes = lambda k: bool(operands(prog[k]["sass"])[1] & reads)
         between = range(0 if j is None else j + 1, i)      # nothing after j may write what i reads
-        bad += not ((j is None or (isinstance(j, int) and 0 <= j < i and writes(j)))
-                    and not any(writes(k) for k in between))
+        bad += not ((j is None or (isinstance(j, int) and 0 <= j < i and writes(j, reads)))
+                    and not any(writes(k, reads) for k in between))
     print(("PASSED" if not bad else "NOT PASSED") + f": {len(prog) - bad} of {len(prog)} instructions")
     return not bad
 
