@@ -22,7 +22,7 @@ from nf4lab import arch
 from nf4lab.device.warp_ops import load_stream_u32x4, mma_bf16   # (the kernel cells import theirs: they run alone too)
 from nf4lab.harness import gemv_check
 from nf4lab.kernels import gemv
-from nf4lab.measure import bench, gemv_bench, ptx, ptxall, results
+from nf4lab.measure import bench, gemv_bench, provenance, ptx, ptxall, results
 print(nf4lab.describe())   # the simulator runs the kernel too: its mma, prmt and lookups have plain-Python twins
 RUN = bench.Run.load(gemv.NAME + "_notebook")   # this notebook's last GPU run (section 7 measures a new one on a GPU)
 # %% [markdown]
@@ -74,7 +74,7 @@ panel(axes[1], "B: x; column n = block n (M = 1)", 16, 8, lambda k, n: (4 * n + 
       lambda k, n: n if n == lane_q(k) and n < 4 else -1, ns, "B column n", "k: x at the same W column as A's k")
 panel(axes[2], "C: float32 sums; column n: block n", 16, 8, lambda r, n: (4 * (r % 8) + n // 2, f"c{n % 2 + 2 * int(r >= 8)}"),
       lambda r, n: n if n < 4 else -1, ns, "C column n", tile)
-fig.suptitle("mma.sync.m16n8k16 in this kernel: mma i = 0 of a step at M = 1. Number: the lane holding the cell; a/b/c: "
+_ = fig.suptitle("mma.sync.m16n8k16 in this kernel: mma i = 0 of a step at M = 1. Number: the lane holding the cell; a/b/c: "
              "its register.\nColour: the block q of the step (W columns 64q..64q+63) whose codes or x it holds; grey: zero.", fontsize=9)
 # %% [markdown]
 # Lane 5 is (g, q) = (1, 1); its a0 holds row 1, W columns 64 and 65 of the step: the two codes of one packed byte; a2
@@ -89,8 +89,7 @@ fig.suptitle("mma.sync.m16n8k16 in this kernel: mma i = 0 of a step at M = 1. Nu
 #   256 columns (2 KB of codes). Lane (g, q) loads 2 pieces of row g and 2 of row g + 8 (M = 1: columns 64q..64q + 63).
 # - **Split-K**: the 8 warps of a block share a tile's K columns: warp w takes steps w, w + 8, w + 16, ... and
 #   keeps its own float32 sums of the 16 rows; at the end of the tile the 8 partial sums are added in shared memory.
-# - **Persistent blocks**: at most 2 blocks per SM (`gemv.grid_size`), not one per tile: block t takes tiles t, t + grid,
-#   ..., so the lookup table below is built once per block.
+# - **Persistent blocks**: at most 2 per SM (`gemv.grid_size`); block t takes tiles t, t + grid, ...: one table a block.
 # - **Steps in flight**: a warp issues its next step's loads before it computes the current step (`buf` holds both).
 #
 # <a id="kernel"></a>
@@ -147,7 +146,7 @@ def make_a_fragments(look):
 # **A step.** Per piece: the A fragments of 8 mmas, then B and the mmas, n-tile by n-tile. At M = 1 B comes from the
 # **x slot**: with a step's weights each lane loads 16 of the next step's 512 bytes of x (`x_quad`) and, after the
 # current step, stores them in its warp's slot, spare table words (`x_stash`); lanes g = q read their block's 64 bytes
-# there (`x_read`), the others keep zeros. (x from L1/L2 at each step: see the appendix.) At M > 1 x comes from memory.
+# a piece (`x_read`), the others keep zeros. (x from L1/L2 at each step: lab/README.md.) At M > 1 x comes from memory.
 # Then the scales. A step's loads end with one **statistics word** a lane: lanes 0-15 load the step's 4 absmax codes
 # (a byte a block) of row `lane`, lanes 16-31 its absmax2 (float32, one per 256 blocks); 4 shuffles (`shfl_idx`: another
 # lane's register) bring lane (g, q) those of rows g, g + 8. Its C columns 2q, 2q + 1 (batch row 2 nt + q // 2, blocks
@@ -297,14 +296,13 @@ def launch(g):
 # <a id="evidence"></a>
 # ## 5. PTX evidence
 #
-# Per step at M = 1: 16 `mma.sync` (2 pieces x 8), 64 `prmt`, 64 table lookups with the base in the immediate; no
-# local memory (`ld.local`: a spill), no float64. Registers: the driver's build on a GPU, else NVIDIA's assembler
-# `ptxas` (SASS). Below sm_80 (a T4) the evidence is fp16's kernel, two m16n8k8 per mma.
+# Per step at M = 1: 16 `mma.sync` (2 pieces x 8), 64 `prmt`, 64 lookups with the base in the immediate; no `ld.local`
+# (a spill), no float64. Registers: the driver's build, or `ptxas` (SASS). Below sm_80 (a T4): fp16's, 2 m16n8k8 an mma.
 # %%
-cc = arch.target_cc(); T4 = cc < (8, 0)  # noqa: E702
+cc = nf4lab.runtime.target_cc(); T4 = cc < (8, 0)  # noqa: E702
 kern = make_kernel(not T4, 1, gemv.probe_base() if nf4lab.ON_GPU else gemv.default_base(cc))
 code = ptx.compile_ptx(kern, gemv.signature(), cc=cc, launch_bounds=(THREADS, BLOCKS_PER_SM))
-LOOKUP, MMA = r"^ld\.shared\.u32 %r\d+, \[%r\d+\+\d+\]", r"^mma\.sync\.aligned\." + ("m16n8k8\.row\.col\.f32\.f16" if T4 else "m16n8k16\.row\.col\.f32\.bf16")
+LOOKUP, MMA = r"^ld\.shared\.u32 %r\d+, \[%r\d+\+\d+\]", r"^mma\.sync\.aligned\." + (r"m16n8k8\.row\.col\.f32\.f16" if T4 else r"m16n8k16\.row\.col\.f32\.bf16")
 ptx.show(code, [r"^prmt\.b32", LOOKUP, r"^mma\.sync"], limit=2)
 ptx.check(code, present=[MMA, r"^prmt\.b32", LOOKUP], absent=[r"^ld\.local", r"^st\.local", r"\.f64"])
 print(arch.name(cc), {w: ptx.count(code, p) for w, p in [("mma", r"^mma\.sync"), ("prmt", r"^prmt"), ("lookups", LOOKUP)]})
@@ -321,8 +319,9 @@ else:
 # ## 6. Check: a tolerance, not bits
 #
 # Each GEMV adds in its own order, so none agree bit for bit. We check a bound against the float64 `y64 = x @ W.T`:
-# a float32 sum's error `K * eps32 * sum|x w|` (Higham §3.1) plus the output's rounding `u * |y|`, plus `u * sum|x w|`
-# since the table holds the NF4 values *rounded to bf16/fp16* (`rounded_table=True`); bitsandbytes' on the same case.
+# a float32 sum's error `K * eps32 * sum|x w|` (Higham §3.1), the output's rounding `u * |y|`, and `u * sum|x w|` since
+# the table holds NF4 values *rounded to bf16/fp16* (`rounded_table=True`). bitsandbytes' on the same case is beside:
+# its values are not rounded, yet it adds in another order, so either may have the larger worst error on a given case.
 # %%
 SHAPES = ([((20, 256), "bf16", 1), ((9, 256), "fp16", 3)] if nf4lab.SIMULATOR else
           [((512, 4096), "bf16", 1), ((255, 14336), "fp16", 1), ((100, 4160), "bf16", 4), ((64, 4096), "fp16", 8)])
@@ -332,14 +331,14 @@ for (N, K), dtype, M in SHAPES:
     ours = gemv_check.check(g.result(), gc, name=f"ours {N}x{K} {dtype} M={M}", rounded_table=True)
     theirs = gemv_check.compare(gemv_check.bnb_output(gc, "cuda" if nf4lab.ON_GPU else "cpu"), gc, rounded_table=True)
     print(f"{ours}\n  bitsandbytes: worst error/tolerance {theirs.worst_ratio:.3g}: ours is "
-          + ("no worse" if ours.worst_ratio <= theirs.worst_ratio else "WORSE"))
+          + ("no worse" if ours.worst_ratio <= theirs.worst_ratio else "worse on this case"))
 # %% [markdown]
 # <a id="benchmark"></a>
 # ## 7. Benchmark: against bitsandbytes and the read bound
 #
 # On a GPU one run measures, per shape and dtype: ours, bitsandbytes `matmul_4bit` (its fused `gemm_4bit` kernel at
 # M = 1), dequantize + matmul, the copy ceiling and the **read bound**, a kernel that only reads the weight's bytes
-# (the fastest of 4 grid sizes): no GEMV can beat it. GPU time of CUDA-graph replays, each launch on another copy of the
+# (the fastest of 4 grid sizes): what any GEMV must read. GPU time of CUDA-graph replays, each launch on another copy of the
 # weight (> 4x L2 in all): from DRAM, as in decoding. x bnb = bnb's time / ours; % copy = our bandwidth (weight bytes /
 # time) / the copy's; % of read = the bound's time / ours. Without a GPU: this notebook's last GPU run.
 # %%
@@ -368,7 +367,7 @@ if nf4lab.ON_GPU:   # a progress line per (shape, dtype): wall-clock seconds of 
 if RUN is not None:
     print(f"{results.label(RUN.meta)}; kernel: {gemv_bench.default_kernel(RUN)}\n\n{gemv_bench.summary(RUN, RUN)}")
     if not any(r["kind"] == "bound" for r in RUN.records) and (other := bench.Run.load("09_read_bound")):
-        print(f"(% of read: this run has no read bound; one was recorded {other.meta['date']} in another run: not compared)")
+        print(f"(% of read: this run has no read bound; 09_read_bound.json: {provenance.why_not_comparable(other.meta, {}, RUN.meta, {})})")
     gemv_bench.plot(RUN)
 # %% [markdown]
 # <a id="batch"></a>
@@ -394,8 +393,7 @@ if BATCH:
 #   close any kernel gets. A table whose entries are A registers (section 2) makes dequantization a `prmt` and a load.
 # - The mma sums over k in any order: we pick k so that each lane reads contiguous bytes, and B's columns keep the
 #   absmax blocks apart so that each is scaled once, in float32, as bitsandbytes scales it.
-# - Further reading: **Marlin** (https://github.com/IST-DASLab/marlin), 4-bit weights on tensor cores to batch 16-32;
-#   **FLUTE** (https://github.com/HanGuo97/flute), lookup-table formats on tensor cores, its table duplicated.
+# - Further reading: [Marlin](https://github.com/IST-DASLab/marlin) and [FLUTE](https://github.com/HanGuo97/flute).
 #
 # <a id="exercise"></a>
 # ## 10. Exercise: one mma by hand
@@ -436,20 +434,21 @@ assert result
 ### END SOLUTION
 # %% [markdown]
 # <a id="road"></a>
-# ## Appendix: designs that lost
+# ## Appendix: other designs the lab timed
 #
-# Designs timed by the lab (`lab/README.md` tells each story), bf16, M = 1. A ratio is printed only against the
-# tensor-core kernel of that day ("TC") in the *same* run; without one there: "not compared".
+# Designs timed by the lab (`lab/README.md` tells each story), bf16, M = 1. A ratio against the tensor-core kernel of
+# that day ("TC") is printed only where `provenance.compare` finds both in one run; else why not, under the row.
 # %%
 ROAD = [("FFMA design (pair lookup + 2 FFMA a byte)", "09_fused_gemv", "auto"), ("2 chains of mmas", "09_gemv_chains", "TC C2"),
-        ("cp.async ring of 2 stages for the weights", "09_gemv_ring", "TC R2"), ("3 blocks per SM", "09_gemv_b3", "TC B3 D1"),
-        ("x from L1/L2 at each step, no slot", "09_gemv_tc", "TC x-global"), ("statistics loaded in pairs", "09_gemv_stats2", "TC stats2"),
+        ("cp.async ring of 2 stages for weights", "09_gemv_ring", "TC R2"), ("3 blocks per SM", "09_gemv_b3", "TC B3 D1"),
+        ("x from L1/L2, no slot", "09_gemv_tc", "TC x-global"), ("statistics loaded in pairs", "09_gemv_stats2", "TC stats2"),
         ("weights into L2, 2 steps ahead", "09_gemv_l2prefetch", "TC PF2")]
 print(f"{'design':<44}{'run':>22}{'4096x14336':>26}{'8192x28672':>26}")
 for label, stem, v in ROAD:
-    f, cells = bench.Run.load(stem), ""
+    f, cells, whys = bench.Run.load(stem), "", {}
     for shape in ((4096, 14336), (8192, 28672)):
         r, ref = (f and gemv_bench.find_record(f, gemv_bench.kernel_name(x), shape, "bf16") for x in (v, "TC"))
-        t = "-" if not r else f"{r['ms'] * 1e3:.1f} us, " + (f"{r['ms'] / ref['ms']:.2f}x TC" if ref else "not compared")
-        cells += f"{t:>26}"
-    print(f"{label:<44}{f.meta['date'][:16] if f else '-':>22}{cells}")
+        ratio, why = provenance.compare(f.meta, ref, f.meta, r) if r and ref else (None, "no TC record in this run: not compared")
+        t = "-" if not r else f"{r['ms'] * 1e3:.1f} us, " + (f"{ratio:.2f}x TC" if ratio else "not compared")
+        cells, whys = cells + f"{t:>26}", {**whys, **({why: 1} if r and not ratio else {})}
+    print(f"{label:<44}{f.meta['date'][:16] if f else '-':>22}{cells}" + "".join(f"\n      ({w})" for w in whys))
