@@ -22,14 +22,14 @@ def _text(cells) -> str:
     return "\n".join(out)
 
 
-def run_twins(stem: str, timeout: int = 600) -> tuple[str, str]:
+def run_twins(stem: str, timeout: int = 600, student: bool = True) -> tuple[str, str]:
     """Execute notebook ``stem``'s solution and then, in the same kernel, its student version's code cells from
     the first one that differs to the end, so that every cell the twins share runs once.
 
     The twins are built from one source and differ only in their solution regions, which every notebook keeps
     to its closing exercises; the student's cells run after the solution's, in a state that the solved
     exercises have touched, which a stub must not rely on anyway. Returns the text of the solution's outputs
-    and of the student's own cells' outputs ("" where the twins' code is the same).
+    and of the student's own cells' outputs ("" where the twins' code is the same, or with ``student=False``).
     A cell that raises (a failed verification included) fails the caller with nbclient's CellExecutionError."""
     import copy
     import shutil
@@ -46,7 +46,7 @@ def run_twins(stem: str, timeout: int = 600) -> tuple[str, str]:
     code_stu = [c for c in stu.cells if c.cell_type == "code"]
     assert len(code_sol) == len(code_stu), f"{stem}: the twins have different code cells"
     first = next((i for i, (a, b) in enumerate(zip(code_sol, code_stu)) if a.source != b.source), len(code_stu))
-    tail = [copy.deepcopy(c) for c in code_stu[first:]]
+    tail = [copy.deepcopy(c) for c in code_stu[first:]] if student else []
     for i, c in enumerate(tail):
         c.id = f"student-{i}"
     nb = copy.deepcopy(sol)

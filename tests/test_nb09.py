@@ -73,15 +73,11 @@ def test_notebook_has_no_lab_knobs():
 
 
 @pytest.mark.slow
-def test_notebook_runs_on_a_t4s_code_paths(monkeypatch):
-    """With NF4LAB_ARCH=sm_75 (a T4's paths, forced) 09 runs top to bottom: the evidence cell shows fp16's
-    m16n8k8 mmas, the checks pass and the exercise is graded."""
-    nbformat = pytest.importorskip("nbformat")
-    nbclient = pytest.importorskip("nbclient")
+def test_notebook_runs_on_a_t4s_code_paths(monkeypatch, notebook_twins):
+    """With NF4LAB_ARCH=sm_75 (a T4's paths, forced; the notebook's kernel inherits the variable) 09's solution
+    runs top to bottom: the evidence cell shows fp16's m16n8k8 mmas, the checks pass and the exercise is graded.
+    (Its student twin runs once, in tests/test_gemv.py.)"""
     monkeypatch.setenv(arch.ENV, "sm_75")
-    nb = nbformat.read(ROOT / "notebooks" / "solutions" / "09_fused_gemv_SOLUTION.ipynb", as_version=4)
-    nbclient.NotebookClient(nb, timeout=300, kernel_name="python3",
-                            resources={"metadata": {"path": str(ROOT / "notebooks")}}).execute()
-    text = "\n".join(o.get("text", "") for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", []))
+    text, _ = notebook_twins("09_fused_gemv", student=False)
     assert "sm_75" in text and "within the float32 tolerance" in text and "PASSED: exercise" in text
     assert "m16n8k8" in text and "m16n8k16" not in text
