@@ -253,8 +253,7 @@ def main(argv=None) -> int:
             setattr(args, attr, False)
     try:
         runtime.check_arch()
-        if config.results_gpu():
-            results.default_gpu()   # a NF4LAB_RESULTS_GPU without results: say which GPUs have some
+        results.check_results_gpu()   # a NF4LAB_RESULTS_GPU without results: say which GPUs have some
     except ValueError as exc:  # a bad NF4LAB_ARCH or NF4LAB_RESULTS_GPU: one line that names it, no traceback
         print(f"python -m nf4lab: {exc}", file=sys.stderr)
         return 2

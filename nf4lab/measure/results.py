@@ -93,6 +93,15 @@ def gpus() -> list[str]:
     return [d.name for d in sorted(dirs, key=lambda d: (-len(list(d.glob("*.json"))), d.name))]
 
 
+def check_results_gpu() -> None:
+    """ValueError naming the recorded GPUs when NF4LAB_RESULTS_GPU names a folder without results (the CLI
+    says so in one line; notebooks and the profiler fall back to what is recorded)."""
+    env = config.results_gpu()
+    if env and gpu_slug(env) not in gpus():
+        raise ValueError(f"NF4LAB_RESULTS_GPU={env!r} has no results under data/results/; recorded GPUs: "
+                         f"{', '.join(gpus()) or 'none'}")
+
+
 def current_gpu() -> str | None:
     """The results folder of the GPU in hand, or None without a GPU."""
     from .. import runtime
@@ -109,9 +118,6 @@ def default_gpu() -> str | None:
     """
     env = config.results_gpu()
     if env:
-        if gpu_slug(env) not in gpus():
-            raise ValueError(f"NF4LAB_RESULTS_GPU={env!r} has no results under data/results/; recorded GPUs: "
-                             f"{', '.join(gpus()) or 'none'}")
         return gpu_slug(env)
     here = current_gpu()
     if here is not None:
