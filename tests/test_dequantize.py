@@ -617,23 +617,66 @@ def test_lean_launcher_writes_each_argument_into_its_slot():
     """LeanLauncher's parameter block, without a GPU: each call's twelve values land in the slots numba's
     kernel reads (each array's data pointer; n, bshift, gshift last), the launch gets the grid, stream and
     block address, and the slots the call does not own keep their fixed values."""
-    import threading
-
-    ln = fk.LeanLauncher.__new__(fk.LeanLauncher)
-    ln._slots = np.zeros(fk._NSLOTS, np.int64)
-    ln._slots[0] = 7                                  # a slot no call writes
-    ln._view, ln._lock = memoryview(ln._slots), threading.Lock()
-    ln._data = [a * fk._ARRAY_SLOTS + 4 for a in range(fk._NARRAYS)]
-    ln._func, ln._params_addr = 11, 22
     seen = []
-    ln._launch = lambda *a: seen.append(a) or 0
+    ln = fk.LeanLauncher.__new__(fk.LeanLauncher)
+    ln._setup(11, lambda *a: seen.append(a) or 0, fk.signature("bf16", False), "vector", "bf16")
+    slots = np.frombuffer(ln._block.buf, np.int64)
+    assert len(slots) == 9 * 7 + 3
     ln(5, 132, 1 << 41, 102, 103, 104, 105, 106, (1 << 44) + 8, 4096, 6, 8)
-    got = [int(ln._slots[i]) for i in ln._data] + [int(v) for v in ln._slots[-3:]]
+    got = [int(slots[a * 7 + 4]) for a in range(9)] + [int(v) for v in slots[-3:]]
     assert got == [1 << 41, 1 << 41, 102, 103, 104, 105, 106, (1 << 44) + 8, (1 << 44) + 8, 4096, 6, 8]
-    assert seen == [(11, 132, fk.THREADS, 5, 22)] and ln._slots[0] == 7
+    assert seen == [(11, 132, fk.THREADS, 5, ln._params_addr)]
+    sizes = [1, 4, 4, 4, 4, 4, 4, 2, 4]
+    for a, size in enumerate(sizes):  # the slots no call writes: the placeholder shape and real itemsizes
+        assert slots[a * 7: a * 7 + 4].tolist() == [0, 0, fk._PLACEHOLDER, size]
+        assert slots[a * 7 + 5: a * 7 + 7].tolist() == [fk._PLACEHOLDER, size]
     ln._launch = lambda *a: 1
     with pytest.raises(RuntimeError, match="cuLaunchKernel failed"):
         ln(5, 132, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10)
+
+
+@pytest.mark.parametrize("dtype,nested", [("bf16", True), ("fp16", False), ("fp32", True), ("fp32", False)])
+def test_param_layout_is_the_hand_written_dequantize_block(dtype, nested):
+    """The parameter block that ParamLayout derives from a dequantization kernel's signature is, byte for
+    byte, the block that the hand-written packer built (9 arrays of 7 slots, then n, bshift, gshift), and
+    cuLaunchKernel gets a pointer to each 8-byte slot."""
+    layout = fk.ParamLayout(fk.signature(dtype, nested))
+    ptrs = [0x7F0000000000 + 0x100 * a for a in range(9)]
+    counts = [1000 + a for a in range(9)]
+    got = bytearray(layout.size)
+    layout.pack_into(got, *zip(ptrs, counts), 4096, 6, 8)
+    sizes = [1, 4, 1 if nested else 4, 4, 4, 4, 4, 4 if dtype == "fp32" else 2, 4]
+    old = np.zeros(9 * 7 + 3, dtype=np.int64)   # the old formula, slot by slot
+    for a, itemsize in enumerate(sizes):
+        old[a * 7 + 2], old[a * 7 + 3], old[a * 7 + 4] = counts[a], itemsize, ptrs[a]
+        old[a * 7 + 5], old[a * 7 + 6] = counts[a], itemsize
+    old[-3:] = (4096, 6, 8)
+    assert bytes(got) == old.tobytes()
+    assert layout.offsets == [8 * i for i in range(9 * 7 + 3)]
+
+
+def test_param_layout_is_the_hand_written_gemv_block():
+    """The same for the fused GEMV's signature: byte for byte the hand-written
+    ``struct.Struct("<" + "q" * 35 + "f4x" + "q" * 17)`` block (5 arrays, the float32 offset in the low 4
+    bytes of its slot, 2 arrays, N, K, bs_shift), one pointer per 8-byte slot."""
+    import struct
+
+    from nf4lab.kernels import gemv
+
+    layout = fk.ParamLayout(gemv.signature())
+    ptrs, counts = (1000, 2000, 3000, 4000, 5000), (11, 12, 13, 14, 16)
+    got = bytearray(layout.size)
+    layout.pack_into(got, *zip(ptrs, counts), -0.125, (6000, 21), (7000, 22), 4096, 14336, 6)
+    itemsizes = (4, 1, 4, 4, 4, 4, 2)
+    slots = []
+    for ptr, count, size in zip(ptrs, counts, itemsizes):
+        slots += (0, 0, count, size, ptr, count, size)
+    old = bytearray(53 * 8)
+    struct.Struct("<" + "q" * 35 + "f4x" + "q" * 17).pack_into(
+        old, 0, *slots, -0.125, 0, 0, 21, 4, 6000, 21, 4, 0, 0, 22, 2, 7000, 22, 2, 4096, 14336, 6)
+    assert bytes(got) == bytes(old)
+    assert layout.offsets == [8 * i for i in range(53)]
+    assert layout.data[5:] == [36 + 4, 43 + 4]
 
 
 # ---------------------------------------------------------------- real weights

@@ -515,7 +515,7 @@ def test_checked_plan_equals_the_validated_plan(shape, bs, dtype):
 
     packed, qs = quantize(shape, dtype=dtype, bs=bs, nested=False)
     assert bnb_backend._dequantize_handles(packed, qs.absmax, bs, "nf4", list(shape), dtype)
-    full = dequant._plan(packed, qs, None)
+    full = dequant.plan(packed, qs, None)
     fast = dequant.plan_checked(packed, qs.absmax, bs, "nf4", list(shape), dtype, bnb_backend._PlainState(qs.absmax))
     for f in ("shape", "n", "nbytes", "dtype", "tdtype", "blocksize", "nested", "nblocks", "gsize", "quant_type"):
         assert getattr(fast, f) == getattr(full, f), f

@@ -142,13 +142,15 @@ def test_gemv_lean_parameter_block_is_numbas_layout():
     then N, K, bs_shift. A wrong slot would hand the kernel a wrong pointer; the GPU run's bit check
     against numba's own launch is the other half of this test."""
     from nf4lab.integrations.torch_ops import _GemvLean
+    from nf4lab.kernels import fastkernel, gemv
 
+    layout = fastkernel.ParamLayout(gemv.signature())
     ptrs, counts = (1000, 2000, 3000, 4000, 5000), (11, 12, 13, 14, 16)
-    buf = bytearray(_GemvLean.LAYOUT.size)
-    _GemvLean.pack(buf, _GemvLean.prefix(ptrs, counts, 0.25), 6000, 21, 7000, 22, 4096, 14336, 6)
+    buf = bytearray(layout.size)
+    layout.pack_into(buf, *_GemvLean.prefix(ptrs, counts, 0.25), (6000, 21), (7000, 22), 4096, 14336, 6)
     slots = np.frombuffer(bytes(buf), dtype=np.int64)
     assert len(slots) == 53
-    arrays = list(zip(ptrs, counts, _GemvLean.ITEMSIZES[:5])) + [(6000, 21, 4), (7000, 22, 2)]
+    arrays = list(zip(ptrs, counts, (4, 1, 4, 4, 4))) + [(6000, 21, 4), (7000, 22, 2)]
     for base, (ptr, count, size) in zip((0, 7, 14, 21, 28, 36, 43), arrays):
         assert slots[base:base + 7].tolist() == [0, 0, count, size, ptr, count, size]
     assert np.frombuffer(bytes(buf[35 * 8:36 * 8]), dtype=np.float32).tolist() == [0.25, 0.0]
@@ -158,12 +160,13 @@ def test_gemv_lean_parameter_block_is_numbas_layout():
 def test_gemv_launch_block_writes_only_x_and_y_and_launches_the_whole_block():
     """A weight's parameter block at one batch size (torch_ops._Block): built once with every slot but x's and
     y's pointers, then each call writes those two. What cuLaunchKernel receives (the pointer array's targets)
-    must be, byte for byte, the block that ``pack`` writes with this call's pointers."""
+    must be, byte for byte, the block that the layout packs with this call's pointers."""
     import ctypes
     import threading
     from types import SimpleNamespace
 
     from nf4lab.integrations.torch_ops import _Block, _GemvLean
+    from nf4lab.kernels import fastkernel, gemv
 
     seen = []
 
@@ -172,13 +175,14 @@ def test_gemv_launch_block_writes_only_x_and_y_and_launches_the_whole_block():
         seen.append((func, grid, threads, stream, smem, b"".join(ctypes.string_at(p, 8) for p in ptrs)))
         return 0
 
-    lean = SimpleNamespace(_lock=threading.Lock(), _launch=fake_launch, _func=77)
+    layout = fastkernel.ParamLayout(gemv.signature())
+    lean = SimpleNamespace(_lock=threading.Lock(), _launch=fake_launch, _func=77, layout=layout)
     M, N, K = 3, 4096, 14336
     prefix = _GemvLean.prefix((1000, 2000, 3000, 4000, 5000), (11, 12, 13, 14, 16), -0.125)
     blk = _Block(lean, SimpleNamespace(prefix=prefix, N=N, K=K, bs_shift=6), M, 264, 65536)
     for xp, yp in ((0x7F0000001000, 0x7F0000002000), (0x7F0000003000, 0x7F0000004000)):
         blk(5, xp, yp)
-        want = bytearray(_GemvLean.LAYOUT.size)
-        _GemvLean.pack(want, prefix, xp, M * K // 2, yp, M * N, N, K, 6)
+        want = bytearray(layout.size)
+        layout.pack_into(want, *prefix, (xp, M * K // 2), (yp, M * N), N, K, 6)
         assert seen[-1][:5] == (77, 264, 256, 5, 65536)
         assert seen[-1][5] == bytes(want)

@@ -48,6 +48,41 @@ def lut_for(quant_type: str, device: str = "cpu") -> np.ndarray:
 DTYPES = ("bf16", "fp16", "fp32")
 ITEMSIZE = {"bf16": 2, "fp16": 2, "fp32": 4}
 BITS_DTYPE = {"bf16": np.uint16, "fp16": np.uint16, "fp32": np.uint32}
+# The one dtype map: the names the package uses, torch's names for them (torch itself is imported only
+# when a torch dtype is asked for: this module must import without torch).
+TORCH_NAMES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
+_BY_TORCH: dict = {}  # torch.dtype -> "bf16" | "fp16" | "fp32", filled on first use
+_TO_TORCH: dict = {}  # "bf16" | "fp16" | "fp32" -> torch.dtype
+
+
+def _fill_torch() -> None:
+    import torch
+
+    for name, attr in TORCH_NAMES.items():
+        _TO_TORCH[name] = getattr(torch, attr)
+        _BY_TORCH[getattr(torch, attr)] = name
+
+
+def torch_dtype(name: str):
+    """The torch dtype of "bf16", "fp16" or "fp32"."""
+    if not _TO_TORCH:
+        _fill_torch()
+    if name not in _TO_TORCH:
+        raise ValueError(f"dtype must be one of {DTYPES}, got {name!r}")
+    return _TO_TORCH[name]
+
+
+def dtype_names() -> dict:
+    """torch dtype -> "bf16" | "fp16" | "fp32": a plain dict (a lookup in it is what torch.compile traces;
+    ``str(dtype)`` it does not)."""
+    if not _BY_TORCH:
+        _fill_torch()
+    return _BY_TORCH
+
+
+def dtype_name(tdtype):
+    """"bf16", "fp16" or "fp32" for a torch dtype; None for any other value."""
+    return dtype_names().get(tdtype)
 BLOCKSIZES = (32, 64, 128, 256, 512, 1024, 2048, 4096)
 QUANT_TYPES = ("nf4", "fp4")
 NESTED_BLOCKSIZE = 256  # blocks per absmax2 group: bitsandbytes' compress_statistics

@@ -34,9 +34,6 @@ DISTS = {
     "llm": "normal weights with a few large outlier columns, like real LLM linear layers",
 }
 
-TORCH_DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
-
-
 @dataclasses.dataclass
 class Case:
     name: str
@@ -84,7 +81,7 @@ class Case:
                             blocksize=reference.NESTED_BLOCKSIZE, dtype=torch.float32)
         qs = QuantState(absmax=torch.from_numpy(self.absmax_q).to(device), shape=torch.Size(self.shape),
                         code=torch.from_numpy(self.lut.copy()).to(device), blocksize=self.blocksize,
-                        quant_type=self.quant_type, dtype=getattr(torch, TORCH_DTYPES[self.dtype]),
+                        quant_type=self.quant_type, dtype=reference.torch_dtype(self.dtype),
                         offset=torch.tensor(float(self.offset), device=device), state2=state2)
         packed = torch.from_numpy(self.packed).to(device).reshape(-1, 1)
         return packed, qs
@@ -171,7 +168,7 @@ def generate(shape, dtype="bf16", dist="randn", seed=0, blocksize=64, quant_type
     import bitsandbytes.functional as F
 
     device = _bnb_device(device)
-    tdtype = getattr(torch, TORCH_DTYPES[dtype])
+    tdtype = reference.torch_dtype(dtype)
     w = _weights(shape, dist, seed, blocksize).to(tdtype).to(device)
     packed, qs = F.quantize_4bit(w, blocksize=blocksize, quant_type=quant_type, compress_statistics=True)
     out = F.dequantize_4bit(packed, qs)

@@ -5,7 +5,7 @@ import numpy as np
 
 from . import cases
 from ..format import reference
-from ..kernels.gemv import TORCH_DTYPE, make_gemv_buffers
+from ..kernels.gemv import make_gemv_buffers
 
 EPS32 = float(np.finfo(np.float32).eps)        # 2^-23
 UNIT_OUT = {"bf16": 2.0 ** -8, "fp16": 2.0 ** -11, "fp32": 2.0 ** -24}  # unit roundoff of the output
@@ -123,7 +123,7 @@ def bnb_output(gc: GemvCase, device="cpu"):
     import torch
 
     packed, qs = gc.case.quant_state(device)
-    x = torch.from_numpy(gc.x_bits.view(np.int16).copy()).view(getattr(torch, TORCH_DTYPE[gc.dtype])).to(device)
+    x = torch.from_numpy(gc.x_bits.view(np.int16).copy()).view(reference.torch_dtype(gc.dtype)).to(device)
     with torch.no_grad():
         return bnb.matmul_4bit(x, packed.t(), quant_state=qs)
 

@@ -17,11 +17,12 @@ def dequantize(A, quant_state=None, out=None):
     (taken from ``A.quant_state`` when omitted), ``out``: optional tensor of
     ``quant_state.shape`` and ``quant_state.dtype`` on A's device, filled and returned.
     """
-    p = _dq._plan(A, quant_state, out)
-    if _dq._compiling():
+    p = _dq.plan(A, quant_state, out)
+    if _dq.compiling():
         from . import torch_ops  # noqa: F401  (registers the ops; imports torch, which is in use here anyway)
 
-        torch = _dq._torch()
+        import torch
+
         args = _dq.op_args(p.A, p.qs)
         if out is None:
             result = torch.ops.nf4lab.dequantize_4bit(*args)

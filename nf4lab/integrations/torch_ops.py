@@ -32,17 +32,17 @@ mode does warm-up runs by itself).
 """
 from __future__ import annotations
 
-import struct
 import weakref
 from typing import Optional
 
 import torch
 
+from ..format import reference
 from ..format.reference import BLOCKSIZES, QUANT_TYPES
 from ..kernels import dequant as _dq
 from ..kernels import gemv as _gemv
 
-_TDTYPE = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}
+_TDTYPE = reference.dtype_names()  # torch dtype -> "bf16" | "fp16" | "fp32"
 
 
 def _state(absmax, absmax2, code2, offset, blocksize, nested_blocksize, quant_type, shape, dtype):
@@ -62,7 +62,7 @@ def _state(absmax, absmax2, code2, offset, blocksize, nested_blocksize, quant_ty
 
 
 def _run(A, qs, out):
-    return _dq.run(_dq._plan(A, qs, out), out)
+    return _dq.run(_dq.plan(A, qs, out), out)
 
 
 @torch.library.custom_op("nf4lab::dequantize_4bit", mutates_args=())
@@ -129,43 +129,31 @@ def offset_value(offset) -> float:
 
 
 class _GemvLean:
-    """Launch a compiled fused-GEMV kernel with ``cuLaunchKernel`` from raw pointers (as
-    :class:`nf4lab.kernels.fastkernel.LeanLauncher` does for dequantize): numba's dispatcher plus seven
-    ``cuda.as_cuda_array`` conversions cost far more host time than the kernel takes at decode
-    sizes. Parameter layout numba uses: per 1-D array 7 slots of 8 bytes (meminfo, parent,
-    nitems, itemsize, data, shape[0], strides[0]), one slot per scalar (the float32 offset in
-    the low 4 bytes). Real sizes are written, so the kernel may read shapes.
+    """Launch a compiled fused-GEMV kernel with ``cuLaunchKernel`` from raw pointers, on a parameter block laid
+    out from the kernel's signature (:class:`nf4lab.kernels.fastkernel.ParamLayout`, as for dequantize):
+    numba's dispatcher plus seven ``cuda.as_cuda_array`` conversions cost far more host time than the kernel
+    takes at decode sizes. Real sizes are written, so the kernel may read shapes.
 
     For one weight and batch size only x's and y's pointers change from call to call: each such pair
     keeps a :class:`_Block` with every other slot written once, and a launch writes two slots."""
 
-    ITEMSIZES = (4, 1, 4, 4, 4, 4, 2)  # packed_u32, absmax_q, absmax2, code2, lut, x_u32, y
     # argument order: packed_u32 absmax_q absmax2 code2 lut | offset | x_u32 y | N K bs_shift
-    LAYOUT = struct.Struct("<" + "q" * 35 + "f4x" + "q" * 17)
-    X_DATA, Y_DATA = 36 + 4, 43 + 4    # the slots of x_u32's and y's data pointers
+    X_ARG, Y_ARG = 5, 6   # x_u32 and y among the array arguments
 
-    def __init__(self, compiled):
+    def __init__(self, compiled, argtypes):
         import threading
 
-        from ..kernels.fastkernel import driver_launch
+        from ..kernels.fastkernel import ParamLayout, driver_launch
 
         self._launch = driver_launch()
         self._func = int(compiled._codelibrary.get_cufunc().handle)
+        self.layout = ParamLayout(argtypes)
         self._lock = threading.Lock()   # a block's two slots and its launch, one thread at a time
 
-    @classmethod
-    def prefix(cls, ptrs, counts, offset) -> tuple:
-        """The slots of packed_u32, absmax_q, absmax2, code2, lut (pointers, element counts) and the offset."""
-        slots = []
-        for ptr, count, size in zip(ptrs, counts, cls.ITEMSIZES):
-            slots += (0, 0, count, size, ptr, count, size)
-        return (*slots, offset)
-
-    @classmethod
-    def pack(cls, buf, prefix, x_ptr, x_count, y_ptr, y_count, N, K, bs_shift):
-        """Write a launch's whole parameter block into ``buf``: the weight's prefix, x_u32 and y, N, K, bs_shift."""
-        cls.LAYOUT.pack_into(buf, 0, *prefix, 0, 0, x_count, 4, x_ptr, x_count, 4,
-                             0, 0, y_count, 2, y_ptr, y_count, 2, N, K, bs_shift)
+    @staticmethod
+    def prefix(ptrs, counts, offset) -> tuple:
+        """The arguments packed_u32, absmax_q, absmax2, code2, lut (pointer, element count) and the offset."""
+        return (*zip(ptrs, counts), offset)
 
     def block(self, w, M, grid, smem):
         """The parameter block of weight ``w`` (a :class:`_Weight`) at batch size M."""
@@ -176,24 +164,22 @@ class _Block:
     """One weight's launch at one batch size: the whole parameter block in a buffer of its own, with x's and
     y's pointers the only slots a call writes (two 8-byte stores into a memoryview, no packing)."""
 
-    __slots__ = ("lean", "grid", "smem", "buf", "params", "params_addr", "view")
+    __slots__ = ("lean", "grid", "smem", "block", "params_addr", "view", "x_slot", "y_slot")
 
     def __init__(self, lean, w, M, grid, smem):
-        import ctypes
+        from ..kernels.fastkernel import ParamBlock
 
         self.lean, self.grid, self.smem = lean, grid, smem
-        self.buf = ctypes.create_string_buffer(_GemvLean.LAYOUT.size)
-        _GemvLean.pack(self.buf, w.prefix, 0, M * w.K // 2, 0, M * w.N, w.N, w.K, w.bs_shift)
-        base = ctypes.addressof(self.buf)
-        self.params = (ctypes.c_uint64 * 53)(*(base + 8 * i for i in range(53)))
-        self.params_addr = ctypes.addressof(self.params)
-        self.view = memoryview(self.buf).cast("B").cast("q")
+        self.block = ParamBlock(lean.layout, *w.prefix, (0, M * w.K // 2), (0, M * w.N), w.N, w.K, w.bs_shift)
+        self.params_addr = self.block.params_addr
+        self.view = self.block.view
+        self.x_slot, self.y_slot = lean.layout.data[_GemvLean.X_ARG], lean.layout.data[_GemvLean.Y_ARG]
 
     def __call__(self, stream, x_ptr, y_ptr):
         lean, v = self.lean, self.view
         with lean._lock:
-            v[_GemvLean.X_DATA] = x_ptr
-            v[_GemvLean.Y_DATA] = y_ptr
+            v[self.x_slot] = x_ptr
+            v[self.y_slot] = y_ptr
             err = lean._launch(lean._func, self.grid, _gemv.THREADS, stream, self.params_addr, self.smem)
         if err:
             raise RuntimeError(f"cuLaunchKernel failed: CUresult {err}")
@@ -214,7 +200,8 @@ def _first_launch(key, grid, w, x, M, packed, absmax_q, absmax2, code2, blocksiz
     if key in _GEMV_LEAN or len(kern.overloads) != 1 or torch.cuda.is_current_stream_capturing():
         return
     try:
-        lean = _GemvLean(next(iter(kern.overloads.values())))
+        argtypes, compiled = next(iter(kern.overloads.items()))
+        lean = _GemvLean(compiled, argtypes)
         scratch = torch.full_like(out, float("nan"))
         idx = x.get_device()
         lean.block(w, M, grid, _gemv.SMEM)(torch._C._cuda_getCurrentRawStream(idx), x.data_ptr(), scratch.data_ptr())
@@ -256,7 +243,7 @@ def _weight(packed, shape, absmax_q, absmax2, code2, offset, blocksize):
     if len(shape) != 2 or not _weight_handled(packed, shape, absmax_q, absmax2, code2, blocksize):
         return None
     if torch.cuda.is_current_stream_capturing() and (_cached_offset(offset) is None
-                                                     or ("nf4", packed.device) not in _dq._LUT_CACHE):
+                                                     or not _dq.lut_ready("nf4", packed.device)):
         return None  # a device read or copy would break the capture: the caller serves this call another way
     w = _Weight()
     key = id(absmax_q)
@@ -268,7 +255,7 @@ def _weight(packed, shape, absmax_q, absmax2, code2, offset, blocksize):
     w.N, w.K = w.shape
     w.bs_shift = int(blocksize).bit_length() - 1
     w.words = _gemv.words_apply(True, w.bs_shift, w.K, absmax_q.data_ptr())   # as _gemv.launch decides
-    lut = _dq._device_lut("nf4", packed.device)
+    lut = _dq.device_lut("nf4", packed.device)
     w.prefix = _GemvLean.prefix(
         (w.ptr, absmax_q.data_ptr(), absmax2.data_ptr(), code2.data_ptr(), lut.data_ptr()),
         (w.N * w.K // 8, absmax_q.numel(), absmax2.numel(), code2.numel(), 16), offset_value(offset))
@@ -316,7 +303,7 @@ def gemv_call(x, packed, shape, absmax_q, absmax2, code2, offset, blocksize):
     blk = w.launches.get((M, dt))
     if blk is None:
         grid = _gemv.grid_size(w.N)   # once per weight, M and dtype: w.launches keeps it
-        key = (M, "bf16" if dt is torch.bfloat16 else "fp16", idx, w.words)
+        key = (M, _TDTYPE[dt], idx, w.words)
         lean = _GEMV_LEAN.get(key)
         if not isinstance(lean, _GemvLean):
             _first_launch(key, grid, w, x, M, packed, absmax_q, absmax2, code2, blocksize, out)
@@ -365,10 +352,10 @@ def dequant_linear(x, packed, shape, absmax, blocksize, quant_type, bias=None, a
         qs = _state(absmax_q, absmax, code2, offset, blocksize, 256, quant_type, shape, x.dtype)
     else:
         qs = _state(absmax, None, None, None, blocksize, 256, quant_type, shape, x.dtype)
-    p = _dq._plan(packed.reshape(-1), qs, None)
+    p = _dq.plan(packed.reshape(-1), qs, None)
     if x.device.type != "cuda":
-        return torch.nn.functional.linear(x, _dq._dequantize_cpu(p, None), bias)
-    W = _dq._dequantize_cuda(p, None)
+        return torch.nn.functional.linear(x, _dq.run_cpu(p, None), bias)
+    W = _dq.run_cuda(p, None)
     _dq_remember(p, x, packed, shape, absmax, blocksize, quant_type, absmax_q, code2, offset)
     return torch.nn.functional.linear(x, W, bias)
 
@@ -426,8 +413,8 @@ def _dq_remember(p, x, packed, shape, absmax, blocksize, quant_type, absmax_q, c
             blocksize, quant_type
         w.device, w.launches = x.device.index, {}
         _DQ_WEIGHTS[key] = w
-    stats, a2, c2, off = _dq._pointers(p)
-    lut = _dq._device_lut(p.quant_type, p.A.device).data_ptr()
+    stats, a2, c2, off = _dq.state_pointers(p)
+    lut = _dq.device_lut(p.quant_type, p.A.device).data_ptr()
     w.launches[x.dtype] = (p.dtype, p.nested, p.n, p.A.data_ptr(), stats, a2, c2, off, lut,
                            p.blocksize.bit_length() - 1, p.gsize.bit_length() - 1 if p.nested else 0)
 

@@ -1,5 +1,5 @@
 """The work behind ``nf4lab.dequantize(A, quant_state, out=None)``, bitsandbytes' ``dequantize_4bit``'s drop-in
-(:mod:`nf4lab.integrations.dequantize`): validation (``_plan``) and the eager CUDA and CPU paths (``run``).
+(:mod:`nf4lab.integrations.dequantize`): validation (``plan``) and the eager CUDA and CPU paths (``run``).
 
 Same inputs (the packed uint8 tensor and its ``QuantState``, or a ``Params4bit`` weight that
 carries its state), same result (a tensor of ``quant_state.shape`` and ``quant_state.dtype``,
@@ -32,6 +32,7 @@ from typing import NamedTuple
 
 import numpy as np
 
+from ..format import reference
 from ..format.reference import BLOCKSIZES, FP4_LUT, NF4_LUT, QUANT_TYPES
 
 
@@ -74,7 +75,7 @@ def _check_state_tensor(t, what: str, dtype, min_numel: int, device):
         raise ValueError(f"quant_state: {what} must be contiguous")
 
 
-def _plan(A, quant_state, out) -> _Plan:
+def plan(A, quant_state, out) -> _Plan:
     torch = _torch()
     QuantState = _quant_state_type()
     if quant_state is None:
@@ -98,9 +99,7 @@ def _plan(A, quant_state, out) -> _Plan:
         raise ValueError(f"quant_state.quant_type must be one of {QUANT_TYPES}, got {qs.quant_type!r}")
     if qs.blocksize not in BLOCKSIZES:
         raise ValueError(f"quant_state.blocksize must be one of {BLOCKSIZES}, got {qs.blocksize!r}")
-    # A lookup by torch.dtype, not by its str(): torch.compile traces a dict lookup, not str().
-    dtype = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}.get(qs.dtype) \
-        if isinstance(qs.dtype, torch.dtype) else None
+    dtype = reference.dtype_names().get(qs.dtype) if isinstance(qs.dtype, torch.dtype) else None
     if dtype is None:
         raise ValueError(f"quant_state.dtype must be torch.bfloat16, torch.float16 or torch.float32, got {qs.dtype!r}")
     try:
@@ -158,32 +157,26 @@ def _plan(A, quant_state, out) -> _Plan:
     return p
 
 
-_DTYPE_OF = {}  # torch dtype -> "bf16" | "fp16" | "fp32", filled on first use (torch is imported lazily)
-
-
 def plan_checked(A, absmax, blocksize, quant_type, shape, dtype, qs) -> _Plan:
     """A plan for plain (float32 absmax) statistics whose every check the caller has already made
     (nf4lab.install's kernel for bitsandbytes' op, see bnb_backend._dequantize_handles): the
     eager path there pays for its checks once, not twice."""
-    if not _DTYPE_OF:
-        torch = _torch()
-        _DTYPE_OF.update({torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"})
     p = _Plan()
     n = math.prod(shape)
-    p.A, p.qs, p.shape, p.n, p.nbytes, p.dtype, p.tdtype = A, qs, tuple(shape), n, (n + 1) // 2, _DTYPE_OF[dtype], dtype
+    p.A, p.qs, p.shape, p.n, p.nbytes, p.dtype, p.tdtype = A, qs, tuple(shape), n, (n + 1) // 2, reference.dtype_names()[dtype], dtype
     p.blocksize, p.nested, p.nblocks, p.gsize, p.quant_type = blocksize, False, -(-n // blocksize), 0, quant_type
     return p
 
 
 def run(p, out):
-    """Dequantize a validated call (:func:`_plan`) eagerly: the CUDA kernels or the CPU path, by A's device.
+    """Dequantize a validated call (:func:`plan`) eagerly: the CUDA kernels or the CPU path, by A's device.
     The result is never transposed (the ``A.shape[0] == 1`` shim is :func:`nf4lab.dequantize`'s)."""
     if p.A.device.type == "cuda":
-        return _dequantize_cuda(p, out)
-    return _dequantize_cpu(p, out)
+        return run_cuda(p, out)
+    return run_cpu(p, out)
 
 
-def _compiling() -> bool:
+def compiling() -> bool:
     compiler = getattr(_torch(), "compiler", None)
     return bool(compiler is not None and compiler.is_compiling())
 
@@ -312,7 +305,7 @@ def _cpu_absmax(p):
     return a + qs.offset
 
 
-def _dequantize_cpu(p, out):
+def run_cpu(p, out):
     torch = _torch()
     n, bs = p.n, p.blocksize
     path = bnb_cpu_path(p.shape, bs)
@@ -369,7 +362,12 @@ class _DeviceTable:
         return self._ptr
 
 
-def _device_lut(quant_type, device):
+def lut_ready(quant_type, device) -> bool:
+    """Whether the quant type's table is on ``device`` already (a first copy there cannot run under stream capture)."""
+    return (quant_type, device) in _LUT_CACHE
+
+
+def device_lut(quant_type, device):
     """The quant type's 16 floats on ``device`` (an object with ``data_ptr()``), copied there once."""
     key = (quant_type, device)
     t = _LUT_CACHE.get(key)
@@ -392,7 +390,7 @@ def _raw_stream(device) -> int:
         return torch.cuda.current_stream(device).cuda_stream
 
 
-def _pointers(p):
+def state_pointers(p):
     """Device addresses of the state, in the kernels' argument order (stats, absmax2, code2, offset)."""
     qs = p.qs
     stats = qs.absmax.data_ptr()
@@ -408,7 +406,7 @@ def _pointers(p):
     return stats, qs.state2.absmax.data_ptr(), qs.state2.code.data_ptr(), off.data_ptr()
 
 
-def _dequantize_cuda(p, out):
+def run_cuda(p, out):
     torch = _torch()
     from . import fastkernel as fk
 
@@ -420,8 +418,8 @@ def _dequantize_cuda(p, out):
     with _device_guard(device):
         a_ptr, o_ptr = p.A.data_ptr(), out.data_ptr()
         path = fk.choose_path(a_ptr, o_ptr)
-        stats, a2, c2, off = _pointers(p)
-        lut = _device_lut(p.quant_type, device).data_ptr()
+        stats, a2, c2, off = state_pointers(p)
+        lut = device_lut(p.quant_type, device).data_ptr()
         bshift = p.blocksize.bit_length() - 1
         gshift = p.gsize.bit_length() - 1 if p.nested else 0
         stream = _raw_stream(device)
@@ -453,7 +451,7 @@ def dequantize_plain_fast(A, absmax, blocksize, quant_type, shape, dtype, out):
     if n == 0 or idx is None or idx != torch._C._cuda_getDevice():
         return None
     table = _LUT_CACHE.get((quant_type, dev))
-    dts = _DTYPE_OF.get(dtype)
+    dts = reference.dtype_names().get(dtype)
     if table is None or dts is None:
         return None
     if out is None:
@@ -579,8 +577,8 @@ def _self_check(launcher, dtype, nested, path):
     a2 = torch.rand(16, generator=g).to(dev)
     c2 = torch.randn(256, generator=g).to(dev)
     off = torch.tensor([0.25]).to(dev)
-    lut = _device_lut("nf4", dev)
-    tdtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[dtype]
+    lut = device_lut("nf4", dev)
+    tdtype = reference.torch_dtype(dtype)
     # Misalign on purpose for the scalar path, so the check runs the way it will be used.
     shift = 0 if path == "vector" else 1
     a_t = pk[shift:]

@@ -321,13 +321,103 @@ def launch_arrays(packed, stats, absmax2, code2, offset, lut, out, *, n: int, bl
 
 
 # ---------------------------------------------------------------- lean launch (GPU only)
-# Kernel parameter layout numba uses for a 1-D array: meminfo, parent, nitems, itemsize,
-# data, shape[0], strides[0] (7 values of 8 bytes); scalars take one 8-byte slot each.
-_ARRAY_SLOTS = 7
-_NARRAYS = 9
-_NSLOTS = _ARRAY_SLOTS * _NARRAYS + 3
-_ITEMSIZE = {"packed": 1, "packed_u32": 4, "stats_nested": 1, "stats_plain": 4, "f32": 4, "out16": 2, "out32": 4}
-_PLACEHOLDER = 1 << 40  # the shape the kernels never read
+_PLACEHOLDER = 1 << 40  # the shape the dequantization kernels never read
+
+
+class ParamLayout:
+    """numba's kernel parameter block for a signature, derived from its argument types, for launching a
+    compiled kernel with ``cuLaunchKernel`` from raw pointers.
+
+    numba flattens each argument into kernel parameters: an array of ``ndim`` dimensions into meminfo, parent,
+    nitems, itemsize, data, shape[0..ndim), strides[0..ndim) (8 bytes each), a scalar into one parameter
+    of its own size. Each parameter sits at its natural alignment, as the CUDA ABI lays out the block.
+    An array argument is given to :meth:`pack_into` as ``(data pointer, element count)`` (C-contiguous,
+    1-D: its shape and strides follow), a scalar as its value."""
+
+    def __init__(self, argtypes):
+        import struct
+
+        from numba import types
+
+        fmt, off = ["<"], 0
+        self.offsets = []     # byte offset of each kernel parameter: cuLaunchKernel gets a pointer to each
+        self.data = []        # per array argument: its data pointer's 8-byte slot
+        self.scalars = []     # per scalar argument: its slot (8-byte scalars) or byte offset // 8
+        self.kinds = []       # per argument: ("array", itemsize) or ("scalar", struct code)
+
+        def put(code, size):
+            nonlocal off
+            pad = -off % size
+            if pad:
+                fmt.append(f"{pad}x")
+            off += pad
+            self.offsets.append(off)
+            fmt.append(code)
+            off += size
+
+        for t in argtypes:
+            if isinstance(t, types.Array):
+                if t.ndim != 1 or t.layout != "C":
+                    raise TypeError(f"ParamLayout: only 1-D C-contiguous arrays, got {t}")
+                for _ in range(7):          # meminfo, parent, nitems, itemsize, data, shape[0], strides[0]
+                    put("q", 8)
+                self.data.append(self.offsets[-3] // 8)
+                self.kinds.append(("array", t.dtype.bitwidth // 8))
+            elif isinstance(t, types.Float):
+                code = {32: "f", 64: "d"}[t.bitwidth]
+                put(code, t.bitwidth // 8)
+                self.scalars.append(self.offsets[-1] // 8)
+                self.kinds.append(("scalar", code))
+            elif isinstance(t, types.Integer):
+                code = {8: "b", 16: "h", 32: "i", 64: "q"}[t.bitwidth]
+                code = code if t.signed else code.upper()
+                put(code, t.bitwidth // 8)
+                self.scalars.append(self.offsets[-1] // 8)
+                self.kinds.append(("scalar", code))
+            else:
+                raise TypeError(f"ParamLayout: no layout for argument type {t}")
+        if -off % 8:
+            fmt.append(f"{-off % 8}x")
+        self.struct = struct.Struct("".join(fmt))
+        self.size = self.struct.size
+
+    def values(self, *args) -> tuple:
+        """The parameters' values, in order, for one launch's arguments."""
+        if len(args) != len(self.kinds):
+            raise TypeError(f"ParamLayout: {len(self.kinds)} arguments, got {len(args)}")
+        vals = []
+        for (kind, what), a in zip(self.kinds, args):
+            if kind == "array":
+                ptr, count = a
+                vals += (0, 0, count, what, ptr, count, what)
+            else:
+                vals.append(a)
+        return tuple(vals)
+
+    def pack_into(self, buf, *args) -> None:
+        """Write the whole parameter block of a launch with ``args`` into ``buf``."""
+        self.struct.pack_into(buf, 0, *self.values(*args))
+
+
+class ParamBlock:
+    """A parameter block in memory of its own and the array of pointers to its parameters that
+    ``cuLaunchKernel`` takes; ``view`` writes an 8-byte slot in place (a data pointer between launches,
+    no repacking). cuLaunchKernel copies the parameters before it returns, so the block may be rewritten
+    right after a launch."""
+
+    __slots__ = ("layout", "buf", "params", "params_addr", "view")
+
+    def __init__(self, layout: ParamLayout, *args):
+        import ctypes
+
+        self.layout = layout
+        self.buf = ctypes.create_string_buffer(layout.size)
+        base = ctypes.addressof(self.buf)
+        self.params = (ctypes.c_uint64 * len(layout.offsets))(*(base + o for o in layout.offsets))
+        self.params_addr = ctypes.addressof(self.params)
+        self.view = memoryview(self.buf).cast("B").cast("q")
+        if args:
+            layout.pack_into(self.buf, *args)
 
 
 @functools.cache
@@ -363,42 +453,35 @@ def driver_launch():
 
 
 class LeanLauncher:
-    """Launch one compiled kernel with ``cuLaunchKernel`` from raw pointers.
+    """Launch one compiled dequantization kernel with ``cuLaunchKernel`` from raw pointers.
 
     numba's dispatcher costs 24-70 us a launch (type checks, argument wrapping,
-    torch -> device array conversion). Here the parameter block is built once: a
-    numpy array of 8-byte slots plus an array of pointers to them. A call writes
-    the 12 changing values into their slots (through a memoryview) and launches. A lock keeps two threads
-    from interleaving their writes (cuLaunchKernel copies the parameters before it
-    returns, so the block may be rewritten right after).
+    torch -> device array conversion). Here the parameter block (:class:`ParamBlock`, laid out
+    from the kernel's signature) is built once; a call writes the 12 changing values into their
+    slots (through a memoryview) and launches. A lock keeps two threads from interleaving their writes.
     """
 
     def __init__(self, dtype: str, nested: bool, path: str):
         kernel, sig = get_kernel(dtype, nested, path)
         compiled = kernel.overloads[sig] if sig in kernel.overloads else kernel.overloads[tuple(sig)]
-        self._launch = driver_launch()
-        self._func = int(compiled._codelibrary.get_cufunc().handle)
+        self._setup(int(compiled._codelibrary.get_cufunc().handle), driver_launch(), sig, path, dtype)
+
+    def _setup(self, func: int, launch, sig, path: str, dtype: str) -> None:
+        """Everything but the compiled kernel (tests build a launcher around a fake launch)."""
+        self._launch, self._func = launch, func
         self.path, self.dtype = path, dtype
-        self._slots = np.zeros(_NSLOTS, dtype=np.int64)
-        base = self._slots.ctypes.data
-        self._params = np.arange(_NSLOTS, dtype=np.uint64) * np.uint64(8) + np.uint64(base)
-        self._params_addr = int(self._params.ctypes.data)
-        sizes = [1, 4, 1 if nested else 4, 4, 4, 4, 4, 4 if dtype == "fp32" else 2, 4]
-        for a, itemsize in enumerate(sizes):
-            s = a * _ARRAY_SLOTS
-            self._slots[s + 2] = _PLACEHOLDER       # nitems
-            self._slots[s + 3] = itemsize
-            self._slots[s + 5] = _PLACEHOLDER       # shape[0]
-            self._slots[s + 6] = itemsize           # strides[0]
+        layout = ParamLayout(sig)
+        # Every array with the placeholder shape (the kernels never read one), pointers and scalars written per call.
+        self._block = ParamBlock(layout, *([(0, _PLACEHOLDER)] * len(layout.data)), 0, 0, 0)
+        self._params_addr = self._block.params_addr
+        self._data, self._scalars = layout.data, layout.scalars
         self._lock = threading.Lock()
-        # The data slot of each array, in argument order.
-        self._data = [a * _ARRAY_SLOTS + 4 for a in range(_NARRAYS)]
         # Writes through a memoryview: a numpy item assignment costs about 0.1 us, twelve a launch.
-        self._view = memoryview(self._slots)
+        self._view = self._block.view
 
     def __call__(self, stream: int, grid: int, packed: int, stats: int, absmax2: int, code2: int,
                  offset: int, lut: int, out: int, n: int, bshift: int, gshift: int) -> None:
-        d = self._data
+        d, c = self._data, self._scalars
         with self._lock:
             s = self._view
             s[d[0]] = packed
@@ -410,9 +493,9 @@ class LeanLauncher:
             s[d[6]] = lut
             s[d[7]] = out
             s[d[8]] = out
-            s[_NSLOTS - 3] = n
-            s[_NSLOTS - 2] = bshift
-            s[_NSLOTS - 1] = gshift
+            s[c[0]] = n
+            s[c[1]] = bshift
+            s[c[2]] = gshift
             err = self._launch(self._func, grid, THREADS, stream, self._params_addr)
         if err:
             raise RuntimeError(f"cuLaunchKernel failed: CUresult {err}")

@@ -24,7 +24,7 @@ from ..device.warp_ops import (_lookup_at, default_base, f32_from_bits, load_str
 from numba import cuda, float32, types, uint32, uint64  # noqa: E402  (globals the simulator swaps in kernels)
 
 LLM_SHAPES = ((4096, 4096), (4096, 14336), (14336, 4096), (8192, 28672))  # (N, K) = W.shape
-TORCH_DTYPE = {"bf16": "bfloat16", "fp16": "float16"}
+DTYPES = ("bf16", "fp16")        # the output dtypes the kernel writes
 NAME = "09_fused_gemv"
 MAX_M = 8                       # batch rows of x the kernel takes (each weight byte is still read once)
 THREADS, W = 256, 8             # threads and warps per block
@@ -337,7 +337,7 @@ class GemvBuffers:
 
 def validate(g) -> None:
     """Raise on bad input, naming the parameter, before a launch reads out of bounds or kills the CUDA context."""
-    if g.dtype not in TORCH_DTYPE:
+    if g.dtype not in DTYPES:
         raise ValueError(f"dtype must be 'bf16' or 'fp16', got {g.dtype!r}")
     for name in ("N", "K", "M", "bs_shift"):
         if isinstance(getattr(g, name), bool) or not isinstance(getattr(g, name), (int, np.integer)):
@@ -402,7 +402,7 @@ def buffers_from_torch(x, packed, shape, absmax_q, absmax2, code2, offset, block
                        absmax2=arr(absmax2), code2=arr(code2), lut=_LUT[dev], offset=np.float32(offset),
                        x_u32=arr(x, torch.int32).view(np.uint32), y=arr(y, torch.int16).view(np.uint16), N=int(N),
                        K=int(K), M=x.numel() // K, bs_shift=int(blocksize).bit_length() - 1,
-                       dtype={torch.bfloat16: "bf16", torch.float16: "fp16"}[x.dtype], stream=stream)
+                       dtype=reference.dtype_name(x.dtype), stream=stream)
 
 
 def launch_torch(x, packed, shape, absmax_q, absmax2, code2, offset, blocksize, out):

@@ -2,7 +2,7 @@
 import dataclasses, itertools, math, time  # noqa: E401
 
 from .. import runtime
-from ..kernels.gemv import LLM_SHAPES, TORCH_DTYPE, buffers_from_torch
+from ..kernels.gemv import LLM_SHAPES, buffers_from_torch
 from ..format import reference
 from ..harness.gemv_check import tolerance
 from . import bench, results
@@ -51,7 +51,7 @@ def _quantize_gpu(N, K, dtype, seed=0, M=1):
     import torch
 
     g = torch.Generator(device="cuda").manual_seed(seed)
-    t = getattr(torch, TORCH_DTYPE[dtype])
+    t = reference.torch_dtype(dtype)
     w = torch.randn(N, K, generator=g, device="cuda", dtype=torch.float32).to(t)
     packed, qs = F.quantize_4bit(w, blocksize=64, quant_type="nf4", compress_statistics=True)
     return packed, qs, torch.randn(M, K, generator=g, device="cuda", dtype=torch.float32).to(t)
