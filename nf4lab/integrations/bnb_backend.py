@@ -96,7 +96,7 @@ def _run_checked(A, absmax, blocksize, quant_type, shape, dtype, out):
     if got is not None:
         return got
     p = _dq.plan_checked(A, absmax, blocksize, quant_type, shape, dtype, _PlainState(absmax))
-    return _dq._dequantize_cuda(p, out)
+    return _dq.run_cuda(p, out)
 
 
 def _gemm_takes(absmax_8bit, absmax_code, absmax_offset, quant_type, bias, A) -> bool:
