@@ -474,6 +474,7 @@ class LeanLauncher:
         # Every array with the placeholder shape (the kernels never read one), pointers and scalars written per call.
         self._block = ParamBlock(layout, *([(0, _PLACEHOLDER)] * len(layout.data)), 0, 0, 0)
         self._params_addr = self._block.params_addr
+        self._slots = np.frombuffer(self._block.buf, np.int64)   # the block's 8-byte slots, read-only use (lab/)
         self._data, self._scalars = layout.data, layout.scalars
         self._lock = threading.Lock()
         # Writes through a memoryview: a numpy item assignment costs about 0.1 us, twelve a launch.
