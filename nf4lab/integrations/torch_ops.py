@@ -265,13 +265,15 @@ def _weight(packed, shape, absmax_q, absmax2, code2, offset, blocksize):
 
 def _weight_handled(packed, shape, absmax_q, absmax2, code2, blocksize) -> bool:
     N, K = int(shape[0]), int(shape[1])
-    return (packed.device.type == "cuda" and K > 0 and K % 64 == 0 and 64 <= blocksize <= 4096
-            and blocksize & (blocksize - 1) == 0 and absmax_q.dtype == torch.uint8
+    bs_shift = int(blocksize).bit_length() - 1
+    if K <= 0 or blocksize <= 0 or blocksize != 1 << bs_shift or _gemv.limits_problem(N, K, bs_shift):
+        return False
+    return (packed.device.type == "cuda" and absmax_q.dtype == torch.uint8
             and packed.dtype == torch.uint8 and packed.numel() >= N * K // 2
             and absmax_q.numel() >= -(-N * K // blocksize) and absmax2.is_contiguous()
             and absmax2.dtype == torch.float32 and code2.dtype == torch.float32 and code2.numel() >= 256
             and packed.is_contiguous() and absmax_q.is_contiguous() and packed.data_ptr() % 16 == 0
-            and N * K // 8 < 1 << 32 and absmax_q.device == packed.device and absmax2.device == packed.device
+            and absmax_q.device == packed.device and absmax2.device == packed.device
             and code2.device == packed.device)
 
 

@@ -335,6 +335,22 @@ class GemvBuffers:
         return self.y.copy_to_host()
 
 
+def limits_problem(N, K, bs_shift):
+    """What keeps the fused kernel from a weight of shape (N, K) and blocksize ``2 ** bs_shift``, as one line
+    naming the parameter, or None: the one statement of these limits (:func:`validate` raises it; the torch
+    op's weight check, ``nf4lab.integrations.torch_ops``, hands such a weight to another path)."""
+    if N < 1:
+        return f"N={N}: W needs at least one row"
+    if not 6 <= bs_shift <= 12:
+        return f"blocksize {2 ** bs_shift}: a power of two in 64..4096 is needed (bs_shift={bs_shift})"
+    if K % 64:
+        return (f"K={K}: the fused kernel needs K a multiple of 64 (a lane takes 64 consecutive columns "
+                "of a row, one absmax block)")
+    if N * K // 8 >= 1 << 32:
+        return f"N*K={N * K}: word indices must fit in 32 bits (N*K < 2**35)"
+    return None
+
+
 def validate(g) -> None:
     """Raise on bad input, naming the parameter, before a launch reads out of bounds or kills the CUDA context."""
     if g.dtype not in DTYPES:
@@ -344,15 +360,9 @@ def validate(g) -> None:
             raise TypeError(f"{name} must be an int, got {type(getattr(g, name)).__name__}")
     if not 1 <= g.M <= MAX_M:
         raise ValueError(f"M={g.M}: this kernel takes 1 to {MAX_M} rows of x (batch), got {g.M}")
-    if g.N < 1:
-        raise ValueError(f"N={g.N}: W needs at least one row")
-    if not 6 <= g.bs_shift <= 12:
-        raise ValueError(f"blocksize {2 ** g.bs_shift}: a power of two in 64..4096 is needed (bs_shift={g.bs_shift})")
-    if g.K % 64:
-        raise ValueError(f"K={g.K}: the fused kernel needs K a multiple of 64 (a lane takes 64 consecutive columns "
-                         "of a row, one absmax block)")
-    if g.N * g.K // 8 >= 1 << 32:
-        raise ValueError(f"N*K={g.N * g.K}: word indices must fit in 32 bits (N*K < 2**35)")
+    why = limits_problem(g.N, g.K, g.bs_shift)
+    if why:
+        raise ValueError(why)
     if not isinstance(g.offset, (float, np.floating)):
         raise TypeError(f"offset must be a float32 scalar, got {type(g.offset).__name__}")
     blocks = -(-g.N * g.K // (1 << g.bs_shift))
