@@ -336,16 +336,13 @@ class GemvBuffers:
 
 
 def limits_problem(N, K, bs_shift):
-    """What keeps the fused kernel from a weight of shape (N, K) and blocksize ``2 ** bs_shift``, as one line
-    naming the parameter, or None: the one statement of these limits (:func:`validate` raises it; the torch
-    op's weight check, ``nf4lab.integrations.torch_ops``, hands such a weight to another path)."""
+    """The one statement of the fused kernel's weight limits: a line naming the parameter, or None (validate raises it)."""
     if N < 1:
         return f"N={N}: W needs at least one row"
     if not 6 <= bs_shift <= 12:
         return f"blocksize {2 ** bs_shift}: a power of two in 64..4096 is needed (bs_shift={bs_shift})"
     if K % 64:
-        return (f"K={K}: the fused kernel needs K a multiple of 64 (a lane takes 64 consecutive columns "
-                "of a row, one absmax block)")
+        return f"K={K}: the fused kernel needs K a multiple of 64 (a lane takes 64 columns, one absmax block)"
     if N * K // 8 >= 1 << 32:
         return f"N*K={N * K}: word indices must fit in 32 bits (N*K < 2**35)"
     return None
@@ -360,8 +357,7 @@ def validate(g) -> None:
             raise TypeError(f"{name} must be an int, got {type(getattr(g, name)).__name__}")
     if not 1 <= g.M <= MAX_M:
         raise ValueError(f"M={g.M}: this kernel takes 1 to {MAX_M} rows of x (batch), got {g.M}")
-    why = limits_problem(g.N, g.K, g.bs_shift)
-    if why:
+    if why := limits_problem(g.N, g.K, g.bs_shift):
         raise ValueError(why)
     if not isinstance(g.offset, (float, np.floating)):
         raise TypeError(f"offset must be a float32 scalar, got {type(g.offset).__name__}")

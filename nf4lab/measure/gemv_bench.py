@@ -6,6 +6,7 @@ from ..kernels.gemv import LLM_SHAPES, buffers_from_torch
 from ..format import reference
 from ..harness.gemv_check import tolerance
 from . import bench, results
+from .figures import finish
 from .bench import COPY  # the copy ceiling's record name: one spelling, bench's
 
 FUSED = "fused NF4 gemv (numba)"  # every record of our kernels: f"{FUSED} [{variant}]" (kernel_name)
@@ -184,7 +185,5 @@ def plot(run, batch=False):
     if copy:
         ax.axhline(copy["gbps"], color="tab:red", ls="--", lw=1, label=f"copy ceiling {copy['gbps']:.0f} GB/s")
     ax.set(ylabel="effective weight bandwidth, GB/s", title="Fused NF4 GEMV: weight bytes read per second")
-    from .figures import finish
-
     finish(fig, run.meta, legend_from=ax)
     return ax
