@@ -55,3 +55,16 @@ def test_a_loaded_notebooks_kernel_change_makes_outputs_stale(tmp_path, monkeypa
         assert nbclean.stale(nb) is None
     write("04_vector_loads", "VERSIONS = {'b': 3}")
     assert "loaded notebook" in nbclean.stale(summary) and "loaded notebook" in nbclean.stale(one)
+
+
+def test_only_kernel_loads_count_and_the_profilers_do():
+    """A results file loaded by name (Run.load("07_summary")) is no kernel dependency; the profiler's
+    step_versions() runs the kernel cells of notebooks 01-06, as 08 does."""
+    from nf4lab.harness import versions
+
+    stems = {p.stem for p in versions.NOTEBOOKS.glob("0[1-6]_*.ipynb")}
+    records = _nb(("code", "from nf4lab.harness import versions\nrun = bench.Run.load('07_summary')\n"
+                           "x = bench.run_versions(V, case)"))
+    assert nbclean.loaded_notebooks(records) == []
+    profiler = _nb(("code", "todo = profiling.step_versions()"))
+    assert set(nbclean.loaded_notebooks(profiler)) == stems

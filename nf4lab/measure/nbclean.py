@@ -120,21 +120,23 @@ def problems(nb) -> list[str]:
 #: (prose that states a result must change with it) and the kernel cells of the notebooks the code
 #: loads through nf4lab's loader (07 and 08 run 01-06's kernels: their outputs go stale with them).
 HASH_VERSION = 2
-_LOADS = re.compile(r"""\b(?:load_all|load|load_module)\(\s*(?:upto\s*=\s*(\d+)|["'](\d\d_\w+)["'])?""")
+# The calls that run other notebooks' kernel cells: nf4lab's loader, and the profiler's step_versions (01-06).
+_LOADS = re.compile(r"""\b(?:versions\.(?:load_all|load|load_module)|profiling\.step_versions)"""
+                    r"""\(\s*(?:(?:upto|last)\s*=\s*(\d+)|["'](\d\d_\w+)["'])?""")
 
 
 def loaded_notebooks(nb) -> list[str]:
-    """Stems of the notebooks whose kernel cells ``nb``'s code runs through nf4lab's loader."""
+    """Stems of the notebooks whose kernel cells ``nb``'s code runs (nf4lab's loader, the profiler)."""
     from ..harness.versions import NOTEBOOKS
 
     stems = set()
     for c in nb.cells:
-        if c.cell_type != "code" or "versions" not in c.source:
+        if c.cell_type != "code":
             continue
         for m in _LOADS.finditer(c.source):
             if m.group(2):
                 stems.add(m.group(2))
-            elif m.group(0).startswith("load_all"):
+            elif "load_all" in m.group(0) or "step_versions" in m.group(0):
                 upto = int(m.group(1) or 6)
                 stems.update(p.stem for p in NOTEBOOKS.glob("[0-9][0-9]_*.ipynb") if 1 <= int(p.stem[:2]) <= upto)
     return sorted(stems)
