@@ -24,10 +24,13 @@ for s in $steps; do
         echo "== pytest on the GPU, NF4LAB_ARCH=${a:-unset}" | tee -a "$log"
         # NF4LAB_MODE=gpu: tests/conftest.py otherwise puts every test in the simulator, GPU or not
         # natively also the torch ops, install() and the GEMV (their GPU tests: compile, CUDA graphs, bitsandbytes served)
-        more=$([ -z "$a" ] && echo "tests/test_install.py tests/test_torch_ops.py tests/test_gemv.py")
-        NF4LAB_MODE=gpu NF4LAB_ARCH=$a timeout 300 python3 -m pytest -q -x -p no:cacheprovider -m "not slow" \
+        more=$([ -z "$a" ] && echo "tests/test_install.py tests/test_torch_ops.py tests/test_gemv.py tests/test_lean_linear.py")
+        # 8 workers (pytest-xdist, carried in .whl/extra): the GPU tests spend most of their time compiling on the CPU
+        NF4LAB_MODE=gpu NF4LAB_ARCH=$a timeout ${GPU_TEST_TIMEOUT:-420} python3 -m pytest -q -p no:cacheprovider -m "not slow" -n 8 \
+          -W "always::RuntimeWarning" -rfEw \
           tests/test_dequantize.py tests/test_exercises.py tests/test_ops_ptx.py tests/test_runtime.py $more 2>&1 \
-          | tail -15 | tee -a "$log"
+          | grep -v "NumbaPerformanceWarning\|^  warn" > "$OUT/$tag.pytest_${a:-native}.log"
+        tail -40 "$OUT/$tag.pytest_${a:-native}.log" | tee -a "$log"
       done ;;
   esac
 done
