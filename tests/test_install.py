@@ -11,6 +11,7 @@ import torch
 
 import nf4lab
 from nf4lab.integrations import bnb_backend, torch_ops
+from nf4lab.kernels import dequant, qweight
 from nf4lab import runtime
 
 F = pytest.importorskip("bitsandbytes.functional")
@@ -32,8 +33,8 @@ def quantize(shape, dtype=torch.bfloat16, bs=64, qt="nf4", nested=True, seed=0):
 def on_cpu_key(monkeypatch):
     """Our kernels registered for bitsandbytes' ops on the CPU key; yields (ours, fallback) call lists."""
     ours, fell = [], []
-    real = torch_ops._run
-    monkeypatch.setattr(torch_ops, "_run", lambda *a: ours.append(1) or real(*a))
+    real = bnb_backend._run_checked
+    monkeypatch.setattr(bnb_backend, "_run_checked", lambda *a: ours.append(1) or real(*a))
 
     def fallback(name):
         def f(*args):
@@ -454,7 +455,7 @@ def test_gpu_installed_gemm_past_the_gemv_has_bitsandbytes_bits(nested, clean):
         before = bnb_backend.calls.get(key, 0)
         got = [step() for _ in range(3)]  # first: checked and prepared; then the prepared launch
         assert bnb_backend.calls.get(key, 0) == before + 3, "gemm_4bit was not served by nf4lab's dequantize"
-        assert any(w.ref() is (qs.absmax) for w in torch_ops._DQ_WEIGHTS.values()), "the weight was not prepared"
+        assert any(w.ref() is qs.absmax and w.dq for w in qweight._KNOWN.values()), "the weight was not prepared"
     for run in got:
         for a, b in zip(run, want):
             assert torch.equal(a.view(torch.int16), b.view(torch.int16))
@@ -499,7 +500,7 @@ def test_gpu_reduce_overhead_first_call_inside_cudagraph_trees():
 @gpu
 def test_gpu_bad_input_raises_before_launch(clean):
     packed, qs = gpu_quantize((64, 64))
-    args = list(__import__("nf4lab.kernels.dequant", fromlist=["op_args"]).op_args(packed, qs))
+    args = list(dequant.op_args(dequant.plan(packed, qs, None)))
     args[5] = 48
     with pytest.raises(ValueError, match="quant_state.blocksize"):
         torch.ops.nf4lab.dequantize_4bit(*args)
@@ -511,15 +512,13 @@ def test_gpu_bad_input_raises_before_launch(clean):
 def test_checked_plan_equals_the_validated_plan(shape, bs, dtype):
     """The installed CUDA kernel skips re-validation (its handles check came first): its plan must be
     the one nf4lab.dequantize's validation builds, field for field."""
-    from nf4lab.kernels import dequant
-
     packed, qs = quantize(shape, dtype=dtype, bs=bs, nested=False)
     assert bnb_backend._dequantize_handles(packed, qs.absmax, bs, "nf4", list(shape), dtype)
     full = dequant.plan(packed, qs, None)
-    fast = dequant.plan_checked(packed, qs.absmax, bs, "nf4", list(shape), dtype, bnb_backend._PlainState(qs.absmax))
+    fast = dequant.plan_checked(packed, qs.absmax, bs, "nf4", list(shape), dtype)
     for f in ("shape", "n", "nbytes", "dtype", "tdtype", "blocksize", "nested", "nblocks", "gsize", "quant_type"):
         assert getattr(fast, f) == getattr(full, f), f
-    assert fast.qs.absmax is full.qs.absmax and fast.A is full.A
+    assert fast.w.absmax is full.w.absmax and fast.A is full.A
 
 
 @pytest.mark.parametrize("nested", [True, False])

@@ -74,7 +74,7 @@ def test_op_is_called_when_compiling(monkeypatch):
 def test_opcheck(shape, dtype, bs, qt, nested):
     """torch's own checks of a custom op: schema, fake implementation against the real one, aliasing."""
     packed, qs = quantize(shape, dtype, bs, qt, nested)
-    args = dequant.op_args(packed, qs)
+    args = dequant.op_args(dequant.plan(packed, qs, None))
     torch.library.opcheck(torch.ops.nf4lab.dequantize_4bit.default, args,
                           test_utils=("test_schema", "test_faketensor", "test_aot_dispatch_static"))
     out = torch.empty(tuple(qs.shape), dtype=qs.dtype)
@@ -84,7 +84,7 @@ def test_opcheck(shape, dtype, bs, qt, nested):
 
 def test_op_rejects_bad_input_like_dequantize():
     packed, qs = quantize((8, 64), "bf16", 64, "nf4", False)
-    args = list(dequant.op_args(packed, qs))
+    args = list(dequant.op_args(dequant.plan(packed, qs, None)))
     bad = list(args)
     bad[5] = 48  # blocksize
     with pytest.raises(ValueError, match="quant_state.blocksize"):

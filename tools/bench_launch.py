@@ -116,7 +116,7 @@ def main(argv=None):
     x = torch.randn(1, K, generator=g, device="cuda").to(torch.bfloat16)
     wd = F.dequantize_4bit(packed, qs)
     y = torch.empty(1, N, dtype=torch.bfloat16, device="cuda")
-    dq_args = dequant.op_args(packed, qs)
+    dq_args = dequant.op_args(dequant.plan(packed, qs, None))
     gv_args = (packed, list(qs.shape), qs.absmax, qs.state2.absmax, qs.state2.code, qs.offset, qs.blocksize)
     off = torch_ops.offset_value(qs.offset)
     nf4lab.uninstall()

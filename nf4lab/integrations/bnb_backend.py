@@ -31,7 +31,7 @@ import threading
 import warnings
 
 from ..kernels import dequant as _dq
-from ..format.reference import BLOCKSIZES, QUANT_TYPES
+from ..kernels import qweight as _qw
 
 __all__ = ["install", "uninstall", "installed", "installed_in", "compile_for_decode", "prepare_for_compile"]
 
@@ -55,48 +55,20 @@ def _torch():
 
 # ---------------------------------------------------------------- which calls nf4lab takes
 def _dequantize_handles(A, absmax, blocksize, quant_type, shape, dtype, out=None) -> bool:
-    """Everything the nf4lab kernel needs, checked without launching; False sends the call to
-    bitsandbytes (other quant_storage dtypes, non-contiguous or short tensors, other devices)."""
-    torch = _torch()
-    if not (isinstance(A, torch.Tensor) and isinstance(absmax, torch.Tensor)):
-        return False
-    if A.dtype != torch.uint8 or not A.is_contiguous() or absmax.dtype != torch.float32 or not absmax.is_contiguous():
-        return False
-    if quant_type not in QUANT_TYPES or blocksize not in BLOCKSIZES or \
-            dtype not in (torch.bfloat16, torch.float16, torch.float32):
-        return False
-    n = 1
-    for s in shape:
-        n *= int(s)
-    if n < 0 or A.numel() < (n + 1) // 2 or absmax.numel() < -(-n // blocksize) or absmax.device != A.device:
-        return False
-    if out is not None and (not out.is_contiguous() or out.device != A.device or out.dtype != dtype
-                            or tuple(out.shape) != tuple(shape)):
-        return False
-    return True
-
-
-class _PlainState:
-    """What the CUDA launch reads of a QuantState for plain statistics (bitsandbytes' op hands
-    nf4lab a float32 absmax; nested statistics were already expanded by its Python)."""
-
-    __slots__ = ("absmax",)
-
-    def __init__(self, absmax):
-        self.absmax = absmax
+    """The rules every nf4lab entry point applies (:func:`nf4lab.kernels.qweight.problem`), checked without
+    launching; False sends the call to bitsandbytes (other quant_storage dtypes, non-contiguous or short
+    tensors, other devices). Not kept per weight: bitsandbytes' Python hands this op a fresh absmax for
+    nested statistics at every call."""
+    return _qw.problem(A, shape, blocksize, quant_type, absmax, dtype=dtype, out=out, nested=False) is None
 
 
 def _run_checked(A, absmax, blocksize, quant_type, shape, dtype, out):
-    if A.device.type != "cuda":  # the CPU key (tests): the checked path
-        from . import torch_ops
-
-        qs = torch_ops._state(absmax, None, None, None, blocksize, 256, quant_type, shape, dtype)
-        return torch_ops._run(A, qs, out)
-    got = _dq.dequantize_plain_fast(A, absmax, blocksize, quant_type, shape, dtype, out)
+    got = None
+    if A.device.type == "cuda":
+        got = _dq.dequantize_plain_fast(A, absmax, blocksize, quant_type, shape, dtype, out)
     if got is not None:
         return got
-    p = _dq.plan_checked(A, absmax, blocksize, quant_type, shape, dtype, _PlainState(absmax))
-    return _dq.run_cuda(p, out)
+    return _dq.run(_dq.plan_checked(A, absmax, blocksize, quant_type, shape, dtype), out)
 
 
 def _gemm_takes(absmax_8bit, absmax_code, absmax_offset, quant_type, bias, A) -> bool:

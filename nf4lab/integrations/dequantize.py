@@ -23,7 +23,7 @@ def dequantize(A, quant_state=None, out=None):
 
         import torch
 
-        args = _dq.op_args(p.A, p.qs)
+        args = _dq.op_args(p)
         if out is None:
             result = torch.ops.nf4lab.dequantize_4bit(*args)
         else:

@@ -38,9 +38,9 @@ from typing import Optional
 import torch
 
 from ..format import reference
-from ..format.reference import BLOCKSIZES, QUANT_TYPES
 from ..kernels import dequant as _dq
 from ..kernels import gemv as _gemv
+from ..kernels import qweight as _qw
 
 _TDTYPE = reference.dtype_names()  # torch dtype -> "bf16" | "fp16" | "fp32"
 
@@ -219,62 +219,47 @@ def _first_launch(key, grid, w, x, M, packed, absmax_q, absmax2, code2, blocksiz
                       RuntimeWarning, stacklevel=4)
 
 
-class _Weight:
-    """What never changes for one quantized weight: checked once, then reused by every call on it."""
+class _Gemv:
+    """What the fused GEMV keeps of a checked weight (hung on its :class:`nf4lab.kernels.qweight.QWeight`):
+    derived once, then reused by every call on it."""
 
-    __slots__ = ("ref", "ptr", "shape", "shape_obj", "blocksize", "absmax2", "code2", "offset", "version", "device",
-                 "device_index", "prefix", "N", "K", "bs_shift", "words", "launches", "__weakref__")
-
-
-_WEIGHTS: dict = {}  # id(absmax_q) -> _Weight (bitsandbytes passes a fresh view of the packed bytes each call)
-
-
-def _offset_version(offset):
-    return offset._version if isinstance(offset, torch.Tensor) else offset
+    __slots__ = ("shape", "N", "K", "bs_shift", "words", "prefix", "device_index", "launches")
 
 
 def _weight(packed, shape, absmax_q, absmax2, code2, offset, blocksize):
-    """The weight's cached record, or None where the fused GEMV does not take this weight."""
-    w = _WEIGHTS.get(id(absmax_q))
-    if (w is not None and w.ref() is absmax_q and w.ptr == packed.data_ptr() and w.absmax2 is absmax2
-            and w.code2 is code2 and w.offset is offset and w.version == _offset_version(offset)
-            and w.blocksize == blocksize and (w.shape_obj is shape or w.shape == tuple(shape))):
-        return w
-    if len(shape) != 2 or not _weight_handled(packed, shape, absmax_q, absmax2, code2, blocksize):
-        return None
-    if torch.cuda.is_current_stream_capturing() and (_cached_offset(offset) is None
-                                                     or not _dq.lut_ready("nf4", packed.device)):
-        return None  # a device read or copy would break the capture: the caller serves this call another way
-    w = _Weight()
-    key = id(absmax_q)
-    w.ref = weakref.ref(absmax_q, lambda _, k=key: _WEIGHTS.pop(k, None))
-    w.ptr, w.shape, w.shape_obj, w.blocksize = packed.data_ptr(), tuple(int(v) for v in shape), shape, blocksize
-    w.launches = {}  # (M, x dtype) -> its _Block, once that kernel's lean launcher is checked
-    w.absmax2, w.code2, w.offset, w.version = absmax2, code2, offset, _offset_version(offset)
-    w.device, w.device_index = packed.device, packed.get_device()
-    w.N, w.K = w.shape
-    w.bs_shift = int(blocksize).bit_length() - 1
-    w.words = _gemv.words_apply(True, w.bs_shift, w.K, absmax_q.data_ptr())   # as _gemv.launch decides
-    lut = _dq.device_lut("nf4", packed.device)
-    w.prefix = _GemvLean.prefix(
-        (w.ptr, absmax_q.data_ptr(), absmax2.data_ptr(), code2.data_ptr(), lut.data_ptr()),
-        (w.N * w.K // 8, absmax_q.numel(), absmax2.numel(), code2.numel(), 16), offset_value(offset))
-    _WEIGHTS[key] = w
-    return w
+    """The weight's GEMV record, or None where the fused GEMV does not take this weight. The weight's checks
+    are qweight's, made once per weight; a kept weight costs identity checks only."""
+    w = _qw.known(packed, shape, blocksize, "nf4", absmax_q, absmax2, code2, offset)
+    if w is None:
+        w = _qw.checked(packed, shape, blocksize, "nf4", absmax_q, absmax2, code2, offset, 256, nested=True)
+        if w is None:
+            return None
+    g = w.gemv
+    if g is None:
+        g = _gemv_prepare(w, absmax_q, absmax2, code2, offset)
+    return g or None
 
 
-def _weight_handled(packed, shape, absmax_q, absmax2, code2, blocksize) -> bool:
-    N, K = int(shape[0]), int(shape[1])
-    bs_shift = int(blocksize).bit_length() - 1
-    if K <= 0 or blocksize <= 0 or blocksize != 1 << bs_shift or _gemv.limits_problem(N, K, bs_shift):
+def _gemv_prepare(w, absmax_q, absmax2, code2, offset):
+    """The GEMV's record for a checked weight, False where the fused kernel does not take it (kept on the weight),
+    None where making it now would read the device inside a stream capture (the caller serves the call another way)."""
+    if (len(w.shape) != 2 or w.device.type != "cuda" or w.ptr % 16
+            or _gemv.limits_problem(w.shape[0], w.shape[1], w.bs_shift)):
+        w.gemv = False
         return False
-    return (packed.device.type == "cuda" and absmax_q.dtype == torch.uint8
-            and packed.dtype == torch.uint8 and packed.numel() >= N * K // 2
-            and absmax_q.numel() >= -(-N * K // blocksize) and absmax2.is_contiguous()
-            and absmax2.dtype == torch.float32 and code2.dtype == torch.float32 and code2.numel() >= 256
-            and packed.is_contiguous() and absmax_q.is_contiguous() and packed.data_ptr() % 16 == 0
-            and absmax_q.device == packed.device and absmax2.device == packed.device
-            and code2.device == packed.device)
+    if torch.cuda.is_current_stream_capturing() and (_cached_offset(offset) is None
+                                                     or not _dq.lut_ready("nf4", w.device)):
+        return None
+    g = _Gemv()
+    g.shape, (g.N, g.K), g.bs_shift, g.device_index = w.shape, w.shape, w.bs_shift, w.device_index
+    g.launches = {}  # (M, x dtype) -> its _Block, once that kernel's lean launcher is checked
+    g.words = _gemv.words_apply(True, g.bs_shift, g.K, absmax_q.data_ptr())   # as _gemv.launch decides
+    lut = _dq.device_lut("nf4", w.device)
+    g.prefix = _GemvLean.prefix(
+        (w.ptr, absmax_q.data_ptr(), absmax2.data_ptr(), code2.data_ptr(), lut.data_ptr()),
+        (g.N * g.K // 8, absmax_q.numel(), absmax2.numel(), code2.numel(), 16), offset_value(offset))
+    w.gemv = g
+    return g
 
 
 def gemv_call(x, packed, shape, absmax_q, absmax2, code2, offset, blocksize):
@@ -327,98 +312,43 @@ def dequant_linear(x, packed, shape, absmax, blocksize, quant_type, bias=None, a
     bitsandbytes' gemm_4bit argument order: ``absmax`` is the float32 absmax (plain statistics) or the group
     scales (nested, with the codes ``absmax_q``, their ``code2`` and ``offset``). The same bits as
     bitsandbytes' dequantize + F.linear fallback, whose dequantization nf4lab matches bit for bit; None where
-    nf4lab's dequantization does not take these tensors (the caller hands the call to bitsandbytes)."""
+    nf4lab's dequantization does not take these tensors (the caller hands the call to bitsandbytes).
+    A training step dequantizes each frozen weight three times (forward, its recomputation under
+    checkpointing, backward) and host time bounds such a step: the weight is checked once and each of its
+    launches prepared once (kept on its qweight record)."""
     nested = absmax_q is not None
-    if nested and (code2 is None or offset is None):
+    if x.dtype not in _TDTYPE or len(shape) != 2 or x.shape[-1] != shape[1]:
         return None
-    stats = absmax_q if nested else absmax
-    if (x.dtype not in _TDTYPE or len(shape) != 2 or x.shape[-1] != shape[1] or blocksize not in BLOCKSIZES
-            or quant_type not in QUANT_TYPES or packed.dtype != torch.uint8 or not packed.is_contiguous()
-            or not stats.is_contiguous() or stats.dtype != (torch.uint8 if nested else torch.float32)
-            or absmax.dtype != torch.float32 or not absmax.is_contiguous()
-            or any(t.device != x.device for t in (packed, absmax, stats))):
+    state = (absmax_q, absmax, code2, offset) if nested else (absmax, None, None, None)
+    w = _qw.checked(packed, shape, blocksize, quant_type, *state, 256, nested=nested)
+    if w is None or w.device != x.device:
         return None
-    if nested and (not isinstance(offset, torch.Tensor) or offset.numel() != 1 or code2.dtype != torch.float32
-                   or code2.numel() != 256 or offset.device != x.device or code2.device != x.device):
-        return None
-    n = shape[0] * shape[1]
-    if packed.numel() < (n + 1) // 2 or stats.numel() < -(-n // blocksize) or (
-            nested and absmax.numel() < -(-stats.numel() // 256)):
-        return None
-    if x.device.type == "cuda":
-        w = _dq_weight(packed, shape, absmax, blocksize, quant_type, absmax_q, code2, offset)
-        W = _dq_launch(w, x) if w is not None else None
-        if W is not None:
-            return torch.nn.functional.linear(x, W, bias)
-    if nested:
-        qs = _state(absmax_q, absmax, code2, offset, blocksize, 256, quant_type, shape, x.dtype)
-    else:
-        qs = _state(absmax, None, None, None, blocksize, 256, quant_type, shape, x.dtype)
-    p = _dq.plan(packed.reshape(-1), qs, None)
-    if x.device.type != "cuda":
-        return torch.nn.functional.linear(x, _dq.run_cpu(p, None), bias)
-    W = _dq.run_cuda(p, None)
-    _dq_remember(p, x, packed, shape, absmax, blocksize, quant_type, absmax_q, code2, offset)
+    W = _dq_launch(w, x) if w.device.type == "cuda" else None
+    if W is None:   # the call's own tensors (the kept record holds none of them strongly)
+        p = _dq.plan_of(_qw.record(packed.reshape(-1), shape, blocksize, quant_type, *state, 256, nested), x.dtype)
+        if w.device.type != "cuda":
+            return torch.nn.functional.linear(x, _dq.run_cpu(p, None), bias)
+        W = _dq.run_cuda(p, None)
+        if p.n:
+            stats, a2, c2, off = _dq.state_pointers(p)
+            lut = _dq.device_lut(p.quant_type, w.device).data_ptr()
+            w.dq[x.dtype] = (p.dtype, p.nested, p.n, stats, a2, c2, off, lut, p.blocksize.bit_length() - 1,
+                             p.gsize.bit_length() - 1 if p.nested else 0)
     return torch.nn.functional.linear(x, W, bias)
 
 
-# A weight's dequantization, prepared once: a training step dequantizes each frozen weight three times
-# (forward, its recomputation under checkpointing, backward), and host time bounds such a step.
-_DQ_WEIGHTS: dict = {}  # id(stats tensor) -> _DqWeight
-
-
-class _DqWeight:
-    __slots__ = ("ref", "ptr", "absmax", "code2", "offset", "version", "shape", "blocksize", "quant_type", "device",
-                 "launches", "__weakref__")
-
-
-def _dq_weight(packed, shape, absmax, blocksize, quant_type, absmax_q, code2, offset):
-    """The prepared record of this weight, or None (not seen yet, or any of its tensors changed)."""
-    stats = absmax_q if absmax_q is not None else absmax
-    w = _DQ_WEIGHTS.get(id(stats))
-    # Plain statistics: absmax is the keyed tensor itself, held only weakly (a strong hold would keep it alive).
-    if (w is None or w.ref() is not stats or w.ptr != packed.data_ptr()
-            or w.absmax is not (absmax if absmax_q is not None else None)
-            or w.code2 is not code2 or w.offset is not offset or w.version != _offset_version(offset)
-            or w.blocksize != blocksize or w.quant_type != quant_type or w.shape != tuple(shape)):
-        return None
-    return w
-
-
 def _dq_launch(w, x):
-    """Dequantize a prepared weight into a new tensor of x's dtype: allocate, then launch; None where x is on
-    another device than the weight or the current one, or that path's launcher is not checked yet."""
-    rec = w.launches.get(x.dtype)
-    dev = x.device
-    if rec is None or dev.index != w.device or dev.index != torch._C._cuda_getDevice():
+    """Dequantize a kept weight into a new tensor of x's dtype: allocate, then launch; None where x is on
+    another device than the current one, or that path's launch is not prepared or its launcher not checked yet."""
+    rec = w.dq.get(x.dtype)
+    if rec is None or w.device_index != torch._C._cuda_getDevice():
         return None
-    dtype, nested, n, a_ptr, stats, a2, c2, off, lut, bshift, gshift = rec
-    out = torch.empty(w.shape, dtype=x.dtype, device=dev)
-    if not _dq.launch_ready(dtype, nested, dev.index, a_ptr, stats, a2, c2, off, lut, out.data_ptr(), n, bshift,
-                            gshift):
+    dtype, nested, n, stats, a2, c2, off, lut, bshift, gshift = rec
+    out = torch.empty(w.shape, dtype=x.dtype, device=w.device)
+    if not _dq.launch_ready(dtype, nested, w.device_index, w.ptr, stats, a2, c2, off, lut, out.data_ptr(), n,
+                            bshift, gshift):
         return None
     return out
-
-
-def _dq_remember(p, x, packed, shape, absmax, blocksize, quant_type, absmax_q, code2, offset):
-    """After a checked dequantization of this weight into x's dtype: keep what its next calls need."""
-    if p.n == 0 or p.A.data_ptr() != packed.data_ptr():
-        return
-    stats_t = absmax_q if absmax_q is not None else absmax
-    w = _dq_weight(packed, shape, absmax, blocksize, quant_type, absmax_q, code2, offset)
-    if w is None:
-        w = _DqWeight()
-        key = id(stats_t)
-        w.ref = weakref.ref(stats_t, lambda _, k=key: _DQ_WEIGHTS.pop(k, None))
-        w.ptr, w.absmax, w.code2, w.offset = packed.data_ptr(), absmax if absmax_q is not None else None, code2, offset
-        w.version, w.shape, w.blocksize, w.quant_type = _offset_version(offset), tuple(int(v) for v in shape), \
-            blocksize, quant_type
-        w.device, w.launches = x.device.index, {}
-        _DQ_WEIGHTS[key] = w
-    stats, a2, c2, off = _dq.state_pointers(p)
-    lut = _dq.device_lut(p.quant_type, p.A.device).data_ptr()
-    w.launches[x.dtype] = (p.dtype, p.nested, p.n, p.A.data_ptr(), stats, a2, c2, off, lut,
-                           p.blocksize.bit_length() - 1, p.gsize.bit_length() - 1 if p.nested else 0)
 
 
 @torch.library.custom_op("nf4lab::gemv_4bit", mutates_args=())

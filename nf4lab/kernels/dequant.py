@@ -33,15 +33,17 @@ from typing import NamedTuple
 import numpy as np
 
 from ..format import reference
-from ..format.reference import BLOCKSIZES, FP4_LUT, NF4_LUT, QUANT_TYPES
+from ..format.reference import BLOCKSIZES, FP4_LUT, NF4_LUT
+from . import qweight
 
 
 
 class _Plan:
-    """What validation learned about a call: everything the launch needs, nothing recomputed."""
+    """What validation learned about a call: the checked weight (:class:`nf4lab.kernels.qweight.QWeight`) and
+    the result's dtype; everything the launch needs, nothing recomputed."""
 
-    __slots__ = ("A", "qs", "shape", "n", "nbytes", "dtype", "tdtype", "blocksize", "nested",
-                 "nblocks", "gsize", "quant_type")
+    __slots__ = ("w", "A", "shape", "n", "nbytes", "dtype", "tdtype", "blocksize", "nested", "nblocks", "gsize",
+                 "quant_type")
 
 
 def _torch():
@@ -60,22 +62,9 @@ def _is_tensor(x) -> bool:
     return isinstance(x, _torch().Tensor)
 
 
-def _check_state_tensor(t, what: str, dtype, min_numel: int, device):
-    torch = _torch()
-    if not isinstance(t, torch.Tensor):
-        raise TypeError(f"quant_state: {what} must be a torch.Tensor, got {type(t).__name__}")
-    if t.dtype != dtype:
-        raise ValueError(f"quant_state: {what} must be {dtype}, got {t.dtype}")
-    if t.numel() < min_numel:
-        raise ValueError(f"quant_state: {what} holds {t.numel()} values, the state needs {min_numel}")
-    if t.device != device:
-        raise ValueError(f"quant_state: {what} is on {t.device} but A is on {device}; "
-                         "move A and quant_state to one device (quant_state.to(device))")
-    if not t.is_contiguous():
-        raise ValueError(f"quant_state: {what} must be contiguous")
-
-
 def plan(A, quant_state, out) -> _Plan:
+    """Validate ``nf4lab.dequantize``'s arguments (TypeError/ValueError naming the parameter): the QuantState
+    here, its tensors by :func:`nf4lab.kernels.qweight.problem`, the rules every entry point shares."""
     torch = _torch()
     QuantState = _quant_state_type()
     if quant_state is None:
@@ -90,82 +79,40 @@ def plan(A, quant_state, out) -> _Plan:
     if type(A) is not torch.Tensor:  # Params4bit and other subclasses: their data is the packed tensor
         A = A.data
     qs = quant_state
-    if A.dtype != torch.uint8:
-        raise TypeError(f"A must be a uint8 tensor of packed 4-bit codes, got {A.dtype} "
-                        "(for another quant_storage, pass A.view(torch.uint8))")
-    if not A.is_contiguous():
-        raise ValueError("A must be contiguous (its bytes are read in order); pass A.contiguous()")
-    if qs.quant_type not in QUANT_TYPES:
-        raise ValueError(f"quant_state.quant_type must be one of {QUANT_TYPES}, got {qs.quant_type!r}")
-    if qs.blocksize not in BLOCKSIZES:
-        raise ValueError(f"quant_state.blocksize must be one of {BLOCKSIZES}, got {qs.blocksize!r}")
-    dtype = reference.dtype_names().get(qs.dtype) if isinstance(qs.dtype, torch.dtype) else None
-    if dtype is None:
-        raise ValueError(f"quant_state.dtype must be torch.bfloat16, torch.float16 or torch.float32, got {qs.dtype!r}")
+    shape = qs.shape
     try:
-        shape = tuple(int(s) for s in qs.shape)
+        dims = tuple(int(s) for s in shape)
     except TypeError:
-        raise ValueError(f"quant_state.shape must be a sequence of ints, got {qs.shape!r}") from None
-    if any(s < 0 for s in shape):
-        raise ValueError(f"quant_state.shape must not be negative, got {shape}")
-    if A.dim() >= 1 and A.shape[0] == 1 and len(shape) > 2:
+        dims = None   # qweight.problem names it
+    if dims is not None and A.dim() >= 1 and A.shape[0] == 1 and len(dims) > 2:
         raise ValueError(f"A has shape {tuple(A.shape)} (one row), so the result would be transposed as "
-                         f"bitsandbytes does, which needs a quant_state.shape of at most 2 dims, got {shape}")
-    n = math.prod(shape)
-    nbytes = (n + 1) // 2
-    if A.numel() < nbytes:
-        raise ValueError(f"A is too short for quant_state: {A.numel()} bytes, {shape} needs {nbytes}")
-    device = A.device
-    if device.type not in ("cpu", "cuda"):
-        raise ValueError(f"A must be on a CPU or CUDA device, got {device}")
-    nblocks = -(-n // qs.blocksize)
+                         f"bitsandbytes does, which needs a quant_state.shape of at most 2 dims, got {dims}")
     nested = bool(getattr(qs, "nested", False))
-    gsize = 0
     if nested:
         s2 = qs.state2
         if not isinstance(s2, QuantState):
             raise TypeError(f"quant_state.state2 must be a QuantState for nested statistics, got {type(s2).__name__}")
-        gsize = s2.blocksize
-        if not isinstance(gsize, int) or gsize <= 0 or gsize & (gsize - 1):
-            raise ValueError(f"quant_state.state2.blocksize must be a power of two, got {gsize!r}")
-        _check_state_tensor(qs.absmax, "absmax (nested, quantized)", torch.uint8, nblocks, device)
-        _check_state_tensor(s2.absmax, "state2.absmax", torch.float32, -(-nblocks // gsize), device)
-        _check_state_tensor(s2.code, "state2.code", torch.float32, 256, device)
-        off = qs.offset
-        if isinstance(off, torch.Tensor):
-            if off.numel() != 1 or off.dtype != torch.float32 or off.device != device:
-                raise ValueError(f"quant_state.offset must be one float32 value on {device}, "
-                                 f"got {off.dtype} x {off.numel()} on {off.device}")
-        elif not isinstance(off, (float, int, np.floating)):
-            raise TypeError(f"quant_state.offset must be a float or a float32 tensor, got {type(off).__name__}")
+        w = qweight.check(A, shape, qs.blocksize, qs.quant_type, qs.absmax, s2.absmax, s2.code, qs.offset,
+                          s2.blocksize, qs.dtype, out, nested=True)
     else:
-        _check_state_tensor(qs.absmax, "absmax", torch.float32, nblocks, device)
-    if out is not None:
-        if not isinstance(out, torch.Tensor):
-            raise TypeError(f"out must be a torch.Tensor, got {type(out).__name__}")
-        if out.dtype != qs.dtype:
-            raise TypeError(f"out has dtype {out.dtype}, quant_state.dtype is {qs.dtype}")
-        if tuple(out.shape) != shape:
-            raise ValueError(f"out has shape {tuple(out.shape)}, quant_state.shape is {shape}")
-        if out.device != device:
-            raise ValueError(f"out is on {out.device} but A is on {device}")
-        if not out.is_contiguous():
-            raise ValueError("out must be contiguous")
+        w = qweight.check(A, shape, qs.blocksize, qs.quant_type, qs.absmax, dtype=qs.dtype, out=out, nested=False)
+    return plan_of(w, qs.dtype)
+
+
+def plan_of(w, tdtype, A=None) -> _Plan:
+    """The plan for a checked weight, the result's torch dtype and (for a kept weight) this call's packed tensor."""
     p = _Plan()
-    p.A, p.qs, p.shape, p.n, p.nbytes, p.dtype, p.tdtype = A, qs, shape, n, nbytes, dtype, qs.dtype
-    p.blocksize, p.nested, p.nblocks, p.gsize, p.quant_type = qs.blocksize, nested, nblocks, gsize, qs.quant_type
+    p.w, p.A, p.shape, p.n, p.nbytes = w, w.A if A is None else A, w.shape, w.n, w.nbytes
+    p.dtype, p.tdtype = reference.dtype_names()[tdtype], tdtype
+    p.blocksize, p.nested, p.nblocks, p.gsize, p.quant_type = w.blocksize, w.nested, w.nblocks, w.gsize, w.quant_type
     return p
 
 
-def plan_checked(A, absmax, blocksize, quant_type, shape, dtype, qs) -> _Plan:
-    """A plan for plain (float32 absmax) statistics whose every check the caller has already made
-    (nf4lab.install's kernel for bitsandbytes' op, see bnb_backend._dequantize_handles): the
-    eager path there pays for its checks once, not twice."""
-    p = _Plan()
-    n = math.prod(shape)
-    p.A, p.qs, p.shape, p.n, p.nbytes, p.dtype, p.tdtype = A, qs, tuple(shape), n, (n + 1) // 2, reference.dtype_names()[dtype], dtype
-    p.blocksize, p.nested, p.nblocks, p.gsize, p.quant_type = blocksize, False, -(-n // blocksize), 0, quant_type
-    return p
+def plan_checked(A, absmax, blocksize, quant_type, shape, dtype) -> _Plan:
+    """A plan for plain (float32 absmax) statistics that already passed :func:`nf4lab.kernels.qweight.problem`
+    (nf4lab.install's kernel for bitsandbytes' op, see bnb_backend._dequantize_handles): the eager path
+    there pays for its checks once, not twice."""
+    return plan_of(qweight.record(A, shape, blocksize, quant_type, absmax, nested=False), dtype)
 
 
 def run(p, out):
@@ -181,17 +128,17 @@ def compiling() -> bool:
     return bool(compiler is not None and compiler.is_compiling())
 
 
-def op_args(A, qs):
-    """The arguments of nf4lab's torch op ``dequantize_4bit`` for a packed tensor and its QuantState
-    (traceable: attribute reads only)."""
+def op_args(p):
+    """The arguments of nf4lab's torch op ``dequantize_4bit`` for a validated call (:func:`plan`; traceable:
+    attribute reads only)."""
     torch = _torch()
-    if getattr(qs, "nested", False):
-        off = qs.offset
+    w = p.w
+    if w.nested:
+        off = w.offset
         if not isinstance(off, torch.Tensor):
-            off = torch.tensor(float(off), dtype=torch.float32, device=A.device)
-        return (A, qs.absmax, qs.state2.absmax, qs.state2.code, off, qs.blocksize, qs.state2.blocksize,
-                qs.quant_type, list(qs.shape), qs.dtype)
-    return (A, qs.absmax, None, None, None, qs.blocksize, 256, qs.quant_type, list(qs.shape), qs.dtype)
+            off = torch.tensor(float(off), dtype=torch.float32, device=w.device)
+        return (p.A, w.absmax, w.absmax2, w.code2, off, w.blocksize, w.gsize, w.quant_type, list(w.shape), p.tdtype)
+    return (p.A, w.absmax, None, None, None, w.blocksize, 256, w.quant_type, list(w.shape), p.tdtype)
 
 
 # ---------------------------------------------------------------- CPU
@@ -295,14 +242,13 @@ def _cpu_fp4_zero(path: str) -> float:
 
 def _cpu_absmax(p):
     torch = _torch()
-    qs = p.qs
+    w = p.w
     if not p.nested:
-        return qs.absmax[: p.nblocks]
-    s2 = qs.state2
+        return w.absmax[: p.nblocks]
     idx = torch.arange(p.nblocks) // p.gsize
     # Two roundings, as bitsandbytes: dequantize_blockwise (code2[q] * absmax2), then += offset.
-    a = s2.code.take(qs.absmax[: p.nblocks].long()) * s2.absmax.take(idx)
-    return a + qs.offset
+    a = w.code2.take(w.absmax[: p.nblocks].long()) * w.absmax2.take(idx)
+    return a + w.offset
 
 
 def run_cpu(p, out):
@@ -392,18 +338,18 @@ def _raw_stream(device) -> int:
 
 def state_pointers(p):
     """Device addresses of the state, in the kernels' argument order (stats, absmax2, code2, offset)."""
-    qs = p.qs
-    stats = qs.absmax.data_ptr()
+    w = p.w
+    stats = w.absmax.data_ptr()
     if not p.nested:
         # Unused by the plain kernels, but they must be valid addresses: pass absmax again.
         return stats, stats, stats, stats
-    off = qs.offset
+    off = w.offset
     if not isinstance(off, _torch().Tensor):
         key = (float(off), p.A.device)
         off = _OFFSET_CACHE.get(key)
         if off is None:
             off = _OFFSET_CACHE[key] = _DeviceTable(np.array([key[0]], dtype=np.float32), p.A.device)
-    return stats, qs.state2.absmax.data_ptr(), qs.state2.code.data_ptr(), off.data_ptr()
+    return stats, w.absmax2.data_ptr(), w.code2.data_ptr(), off.data_ptr()
 
 
 def run_cuda(p, out):

@@ -17,6 +17,7 @@ import numpy as np
 from .. import runtime  # first: it may switch numba to the simulator
 from ..format import reference
 from ..device import ops
+from . import qweight
 from .fastkernel import address
 from ..device.warp_ops import (_lookup_at, default_base, f32_from_bits, load_stream_u32x4, load_u32_of_bytes,  # noqa: F401
                        lookup, mma_bf16, mma_f16, prmt, probe_base, shfl_idx, shfl_xor_sync, syncwarp, table_lookup,
@@ -361,11 +362,10 @@ def validate(g) -> None:
         raise ValueError(why)
     if not isinstance(g.offset, (float, np.floating)):
         raise TypeError(f"offset must be a float32 scalar, got {type(g.offset).__name__}")
-    blocks = -(-g.N * g.K // (1 << g.bs_shift))
-    need = {"packed_u32": (np.uint32, -(-g.N * g.K // 8)), "absmax_q": (np.uint8, blocks if g.nested else 0),
-            "absmax2": (np.float32, -(-blocks // reference.NESTED_BLOCKSIZE) if g.nested else blocks),
-            "code2": (np.float32, 256 if g.nested else 0), "lut": (np.float32, 16),
-            "x_u32": (np.uint32, g.M * g.K // 2), "y": (np.uint16, g.M * g.N)}
+    s = qweight.sizes(g.N * g.K, 1 << g.bs_shift, g.nested, reference.NESTED_BLOCKSIZE)   # every entry point's
+    need = {"packed_u32": (np.uint32, -(-s["A"] // 4)), "absmax_q": (np.uint8, s["absmax"] if g.nested else 0),
+            "absmax2": (np.float32, s["absmax2"] if g.nested else s["absmax"]), "code2": (np.float32, s["code2"]),
+            "lut": (np.float32, 16), "x_u32": (np.uint32, g.M * g.K // 2), "y": (np.uint16, g.M * g.N)}
     for name, (dt, n) in need.items():
         arr = getattr(g, name)
         if arr is None or not hasattr(arr, "dtype") or not hasattr(arr, "shape"):
