@@ -89,9 +89,7 @@ def _numpy_shim() -> None:
 
 def _decide() -> tuple[str, str]:
     forced = config.mode()
-    if forced:
-        if forced not in MODES:
-            raise ValueError(f"NF4LAB_MODE must be one of {MODES}, got {forced!r}")
+    if forced in MODES:
         return forced, "forced by NF4LAB_MODE"
     if "numba.cuda" in sys.modules:
         # Too late to choose: follow whatever numba already is.
@@ -107,6 +105,10 @@ def _decide() -> tuple[str, str]:
 
 _numpy_shim()
 MODE, REASON = _decide()
+# A bad NF4LAB_MODE is decided as if unset, and raised where it matters (check_arch: the command line, a
+# compile, describe()), as one line: an exception here would be a traceback at `import nf4lab`.
+MODE_PROBLEM = (f"NF4LAB_MODE must be one of {MODES}, got {config.mode()!r}"
+                if config.mode() and config.mode() not in MODES else None)
 SIMULATOR = MODE == "sim"
 ON_GPU = MODE == "gpu"
 # (name, compute capability) of device 0 where kernels run on a GPU, else None.
@@ -141,7 +143,10 @@ def default_shape() -> tuple[int, int]:
 
 
 def check_arch() -> None:
-    """NF4LAB_ARCH against the GPU in hand: a ValueError naming it for a bad value or one newer than the GPU."""
+    """NF4LAB_ARCH against the GPU in hand: a ValueError naming it for a bad value or one newer than the GPU;
+    likewise for a bad NF4LAB_MODE."""
+    if MODE_PROBLEM:
+        raise ValueError(MODE_PROBLEM)
     if DEVICE is not None:
         arch.check_device(*DEVICE)
     else:
@@ -300,6 +305,7 @@ def _nvidia_smi_driver() -> str | None:
 
 
 def describe() -> str:
+    check_arch()
     i = device_info()
     if SIMULATOR:
         return (f"no usable CUDA GPU ({i['reason']}): kernels run in numba's CUDA simulator (pure Python: slow, "
