@@ -9,6 +9,7 @@
 #   bash tools/gpu_land_dequant.sh c TAG   # notebooks 07 and 08, executed in place
 #   bash tools/gpu_land_dequant.sh e TAG   # notebooks 03 and 09 (their printed conclusions), executed in place
 #   bash tools/gpu_land_dequant.sh g TAG   # notebook 09 alone
+#   bash tools/gpu_land_dequant.sh gemv_peers TAG   # the GEMV against its peers in one process (lab/gemv_peers.py)
 # Each call packs the results and notebooks it wrote into $OUT/TAG.tgz. Back here: unpack it; on a GPU
 # other than the one the committed notebooks ran on, move notebooks/0[678]_*.ipynb to data/executed/<gpu>/
 # and restore notebooks/ from git; then python tools/readme_results.py.
@@ -16,7 +17,7 @@
 # 06_output_dtypes), run these calls on every GPU, read 06-08 against each GPU's outputs, commit.
 set -uo pipefail
 part=$1; tag=$2
-case $part in a|b|c|t|e|g) ;; *) echo "usage: bash tools/gpu_land_dequant.sh a|t|b|c|e|g TAG" >&2; exit 2 ;; esac
+case $part in a|b|c|t|e|g|gemv_peers) ;; *) echo "usage: bash tools/gpu_land_dequant.sh a|t|b|c|e|g|gemv_peers TAG" >&2; exit 2 ;; esac
 if [ "$part" = a ]; then
   exec bash tools/gpu_check.sh "$tag" exact shapes
 elif [ "$part" = t ]; then
@@ -28,6 +29,11 @@ log="$OUT/$tag.log"
 gpu_versions | tee -a "$log"
 # Only what this call wrote: the checkout arrives fresh each call, so an unexecuted notebook must not come back.
 pack() { tar czf "$OUT/$tag.tgz" $(find notebooks -maxdepth 1 -name "*.ipynb" -newer "$stamp") $(find data/results -type f -newer "$stamp"); }
+if [ "$part" = gemv_peers ]; then
+  timeout 300 python3 -m lab.gemv_peers 2>&1 | tee -a "$log"; rc=$?   # pipefail: python's status (1: a check failed)
+  pack
+  exit $rc
+fi
 # The T4 paths first: 06 writes its sm_75 record (sm_75_06_output_dtypes.json), which the native run of 06
 # then prints beside its own; the native run overwrites the executed notebook.
 if [ "$part" = b ]; then
