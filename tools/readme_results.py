@@ -119,9 +119,53 @@ def gpu_section(gpu: str) -> str:
                 lines.append(f"| {'x'.join(map(str, r['shape']))} | {r['dtype']} | {r['ms']:.4f} | {b['ms']:.4f} | "
                              f"{b['ms'] / r['ms']:.2f} |")
         lines += ["", f"Source: `{deq['path']}`."]
+    lines += gemv_peers_lines(gpu)
     lines += gemv_lines(gpu)
     lines += gemv_tc_lines(gpu)
     return "\n".join(lines)
+
+
+def gemv_peers_lines(gpu) -> list:
+    """The shipped GEMV against the read bound, tinygemm int4, bitsandbytes and cuBLAS, all of one run
+    (``python -m lab.gemv_peers`` -> 09_gemv_peers.json): every ratio here compares records of that run."""
+    from nf4lab.measure import results
+
+    run = results.load("09_gemv_peers", gpu)
+    if run is None:
+        return []
+    recs = run["records"]
+    ours = run["meta"].get("default_kernel")
+
+    def peer(name_part, r):
+        return next((q for q in recs if q["kind"] == "baseline" and name_part in q["name"] and q["shape"] == r["shape"]
+                     and q["dtype"] == r["dtype"] and q.get("M", 1) == r.get("M", 1)), None)
+
+    def us(q):
+        return "" if not q or not q.get("ms") else f"{q['ms'] * 1e3:.2f}"
+
+    def x(q, r):
+        return "" if not q or not q.get("ms") else f"{q['ms'] / r['ms']:.2f}"
+
+    bound = {tuple(q["shape"]): q for q in recs if q["kind"] == "bound"}
+    lines = ["", f"The fused GEMV against its peers, all in one run (`python -m lab.gemv_peers`), "
+             f"{labelled('09_gemv_peers', run['meta'])}; M = 1 (decode), CUDA-graph GPU time, weights cycled past L2; "
+             "x peer = the peer's time / nf4lab's:", "",
+             "| W (N x K) | dtype | nf4lab us | read bound us | % of read bound | tinygemm int4 us | x tinygemm | "
+             "bitsandbytes us | x bitsandbytes | cuBLAS us |", "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    mine = [r for r in recs if r["name"] == ours and r.get("ms")]
+    for r in (r for r in mine if r.get("M", 1) == 1):
+        b, tg, bb, cb = bound.get(tuple(r["shape"])), peer("tinygemm", r), peer("bitsandbytes", r), peer("cuBLAS", r)
+        lines.append(f"| {'x'.join(map(str, r['shape']))} | {r['dtype']} | {us(r)} | {us(b)} | "
+                     f"{'' if not b else format(100 * b['ms'] / r['ms'], '.0f') + '%'} | {us(tg)} | {x(tg, r)} | "
+                     f"{us(bb)} | {x(bb, r)} | {us(cb)} |")
+    batch = [r for r in mine if r.get("M", 1) > 1]
+    if batch:
+        lines += ["", "Batch (M rows of x), bf16: nf4lab us / bitsandbytes us (x bitsandbytes):", ""]
+        for shape in sorted({tuple(r["shape"]) for r in batch}):
+            cells = [f"M={r['M']} {us(r)} / {us(peer('bitsandbytes', r))} ({x(peer('bitsandbytes', r), r)})"
+                     for r in sorted((r for r in batch if tuple(r["shape"]) == shape), key=lambda r: r["M"])]
+            lines.append(f"- {'x'.join(map(str, shape))}: " + "; ".join(cells))
+    return lines + ["", f"Source: `{run['path']}`."]
 
 
 # tools/gpu_exactness.py's two runs: the GPU's own code paths, and the T4's forced with NF4LAB_ARCH=sm_75.
