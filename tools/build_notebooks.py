@@ -55,13 +55,11 @@ if "google.colab" in sys.modules or "KAGGLE_KERNEL_RUN_TYPE" in os.environ:
 
 
 def _nbclean():
-    """nf4lab/measure/nbclean.py loaded by path: importing the nf4lab package would start its GPU probe."""
-    import importlib.util
+    """nf4lab.measure.nbclean: its stale check reads the kernel cells of other notebooks through
+    nf4lab.harness.versions, so it is imported as part of the package (which prints nothing at import)."""
+    from nf4lab.measure import nbclean
 
-    spec = importlib.util.spec_from_file_location("nbclean", ROOT / "nf4lab" / "measure" / "nbclean.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return nbclean
 
 
 def parse(text: str) -> list[dict]:
