@@ -405,13 +405,10 @@ ptx.check(ptx_b, present=[r"^ld\.global\.v4\.u32", r"^st\.global\.v4\.u32", r"^c
 # Bit for bit against bitsandbytes, on the default case, on edge shapes (n odd, n < 32, a
 # partial chunk, partial blocks and groups; a subset in the simulator) and on three weight
 # distributions. In the simulator the vector-access twins also check every vector index for
-# alignment and bounds. A mismatch raises `VerificationError` and stops the notebook. Step 03's
-# two kernels, loaded from that notebook's `kernel` cells, are verified with them: the benchmark
-# times them beside A and B.
+# alignment and bounds. A mismatch raises `VerificationError` and stops the notebook.
 
 # %%
-BASELINE = versions.load("03_packed_u32")    # {"03 packed u32 (per byte)": launch, ...}
-nf4lab.verify_versions({**BASELINE, **VERSIONS}, case);
+nf4lab.verify_versions(VERSIONS, case);
 
 # %% [markdown]
 # <a id="bench"></a>
@@ -426,6 +423,7 @@ nf4lab.verify_versions({**BASELINE, **VERSIONS}, case);
 # The contract: one size, 16384 x 16384 -> bf16 (make_case's default on a GPU); each version timed
 # in one run against the copy and fill ceilings, the traffic-matched bound of 00 and bitsandbytes;
 # GB/s = bytemodel.bytes_moved(n, "bf16", 64) / GPU time (median of CUDA-graph replays, as in 00).
+BASELINE = versions.load("03_packed_u32")    # {"03 packed u32 (per byte)": launch, ...}
 run = bench.step("04_vector_loads", {**BASELINE, **VERSIONS})   # on a GPU it prints the table of this run
 if run is not None:
     if run.recorded:
@@ -436,14 +434,11 @@ if run is not None:
         print(f"\ncoalescing the stores: {a['gbps']:.0f} -> {b_['gbps']:.0f} GB/s "
               f"({b_['gbps'] / a['gbps']:.2f}x), {b_['pct_copy']:.0f}% of the copy ceiling")
     if a and best03:   # all three timed in this run: their times compare
-        gain = round(100 * (best03["ms"] / a["ms"] - 1), 1)   # judged as printed
+        gain = 100 * (best03["ms"] / a["ms"] - 1)
         verdict = ("within noise: as predicted" if abs(gain) <= bench.NOISE_PCT else
                    "a loss" if gain < 0 else "a small gain: as predicted" if gain < 10 else "more than predicted")
         print(f"the prediction (A gains little or nothing over 03): A takes {a['ms'] / best03['ms']:.3f}x the time "
               f"of {best03['name']!r} in this run ({gain:+.1f}%, noise margin {bench.NOISE_PCT}%): {verdict}")
-    elif a:            # a run recorded before 03's kernels were timed in it: no ratio across runs
-        print("the prediction (A gains little or nothing over 03) is not checked: this recorded run has no "
-              "record of 03's kernels (run the notebook on a GPU to time them beside A)")
 
 # %%
 plots.progress("04_vector_loads");
