@@ -156,7 +156,12 @@ print({k: rows[0][k] for k in ("version", "dram_pct", "achieved_occupancy", "ld_
 # this is close to 100 %: there is nothing left to win but bytes. No real kernel gets to 100 %:
 # reads and writes share the bus, and DRAM refresh and page switches take their part, so the
 # device copy of notebook 00 sits below the peak as well. Compare the best versions' DRAM %
-# with what the copy ceiling and the traffic-matched bound (notebook 07) reach on the same GPU.
+# with what the copy ceiling and the traffic-matched bound (notebook 07) reach on the same GPU,
+# keeping in mind that they are different runs and different metrics: the profiles (their GPU
+# and date are printed with them) time one launch with the caches flushed and count DRAM
+# traffic as a share of the peak, while 07's benchmark times many launches in CUDA graphs and
+# divides the byte model by that time. Read the two side by side as a cross-check of the
+# picture, not as one number measured twice.
 #
 # ncu also counts the bytes DRAM really moved. Compare them with the byte model, the fewest
 # bytes any kernel must move: a ratio near 1.0 means every byte was read or written once.
@@ -183,7 +188,8 @@ for name, s in summaries.items():
 # to DRAM more than once (stores that reach L2 in pieces).
 #
 # Use the benchmarks (notebooks 00-07) for times and ncu for explanations: ncu flushes the
-# caches before each replay (`--cache-control all`) and times a single launch.
+# caches before each replay (its default, `--cache-control all`, which is why the printed ncu
+# command does not spell it out) and times a single launch.
 
 # %% [markdown]
 # <a id="sectors"></a>
@@ -253,7 +259,8 @@ for name, s in summaries.items():
 
 # %%
 LATENCY_NS = lesson.ASSUMED_DRAM_LATENCY_NS  # assumed, the same figure in every notebook
-ceil = bench.Run.load("07_summary") or bench.Run.load("00_ceiling")
+ceil_from = next((nb for nb in ("07_summary", "00_ceiling") if bench.Run.load(nb) is not None), None)
+ceil = bench.Run.load(ceil_from) if ceil_from else None   # one run: its label is printed with its copy
 copy = ceil.get(bench.COPY) if ceil is not None else None
 sms = ceil.meta.get("sms") if ceil is not None else None
 # The per-SM limits of the GPU whose ceiling is used: as ncu recorded them with a profile of that GPU
@@ -276,6 +283,7 @@ warps = int(attrs.get("max_warps_per_multiprocessor") or 0)
 if copy and sms and warps:
     inflight = copy["gbps"] * LATENCY_NS  # GB/s * ns = bytes
     print(f"{results.source_note(results.gpu_slug(ceil.meta['gpu']))}:")
+    print(f"  copy ceiling from notebook {ceil_from[:2]}'s run: {results.label(ceil.meta)}")
     print(f"  copy ceiling {copy['gbps']:.0f} GB/s (measured) x {LATENCY_NS} ns (assumed) = {inflight / 1e6:.1f} MB "
           f"in flight, {inflight / sms / 1024:.0f} KiB per SM ({sms} SMs)")
     print(f"  with {warps} resident warps per SM that is {inflight / sms / warps:.0f} bytes per warp in flight,")
@@ -398,11 +406,14 @@ show_lines(lines) if lines else print("No source page with line info recorded: n
 # charged to the instruction that **cannot issue yet**: the one waiting for an operand. So the
 # hottest instruction is rarely slow itself; what it waits for is the instruction that wrote
 # its operand register. The cell below reads the whole SASS listing of the same source page in
-# address order, takes the hottest instruction and walks back to the instruction that last wrote
-# one of its source registers, then from there to the load at the start of the chain.
+# address order, with the registers each instruction writes and reads, and finds the hottest
+# instruction. Walking back from it to the instruction that last wrote one of its source
+# registers, and from there on to a load, is the exercise at the end of this notebook: it
+# prints that chain once you have written the walk.
 
 # %%
 import csv
+import os
 import re
 
 
@@ -440,33 +451,13 @@ def operands(sass):
     return op, dest, src
 
 
-def last_writer(prog, i):
-    """Index of the last instruction before i that writes a register i reads (None if none)."""
-    src = operands(prog[i]["sass"])[2]
-    return next((j for j in range(i - 1, -1, -1) if operands(prog[j]["sass"])[1] & src), None)
-
-
-if source_page and lines:
-    prog = program(source_page)
-    i = max(range(len(prog)), key=lambda k: prog[k]["samples"])
+prog = program(source_page) if source_page and lines else None
+if prog:
+    hot_i = max(range(len(prog)), key=lambda k: prog[k]["samples"])
     total = sum(x["samples"] for x in prog)
-    print(f"hottest instruction ({prog[i]['samples'] / total:.1%} of the samples), line {prog[i]['line']}:"
-          f" {prog[i]['sass']}")
-    j = i
-    for _ in range(6):            # a short chain: ALU steps until the load that started it
-        j = last_writer(prog, j)
-        if j is None:
-            break
-        print(f"  waits for {prog[j]['sass']:<44} line {prog[j]['line']}: {prog[j]['source'][:60]}")
-        if operands(prog[j]["sass"])[0].startswith(("LDG", "LDS", "LDC", "LD.")):
-            break
-
-# %% [markdown]
-# The chain ends at a load (`LDG`: global memory, `LDS`: shared): the samples on the hottest
-# instruction are the wait for that load's data, which is what `long_scoreboard` counts. Its
-# line says which array it reads, and so which wait a design could remove or hide (issue the
-# load earlier, or keep the array in shared memory). The walk follows the address order and
-# ignores branches: near a loop's head the last writer may sit at the loop's end instead.
+    print(f"source page: {os.path.relpath(source_page)}")
+    print(f"hottest instruction ({prog[hot_i]['samples'] / total:.1%} of the samples), line "
+          f"{prog[hot_i]['line']}: {prog[hot_i]['sass']}  (reads {sorted(operands(prog[hot_i]['sass'])[2])})")
 
 # %% [markdown]
 # <a id="own"></a>
@@ -517,8 +508,9 @@ if source_page and lines:
 # Without a GPU, from a committed record: the source page of 04's coalesced kernel, profiled on
 # the GPU named below. Write `waits_for(prog, i)`: the index of the last instruction before `i`
 # that **writes** a register that instruction `i` **reads** (`operands(sass)` gives both sets),
-# or None. Then read what the printed chain says about the kernel. The check tries every
-# instruction of the listing against what `waits_for` must satisfy.
+# or None. The check tries every instruction of the listing against what `waits_for` must
+# satisfy; once it passes, the cell also walks back from section 7's hottest instruction, one
+# writer at a time, until it reaches a load. Then read what the printed chain says.
 
 # %%
 def waits_for(prog, i):
@@ -567,8 +559,30 @@ assert ok is not False
 ### STUDENT
 ### END SOLUTION
 
+if prog and ok:   # with the walk written: section 7's hottest instruction and what it waits for
+    print(f"\nsection 7's page, hottest: {prog[hot_i]['sass']} (line {prog[hot_i]['line']})")
+    j = hot_i
+    for _ in range(6):            # a short chain: ALU steps until a load
+        j = waits_for(prog, j)
+        if j is None:
+            break
+        print(f"  waits for {prog[j]['sass']:<44} line {prog[j]['line']}: {prog[j]['source'][:60]}")
+        if operands(prog[j]["sass"])[0].startswith(("LDG", "LDS", "LDC", "LD.")):
+            break
+
 # %% [markdown]
-# *What to notice:* read the two printed instructions with their lines. Which array does the
-# load read, and what does the hottest instruction do with the loaded value? If it turns it
-# into an address, the kernel waits for one load before it can even issue the next: compare
-# with how 06's kernel handles `code2[absmax_q[b]]` (notebook 06, section 2).
+# *What to notice:* read the printed instructions with their lines and the source text beside
+# them. Which array does the load read, how wide is it, and what happens to the loaded value
+# before the hottest instruction can issue? Decide which row of section 6's table that wait
+# belongs to, and whether 06's kernel (notebook 06, section 2) would show the same chain.
+#
+# How far to trust the chain: the walk goes by register and by address order only. It ignores
+# branches and predicates (near a loop's head the last writer may sit at the loop's end), and a
+# 64-bit write (`.WIDE`, `.64`) counts for both its registers, so the walk can follow another path
+# than the one the hot instruction's data took. On section 7's page it may, for example, end at a
+# one-byte load whose value becomes an address (`LDG.E.U8`, then `IMAD.WIDE`), not at the load of
+# the code word the hot instruction works on. What you can conclude is that the hot instruction
+# sits behind a chain of loads, not what the one load it waits for is. To check by hand, open the
+# source page (its path is printed in section 7), find the hottest instruction, take its source
+# registers, and search upward for the instruction that writes each of them; the stall samples
+# on each load say which of them the warps really waited for.

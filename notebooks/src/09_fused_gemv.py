@@ -5,9 +5,10 @@
 # **Goal.** Generating a token multiplies each layer's weight by a few rows of activations: `y = x @ W.T`, `x` (M, K),
 # M = 1..8 (a GEMV: matrix times vector), `W` (N, K) in NF4. We read the kernel `nf4lab` ships (`nf4lab.kernels.gemv`):
 # each packed byte read once, made two bf16/fp16 weights by one shared-memory load, multiplied on the tensor cores by
-# `mma.sync`; then check it against float64 and time it against bitsandbytes' `matmul_4bit` and a kernel that only
-# reads the weight. **You will learn** how `mma.sync.m16n8k16` spreads its operands over a warp, how to feed it from a
-# lookup table, split-K over warps, and why bytes set the pace.
+# `mma.sync` (a warp-wide matrix multiply-add); then check it against float64 and time it against bitsandbytes'
+# `matmul_4bit` and a kernel that only reads the weight. **You will learn** how `mma.sync.m16n8k16` spreads its operands
+# over a warp, how to feed it from a lookup table, split-K over warps (each warp sums a part of K, then the sums are
+# added), and the read bound every GEMV is measured against (how close this kernel gets depends on the shape: section 7).
 #
 # **Contents:** 1. [Bytes: a prediction](#bytes) · 2. [The mma and its fragments](#mma) · 3. [Tiles, steps, split-K](#work) ·
 # 4. [The kernel](#kernel) · 5. [PTX evidence](#evidence) · 6. [Check: a tolerance, not bits](#check) · 7. [Benchmark](#benchmark) ·
@@ -23,7 +24,7 @@ from nf4lab.device.warp_ops import load_stream_u32x4, mma_bf16   # (the kernel c
 from nf4lab.harness import gemv_check
 from nf4lab.kernels import gemv
 from nf4lab.measure import bench, gemv_bench, provenance, ptx, ptxall, results
-print(nf4lab.describe())   # the simulator runs the kernel too: its mma, prmt and lookups have plain-Python twins
+print(nf4lab.describe())   # the simulator runs the kernel too: mma, byte permute (prmt) and lookups have Python twins
 RUN = bench.Run.load(gemv.NAME + "_notebook")   # this notebook's last GPU run (section 7 measures a new one on a GPU)
 # %% [markdown]
 # <a id="bytes"></a>
@@ -62,14 +63,13 @@ def panel(ax, title, rows, cols, who, colour, xlabels, xlabel, ylabel):   # who:
         ax.text(c, r, "{}\n{}".format(*who(r, c)), ha="center", va="center", fontsize=6.5)
     ax.set_xticks(range(cols), xlabels, fontsize=7, rotation=90)
     ax.set(title=title, xlabel=xlabel, ylabel=ylabel)
-
 lane_q = lambda k: (k % 8) // 2            # k = 2q, 2q + 1, 2q + 8, 2q + 9 belong to lane q  # noqa: E731
 col = lambda k: 64 * lane_q(k) + k % 2 + 2 * (k >= 8)   # the W column (in the step) of A's column k  # noqa: E731
 ns, tile = [f"n{n}: block {n}" if n < 4 else f"n{n}: 0" for n in range(8)], "row of the 16-row tile"
 fig, axes = plt.subplots(1, 3, figsize=(16, 6.4), gridspec_kw={"width_ratios": [16, 8, 8]}, layout="constrained")
 panel(axes[0], "A: 16 rows of W; a0/a2: row g, a1/a3: row g + 8", 16, 16,
       lambda r, k: (4 * (r % 8) + lane_q(k), f"a{int(r >= 8) + 2 * int(k >= 8)}"), lambda r, k: lane_q(k),
-      [f"k{k}: w{col(k)}" for k in range(16)], "k (A column): the W column it holds, 64 q + 32 h + 4 i + j (h = i = 0)", tile)
+      [f"k{k}: w{col(k)}" for k in range(16)], "k (A column): the W column it holds, 64 q + 32 h + 4 i + j (piece h = 0, mma i = 0; j = 0..3: the lane's 4 columns)", tile)
 panel(axes[1], "B: x; column n = block n (M = 1)", 16, 8, lambda k, n: (4 * n + lane_q(k), f"b{int(k >= 8)}"),
       lambda k, n: n if n == lane_q(k) and n < 4 else -1, ns, "B column n", "k: x at the same W column as A's k")
 panel(axes[2], "C: float32 sums; column n: block n", 16, 8, lambda r, n: (4 * (r % 8) + n // 2, f"c{n % 2 + 2 * int(r >= 8)}"),
@@ -89,7 +89,7 @@ _ = fig.suptitle("mma.sync.m16n8k16 in this kernel: mma i = 0 of a step at M = 1
 #   256 columns (2 KB of codes). Lane (g, q) loads 2 pieces of row g and 2 of row g + 8 (M = 1: columns 64q..64q + 63).
 # - **Split-K**: the 8 warps of a block share a tile's K columns: warp w takes steps w, w + 8, w + 16, ... and
 #   keeps its own float32 sums of the 16 rows; at the end of the tile the 8 partial sums are added in shared memory.
-# - **Persistent blocks**: at most 2 per SM (`gemv.grid_size`); block t takes tiles t, t + grid, ...: one table a block.
+# - **Persistent blocks**: at most 2 per SM (`gemv.grid_size`); block t takes tiles t, t + grid, ...: one lookup table (section 4) a block.
 # - **Steps in flight**: a warp issues its next step's loads before it computes the current step (`buf` holds both).
 #
 # <a id="kernel"></a>
@@ -359,7 +359,6 @@ def read_bound(N, K):                    # the fastest of 4 grid sizes, over cop
     t = min((bench.gpu_time_ms(lambda s, b=b: read_only[b * gemv.sms(), 256, s](next(bufs), nvec, out),
                                launches=max(bench.LAUNCHES, copies)) for b in (2, 4, 8, 16)), key=lambda t: t["ms"])
     return bench._record("bound", "read-only stream of the weight bytes", (N, K), "bf16", t, nb, copies=copies, M=1)
-
 if nf4lab.ON_GPU:   # a progress line per (shape, dtype): wall-clock seconds of that step, not a kernel time
     RUN = gemv_bench.benchmark({"notebook 09": launch})
     RUN.add([read_bound(N, K) for N, K in gemv.LLM_SHAPES])
@@ -389,8 +388,8 @@ if BATCH:
 # <a id="learned"></a>
 # ## 9. What we learned
 #
-# - A decode GEMV is judged by the bytes it reads: section 1 predicts from them; the read bound (section 7) measures how
-#   close any kernel gets. A table whose entries are A registers (section 2) makes dequantization a `prmt` and a load.
+# - The bytes it reads give the bound every GEMV is measured against (section 1); how close this kernel gets depends on
+#   the shape (section 7). A table whose entries are A registers (section 4) makes dequantization a `prmt` and a load.
 # - The mma sums over k in any order: we pick k so that each lane reads contiguous bytes, and B's columns keep the
 #   absmax blocks apart so that each is scaled once, in float32, as bitsandbytes scales it.
 # - Further reading: [Marlin](https://github.com/IST-DASLab/marlin) and [FLUTE](https://github.com/HanGuo97/flute).
@@ -437,7 +436,9 @@ assert result
 # ## Appendix: other designs the lab timed
 #
 # Designs timed by the lab (`lab/README.md` tells each story), bf16, M = 1. A ratio against the tensor-core kernel of
-# that day ("TC") is printed only where `provenance.compare` finds both in one run; else why not, under the row.
+# that day ("TC") is printed only where `provenance.compare` finds both in one run; else why not, under the row. The FFMA
+# design uses no tensor cores: a byte's two weights by one pair lookup, multiplied into the sums with two float32 fused
+# multiply-adds (FFMA); the cp.async ring copies the weights ahead into a ring of shared-memory buffers (`cp.async`).
 # %%
 ROAD = [("FFMA design (pair lookup + 2 FFMA a byte)", "09_fused_gemv", "auto"), ("2 chains of mmas", "09_gemv_chains", "TC C2"),
         ("cp.async ring of 2 stages for weights", "09_gemv_ring", "TC R2"), ("3 blocks per SM", "09_gemv_b3", "TC B3 D1"),
