@@ -15,11 +15,11 @@ against a float64 reference, prints tables, and writes
 and copies of both under $OUT when that variable is set. Kernel records are named
 "fused NF4 gemv (numba) [variant]".
 
-    python lab/bench_gemv.py                      # everything, within --budget-s (default 170 s)
-    python lab/bench_gemv.py --shapes 4096x14336 --dtypes bf16 --ms 1 --no-save
-    python lab/bench_gemv.py --variants TC 'TC B3 D1'   # only these variants
-    python lab/bench_gemv.py --variants TC 'TC PP' --no-save   # the two-buffer step loop beside the shipped kernel
-    python lab/bench_gemv.py --variants TC 'TC grid tiles' 'TC grid 132' --no-save   # other grids, same kernel
+    python -m lab.bench_gemv                      # everything, within --budget-s (default 170 s)
+    python -m lab.bench_gemv --shapes 4096x14336 --dtypes bf16 --ms 1 --no-save
+    python -m lab.bench_gemv --variants TC 'TC B3 D1'   # only these variants
+    python -m lab.bench_gemv --variants TC 'TC PP' --no-save   # the two-buffer step loop beside the shipped kernel
+    python -m lab.bench_gemv --variants TC 'TC grid tiles' 'TC grid 132' --no-save   # other grids, same kernel
 
 Variants after the first are timed on --variant-dtypes only (default bf16), to keep the run short:
 each variant is a separate compile (a few seconds each).
@@ -39,7 +39,6 @@ import types
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
 
 import nf4lab  # noqa: E402  (first: decides GPU or simulator)
 import nf4lab.kernels.gemv  # noqa: E402

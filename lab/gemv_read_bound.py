@@ -10,7 +10,7 @@ SM); the best per shape is the bound. The 1 GiB copy ceiling is measured in the 
 A GEMV must at least read its weight once, so no GEMV at that shape can beat this bound, measured the same
 way. Writes data/results/<gpu>/09_read_bound.json (and a copy under $OUT).
 
-    python lab/gemv_read_bound.py
+    python -m lab.gemv_read_bound
 """
 from __future__ import annotations
 
@@ -22,7 +22,6 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
 
 import nf4lab  # noqa: E402  (first: decides GPU or simulator)
 from numba import cuda, uint32, uint64  # noqa: E402  (module globals: the simulator swaps them in kernels)
