@@ -87,8 +87,7 @@ def _numpy_shim() -> None:
         np.row_stack = row_stack
 
 
-def _decide() -> tuple[str, str]:
-    forced = config.mode()
+def _decide(forced: str) -> tuple[str, str]:
     if forced in MODES:
         return forced, "forced by NF4LAB_MODE"
     if "numba.cuda" in sys.modules:
@@ -104,11 +103,11 @@ def _decide() -> tuple[str, str]:
 
 
 _numpy_shim()
-MODE, REASON = _decide()
+MODE, REASON = _decide(config.mode())
 # A bad NF4LAB_MODE is decided as if unset, and raised where it matters (check_arch: the command line, a
 # compile, describe()), as one line: an exception here would be a traceback at `import nf4lab`.
 MODE_PROBLEM = (f"NF4LAB_MODE must be one of {MODES}, got {config.mode()!r}"
-                if config.mode() and config.mode() not in MODES else None)
+                if config.mode() not in MODES + ("",) else None)
 SIMULATOR = MODE == "sim"
 ON_GPU = MODE == "gpu"
 # (name, compute capability) of device 0 where kernels run on a GPU, else None.

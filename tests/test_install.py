@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import nf4lab
-from nf4lab.integrations import bnb_backend, torch_ops
+from nf4lab.integrations import bnb_backend
 from nf4lab.kernels import dequant, qweight
 from nf4lab import runtime
 

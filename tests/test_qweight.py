@@ -71,6 +71,18 @@ def test_a_kept_weight_is_not_taken_through_another_dtype_view():
     assert torch_ops.dequant_linear(x, packed.view(torch.int8), *args[1:]) is None
 
 
+def test_a_kept_weight_is_not_taken_through_a_short_or_strided_view():
+    """Views that start at the same address: the kept record must not stand in for the checks they fail."""
+    packed, qs = quantize(nested=True)
+    x = torch.randn(2, 128).to(torch.bfloat16)
+    args = linear_args(packed, qs)
+    assert torch_ops.dequant_linear(x, *args) is not None
+    flat = packed.view(-1)
+    assert torch_ops.dequant_linear(x, flat[:10], *args[1:]) is None
+    strided = flat.as_strided((flat.numel() // 2,), (2,))
+    assert torch_ops.dequant_linear(x, strided, *args[1:]) is None
+
+
 def test_the_record_goes_with_its_statistics():
     packed, qs = quantize(nested=True)
     x = torch.randn(2, 128).to(torch.bfloat16)

@@ -58,10 +58,6 @@ def _quant_state_type():
     return QuantState
 
 
-def _is_tensor(x) -> bool:
-    return isinstance(x, _torch().Tensor)
-
-
 def plan(A, quant_state, out) -> _Plan:
     """Validate ``nf4lab.dequantize``'s arguments (TypeError/ValueError naming the parameter): the QuantState
     here, its tensors by :func:`nf4lab.kernels.qweight.problem`, the rules every entry point shares."""

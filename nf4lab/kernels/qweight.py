@@ -152,10 +152,10 @@ def record(A, shape, blocksize, quant_type, absmax, absmax2=None, code2=None, of
     w = QWeight()
     w.A, w.shape_obj, w.shape = A, shape, tuple(int(s) for s in shape)
     w.n = math.prod(w.shape)
-    w.nbytes, w.blocksize, w.bs_shift = (w.n + 1) // 2, blocksize, int(blocksize).bit_length() - 1
-    w.quant_type = quant_type
+    w.blocksize, w.bs_shift, w.quant_type = blocksize, int(blocksize).bit_length() - 1, quant_type
     w.nested = nested if nested is not None else not (absmax2 is None and code2 is None and offset is None)
-    w.nblocks, w.gsize = -(-w.n // blocksize), gsize if w.nested else 0
+    need = sizes(w.n, blocksize, w.nested, gsize)
+    w.nbytes, w.nblocks, w.gsize = need["A"], need["absmax"], gsize if w.nested else 0
     w.absmax, w.absmax2, w.code2, w.offset, w.version = absmax, absmax2, code2, offset, _version(offset)
     w.device, w.device_index, w.ptr, w.adtype = A.device, A.device.index, A.data_ptr(), A.dtype
     w.ref, w.gemv, w.dq = None, None, {}
@@ -169,7 +169,8 @@ def known(A, shape, blocksize, quant_type, absmax, absmax2=None, code2=None, off
     """The kept record of this weight, or None (never checked, or any of its tensors changed since).
     Identity checks only: this runs at every call of a layer."""
     w = _KNOWN.get(id(absmax))
-    if (w is not None and w.ref() is absmax and w.ptr == A.data_ptr() and A.dtype is w.adtype and w.absmax2 is absmax2
+    if (w is not None and w.ref() is absmax and w.ptr == A.data_ptr() and A.dtype is w.adtype
+            and A.numel() >= w.nbytes and A.is_contiguous() and w.absmax2 is absmax2
             and w.code2 is code2 and w.offset is offset and w.version == _version(offset)
             and w.blocksize == blocksize and w.quant_type == quant_type
             and (w.shape_obj is shape or w.shape == tuple(shape))):
