@@ -75,12 +75,6 @@ def variant_launches(mod, names=None, policies=None) -> dict:
             for dd in (0, 1, 2, 3):
                 out[f"TC B{bps} D{dd}"] = (lambda g, b=bps, dd=dd: gemv_mma.launch(g, blocks_per_sm=b, D=dd))
         out["TC B2 D1 carve"] = (lambda g: gemv_mma.launch(g, carveout=True))
-        for dd in (1, 2):  # one block of 16 warps per SM: whole tiles shared out over half as many blocks
-            out[f"TC W16 B1 D{dd}"] = (lambda g, dd=dd: gemv_mma.launch(g, blocks_per_sm=1, D=dd, warps=16))
-        # M = 1: each 16-byte weight load reads half of 32 sectors, the next the other half (L1 keeps nothing)
-        out["TC l1"] = (lambda g: gemv_mma.launch(g, l1=True))               # the loads allocate in L1
-        out["TC wide"] = (lambda g: gemv_mma.launch(g, wide=True))           # whole sectors per load, x from L1
-        out["TC wide l1"] = (lambda g: gemv_mma.launch(g, wide=True, l1=True))
         out["TC x-global"] = (lambda g: gemv_mma.launch(g, xslot=False))  # M = 1: x from L1/L2 at each step (former)
         from lab import gemv_ablate
 

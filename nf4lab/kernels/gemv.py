@@ -43,15 +43,9 @@ def code2_word(c):  # code2[c], c < 256: bank c & 31, as in a flat array
     return c + (c & uint32(0xE0)) + uint32(32)
 
 
-@functools.cache
-def spare_at(sh):  # partial sum i < 128 << sh (2 tiles x warps x 16 rows x M): words 32..32 + 2**sh of rows 128..255
-    @cuda.jit(device=True, inline="always")
-    def spare(i):
-        return ((i >> uint32(sh)) << uint32(6)) | uint32((128 << 6) | 32) | (i & uint32((1 << sh) - 1))
-    return spare
-
-
-spare = spare_at(4)
+@cuda.jit(device=True, inline="always")
+def spare(i):  # partial sum i < 2048 (2 tiles x W warps x 16 rows x M): words 32..47 of rows 128..255
+    return ((i >> uint32(4)) << uint32(6)) | uint32((128 << 6) | 32) | (i & uint32(15))
 
 
 def words_apply(nested, bs_shift, K, absmax_ptr) -> bool:
@@ -61,9 +55,9 @@ def words_apply(nested, bs_shift, K, absmax_ptr) -> bool:
 
 
 @functools.cache
-def step_ops(is_bf16, M, base, nested=True, words=False, wide=None, l1=False):
+def step_ops(is_bf16, M, base, nested=True, words=False):
     """(look, half_bits, fetch): the table lookup, the output conversion, a step's loads (lab/gemv_pp.py too)."""
-    WIDE = M > 1 if wide is None else wide   # where a lane's two 16-byte pieces lie (see fetch)
+    WIDE = M > 1                      # where a lane's two 16-byte pieces lie (see fetch)
     look = table_lookup(base)
 
     @cuda.jit(device=True, inline="always")
@@ -72,10 +66,7 @@ def step_ops(is_bf16, M, base, nested=True, words=False, wide=None, l1=False):
 
     @cuda.jit(device=True, inline="always")
     def put(buf, i, packed_u32, w):
-        if l1:
-            buf[i], buf[i + 1], buf[i + 2], buf[i + 3] = ops.load_u32x4(packed_u32, uint64(w))
-        else:
-            buf[i], buf[i + 1], buf[i + 2], buf[i + 3] = load_stream_u32x4(packed_u32, uint64(w))
+        buf[i], buf[i + 1], buf[i + 2], buf[i + 3] = load_stream_u32x4(packed_u32, uint64(w))
 
     @cuda.jit(device=True, inline="always")
     def fetch(buf, o, packed_u32, absmax_q, absmax2, t, c, g, q, n, kw, tiles, steps, ash):
@@ -119,22 +110,20 @@ def step_ops(is_bf16, M, base, nested=True, words=False, wide=None, l1=False):
 
 
 @functools.cache
-def make_kernel(is_bf16, M, base, nested=True, D=1, min_blocks=BLOCKS_PER_SM, xslot=True, words=True, warps=W,
-                wide=None, l1=False):
+def make_kernel(is_bf16, M, base, nested=True, D=1, min_blocks=BLOCKS_PER_SM, xslot=True, words=True):
     """The kernel for a dtype, batch M (1..8), table base (``probe_base()``) and kind of statistics; ``words``: the
     statistics as one word per lane a step (only where :func:`words_apply`); ``D`` (steps of loads in flight
     ahead), ``min_blocks`` (blocks per SM) and ``xslot`` (False: x from L1/L2 at each step, as M > 1 does) are
-    lab/gemv_mma.py's knobs, as is ``warps`` (8 or 16 a block)."""
-    NTH, SP = 32 * warps, spare_at(4 if warps == 8 else 5)
-    NT, WIDE, WORDS = (M + 1) // 2, M > 1 if wide is None else wide, words and nested  # n-tiles of 8 columns (2 batch rows x 4 blocks)
+    lab/gemv_mma.py's knobs."""
+    NT, WIDE, WORDS = (M + 1) // 2, M > 1, words and nested  # n-tiles of 8 columns (2 batch rows x 4 blocks)
     SW = FBW if WORDS else FB         # words per step in a lane's buffer
     NACC, NCF, NB = 2 * NT, 4 * NT, SW * (D + 1)
     mma = mma_bf16 if is_bf16 else mma_f16
-    look, half_bits, fetch = step_ops(is_bf16, M, base, nested, WORDS, wide, l1)
-    XS = xslot and M == 1 and D == 1 and not WIDE  # x through a shared slot per warp, a step ahead (warp_ops.x_slot_ops)
+    look, half_bits, fetch = step_ops(is_bf16, M, base, nested, WORDS)
+    XS = xslot and M == 1 and D == 1  # x through a shared slot per warp, a step ahead (warp_ops.x_slot_ops)
     x_quad, x_stash, x_read = x_slot_ops(base)
 
-    @cuda.jit(launch_bounds=(NTH, min_blocks))
+    @cuda.jit(launch_bounds=(THREADS, min_blocks))
     def gemv_tc(packed_u32, absmax_q, absmax2, code2, lut, offset, x_u32, y, N, K, bs_shift):
         sm = cuda.shared.array(0, uint32)
         tid = uint32(cuda.threadIdx.x)
@@ -152,16 +141,16 @@ def make_kernel(is_bf16, M, base, nested=True, D=1, min_blocks=BLOCKS_PER_SM, xs
             xok = x_quad(xq, x_u32, cp, lane, k)
         for d in range(D):
             fetch(buf, SW * (d + 1), packed_u32, absmax_q, absmax2, tp, cp, g, q, n, kw, tiles, steps, ash)
-            cp = uint32(cp + uint32(warps))
+            cp = uint32(cp + uint32(W))
             if cp >= steps:
                 cp, tp = warp, uint32(tp + grid)
         if tid < uint32(16):
             sm[uint32(LUT) + tid] = half_bits(lut[tid])
-        if nested and (NTH == 256 or tid < uint32(256)):
+        if nested:
             sm[code2_word(tid)] = ops.float_bits(code2[tid])
         cuda.syncthreads()
-        for j in range(32 * 256 // NTH):    # the used half of each 256-byte row
-            i = uint32(tid + uint32(j * NTH))
+        for j in range(32 * 256 // THREADS):    # the used half of each 256-byte row
+            i = uint32(tid + uint32(j * THREADS))
             e = i >> uint32(5)
             sm[(e << uint32(6)) | (i & uint32(31))] = sm[uint32(LUT) + (e >> uint32(4))] | (sm[uint32(LUT) + (e & uint32(15))] << uint32(16))
         cuda.syncthreads()
@@ -182,10 +171,10 @@ def make_kernel(is_bf16, M, base, nested=True, D=1, min_blocks=BLOCKS_PER_SM, xs
                 fetch(buf, SW * D, packed_u32, absmax_q, absmax2, tp, cp, g, q, n, kw, tiles, steps, ash)
                 if XS:
                     xok = x_quad(xq, x_u32, min(cp, uint32(steps - uint32(1))), lane, k)
-                cp = uint32(cp + uint32(warps))
+                cp = uint32(cp + uint32(W))
                 if cp >= steps:
                     cp, tp = warp, uint32(tp + grid)
-                cn = uint32(c + uint32(warps))
+                cn = uint32(c + uint32(W))
                 tn = t
                 if cn >= steps:
                     cn, tn = warp, uint32(t + grid)
@@ -250,19 +239,19 @@ def make_kernel(is_bf16, M, base, nested=True, D=1, min_blocks=BLOCKS_PER_SM, xs
                 if tn != t:
                     break
             # the warps' partial sums of this tile meet in shared memory (lanes q, q ^ 1 hold the same batch row)
-            base = uint32(parity * uint32(warps * 16 * M) + warp * uint32(16 * M))
+            base = uint32(parity * uint32(W * 16 * M) + warp * uint32(16 * M))
             for nt in range(NT):
                 a0 = acc[2 * nt] + shfl_xor_sync(0xFFFFFFFF, acc[2 * nt], 1)
                 a1 = acc[2 * nt + 1] + shfl_xor_sync(0xFFFFFFFF, acc[2 * nt + 1], 1)
                 m = uint32(2 * nt) + (q >> uint32(1))
                 if m < uint32(M) and (q & uint32(1)) == uint32(0):
-                    sm[SP(base + m * uint32(16) + g)] = ops.float_bits(a0)
-                    sm[SP(base + m * uint32(16) + g + uint32(8))] = ops.float_bits(a1)
+                    sm[spare(base + m * uint32(16) + g)] = ops.float_bits(a0)
+                    sm[spare(base + m * uint32(16) + g + uint32(8))] = ops.float_bits(a1)
             cuda.syncthreads()
             if tid < uint32(16 * M):
-                first, v = uint32(parity * uint32(warps * 16 * M) + tid), float32(0.0)
-                for w in range(warps):
-                    v += f32_from_bits(sm[SP(first + uint32(w * 16 * M))])
+                first, v = uint32(parity * uint32(W * 16 * M) + tid), float32(0.0)
+                for w in range(W):
+                    v += f32_from_bits(sm[spare(first + uint32(w * 16 * M))])
                 row = uint32(t * uint32(16) + (tid & uint32(15)))
                 if row < n:
                     y[uint32((tid >> uint32(4)) * n + row)] = half_bits(v)
