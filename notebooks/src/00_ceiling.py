@@ -43,12 +43,13 @@ print(nf4lab.describe())
 # time to do its arithmetic. Dequantization reads half a byte per weight, looks it up in a
 # 16-entry table, multiplies by a scale and writes two bytes (bf16). That is about one
 # multiply per 2.5 bytes moved. Our prediction: **memory-bound**, because a GPU's float32
-# rate divided by its DRAM bandwidth (two numbers on its datasheet) is many operations per
-# byte, far more than 0.4. This notebook tests the prediction by measurement: section 4 times
-# a kernel that moves the same bytes with no arithmetic at all, and that kernel, not a FLOP
-# count, is the ceiling. So the only question for speed is *how close to the memory ceiling do
-# we get*, and the unit of progress in this series is GB/s of the byte model (below), against
-# what a plain copy reaches.
+# rate divided by its DRAM bandwidth (two numbers from its datasheet, not measured here) should
+# be many operations per byte, far more than 0.4. This notebook measures the ceiling that
+# prediction implies: section 4 times a kernel that moves the same bytes with no arithmetic at
+# all. Notebook 06 tests the prediction itself: a kernel that does the arithmetic and still runs
+# at that bound is limited by its bytes, not by its arithmetic. If the prediction holds, the only
+# question for speed is *how close to the memory ceiling do we get*, and the unit of progress in
+# this series is GB/s of the byte model (below), against what a plain copy reaches.
 
 # %% [markdown]
 # <a id="formula"></a>
@@ -222,9 +223,10 @@ print(f"bound_bf16: {nw} words of codes read, {16 * nw:,} output bytes written, 
 # %% [markdown]
 # ### How we time: a CUDA graph
 #
-# A numba launch from Python has a host cost of its own, a large share of a sub-millisecond
-# kernel when launches are timed one by one. So we capture 20 launches in a CUDA graph and
-# replay it: one host call per 20 launches, and the events around a replay measure GPU time.
+# A numba launch from Python has a host cost of its own, which can be a large share of a
+# sub-millisecond kernel when launches are timed one by one. So we capture 20 launches in a CUDA
+# graph and replay it: one host call per 20 launches, and the events around a replay measure GPU
+# time.
 # This is the loop `nf4lab.measure.bench` runs for every timing in the series (`bench.gpu_time_ms`,
 # which also falls back to plain launches for code that cannot be captured). Host-side cost is
 # measured separately (`host_ms`). In the simulator there is no GPU to time: the cell shows the
@@ -332,12 +334,14 @@ if run is not None:
 # <a id="learned"></a>
 # ## 5. What we learned
 #
-# * NF4 dequantization is memory-bound by a wide margin: speed is bytes moved over time,
-#   and the byte model fixes the bytes (about 2.5 bytes per bf16 weight, four fifths of them writes).
+# * NF4 dequantization does a few operations per byte it moves, so we predict it is
+#   memory-bound: its speed is then bytes moved over time, and the byte model fixes the bytes
+#   (about 2.5 bytes per bf16 weight, nearly four fifths of them writes). Notebook 06 tests the
+#   prediction against the traffic-matched bound above.
 # * The ceilings are measured: a copy, a write-only fill and a kernel that moves NF4's bytes
 #   without the arithmetic, timed through CUDA graphs so that launch overhead does not count.
 #   The datasheet peak is printed beside them only to show how far below it a real copy runs.
-#   Which ceiling is fastest is a property of the GPU.
+#   Which ceiling is fastest is measured, not assumed: the lines above say which it is on this GPU.
 # * bitsandbytes is the baseline to beat; the table above says how far it is from the ceiling.
 #   Everything we write must produce the *same bits* as it does.
 # * The formula has three separately rounded float32 operations; high nibble first; blocks of

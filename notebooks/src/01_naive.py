@@ -373,7 +373,7 @@ plots.progress("01_naive");
 #   once instead of twice. The simulator cannot see it; the PTX can, and so can a float32-output
 #   case. Use `ops.fmul_rn` / `ops.fadd_rn` and assert `absent=[r"^fma"]`.
 # * bf16 conversion rounds to nearest even (`cvt.rn.bf16.f32`, or the integer formula); truncating
-#   gets about half of the outputs wrong.
+#   gets a large share of the outputs wrong (section 4 counts them).
 # * Unsigned indices and sizes: signed ones bring negative-index wraparound code, mixed
 #   signed/unsigned comparisons go through float64.
 # * The numbers (table and plot above) say how far one byte per thread with two 16-bit stores is

@@ -5,13 +5,13 @@
 # %% [markdown]
 # # 03 · Packed u32 stores: one store per byte
 #
-# **Goal.** Four fifths of the bytes we move are writes, and the kernels so far write them
-# two bytes at a time: two `st.global.u16` per packed byte. The two weights of a byte are
-# adjacent in the output, so they fit in one 32-bit word. Here we convert both at once
-# (`ops.pack_bf16x2`: one `cvt.rn.bf16x2.f32` on compute capability 8.0 and newer, integer
-# rounding on a T4) and write them with one `st.global.u32`, halving the
-# store instructions, and handle the one case where that would be wrong: the last byte of
-# an odd-length tensor, which holds a single weight.
+# **Goal.** Nearly four fifths of the bytes we move are writes (00's byte model), and the
+# kernels so far write them two bytes at a time: two `st.global.u16` per packed byte. The two
+# weights of a byte are adjacent in the output, so they fit in one 32-bit word. Here we convert
+# both at once (`ops.pack_bf16x2`: one `cvt.rn.bf16x2.f32` on compute capability 8.0 and newer,
+# integer rounding on a T4) and write them with one `st.global.u32`, halving the store
+# instructions, and handle the one case where that would be wrong: the last byte of an
+# odd-length tensor, which holds a single weight.
 #
 # **Contents**
 # 1. [Prediction](#prediction)
@@ -282,9 +282,10 @@ else:
 #
 # ### Exercise 1: the odd tail
 #
-# This version of the kernel forgets that the last byte may hold a single weight. **Predict**
-# what the check reports for n = 15 (shape 3 x 5), then run it, read the message, and fix the
-# kernel with a 16-bit store for the tail.
+# This version of the kernel stores one 32-bit word for every packed byte. **Predict** what the
+# check reports for n = 15 (shape 3 x 5), then run it and read the message. Then fix the kernel:
+# bit-exact for every n, odd or even, nothing written past the end of the output, and still one
+# 32-bit store for each byte wherever that is safe.
 
 # %%
 ### BEGIN SOLUTION
@@ -300,8 +301,7 @@ def u32_tail(packed, lut, absmax_q, absmax2, code2, offset, out, out_u32, n, nby
         else:
             out[uint64(2) * i] = ops.to_bf16_bits(lut[byte >> 4] * s)
 ### STUDENT
-# TODO: this kernel is wrong for odd n. Run the check, read the message, fix the kernel
-# (about 4 lines: a branch for the last byte).
+# TODO: run the check, read the message, fix the kernel (about 4 lines).
 @cuda.jit
 def u32_tail(packed, lut, absmax_q, absmax2, code2, offset, out, out_u32, n, nbytes):
     i = uint64(cuda.grid(1))

@@ -50,12 +50,14 @@ SIG = ("(uint8[::1], uint32[::1], float32[::1], uint8[::1], float32[::1], float3
 #
 # | placement | one warp lookup with k distinct codes | cost |
 # | --- | --- | --- |
-# | constant memory | the constant cache serves **one address per cycle** and broadcasts it | k serialized replays (up to 16) |
+# | constant memory | the constant cache serves a warp's distinct addresses **one after another**, each broadcast | k serialized replays (up to 16) |
 # | shared memory | 16 entries in 16 different banks; equal addresses broadcast | one pass: no bank conflict |
 # | registers (`selp` tree) | no memory access; 15 selects per lookup | ALU work, the same for any k |
 # | global (step 04) | L1 hit, like any load | a load through the L1 path |
 #
-# Constant memory is built for the opposite access pattern (all lanes reading the same value).
+# The first two rows are the CUDA C++ Programming Guide's rules for these memories; the costs are
+# what we expect from them. Constant memory is built for the opposite access pattern (all lanes
+# reading the same value).
 # We predict shared memory to be the fastest of the three, but not clearly faster than step 04's
 # global table: those 64 bytes are read by every warp all the time, so they should stay in L1.
 # Whether the select tree's extra instructions hide behind memory time in a memory-bound kernel
@@ -68,8 +70,9 @@ print(f"distinct codes per warp lookup on this case: mean {distinct.mean():.1f},
       f"min {distinct.min()}, max {distinct.max()} (of 16)")
 
 # %% [markdown]
-# Most of the 16 entries are asked for in every warp lookup (printed above), so constant memory
-# replays nearly every lookup many times: 8 lookups per packed word, for every word.
+# Most of the 16 entries are asked for in every warp lookup (printed above), so we expect
+# constant memory to replay nearly every lookup many times: 8 lookups per packed word, for every
+# word.
 
 # %% [markdown]
 # <a id="kernel"></a>
@@ -87,10 +90,10 @@ print(f"distinct codes per warp lookup on this case: mean {distinct.mean():.1f},
 # factory closes over), so the three kernels differ in exactly those lines.
 #
 # A numba lesson on the way: device functions with `inline="always"` are inlined at the level of
-# numba's IR, and each call site is typed again. The select tree is 15 `selp` calls; inlined at 8
-# call sites per word it made compilation slow (more than 20 s). So the word converter loops
-# over its 4 bytes: 2 call sites, unrolled later by LLVM (the local array `pairs` becomes
-# registers: the PTX has no `ld.local`).
+# numba's IR, and each call site is typed again, so compilation time grows with every call site.
+# The select tree is 15 `selp` calls and a word needs 8 lookups, so the word converter loops over
+# its 4 bytes instead of spelling out 8 calls: 2 call sites, unrolled later by LLVM (the local
+# array `pairs` becomes registers: the PTX has no `ld.local`).
 
 # %% tags=["kernel"]
 import nf4lab  # noqa: F811  (this cell runs on its own in nf4lab.harness.versions)
@@ -319,26 +322,28 @@ plots.progress("05_shared_lut");
 # Read the ranking off the plot above; the mechanisms behind it:
 #
 # * **Global memory is already fine for this table** when the benchmark above finds the shared
-#   table no faster (within the noise margin, or slower). The table is 16 floats, 64 bytes, read by every warp all
-#   the time: it stays in L1, and a warp's lookup of up to 16 addresses inside one 128-byte line is
-#   one L1 access, the same work as a shared-memory lookup. There, what shared memory buys is a
-#   guarantee rather than speed: the table cannot be evicted by the data streaming through L1
-#   (a kernel with more traffic or a different cache split may see misses), and 16 entries in 16
-#   banks with same-address broadcast are conflict-free by construction. Measuring the baseline
+#   table no faster (within the noise margin, or slower). The likely reason: the table is 16
+#   floats, 64 bytes, read by every warp all the time, so it should stay in L1, and a warp's
+#   lookup of up to 16 addresses inside one 128-byte line is then one L1 access, like a
+#   shared-memory lookup (this notebook times the kernels; it does not count cache hits).
+#   There, what shared memory buys is a guarantee rather than speed: the table cannot be evicted
+#   by the data streaming through L1 (a kernel with more traffic or a different cache split may
+#   see misses), and 16 entries in 16 banks with same-address broadcast are conflict-free by
+#   construction. Measuring the baseline
 #   is the lesson: an optimization that wins nothing on the GPU in hand is named as such.
-# * **Constant memory** is for uniform access: it serves one address per cycle and replays the
-#   instruction for every other address the warp asks for. A LUT indexed by data is the worst
-#   case for it.
+# * **Constant memory** is for uniform access: the constant cache serves the distinct addresses
+#   of a warp's request one after another. A LUT indexed by data is the worst case for it; the
+#   benchmark above shows what that cost on the GPU whose results it prints.
 # * **Shared memory** serves 32 lanes in one pass when they hit different banks or the same
 #   address. 16 consecutive floats occupy 16 different banks, so a table lookup never conflicts.
 #   It costs a fill and one `syncthreads` per block.
 # * **Registers** avoid memory altogether but pay 15 `selp` per lookup, 120 per packed word:
 #   whether that is hidden depends on how much time the kernel spends waiting for DRAM anyway.
 #   The benchmark above prints the select tree's time against the global table's: where it is
-#   well above 1x, the selects (and, for constant memory, the replays) are not hidden, and the
-#   kernel's time is set by issuing instructions, not by DRAM. (`data/results/<gpu>/05_shared_lut.json`
-#   holds the runs of each GPU recorded; compare their times, not their GB/s shares, if you
-#   want to test that on two GPUs.)
+#   well above 1x, the selects (and, for constant memory, the replays) are likely not hidden: the
+#   kernel's time is then set by issuing instructions rather than by DRAM.
+#   (`data/results/<gpu>/05_shared_lut.json` holds the runs of each GPU recorded; compare their
+#   times, not their GB/s shares, if you want to test that on two GPUs.)
 # * In numba, constant memory is `cuda.const.array_like(a_global_numpy_array)`, shared memory
 #   `cuda.shared.array(shape, dtype)` plus an explicit barrier, and values in registers are
 #   Python constants (`float32(...)` globals) frozen into the code.
@@ -352,11 +357,13 @@ plots.progress("05_shared_lut");
 #
 # bitsandbytes has a second 4-bit format, **fp4**, with its own 16 values
 # (`nf4lab.format.reference.lut_for("fp4", device)`). A case made with `quant_type="fp4"` carries that
-# table in `b.lut`. **Predict first:** which of the three kernels above serve fp4 unchanged, and
-# which would silently produce NF4 values? Answer from the kernel cell, before you read on.
+# table in `b.lut`. Write `launch_fp4(b)`, bit-exact on fp4 cases, with the table in **constant
+# memory**.
 #
-# Then write `launch_fp4(b)` that is bit-exact on fp4 cases, keeping the table in constant memory
-# (the placement has to be decided when the kernel is compiled: one kernel per table).
+# **Predict first:** the starting point below launches `dequant_const`, section 2's
+# constant-memory kernel, on fp4 cases. Which of its outputs will be right, and why? Answer from
+# section 2's kernel cell and fp4's 16 values (print `nf4lab.format.reference.lut_for("fp4",
+# case.device)` beside `NF4_LUT`), then run the cell and compare.
 #
 # One trap: bitsandbytes has two fp4 tables one signed zero apart. For code 8 its CUDA kernel
 # gives **-0.0**, and so does its scalar CPU loop; only its table-based CPU paths (the torch
@@ -391,11 +398,11 @@ def launch_fp4(b):
         b.packed, b.packed_u32, b.lut, b.absmax_q, b.absmax2, b.code2, b.offset, b.out, b.out_u32,
         np.uint64(b.n), np.uint64(b.blocksize.bit_length() - 1))
 ### STUDENT
-# TODO: a constant-memory kernel with the fp4 table of the bitsandbytes that made the cases,
-# nf4lab.format.reference.lut_for("fp4", case.device) (-0.0 at code 8 on a GPU), about 10 lines.
+# TODO: predict, run, then make this launch bit-exact on fp4 cases with the table in constant
+# memory (about 10 lines).
 def launch_fp4(b):
     chunks = (b.n + 31) // 32
-    dequant_const[(chunks + THREADS - 1) // THREADS, THREADS, b.stream](       # NF4 table built in
+    dequant_const[(chunks + THREADS - 1) // THREADS, THREADS, b.stream](
         b.packed, b.packed_u32, b.lut, b.absmax_q, b.absmax2, b.code2, b.offset, b.out, b.out_u32,
         np.uint64(b.n), np.uint64(b.blocksize.bit_length() - 1))
 ### END SOLUTION
@@ -405,17 +412,22 @@ result = nf4lab.check(launch_fp4, name="exercise: fp4 in constant memory", quant
                       shapes=((3, 5), (1, 65), (7, 33)))
 ### BEGIN SOLUTION
 assert result
+# The shared-memory kernel copies whatever table the launch passes, fp4's included:
+assert nf4lab.check(VERSIONS["05 LUT in shared memory"], name="section 2's shared-memory kernel on fp4",
+                    quant_type="fp4", shapes=((3, 5), (1, 65), (7, 33)))
 ### STUDENT
 ### END SOLUTION
 
 # %% [markdown]
 # ### BEGIN SOLUTION
-# *What to notice:* the shared-memory kernel serves fp4 without a change (its launch function
-# accepts fp4 cases; no cell above runs it on one), because it copies whatever table the caller
-# passes; constant memory and instruction constants are baked in at compile time (which is why
-# the launch functions of those two refuse fp4 cases). Flexibility is an argument for shared (or
-# global) memory that holds whatever the measured speed.
+# *What to notice:* none of the starting point's outputs could be right: the kernel holds NF4's
+# 16 values, compiled in, whatever `b.lut` holds, and no code has the same value in NF4 and in
+# fp4, so with a nonzero scale every weight comes out wrong. Constant memory and instruction
+# constants are fixed when the kernel is compiled, so each table needs its own kernel (and
+# section 2's launch functions for those two refuse fp4 cases); the shared-memory kernel copies
+# whatever table the launch passes and serves fp4 unchanged (the second check above).
+# Flexibility is an argument for shared (or global) memory whatever the measured speed.
 # ### STUDENT
-# *What to notice:* once your kernel passes, compare the three launch functions of section 2:
-# which of them refuse an fp4 case, and why must they?
+# *What to notice:* once your kernel passes: which of section 2's three kernels could serve fp4
+# without a new kernel, and which could not? Why?
 # ### END SOLUTION
