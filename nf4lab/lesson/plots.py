@@ -51,7 +51,8 @@ def bars(run, *, title=None, highlight=(), shape=None, dtype=None, ax=None):
     ax.set_xlim(0, top * 1.35)  # room on the right for the bars' labels
     ax.set_xlabel("effective bandwidth, GB/s (bytes of the NF4 byte model / GPU time)")
     l2 = " (fits in L2)" if recs[0].get("fits_l2") else ""
-    ax.set_title(title or f"NF4 dequantization, {'x'.join(map(str, shape))} -> {dtype}{l2}")
+    gpu = f"\non the {run.meta['gpu']}" if run.meta.get("gpu") else ""
+    ax.set_title(title or f"NF4 dequantization, {'x'.join(map(str, shape))} -> {dtype}{l2}{gpu}")
     if fig is not None:
         finish(fig, run.meta, legend_from=ax)
     return ax
@@ -83,12 +84,15 @@ def progress(notebook: str, gpu: str | None = None, *, shape=None, dtype="bf16")
     # one bar, from the latest run that measured it, in the order the steps introduced them; only
     # the step's own kernels are highlighted.
     mine = {r["name"] for r in here.kernels()}
+    # A bar from another run is not this run's measurement: its label says which run it comes from.
     latest: dict = {}
     for name in earlier:
         prev = bench.Run.load(name, gpu)
+        same = prev.meta.get("run") and prev.meta.get("run") == here.meta.get("run")
+        when = f" (run of {prev.meta.get('date', '?')[5:16]})"
         for r in prev.kernels():
-            if r["shape"] == shape and r["dtype"] == dtype:
-                latest[r["name"]] = r   # a re-measurement keeps the first one's place in the dict
+            if r["shape"] == shape and r["dtype"] == dtype:   # a re-measurement keeps the first one's place
+                latest[r["name"]] = r if same else dict(r, name=r["name"] + when)
     seen = set(latest)
     merged.add([r for n, r in latest.items() if n not in mine])
     merged.add([r for r in here.records if r["shape"] == shape and r["dtype"] == dtype])
@@ -96,7 +100,8 @@ def progress(notebook: str, gpu: str | None = None, *, shape=None, dtype="bf16")
     highlight = mine - seen
     fig, ax = plt.subplots(figsize=(9, 0.45 * len(merged.records) + 2.2))
     bars(merged, highlight=highlight, shape=shape, dtype=dtype, ax=ax,
-         title=f"Step by step: {'x'.join(map(str, shape))} -> {dtype} (this step in orange)")
+         title=f"Step by step on the {here.meta.get('gpu', 'GPU not recorded')}\n"
+               f"{'x'.join(map(str, shape))} -> {dtype} (this step in orange)")
     finish(fig, here.meta, legend_from=ax)
     return merged
 
