@@ -55,8 +55,9 @@ def sig(dtype):
 #
 # The byte model: the inputs are the same for every dtype, the output is 2 or 4 bytes per weight.
 # At the copy ceiling (measured in 00, same GPU) the time cannot be lower than bytes / bandwidth.
-# fp32 moves almost twice the bytes; it is a write-mostly kernel, so we expect the write-only
-# fill, rather than the copy, to be the ceiling it is measured against.
+# fp32 moves almost twice the bytes and is write-mostly. Section 6 judges every dtype against the
+# traffic-matched bound (the same bytes moved with no arithmetic) and prints the copy and the
+# write-only fill beside it.
 
 # %%
 N_BIG = 16384 * 16384
@@ -132,12 +133,20 @@ else:
                            f"beyond the {bench.NOISE_PCT}% noise margin, fastest at {max(g, key=g.get)} {unit}")
                 print(f"  at {f} {label}, {vary} {sorted(g)}: {min(g.values()):.0f}-{max(g.values()):.0f} GB/s, "
                       f"a spread of {spread:.1f}%: {verdict}")
+    best, used = max(gbps, key=gbps.get), (256, 2)   # used: the kernel cell's THREADS and UNITS, below
+    if used in gbps:
+        gap = round(100 * (gbps[best] - gbps[used]) / gbps[best], 1)
+        print(f"  the kernel cell's {used[0]} threads x {used[1]}: {gap:.1f}% below the fastest shape "
+              f"({best[0]} threads x {best[1]}), " + ("within" if gap <= bench.NOISE_PCT else "beyond")
+              + f" the {bench.NOISE_PCT}% noise margin")
 
 # %% [markdown]
 # Each spread is read against the series' one noise margin (`bench.NOISE_PCT`), and the verdict
 # ends its line. Where a parameter's spread is inside the margin, that parameter did not
-# measurably move the bandwidth in this record, and the shape chosen in the kernel cell is simply
-# one of the fastest, not a tuned optimum.
+# measurably move the bandwidth in this record. The last line places the shape the kernel cell
+# uses (one shape for every GPU) against the fastest shape of the record: within the margin, it
+# is one of the fastest on this GPU, not a tuned optimum; beyond it, this GPU would gain from
+# another shape.
 
 # %% tags=["kernel"]
 import nf4lab  # noqa: F811  (this cell runs on its own in nf4lab.harness.versions)
@@ -332,8 +341,8 @@ print(f"bitsandbytes' fp16 output, heavy case {heavy.shape[0]}x{heavy.shape[1]}:
 # subnormals, the heavy case reached neither half-precision overflow nor its subnormal range,
 # and the bit-exact verdict says nothing about them. Those ends are checked on their own by
 # `tools/gpu_exactness.py`, in its first part: the conversions alone, on the GPU against their
-# plain-Python twins, over every special value class (zeros, subnormals, ties, the largest finite
-# values, infinities, NaNs).
+# plain-Python twins, over the special value classes its docstring lists (zeros, subnormals, ties,
+# the largest finite values, infinities, NaNs); section 7 prints its records.
 
 # %% [markdown]
 # <a id="bench"></a>
@@ -424,8 +433,8 @@ if run is not None:
 # * **fp16 pairs.** `cvt.rn.f16.f32` exists on sm_75: two of them and a 32-bit pack (`mov.b32 {lo, hi}`).
 #
 # Both paths and the sm_80 instructions are checked on a GPU against the same plain-Python
-# twins, over random float32 bit patterns plus every special value class (zeros, subnormals,
-# ties, the largest finite values, infinities, NaNs), and the step kernels are verified under
+# twins, over random float32 bit patterns plus the special value classes the tool's docstring lists
+# (zeros, subnormals, ties, the largest finite values, infinities, NaNs), and the step kernels are verified under
 # each: `tools/gpu_exactness.py`, run with and without `NF4LAB_ARCH=sm_75`
 # (`data/results/<gpu>/exactness.json`, `exactness_sm75.json`). The first cell below prints
 # the records there, each with its GPU and date. To run the T4 path on any GPU, start Python
@@ -492,8 +501,8 @@ for d in ("bf16", "fp16"):
 # **Estimate, from these counts:** if the kernel were limited by issuing instructions, the T4 path
 # would cost up to the factor printed above; a kernel at the memory wall may have issue slots to
 # spare and hide part of the extra work behind memory time, so we predict a cost below that bound,
-# largest for bf16; how far below is for the measurement to say. The measurement, when one with
-# `NF4LAB_ARCH=sm_75` is recorded for this GPU. The two timings come from two processes, so they
+# largest for bf16; how far below is for a measurement to say, and the cell below prints one where
+# an `NF4LAB_ARCH=sm_75` run is recorded for this GPU. The two timings come from two processes, so they
 # are compared only when both belong to one run (started with the same `NF4LAB_RUN_ID`) and
 # nothing but the code path differs: the same GPU, driver, versions and kernel source
 # (`nf4lab.measure.provenance`); otherwise the cell says what differs. fp32 converts nothing: its
@@ -531,8 +540,9 @@ else:
 #   the noise margin on the GPU whose results it shows. 07 holds every kernel to the
 #   traffic-matched bound.
 # * A GPU without an instruction gets a second path chosen at compile time, not a second kernel:
-#   on sm_75 bf16 is rounded in integers; the cost is counted in PTX, and measured where an
-#   `NF4LAB_ARCH=sm_75` run is recorded for the GPU (the cell above says whether one is).
+#   on sm_75 bf16 is rounded in integers; the cost is counted in PTX, and measured only where both
+#   paths were timed in one run (the same `NF4LAB_RUN_ID`): the cell above says whether such a pair
+#   is recorded for this GPU.
 # * `nf4lab.dequantize` (the drop-in, `nf4lab/kernels/fastkernel.py`) uses this design.
 #
 # The summary, [07](07_summary.ipynb), puts all steps side by side and across sizes.
