@@ -103,11 +103,11 @@ def _decide(forced: str) -> tuple[str, str]:
 
 
 _numpy_shim()
-MODE, REASON = _decide(config.mode())
+_FORCED = config.mode()
+MODE, REASON = _decide(_FORCED)
 # A bad NF4LAB_MODE is decided as if unset, and raised where it matters (check_arch: the command line, a
 # compile, describe()), as one line: an exception here would be a traceback at `import nf4lab`.
-MODE_PROBLEM = (f"NF4LAB_MODE must be one of {MODES}, got {config.mode()!r}"
-                if config.mode() not in MODES + ("",) else None)
+MODE_PROBLEM = f"NF4LAB_MODE must be one of {MODES}, got {_FORCED!r}" if _FORCED not in MODES + ("",) else None
 SIMULATOR = MODE == "sim"
 ON_GPU = MODE == "gpu"
 # (name, compute capability) of device 0 where kernels run on a GPU, else None.

@@ -193,8 +193,8 @@ def pick_results_gpu(notebooks: list[dict], summary: dict | None = None) -> str 
     else the one most notebook pages' outputs were recorded on; for simulator runs, the recorded GPU they show
     (most results files, as nf4lab chooses)."""
     on = collections.Counter(g for g in map(executed_gpu, notebooks) if g)
-    first = [executed_gpu(summary)] if summary and executed_gpu(summary) else []
-    for name in first + [name for name, _ in on.most_common()]:
+    first = executed_gpu(summary) if summary else None
+    for name in ([first] if first else []) + [name for name, _ in on.most_common()]:
         if (RESULTS / gpu_slug(name) / "07_summary.json").exists():
             return gpu_slug(name)
     env = os.environ.get("NF4LAB_RESULTS_GPU")
@@ -279,7 +279,8 @@ def stage_all(stage: Path, executed: Path | None, python: str) -> None:
                          b"# Results\n\nNo results page has been generated yet.\n")
         docs.insert(0, ROOT / "docs" / "results.md")
 
-    gpu = pick_results_gpu([nb for _, nb in students], next((nb for rel, nb in students if rel.stem == "07_summary"), None))
+    summary = next((nb for rel, nb in students if rel.stem == "07_summary"), None)
+    gpu = pick_results_gpu([nb for _, nb in students], summary)
     index = (SITE_SRC / "index.md").read_text()
     index = (index.replace("%%NOTEBOOK_TABLE%%", "\n".join(rows))
              .replace("%%RESULTS%%", results_section(gpu, stage, python))

@@ -229,11 +229,9 @@ class _Gemv:
 def _weight(packed, shape, absmax_q, absmax2, code2, offset, blocksize):
     """The weight's GEMV record, or None where the fused GEMV does not take this weight. The weight's checks
     are qweight's, made once per weight; a kept weight costs identity checks only."""
-    w = _qw.known(packed, shape, blocksize, "nf4", absmax_q, absmax2, code2, offset)
+    w = _qw.checked(packed, shape, blocksize, "nf4", absmax_q, absmax2, code2, offset, 256, nested=True)
     if w is None:
-        w = _qw.checked(packed, shape, blocksize, "nf4", absmax_q, absmax2, code2, offset, 256, nested=True)
-        if w is None:
-            return None
+        return None
     g = w.gemv
     if g is None:
         g = _gemv_prepare(w, absmax_q, absmax2, code2, offset)

@@ -64,6 +64,11 @@ def _state_tensor(t, what, dtype, min_numel, device):
 _ANY = object()   # no result dtype to check (the GEMV's is x's)
 
 
+def _nested(nested, absmax2, code2, offset) -> bool:
+    """Nested statistics: as told, else by the presence of their group scales, code or offset."""
+    return nested if nested is not None else not (absmax2 is None and code2 is None and offset is None)
+
+
 def problem(A, shape, blocksize, quant_type, absmax, absmax2=None, code2=None, offset=None, gsize=256,
             dtype=_ANY, out=None, nested=None):
     """None when nf4lab's kernels take these tensors, else ``(TypeError or ValueError, message)``.
@@ -92,8 +97,7 @@ def problem(A, shape, blocksize, quant_type, absmax, absmax2=None, code2=None, o
         return ValueError, f"quant_state.shape must be a sequence of ints, got {shape!r}"
     if any(s < 0 for s in dims):
         return ValueError, f"quant_state.shape must not be negative, got {dims}"
-    if nested is None:
-        nested = not (absmax2 is None and code2 is None and offset is None)
+    nested = _nested(nested, absmax2, code2, offset)
     if nested and (not isinstance(gsize, int) or gsize <= 0 or gsize & (gsize - 1)):
         return ValueError, f"quant_state.state2.blocksize must be a power of two, got {gsize!r}"
     need = sizes(math.prod(dims), blocksize, nested, gsize)
@@ -153,7 +157,7 @@ def record(A, shape, blocksize, quant_type, absmax, absmax2=None, code2=None, of
     w.A, w.shape_obj, w.shape = A, shape, tuple(int(s) for s in shape)
     w.n = math.prod(w.shape)
     w.blocksize, w.bs_shift, w.quant_type = blocksize, int(blocksize).bit_length() - 1, quant_type
-    w.nested = nested if nested is not None else not (absmax2 is None and code2 is None and offset is None)
+    w.nested = _nested(nested, absmax2, code2, offset)
     need = sizes(w.n, blocksize, w.nested, gsize)
     w.nbytes, w.nblocks, w.gsize = need["A"], need["absmax"], gsize if w.nested else 0
     w.absmax, w.absmax2, w.code2, w.offset, w.version = absmax, absmax2, code2, offset, _version(offset)
