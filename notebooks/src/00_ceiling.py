@@ -150,7 +150,8 @@ if not l2 and recorded is not None and recorded.meta.get("l2_bytes"):   # no GPU
     print(f"no GPU here: L2 of the recorded {recorded.meta['gpu']}")
 for shape in [(4096, 4096), SHAPE]:
     nb = bytemodel.bytes_moved(shape[0] * shape[1])
-    where = f"L2 is {l2 / 1e6:.0f} MB: {'fits' if nb <= l2 else 'does not fit'}" if l2 else "L2 size unknown"
+    where = (f"L2 is {l2 / 2**20:.0f} MiB = {l2 / 1e6:.0f} MB: {'fits' if nb <= l2 else 'does not fit'}"
+             if l2 else "L2 size unknown")
     print(f"{shape[0]}x{shape[1]}: {nb / 1e6:7.1f} MB per call ({where})")
 
 # %% [markdown]

@@ -148,8 +148,9 @@ else:
 # %% [markdown]
 # In the simulator we can still see what the GPU does, in numpy. The product of two float32
 # values has at most 48 significant bits, so it is *exact* in float64; adding `offset` in
-# float64 and rounding to float32 once is what the FMA computes (up to a double-rounding corner
-# case with a probability around 2^-29 per value).
+# float64 and rounding to float32 once is what the FMA computes, except where rounding twice
+# (the sum to float64, then to float32) differs from rounding once: a rare corner case, which
+# would show below as a count that differs from the GPU's.
 
 # %%
 def scale_fused(c):

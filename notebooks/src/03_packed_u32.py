@@ -223,8 +223,8 @@ for name, nb, base_name in (PAIRS if run is not None else ()):
     if r is None or base is None:
         continue
     change = 100 * (r["gbps"] / base["gbps"] - 1)
-    changes.append(round(change))      # judged as printed: whole percent
-    print(f"{name}: {r['gbps']:.0f} GB/s vs {base_name}: {base['gbps']:.0f} GB/s, {change:+.0f}%{note}")
+    changes.append(round(change, 1))   # judged as printed: one decimal
+    print(f"{name}: {r['gbps']:.0f} GB/s vs {base_name}: {base['gbps']:.0f} GB/s, {change:+.1f}%{note}")
 gains = [c for c in changes if c > NOISE_PCT]
 losses = [c for c in changes if c < -NOISE_PCT]
 # Whose numbers these are: this run's, or a recorded GPU's (no GPU here).
@@ -236,19 +236,19 @@ l2_note = ("DRAM likely sees the same bytes either way (L2 probably merges 01's 
 if not changes:
     print("no recorded runs of 01, 02 and 03 to compare yet")
 elif gains and losses:
-    print(f"mixed {where}: the packed store gained up to {max(gains):.0f}% in one comparison and lost up to "
-          f"{-min(losses):.0f}% in another: the store alone does not decide the speed here.")
+    print(f"mixed {where}: the packed store gained up to {max(gains):.1f}% in one comparison and lost up to "
+          f"{-min(losses):.1f}% in another: the store alone does not decide the speed here.")
 elif losses:
     print(f"no gain from the packed store {where}: {len(losses)} of {len(changes)} comparisons slower by "
-          f"more than {NOISE_PCT}% (up to {-min(losses):.0f}%)"
+          f"more than {NOISE_PCT}% (up to {-min(losses):.1f}%)"
           + ("" if len(losses) == len(changes) else ", the others within the margin")
           + ". One possible reason: the pack (cvt.rn.bf16x2) sits on the path of every store; the threads "
           "wait on their one-byte loads either way. 04 widens the loads.")
 elif gains and max(gains) >= 10:
-    print(f"a clear gain from the packed store (up to {max(gains):.0f}%) {where}: issuing the stores "
+    print(f"a clear gain from the packed store (up to {max(gains):.1f}%) {where}: issuing the stores "
           "was likely a real part of what limited one byte per thread.")
 elif gains:
-    print(f"a small gain from the packed store (up to {max(gains):.0f}%) {where}: the store instructions "
+    print(f"a small gain from the packed store (up to {max(gains):.1f}%) {where}: the store instructions "
           "were likely a small part of the limit; most of the time probably still goes to waiting for "
           f"one-byte loads, and {l2_note}. 04 widens the loads.")
 else:
@@ -283,9 +283,9 @@ else:
 # ### Exercise 1: the odd tail
 #
 # This version of the kernel stores one 32-bit word for every packed byte. **Predict** what the
-# check reports for n = 15 (shape 3 x 5), then run it and read the message. Then fix the kernel:
-# bit-exact for every n, odd or even, nothing written past the end of the output, and still one
-# 32-bit store for each byte wherever that is safe.
+# check reports for n = 15 (shape 3 x 5), then run it and read the message. Then fix the kernel,
+# without looking back at section 2: bit-exact for every n, odd or even, and still one 32-bit
+# store for each byte wherever that is safe.
 
 # %%
 ### BEGIN SOLUTION

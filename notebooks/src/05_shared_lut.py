@@ -53,7 +53,7 @@ SIG = ("(uint8[::1], uint32[::1], float32[::1], uint8[::1], float32[::1], float3
 # | constant memory | the constant cache serves a warp's distinct addresses **one after another**, each broadcast | k serialized replays (up to 16) |
 # | shared memory | 16 entries in 16 different banks; equal addresses broadcast | one pass: no bank conflict |
 # | registers (`selp` tree) | no memory access; 15 selects per lookup | ALU work, the same for any k |
-# | global (step 04) | L1 hit, like any load | a load through the L1 path |
+# | global (step 04) | cached in L1 like any load, if the 64 bytes stay there | a load through the L1 path |
 #
 # The first two rows are the CUDA C++ Programming Guide's rules for these memories; the costs are
 # what we expect from them. Constant memory is built for the opposite access pattern (all lanes
