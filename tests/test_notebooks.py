@@ -41,14 +41,38 @@ def test_builder_writes_cells_tags_and_solution_regions(tmp_path):
            '# %% tags=["kernel"]\nx = 1\n### BEGIN SOLUTION\ny = 2\n### STUDENT\ny = None  # TODO\n### END SOLUTION\n')
     p = build(tmp_path, src)
     assert p.returncode == 0, p.stdout + p.stderr
-    for path, body in ((tmp_path / "notebooks" / "01_demo.ipynb", "x = 1\ny = None  # TODO"),
-                       (tmp_path / "notebooks" / "solutions" / "01_demo_SOLUTION.ipynb", "x = 1\ny = 2")):
+    for path, body, tags in ((tmp_path / "notebooks" / "01_demo.ipynb", "x = 1\ny = None  # TODO", ["kernel", "exercise"]),
+                             (tmp_path / "notebooks" / "solutions" / "01_demo_SOLUTION.ipynb", "x = 1\ny = 2", ["kernel"])):
         nb = nbformat.read(path, as_version=4)
         assert nb.cells[1].metadata["tags"] == ["setup"]           # after the Colab badge: the hosted setup
         cells = nb.cells[2:]
-        assert [(c.cell_type, c.metadata.get("tags", [])) for c in cells] == [("markdown", []), ("code", ["kernel"])]
+        assert [(c.cell_type, c.metadata.get("tags", [])) for c in cells] == [("markdown", []), ("code", tags)]
         assert cells[0].source == "## Title\n\nprose"
         assert cells[1].source == body
+
+
+def test_a_lessons_exercise_cell_is_committed_without_outputs():
+    """What a starting point prints (NOT PASSED and why) answers the prediction its exercise asks for."""
+    from nf4lab.measure import nbclean
+
+    nb = nbformat.v4.new_notebook()
+    for tags in (["exercise"], []):
+        c = nbformat.v4.new_code_cell("print(1)", metadata={"tags": tags, "execution": {"iopub.status.idle": "2026-11-28T08:53:16Z"}})
+        c.outputs, c.execution_count = [nbformat.v4.new_output("stream", text="NOT PASSED\n")], 3
+        nb.cells.append(c)
+    nbclean.clean(nb)
+    assert nb.cells[0].outputs == [] and nb.cells[0].execution_count is None and "execution" not in nb.cells[0].metadata
+    assert nb.cells[1].outputs[0]["text"] == "NOT PASSED\n"
+
+
+@pytest.mark.parametrize("path", [p for p in NOTEBOOKS if "solutions" not in p.parts], ids=lambda p: p.stem)
+def test_committed_lessons_show_no_exercise_output(path):
+    nb = nbformat.read(path, as_version=4)
+    ex = [c for c in nb.cells if c.cell_type == "code" and "### STUDENT" not in c.source and "TODO" in c.source]
+    tagged = [c for c in nb.cells if "exercise" in c.metadata.get("tags", [])]
+    assert tagged, "no exercise cell is tagged: every lesson has an exercise"
+    assert all(not c.outputs for c in tagged), [c.source[:60] for c in tagged if c.outputs]
+    assert all("exercise" in c.metadata.get("tags", []) for c in ex), [c.source[:60] for c in ex]
 
 
 def test_builder_refuses_a_markdown_heading_in_code(tmp_path):

@@ -54,6 +54,9 @@ if "google.colab" in sys.modules or "KAGGLE_KERNEL_RUN_TYPE" in os.environ:
     os.chdir(os.path.join(repo, "notebooks"))"""
 
 
+EXERCISE = "exercise"   # tag of a lesson's exercise cells: committed without outputs
+
+
 def _nbclean():
     """nf4lab.measure.nbclean: its stale check reads the kernel cells of other notebooks through
     nf4lab.harness.versions, so it is imported as part of the package (which prints nothing at import)."""
@@ -115,8 +118,11 @@ def build_one(src: Path, solution: bool) -> nbformat.NotebookNode:
         # a cell's id follows from its text (nbformat's are random): rebuilding leaves unchanged cells as they were
         seen[(c["type"], text)] += 1
         cell.id = hashlib.sha1(f"{c['type']}\0{text}\0{seen[(c['type'], text)]}".encode()).hexdigest()[:8]
-        if c["tags"]:
-            cell.metadata["tags"] = c["tags"]
+        tags = list(c["tags"])
+        if not solution and c["type"] == "code" and any(l.strip() == "### STUDENT" for l in c["lines"]):
+            tags.append(EXERCISE)   # the student's starting point: its run would show the answer (nbclean clears it)
+        if tags:
+            cell.metadata["tags"] = tags
         nb.cells.append(cell)
     return nb
 
@@ -139,7 +145,7 @@ def keep_outputs(new: nbformat.NotebookNode, path: Path) -> None:
             c.outputs, c.execution_count = o.outputs, o.execution_count
             if "execution" in o.metadata:   # when the cell ran (nbclient): kept with its outputs
                 c.metadata["execution"] = o.metadata["execution"]
-    for key in ("nf4lab",):
+    for key in ("nf4lab", "language_info"):   # language_info: what the executing kernel reported
         if key in old.metadata:
             new.metadata[key] = old.metadata[key]
     _nbclean().clean(new)

@@ -44,11 +44,19 @@ def _is_progress(text: str) -> bool:
 def clean(nb) -> list[str]:
     """Strip ANSI codes, \\r frames, progress bars and warnings from ``nb``'s outputs, in place.
 
+    Cells tagged ``exercise`` (a lesson's starting points, tools/build_notebooks.py) lose their outputs: what
+    the starting point prints is the answer its exercise asks the student to predict; the solution notebook
+    keeps them.
+
     Returns the warning lines that were removed (the caller shows them where the run is watched).
     """
     removed: list[str] = []
     for cell in nb.cells:
         if cell.get("cell_type") != "code":
+            continue
+        if "exercise" in cell.get("metadata", {}).get("tags", []):
+            cell["outputs"], cell["execution_count"] = [], None
+            cell["metadata"].pop("execution", None)
             continue
         kept = []
         for o in cell.get("outputs", []):
