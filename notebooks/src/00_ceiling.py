@@ -335,8 +335,8 @@ if run is not None:
 # <a id="learned"></a>
 # ## 5. What we learned
 #
-# * NF4 dequantization does a few operations per byte it moves, so we predict it is
-#   memory-bound: its speed is then bytes moved over time, and the byte model fixes the bytes
+# * NF4 dequantization does well under one floating-point operation per byte it moves, so we
+#   predict it is memory-bound: its speed is then bytes moved over time, and the byte model fixes the bytes
 #   (about 2.5 bytes per bf16 weight, nearly four fifths of them writes). Notebook 06 tests the
 #   prediction against the traffic-matched bound above.
 # * The ceilings are measured: a copy, a write-only fill and a kernel that moves NF4's bytes

@@ -12,7 +12,7 @@
 # for fp16, the float32 bits themselves for fp32. Bit-exactness is a property of that rounding
 # instruction, and the PTX shows which one each kernel carries. The kernel also changes the
 # access pattern of 04 and 05 (no shared-memory exchange); the benchmark times it beside 05's
-# kernel in the same run. A last section shows what a T4 (sm_75), which lacks the sm_80
+# kernel in the same run, kernel against kernel. A last section shows what a T4 (sm_75), which lacks the sm_80
 # conversion instructions, runs instead.
 #
 # **Contents**
@@ -92,7 +92,8 @@ if copy is None:
 # once per unit with `fmul_rn`/`fadd_rn` (never an FMA), and the one thread just past the last
 # whole unit writes the tail. These are design choices, not measured advantages: section 6 times
 # 05's shared-LUT kernel beside this one in the same run, and its verdict, read against the noise
-# margin, is the only comparison of the two patterns this notebook makes. How these choices were
+# margin, is the only comparison of the two kernels this notebook makes (a comparison of the
+# whole kernels: the choices above differ together). How these choices were
 # tried and timed is in `lab/README.md`.
 #
 # <a id="kernel"></a>
@@ -128,9 +129,12 @@ else:
             g = {key[1 - fixed]: v for key, v in gbps.items() if key[fixed] == f}
             if len(g) > 1:
                 spread = round(100 * (max(g.values()) - min(g.values())) / max(g.values()), 1)   # as printed
+                top = max(g.values())   # the values within the margin of the fastest are not told apart
+                near = [v for v in sorted(g) if round(100 * (top - g[v]) / top, 1) <= bench.NOISE_PCT]
                 verdict = (f"within the {bench.NOISE_PCT}% noise margin, no measurable effect"
                            if spread <= bench.NOISE_PCT else
-                           f"beyond the {bench.NOISE_PCT}% noise margin, fastest at {max(g, key=g.get)} {unit}")
+                           f"beyond the {bench.NOISE_PCT}% noise margin: {sorted(set(g) - set(near))} {unit} "
+                           f"measurably slower, {near} within the margin of the fastest")
                 print(f"  at {f} {label}, {vary} {sorted(g)}: {min(g.values()):.0f}-{max(g.values()):.0f} GB/s, "
                       f"a spread of {spread:.1f}%: {verdict}")
     best, used = max(gbps, key=gbps.get), (256, 2)   # used: the kernel cell's THREADS and UNITS, below
@@ -145,8 +149,9 @@ else:
 # ends its line. Where a parameter's spread is inside the margin, that parameter did not
 # measurably move the bandwidth in this record. The last line places the shape the kernel cell
 # uses (one shape for every GPU) against the fastest shape of the record: within the margin, it
-# is one of the fastest on this GPU, not a tuned optimum; beyond it, this GPU would gain from
-# another shape.
+# is one of the fastest on the record's GPU, not a tuned optimum; beyond it, that GPU would gain
+# from another shape. The record is the one named above (its GPU and date), not a run of this
+# notebook.
 
 # %% tags=["kernel"]
 import nf4lab  # noqa: F811  (this cell runs on its own in nf4lab.harness.versions)
@@ -351,10 +356,12 @@ print(f"bitsandbytes' fp16 output, heavy case {heavy.shape[0]}x{heavy.shape[1]}:
 # One kernel source, timed for each output dtype at the default shape, each with its own ceilings
 # and bitsandbytes (for the same dtype) in the same run. Beside the bf16 kernel, the same run
 # times 05's shared-LUT kernel (16-byte loads and an exchange, loaded from notebook 05's `kernel`
-# cell): the one comparison of the two access patterns, on the same data, in one process. The
-# cell ends with two verdicts read against the noise margin: whether each dtype reaches the
-# traffic-matched bound, which moves the same bytes with no arithmetic (00's prediction that
-# dequantization is memory-bound, tested), and whether the two access patterns differ.
+# cell), on the same data, in one process. That compares the two kernels as a whole: their access
+# patterns, but also their loads per thread, where `code2` lives and their launch shapes (section
+# 2), so a difference is not the access pattern's alone. The cell ends with two verdicts read
+# against the noise margin: whether each dtype reaches the traffic-matched bound, which moves the
+# same bytes with no arithmetic (00's prediction that dequantization is memory-bound, tested), and
+# whether the two kernels differ.
 
 # %%
 # Under NF4LAB_ARCH=sm_75 (section 7) these kernels carry the T4 paths: their results get a file of their own.
@@ -390,7 +397,7 @@ if run is not None:
               + f" ({results.label(run.meta)})")
         if ratio:
             change = round(100 * (ratio - 1))           # judged as printed: whole percent
-            print(f"-> within the {bench.NOISE_PCT}% noise margin: {where} neither access pattern is measurably "
+            print(f"-> within the {bench.NOISE_PCT}% noise margin: {where} neither kernel is measurably "
                   "faster" if abs(change) <= bench.NOISE_PCT else
                   f"-> beyond the {bench.NOISE_PCT}% noise margin: {where} "
                   f"{'this kernel' if change > 0 else repr(PREV)} is the faster one")
@@ -399,11 +406,12 @@ if run is not None:
               "no comparison (run the notebook on a GPU to measure both)")
 
 # %% [markdown]
-# The last verdict above is the only comparison of the previous notebook's pattern (sixteen-byte
-# loads and an exchange) with this one's (packed words, no exchange), and it carries the
-# conclusion: where it says within the noise margin, neither design is the faster one on that GPU.
-# The point of this notebook is the three output dtypes and their bit-exactness, not speed; read
-# the summary's lines about the access pattern with that verdict in mind.
+# The last verdict above is the only comparison of the previous notebook's kernel (sixteen-byte
+# loads and an exchange) with this one (packed words, no exchange), and it carries the
+# conclusion: where it says within the noise margin, neither kernel is the faster one on that GPU;
+# beyond it, one kernel is, for all its differences together (section 2), not for its access
+# pattern alone. The point of this notebook is the three output dtypes and their bit-exactness,
+# not speed; read the summary's lines about the access pattern with that verdict in mind.
 
 # %%
 plots.progress("06_output_dtypes");
@@ -420,8 +428,10 @@ if run is not None:
 # <a id="sm75"></a>
 # ## 7. Older GPUs: the sm_75 (T4) path
 #
-# Three instructions used above exist only from sm_80 (Ampere): `cvt.rn.bf16.f32`,
-# `cvt.rn.bf16x2.f32` and `cvt.rn.f16x2.f32`. A T4 (sm_75) has none of them. `nf4lab.device.ops` holds a
+# Three instructions used above exist only from sm_80 (Ampere), by the PTX ISA's `cvt` entry (its
+# `.bf16` and `.f16x2` forms require `sm_80` or higher): `cvt.rn.bf16.f32`, `cvt.rn.bf16x2.f32` and
+# `cvt.rn.f16x2.f32`. A T4 (sm_75) has none of them: the second cell below compiles one pair of
+# weights for sm_75 and prints what comes instead. `nf4lab.device.ops` holds a
 # second path for each, and NVVM picks one *when the kernel compiles*, from the architecture it
 # compiles for (`__nvvm_reflect("__CUDA_ARCH")`, libdevice's mechanism): each GPU's code holds one.
 #
@@ -535,9 +545,11 @@ else:
 #   traffic-matched bound, which moves the same bytes with no arithmetic. Where the verdict says
 #   within the noise margin, the arithmetic costs no measurable time and the bytes set the pace
 #   (fp32 writes twice the output bytes, and its bound counts them).
-# * Two access patterns (16-byte loads with an exchange in 05, u32 words here) are compared by
+# * Two kernels (16-byte loads with an exchange in 05, u32 words here) are compared by
 #   measurement, in one run on the same data: section 6's verdict says whether they differ beyond
-#   the noise margin on the GPU whose results it shows. 07 holds every kernel to the
+#   the noise margin on the GPU whose results it shows. They differ in more than the access
+#   pattern (loads per thread, `code2` in shared memory, launch shape), and the verdict is about
+#   the kernels, not the pattern alone. 07 holds every kernel to the
 #   traffic-matched bound.
 # * A GPU without an instruction gets a second path chosen at compile time, not a second kernel:
 #   on sm_75 bf16 is rounded in integers; the cost is counted in PTX, and measured only where both
