@@ -75,9 +75,6 @@ def variant_launches(mod, names=None, policies=None) -> dict:
             for dd in (0, 1, 2, 3):
                 out[f"TC B{bps} D{dd}"] = (lambda g, b=bps, dd=dd: gemv_mma.launch(g, blocks_per_sm=b, D=dd))
         out["TC B2 D1 carve"] = (lambda g: gemv_mma.launch(g, carveout=True))
-        from lab import gemv_splitlast
-
-        out["TC split-last"] = gemv_splitlast.launch  # M = 1: only the last round's tiles split (lab/gemv_splitlast.py)
         out["TC x-global"] = (lambda g: gemv_mma.launch(g, xslot=False))  # M = 1: x from L1/L2 at each step (former)
         from lab import gemv_ablate
 
