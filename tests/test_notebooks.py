@@ -67,12 +67,14 @@ def test_a_lessons_exercise_cell_is_committed_without_outputs():
 
 @pytest.mark.parametrize("path", [p for p in NOTEBOOKS if "solutions" not in p.parts], ids=lambda p: p.stem)
 def test_committed_lessons_show_no_exercise_output(path):
+    from nf4lab.measure.nbclean import EXERCISE_TAG
+
     nb = nbformat.read(path, as_version=4)
-    ex = [c for c in nb.cells if c.cell_type == "code" and "### STUDENT" not in c.source and "TODO" in c.source]
-    tagged = [c for c in nb.cells if "exercise" in c.metadata.get("tags", [])]
+    todo = [c for c in nb.cells if c.cell_type == "code" and "TODO" in c.source]   # a lesson keeps only the stubs
+    tagged = [c for c in nb.cells if EXERCISE_TAG in c.metadata.get("tags", [])]
     assert tagged, "no exercise cell is tagged: every lesson has an exercise"
     assert all(not c.outputs for c in tagged), [c.source[:60] for c in tagged if c.outputs]
-    assert all("exercise" in c.metadata.get("tags", []) for c in ex), [c.source[:60] for c in ex]
+    assert all(EXERCISE_TAG in c.metadata.get("tags", []) for c in todo), [c.source[:60] for c in todo]
 
 
 def test_builder_refuses_a_markdown_heading_in_code(tmp_path):

@@ -54,9 +54,6 @@ if "google.colab" in sys.modules or "KAGGLE_KERNEL_RUN_TYPE" in os.environ:
     os.chdir(os.path.join(repo, "notebooks"))"""
 
 
-EXERCISE = "exercise"   # tag of a lesson's exercise cells: committed without outputs
-
-
 def _nbclean():
     """nf4lab.measure.nbclean: its stale check reads the kernel cells of other notebooks through
     nf4lab.harness.versions, so it is imported as part of the package (which prints nothing at import)."""
@@ -120,7 +117,7 @@ def build_one(src: Path, solution: bool) -> nbformat.NotebookNode:
         cell.id = hashlib.sha1(f"{c['type']}\0{text}\0{seen[(c['type'], text)]}".encode()).hexdigest()[:8]
         tags = list(c["tags"])
         if not solution and c["type"] == "code" and any(l.strip() == "### STUDENT" for l in c["lines"]):
-            tags.append(EXERCISE)   # the student's starting point: its run would show the answer (nbclean clears it)
+            tags.append(_nbclean().EXERCISE_TAG)   # the student's starting point: nbclean clears its outputs
         if tags:
             cell.metadata["tags"] = tags
         nb.cells.append(cell)

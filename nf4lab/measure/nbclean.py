@@ -41,6 +41,9 @@ def _is_progress(text: str) -> bool:
     return bool(re.search(r"\d+%\|.*\| *\d+/\d+ \[", text))
 
 
+EXERCISE_TAG = "exercise"   # a lesson's exercise cell (tools/build_notebooks.py tags it): committed without outputs
+
+
 def clean(nb) -> list[str]:
     """Strip ANSI codes, \\r frames, progress bars and warnings from ``nb``'s outputs, in place.
 
@@ -54,7 +57,7 @@ def clean(nb) -> list[str]:
     for cell in nb.cells:
         if cell.get("cell_type") != "code":
             continue
-        if "exercise" in cell.get("metadata", {}).get("tags", []):
+        if EXERCISE_TAG in cell.get("metadata", {}).get("tags", []):
             cell["outputs"], cell["execution_count"] = [], None
             cell["metadata"].pop("execution", None)
             continue
