@@ -106,8 +106,10 @@ ptx.show(draft_ptx, [r"^fma", r"^mul", r"^shr\.s64"])
 # Two things to notice, each a lesson below:
 #
 # * `fma.rn.f32`: numba (LLVM, then NVVM) *contracted* `a * b + c` into one fused multiply-add.
-# * `shr.s64 ..., 63` followed by `and`/`add`: that is `if i < 0: i += len(array)`, Python's
-#   negative-index wraparound, done without a branch, for every array access with a signed index.
+# * `shr.s64 ..., 63`: the sign of a signed index, the test of `if i < 0: i += len(array)`, Python's
+#   negative-index wraparound, done without a branch (the sign mask is and-ed with the length and
+#   added). Accesses whose indices derive from the same signed index share it: one such line can
+#   serve several accesses.
 
 # %%
 ptx.check(draft_ptx, present=[r"^fma\.rn\.f32", r"^shr\.s64\s+%rd\d+, %rd\d+, 63;"])
@@ -212,7 +214,8 @@ print(f"FMA scales on the main case ({case.n:,} weights), bf16 output: {n_bf16:,
 #
 # (add just under half an ulp, plus one more if the kept part is odd, so exact halves go to the
 # even neighbour). On a GPU of compute capability 8.0 or newer, `ops.to_bf16_bits` is the single
-# instruction `cvt.rn.bf16.f32`; on older ones (a T4 is 7.5) it is this formula in integers.
+# instruction `cvt.rn.bf16.f32` (the PTX ISA's `cvt` entry: `.bf16` needs `sm_80`); on older ones
+# (a T4 is 7.5, by NVIDIA's compute-capability table) it is this formula in integers.
 
 # %%
 w32 = reference.dequantize_f32(case.packed, ref_scale, case.n, case.blocksize)
@@ -230,8 +233,8 @@ assert np.array_equal(rne, case.expected)
 # ## 5. Lesson: signed indices
 #
 # `cuda.grid(1)` is a signed int64, and so are `n` and `nbytes` when Python passes ints. Numba
-# follows Python semantics: a negative index counts from the end, so every `array[i]` with a
-# signed `i` gets the wraparound code we saw in the draft (`shr.s64 63`, `and`, `add`).
+# follows Python semantics: a negative index counts from the end, so an `array[i]` with a
+# signed `i` gets the wraparound code whose sign test we saw in the draft (`shr.s64 ..., 63`).
 #
 # Making the index unsigned (`uint64(cuda.grid(1))`) removes it, but only **half-way** fixes
 # things: comparing a `uint64` with an `int64` has no exact integer type in numba's typing
