@@ -279,7 +279,9 @@ nf4lab.verify_versions(VERSIONS, case);
 #
 # The three placements in one run, with the ceilings, bitsandbytes and the baseline: step 04's
 # coalesced kernel, which reads the table from global memory (loaded from notebook 04's kernel
-# cells, so it is exactly that kernel). Then every step so far.
+# cells, so it is exactly that kernel). Then every step so far: each bar is its step's latest
+# recorded run (a bar from another run names its date), so only bars of one run compare directly
+# with each other and with the ceiling lines, which are this run's.
 
 # %%
 # The contract: one size, 16384 x 16384 -> bf16 (make_case's default on a GPU); each version timed
