@@ -375,34 +375,40 @@ if not runtime.SIMULATOR:
 def x_slot_ops(base):
     """The GEMV's x slot at M = 1 (``base`` as in :func:`table_lookup`): each warp's next step of x (512 bytes, 16 a
     lane) waits in 4 spare half-rows of the table, rows 16 + 4 warp + block b, words 32..63 rotated by 4 b words so
-    that the 4 lanes reading it (one per block) hit different banks. ``(x_quad, x_stash, x_read)``:
+    that the 4 lanes reading it (one per block) hit different banks. Each lane addresses the slot from two registers
+    it computes once. ``(slot_at, x_quad, x_put, x_get)``:
 
-    - ``ok = x_quad(xq, x_u32, c, lane, k)``: the lane's 16 bytes of step c's x into xq (False: past K);
-    - ``x_stash(sm, xq, ok, warp, lane)``: those bytes into the warp's slot (zeros when not ok);
-    - ``x_read(xr, sm, warp, q, h)``: block q's 32 columns of piece h from the slot into xr[0:16].
+    - ``xs, xa = slot_at(warp, lane)``: byte offsets of the lane's 16 bytes in its warp's slot and of word 0 of
+      block ``lane & 3``'s 64 columns (what the lanes with g = q read);
+    - ``x_quad(xq, x_u32, c, lane, k)``: the lane's 16 bytes of step c's x into xq, zeros past K (where K % 256 ==
+      0 the GEMV's ``fetch1`` loads them, untested);
+    - ``x_put(sm, xs, xq)``: those bytes into the slot;
+    - ``x_get(xr, sm, xa, h)``: piece h's 32 columns of block q into xr[0:16]: its words 4 j are ``xa + 16 j``
+      bytes (4 q + 4 j < 32: no wrap), piece 1's the same XOR 64 bytes (16 words further, mod 32).
     """
     load4, store4 = table_vec4(base)
     from numba import uint32, uint64
 
     @cuda.jit(device=True, inline="always")
-    def at(warp, b, wi):  # byte offset of word wi (a multiple of 4) of block b's 64 columns
-        return (((uint32(16) + uint32(4) * warp + b) << uint32(6)) + uint32(32) + ((wi + uint32(4) * b) & uint32(31))) << uint32(2)
+    def slot_at(warp, lane):
+        b, q = lane >> uint32(3), lane & uint32(3)
+        xs = (((uint32(16) + uint32(4) * warp + b) << uint32(6)) + uint32(32)
+              + ((uint32(4) * (lane & uint32(7)) + uint32(4) * b) & uint32(31))) << uint32(2)
+        return xs, (((uint32(16) + uint32(4) * warp + q) << uint32(6)) + uint32(32) + uint32(4) * q) << uint32(2)
 
     @cuda.jit(device=True, inline="always")
     def x_quad(xq, x_u32, c, lane, k):
-        ok = uint32(c * uint32(256) + uint32(8) * lane) < k
-        xq[0], xq[1], xq[2], xq[3] = ops.load_u32x4(x_u32, uint64(c * uint32(128) + uint32(4) * lane if ok else uint32(0)))
-        return ok
+        ok, z = uint32(c * uint32(256) + uint32(8) * lane) < k, uint32(0)
+        a, b, d, e = ops.load_u32x4(x_u32, uint64(c * uint32(128) + uint32(4) * lane if ok else uint32(0)))
+        xq[0], xq[1], xq[2], xq[3] = a if ok else z, b if ok else z, d if ok else z, e if ok else z
 
     @cuda.jit(device=True, inline="always")
-    def x_stash(sm, xq, ok, warp, lane):
-        z = uint32(0)
-        store4(sm, at(warp, lane >> uint32(3), uint32(4) * (lane & uint32(7))),
-               xq[0] if ok else z, xq[1] if ok else z, xq[2] if ok else z, xq[3] if ok else z)
+    def x_put(sm, xs, xq):
+        store4(sm, xs, xq[0], xq[1], xq[2], xq[3])
 
     @cuda.jit(device=True, inline="always")
-    def x_read(xr, sm, warp, q, h):
+    def x_get(xr, sm, xa, h):
         for j in range(4):
-            xr[4 * j], xr[4 * j + 1], xr[4 * j + 2], xr[4 * j + 3] = load4(sm, at(warp, q, uint32(16 * h + 4 * j)))
+            xr[4 * j], xr[4 * j + 1], xr[4 * j + 2], xr[4 * j + 3] = load4(sm, uint32(xa + uint32(16 * j)) ^ uint32(64 * h))
 
-    return x_quad, x_stash, x_read
+    return slot_at, x_quad, x_put, x_get

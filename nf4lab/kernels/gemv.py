@@ -17,6 +17,7 @@ import numpy as np
 from .. import runtime  # first: it may switch numba to the simulator
 from ..format import reference
 from ..device import ops
+from ..device.gemv_loads import put, step1_ops, step_ops  # noqa: F401  (notebook 09 and the lab use them as gemv's)
 from . import qweight
 from .fastkernel import address
 from ..device.warp_ops import (_lookup_at, default_base, f32_from_bits, load_stream_u32x4, load_u32_of_bytes,  # noqa: F401
@@ -55,61 +56,6 @@ def words_apply(nested, bs_shift, K, absmax_ptr) -> bool:
 
 
 @functools.cache
-def step_ops(is_bf16, M, base, nested=True, words=False):
-    """(look, half_bits, fetch): the table lookup, the output conversion, a step's loads (lab/gemv_pp.py too)."""
-    WIDE = M > 1                      # where a lane's two 16-byte pieces lie (see fetch)
-    look = table_lookup(base)
-
-    @cuda.jit(device=True, inline="always")
-    def half_bits(v):
-        return uint32(ops.to_bf16_bits(v)) if is_bf16 else uint32(ops.to_f16_bits(v))
-
-    @cuda.jit(device=True, inline="always")
-    def put(buf, i, packed_u32, w):
-        buf[i], buf[i + 1], buf[i + 2], buf[i + 3] = load_stream_u32x4(packed_u32, uint64(w))
-
-    @cuda.jit(device=True, inline="always")
-    def fetch(buf, o, packed_u32, absmax_q, absmax2, t, c, g, q, n, kw, tiles, steps, ash):
-        """Step c of row tile t into buf[o:o+24]: lane q's pieces of rows g, g + 8 (M = 1: columns 64q..; a batch:
-        32q.. and 128 + 32q.., whole 32-byte sectors per row) and the statistics of its C columns (clamped)."""
-        tt, cc = min(t, uint32(tiles - uint32(1))), min(c, uint32(steps - uint32(1)))
-        r0 = min(uint32(tt * uint32(16) + g), uint32(n - uint32(1)))
-        r1 = min(uint32(tt * uint32(16) + g + uint32(8)), uint32(n - uint32(1)))
-        if WIDE:
-            wq0 = min(uint32(cc * uint32(32) + uint32(4) * q), uint32(kw - uint32(4)))
-            wq1 = min(uint32(cc * uint32(32) + uint32(16) + uint32(4) * q), uint32(kw - uint32(4)))
-            put(buf, o, packed_u32, r0 * kw + wq0)
-            put(buf, o + 4, packed_u32, r0 * kw + wq1)
-            put(buf, o + 8, packed_u32, r1 * kw + wq0)
-            put(buf, o + 12, packed_u32, r1 * kw + wq1)
-        else:
-            wq = min(uint32(cc * uint32(32) + uint32(8) * q), uint32(kw - uint32(8)))   # lane q's first word
-            w0, w1 = uint32(r0 * kw + wq), uint32(r1 * kw + wq)
-            put(buf, o, packed_u32, w0)
-            put(buf, o + 4, packed_u32, w0 + uint32(4))
-            put(buf, o + 8, packed_u32, w1)
-            put(buf, o + 12, packed_u32, w1 + uint32(4))
-        if words:   # lanes 0-15: the step's 4 absmax codes of row `lane` in one load; lanes 16-31: its absmax2
-            lane = g * uint32(4) + q
-            r = min(uint32(tt * uint32(16) + (lane & uint32(15))), uint32(n - uint32(1)))
-            blk = r * (kw >> uint32(3)) + cc * uint32(4)
-            if lane < uint32(16):
-                buf[o + 16] = load_u32_of_bytes(absmax_q, blk)
-            else:
-                buf[o + 16] = ops.float_bits(absmax2[blk >> uint32(8)])
-        elif (q >> uint32(1)) < uint32(M):
-            wb = cc * uint32(32) + uint32(16) * (q & uint32(1))
-            for i in range(4):
-                r = r0 if i < 2 else r1
-                blk = uint32(r * kw + min(uint32(wb + uint32(8 * (i % 2))), uint32(kw - uint32(8)))) >> ash
-                if nested:
-                    buf[o + 16 + i] = uint32(absmax_q[blk])
-                buf[o + 20 + i] = ops.float_bits(absmax2[blk >> uint32(8)] if nested else absmax2[blk])
-
-    return look, half_bits, fetch
-
-
-@functools.cache
 def make_kernel(is_bf16, M, base, nested=True, D=1, min_blocks=BLOCKS_PER_SM, xslot=True, words=True):
     """The kernel for a dtype, batch M (1..8), table base (``probe_base()``) and kind of statistics; ``words``: the
     statistics as one word per lane a step (only where :func:`words_apply`); ``D`` (steps of loads in flight
@@ -121,7 +67,18 @@ def make_kernel(is_bf16, M, base, nested=True, D=1, min_blocks=BLOCKS_PER_SM, xs
     mma = mma_bf16 if is_bf16 else mma_f16
     look, half_bits, fetch = step_ops(is_bf16, M, base, nested, WORDS)
     XS = xslot and M == 1 and D == 1  # x through a shared slot per warp, a step ahead (warp_ops.x_slot_ops)
-    x_quad, x_stash, x_read = x_slot_ops(base)
+    LEAN = XS and WORDS               # K % 256 == 0: step1_ops' loads, rows once a tile, x untested
+    slot_at, x_quad, x_put, x_get = x_slot_ops(base)
+    rows, fetch1 = step1_ops()
+
+    @cuda.jit(device=True, inline="always")
+    def load(buf, o, xq, rb, packed_u32, absmax_q, absmax2, x_u32, tp, cp, g, q, lane, n, k, kw, tiles, steps, ash):
+        if LEAN:
+            fetch1(buf, o, xq, packed_u32, absmax_q, absmax2, x_u32, rb, cp, lane, steps)
+        else:
+            fetch(buf, o, packed_u32, absmax_q, absmax2, tp, cp, g, q, n, kw, tiles, steps, ash)
+            if XS:
+                x_quad(xq, x_u32, min(cp, uint32(steps - uint32(1))), lane, k)
 
     @cuda.jit(launch_bounds=(THREADS, min_blocks))
     def gemv_tc(packed_u32, absmax_q, absmax2, code2, lut, offset, x_u32, y, N, K, bs_shift):
@@ -136,14 +93,18 @@ def make_kernel(is_bf16, M, base, nested=True, D=1, min_blocks=BLOCKS_PER_SM, xs
         buf = cuda.local.array(NB, uint32)
         t, c = uint32(cuda.blockIdx.x), warp
         tp, cp = t, c                  # the step whose loads go out next: the first D before the table is built
-        xq, xok = cuda.local.array(4, uint32), True
-        if XS:
-            xok = x_quad(xq, x_u32, cp, lane, k)
+        xq, rb = cuda.local.array(4, uint32), cuda.local.array(3, uint32)   # step cp's x; LEAN: tile tp's rows
+        xs, xa = slot_at(warp, lane)
+        if LEAN:
+            rows(rb, tp, g, q, lane, n, kw, tiles)
         for d in range(D):
-            fetch(buf, SW * (d + 1), packed_u32, absmax_q, absmax2, tp, cp, g, q, n, kw, tiles, steps, ash)
+            load(buf, SW * (d + 1), xq, rb, packed_u32, absmax_q, absmax2, x_u32, tp, cp, g, q, lane, n, k, kw, tiles,
+                 steps, ash)
             cp = uint32(cp + uint32(W))
             if cp >= steps:
                 cp, tp = warp, uint32(tp + grid)
+                if LEAN:
+                    rows(rb, tp, g, q, lane, n, kw, tiles)
         if tid < uint32(16):
             sm[uint32(LUT) + tid] = half_bits(lut[tid])
         if nested:
@@ -160,7 +121,7 @@ def make_kernel(is_bf16, M, base, nested=True, D=1, min_blocks=BLOCKS_PER_SM, xs
         if XS:  # lanes that hold no x keep zeros; the others' x arrives through the slot
             for j in range(16):
                 xr[j] = uint32(0)
-            x_stash(sm, xq, xok, warp, lane)
+            x_put(sm, xs, xq)
             syncwarp()
         while t < tiles:
             for i in range(NACC):
@@ -168,17 +129,19 @@ def make_kernel(is_bf16, M, base, nested=True, D=1, min_blocks=BLOCKS_PER_SM, xs
             while True:
                 for i in range(SW * D):
                     buf[i] = buf[i + SW]
-                fetch(buf, SW * D, packed_u32, absmax_q, absmax2, tp, cp, g, q, n, kw, tiles, steps, ash)
-                if XS:
-                    xok = x_quad(xq, x_u32, min(cp, uint32(steps - uint32(1))), lane, k)
+                load(buf, SW * D, xq, rb, packed_u32, absmax_q, absmax2, x_u32, tp, cp, g, q, lane, n, k, kw, tiles,
+                     steps, ash)
+                cn, tn = cp, tp            # D = 1: the step just fetched comes next
+                if not LEAN:
+                    cn, tn = uint32(c + uint32(W)), t
+                    if cn >= steps:
+                        cn, tn = warp, uint32(t + grid)
                 cp = uint32(cp + uint32(W))
                 if cp >= steps:
                     cp, tp = warp, uint32(tp + grid)
-                cn = uint32(c + uint32(W))
-                tn = t
-                if cn >= steps:
-                    cn, tn = warp, uint32(t + grid)
-                if c < steps:
+                    if LEAN:
+                        rows(rb, tp, g, q, lane, n, kw, tiles)
+                if (warp if LEAN else c) < steps:   # a warp's steps are warp, warp + W, ... (or warp alone)
                     for i in range(NCF):
                         cf[i] = float32(0.0)
                     xcol = uint32(c * uint32(256) + uint32(64) * q)   # lane q's 64 columns: block q of the step
@@ -200,7 +163,7 @@ def make_kernel(is_bf16, M, base, nested=True, D=1, min_blocks=BLOCKS_PER_SM, xs
                             m = uint32(2 * nt) + (g >> uint32(2))
                             if XS:
                                 if g == q:
-                                    x_read(xr, sm, warp, q, h)
+                                    x_get(xr, sm, xa, h)
                             elif (blk if WIDE else q) == (g & uint32(3)) and m < uint32(M) and xcol < k:
                                 xi = uint64(m * kx + (xcol >> uint32(1)) + uint32(0 if WIDE else 16 * h))
                                 for j in range(4):
@@ -233,7 +196,7 @@ def make_kernel(is_bf16, M, base, nested=True, D=1, min_blocks=BLOCKS_PER_SM, xs
                             acc[2 * nt + 1] += cf[4 * nt + 2] * s[2] + cf[4 * nt + 3] * s[3]
                 if XS:  # the next step's x into the slot, once every lane has read this step's
                     syncwarp()
-                    x_stash(sm, xq, xok, warp, lane)
+                    x_put(sm, xs, xq)
                     syncwarp()
                 c = cn
                 if tn != t:

@@ -357,3 +357,25 @@ def _speed(launch, name, dtype, blocksize, quant_type):
     line = (f"speed on {'x'.join(map(str, case.shape))}: {r['ms'] * 1e3:.0f} us, {r['gbps']:.0f} GB/s "
             f"(copy {copy['gbps']:.0f} GB/s)")
     return r["pct_copy"], line
+
+
+def check_one_mma(one_mma, seed=9) -> bool:
+    """Grade notebook 09's exercise: ``one_mma[1, 32](w, xt, y)`` must give Y = W @ X (16 x 16 by 16 x 8) bit for bit.
+    W and X are small integers, so every sum is exact in float32; both go in as bf16 pairs in uint32 words
+    (``w[8 r + j]``: W's row r, columns 2j and 2j + 1; ``xt[8 n + j]``: X's column n, rows 2j and 2j + 1)."""
+    import numpy as np
+    from numba import cuda
+
+    Wm = np.random.default_rng(seed).integers(-8, 9, (16, 16))
+    X = np.random.default_rng(seed + 1).integers(-8, 9, (16, 8))
+
+    def words(a):   # bf16 bits (exact for small integers), two a word, the lower index in the low half
+        return cuda.to_device((a.astype(np.float32).view(np.uint32) >> 16).astype(np.uint16).reshape(-1).view(np.uint32))
+
+    y = cuda.to_device(np.full((16, 8), np.nan, np.float32))
+    one_mma[1, 32](words(Wm), words(X.T.copy()), y)
+    bad = np.argwhere((got := y.copy_to_host()) != (want := (Wm @ X).astype(np.float32)))
+    print("PASSED: exercise: one mma by hand, Y = W @ X bit for bit" if not len(bad) else
+          f"NOT PASSED (not solved yet): {len(bad)} of 128 outputs differ; first Y[{bad[0][0]}, {bad[0][1]}] = "
+          f"{got[tuple(bad[0])]}, W @ X gives {want[tuple(bad[0])]}")
+    return not len(bad)

@@ -130,6 +130,24 @@ def compile_ptx(kernel, sig, cc=None, **kwargs) -> str:
     return proc.stdout.decode()
 
 
+def resources(kernel, sig, ptx: str, cc) -> str:
+    """A kernel's registers and spills: on a GPU the driver's build (a GPU image may have no ptxas), else what
+    ``ptxas -v`` reports for ``ptx`` assembled for ``cc``."""
+    if runtime.ON_GPU:
+        k = kernel.compile(sig)
+        return f"{k.regs_per_thread} registers, {k.local_mem_per_thread} bytes of local memory (spills) per thread"
+    import tempfile
+
+    from .ptxall import find_ptxas
+
+    with tempfile.NamedTemporaryFile("w", suffix=".ptx") as f:
+        f.write(ptx)
+        f.flush()
+        out = subprocess.run([find_ptxas(), f"-arch={arch.name(cc)}", "-v", "-o", os.devnull, f.name],
+                             capture_output=True, text=True).stderr
+    return "ptxas: " + "; ".join(ln.split(":")[-1].strip() for ln in out.splitlines() if "Used" in ln or "spill" in ln)
+
+
 def instructions(ptx: str) -> list[str]:
     """The instruction lines of a PTX listing (no directives, labels or comments)."""
     out = []

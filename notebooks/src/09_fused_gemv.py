@@ -5,17 +5,16 @@
 # **Goal.** Generating a token multiplies each layer's weight by a few rows of activations: `y = x @ W.T`, `x` (M, K),
 # M = 1..8 (a GEMV: matrix times vector), `W` (N, K) in NF4. We read the kernel `nf4lab` ships (`nf4lab.kernels.gemv`):
 # each packed byte read once, made two bf16/fp16 weights by one shared-memory load, multiplied on the tensor cores by
-# `mma.sync` (a warp-wide matrix multiply-add); then check it against float64 and time it against bitsandbytes'
-# `matmul_4bit` and a kernel that only reads the weight. **You will learn** how `mma.sync.m16n8k16` spreads its operands
-# over a warp, how to feed it from a lookup table, split-K over warps (each warp sums a part of K, then the sums are
-# added), and the read bound every GEMV is measured against (how close this kernel gets depends on the shape: section 7).
+# `mma.sync` (a warp-wide matrix multiply-add); we check it against float64 and time it against bitsandbytes and a
+# kernel that only reads the weight. **You will learn** how `mma.sync.m16n8k16` spreads its operands over a warp, how to
+# feed it from a lookup table, split-K over warps, and the read bound every GEMV is measured against.
 #
 # **Contents:** 1. [Bytes: a prediction](#bytes) · 2. [The mma and its fragments](#mma) · 3. [Tiles, steps, split-K](#work) ·
 # 4. [The kernel](#kernel) · 5. [PTX evidence](#evidence) · 6. [Check: a tolerance, not bits](#check) · 7. [Benchmark](#benchmark) ·
 # 8. [Batch: M = 2..8](#batch) · 9. [What we learned](#learned) · 10. [Exercise: one mma by hand](#exercise) · [Appendix](#road)
 # %%
 import nf4lab  # first: may switch numba to its simulator
-import functools, itertools, subprocess, tempfile  # noqa: E401
+import functools, itertools  # noqa: E401
 import numpy as np
 import matplotlib.pyplot as plt
 from numba import cuda, float32, uint32, uint64
@@ -23,7 +22,7 @@ from nf4lab import arch
 from nf4lab.device.warp_ops import load_stream_u32x4, mma_bf16   # (the kernel cells import theirs: they run alone too)
 from nf4lab.harness import gemv_check
 from nf4lab.kernels import gemv
-from nf4lab.measure import bench, gemv_bench, provenance, ptx, ptxall, results
+from nf4lab.measure import bench, gemv_bench, provenance, ptx, results
 print(nf4lab.describe())   # the simulator runs the kernel too: mma, byte permute (prmt) and lookups have Python twins
 RUN = bench.Run.load(gemv.NAME + "_notebook")   # this notebook's last GPU run (section 7 measures a new one on a GPU)
 # %% [markdown]
@@ -89,8 +88,8 @@ _ = fig.suptitle("mma.sync.m16n8k16 in this kernel: mma i = 0 of a step at M = 1
 #   256 columns (2 KB of codes). Lane (g, q) loads 2 pieces of row g and 2 of row g + 8 (M = 1: columns 64q..64q + 63).
 # - **Split-K**: the 8 warps of a block share a tile's K columns: warp w takes steps w, w + 8, w + 16, ... and
 #   keeps its own float32 sums of the 16 rows; at the end of the tile the 8 partial sums are added in shared memory.
-# - **Persistent blocks**: at most 2 per SM (`gemv.grid_size`); block t takes tiles t, t + grid, ...: one lookup table (section 4) a block.
-# - **Steps in flight**: a warp issues its next step's loads before it computes the current step (`buf` holds both).
+# - **Persistent blocks**: at most 2 per SM (`gemv.grid_size`); block t takes tiles t, t + grid, ...: one lookup table
+#   (section 4) a block. **Steps in flight**: a warp issues its next step's loads before it computes the current one.
 #
 # <a id="kernel"></a>
 # ## 4. The kernel
@@ -144,19 +143,19 @@ def make_a_fragments(look):
     return a_fragments
 # %% [markdown]
 # **A step.** Per piece: the A fragments of 8 mmas, then B and the mmas, n-tile by n-tile. At M = 1 B comes from the
-# **x slot**: with a step's weights each lane loads 16 of the next step's 512 bytes of x (`x_quad`) and, after the
-# current step, stores them in its warp's slot, spare table words (`x_stash`); lanes g = q read their block's 64 bytes
-# a piece (`x_read`), the others keep zeros. (x from L1/L2 at each step: lab/README.md.) At M > 1 x comes from memory.
-# Then the scales. A step's loads end with one **statistics word** a lane: lanes 0-15 load the step's 4 absmax codes
-# (a byte a block) of row `lane`, lanes 16-31 its absmax2 (float32, one per 256 blocks); 4 shuffles (`shfl_idx`: another
-# lane's register) bring lane (g, q) those of rows g, g + 8. Its C columns 2q, 2q + 1 (batch row 2 nt + q // 2, blocks
+# **x slot**: with a step's weights each lane loads 16 of the next step's 512 bytes of x and, after the current step,
+# stores them in its warp's slot of spare table words (`x_put`); lanes g = q read their block's 64 bytes a piece
+# (`x_get`), the others keep zeros; `slot_at` gives a lane both addresses once. At M > 1 x comes from memory. Then the
+# scales. A step's loads end with one **statistics word** a lane: lanes 0-15 load the step's 4 absmax codes (a byte a
+# block) of row `lane`, lanes 16-31 its absmax2 (float32, one per 256 blocks); 4 shuffles (`shfl_idx`: another lane's
+# register) bring lane (g, q) those of rows g, g + 8. Its C columns 2q, 2q + 1 (batch row 2 nt + q // 2, blocks
 # 2 (q & 1), + 1) get bitsandbytes' scale, `code2[code] * absmax2 + offset` rounded twice (`fmul_rn`, `fadd_rn`).
 # %% tags=["kernel"]
-def make_step(M, is_bf16, look, x_read):
+def make_step(M, is_bf16, look, x_get):
     NT, WIDE = (M + 1) // 2, M > 1          # n-tiles of 8 columns: 2 batch rows x 4 blocks each
     mma, a_fragments = mma_bf16 if is_bf16 else mma_f16, make_a_fragments(look)
     @cuda.jit(device=True, inline="always")
-    def step(acc, cf, s, A, xr, buf, sm, x_u32, offset, c, g, q, k, kx, lane4, warp):
+    def step(acc, cf, s, A, xr, buf, sm, x_u32, offset, c, g, q, k, kx, lane4, xa):
         for i in range(4 * NT):
             cf[i] = float32(0.0)
         xcol = uint32(c * uint32(256) + uint32(64) * q)   # lane q's 64 columns: block q of the step
@@ -171,7 +170,7 @@ def make_step(M, is_bf16, look, x_read):
                 m = uint32(2 * nt) + (g >> uint32(2))     # B column g = 4 mm + b: batch row 2 nt + mm, block b
                 if M == 1:
                     if g == q:
-                        x_read(xr, sm, warp, q, h)
+                        x_get(xr, sm, xa, h)
                 elif (blk if WIDE else q) == (g & uint32(3)) and m < uint32(M) and xcol < k:
                     xi = uint64(m * kx + (xcol >> uint32(1)) + uint32(0 if WIDE else 16 * h))
                     for j in range(4):
@@ -197,21 +196,24 @@ def make_step(M, is_bf16, look, x_read):
                 acc[2 * nt + 1] += cf[4 * nt + 2] * s[2] + cf[4 * nt + 3] * s[3]
     return step
 # %% [markdown]
-# **The kernel.** A lane's loads of a step (4 x 16 bytes of codes and the statistics word: 17 words) come from the
-# shipped kernel's `fetch` (`gemv.step_ops`), imported, not shown: section 3's loads, clamped at the last row and step.
-# The first step's loads go out before the table is built; each trip fetches the next step, across tiles too. Sizes
-# are compile-time constants, so the local arrays, indexed by unrolled loops, live in registers. **The tile's sum:**
-# lanes q and q ^ 1 hold one batch row's blocks 0-1 and 2-3 (a `shfl.xor` adds them); each warp writes its 16 M sums to
-# spare words (`gemv.spare`), and after a barrier 16 M threads add the 8 warps' and write y (`parity`: two sets of
-# words). The launcher validates (a misaligned 128-bit load kills the CUDA context), allows 64 KB (`gemv.prepare`).
+# **The kernel.** A lane's loads of a step (4 x 16 bytes of codes and the statistics word: 17 words) are imported, not
+# shown: `fetch` (`gemv.step_ops`) does section 3's loads, clamped at the last row and step; at M = 1 `fetch1`
+# (`gemv.step1_ops`) also loads the x and does less a step: `rows` puts a tile's row offsets in `rb` once a tile, and
+# K % 256 == 0 (the statistics word's condition) leaves nothing else to clamp. The first step's loads go out before the
+# table is built; each trip fetches the next step, across tiles too. Sizes are compile-time constants, so the local
+# arrays, indexed by unrolled loops, live in registers. **The tile's sum:** lanes q and q ^ 1 hold one batch row's
+# blocks 0-1 and 2-3 (a `shfl.xor` adds them); each warp writes its 16 M sums to spare words (`gemv.spare`), and after
+# a barrier 16 M threads add the 8 warps' and write y (`parity`: two sets of words). The launcher validates (a
+# misaligned 128-bit load kills the CUDA context), allows 64 KB (`gemv.prepare`).
 # %% tags=["kernel"]
 @functools.cache
 def make_kernel(is_bf16, M, base):
     NT = (M + 1) // 2
     NACC, NCF, FB, NB = 2 * NT, 4 * NT, 17, 34   # per step in buf: 16 code words, 1 statistics word; 2 steps
     _, half_bits, fetch = gemv.step_ops(is_bf16, M, base, True, True)   # the shipped loads (see above)
-    look, (x_quad, x_stash, x_read) = table_lookup(base), x_slot_ops(base)
-    build_table, step = make_build_table(half_bits), make_step(M, is_bf16, look, x_read)
+    rows, fetch1 = gemv.step1_ops()                                     # M = 1's, rows once a tile
+    look, (slot_at, _, x_put, x_get) = table_lookup(base), x_slot_ops(base)
+    build_table, step = make_build_table(half_bits), make_step(M, is_bf16, look, x_get)
     @cuda.jit(launch_bounds=(THREADS, BLOCKS_PER_SM))
     def gemv_tc(packed_u32, absmax_q, absmax2, code2, lut, offset, x_u32, y, N, K, bs_shift):
         sm, tid = cuda.shared.array(0, uint32), uint32(cuda.threadIdx.x)
@@ -224,14 +226,19 @@ def make_kernel(is_bf16, M, base):
         buf = cuda.local.array(NB, uint32)          # this step's loads and the next one's
         t, c = uint32(cuda.blockIdx.x), warp       # split-K: warp w starts at step w of the block's first tile
         tp, cp = t, c                              # the step whose loads go out next
-        xq, xok = cuda.local.array(4, uint32), True   # M = 1: this lane's 16 bytes of x for step cp
+        xq, rb, (xs, xa) = cuda.local.array(4, uint32), cuda.local.array(3, uint32), slot_at(warp, lane)   # M = 1
         if M == 1:
-            xok = x_quad(xq, x_u32, cp, lane, k)
+            rows(rb, tp, g, q, lane, n, kw, tiles)
         for d in range(1):   # one trip, shaped as the shipped kernel's prologue (LLVM schedules straight code otherwise)
-            fetch(buf, FB * (d + 1), packed_u32, absmax_q, absmax2, tp, cp, g, q, n, kw, tiles, steps, ash)
+            if M == 1:
+                fetch1(buf, FB * (d + 1), xq, packed_u32, absmax_q, absmax2, x_u32, rb, cp, lane, steps)
+            else:
+                fetch(buf, FB * (d + 1), packed_u32, absmax_q, absmax2, tp, cp, g, q, n, kw, tiles, steps, ash)
             cp = uint32(cp + uint32(W))
             if cp >= steps:
                 cp, tp = warp, uint32(tp + grid)
+                if M == 1:
+                    rows(rb, tp, g, q, lane, n, kw, tiles)
         build_table(sm, lut, code2, tid)
         lane4, parity = lane << uint32(2), uint32(0)
         acc, cf, s = cuda.local.array(NACC, float32), cuda.local.array(NCF, float32), cuda.local.array(4, float32)
@@ -239,7 +246,7 @@ def make_kernel(is_bf16, M, base):
         if M == 1:                                 # lanes without x keep zeros; the first step's x into the slot
             for j in range(16):
                 xr[j] = uint32(0)
-            x_stash(sm, xq, xok, warp, lane)
+            x_put(sm, xs, xq)
             syncwarp()
         while t < tiles:                           # persistent: tiles t, t + grid, ...
             for i in range(NACC):
@@ -247,21 +254,25 @@ def make_kernel(is_bf16, M, base):
             while True:                            # steps c, c + W, ... of tile t
                 for i in range(FB):
                     buf[i] = buf[i + FB]
-                fetch(buf, FB, packed_u32, absmax_q, absmax2, tp, cp, g, q, n, kw, tiles, steps, ash)
                 if M == 1:                         # the next step's x rides with its weights
-                    xok = x_quad(xq, x_u32, min(cp, uint32(steps - uint32(1))), lane, k)
+                    fetch1(buf, FB, xq, packed_u32, absmax_q, absmax2, x_u32, rb, cp, lane, steps)
+                else:
+                    fetch(buf, FB, packed_u32, absmax_q, absmax2, tp, cp, g, q, n, kw, tiles, steps, ash)
+                cn, tn = cp, tp                    # the step just fetched comes next (M > 1: counted apart)
+                if M > 1:
+                    cn, tn = uint32(c + uint32(W)), t
+                    if cn >= steps:
+                        cn, tn = warp, uint32(t + grid)
                 cp = uint32(cp + uint32(W))
                 if cp >= steps:
                     cp, tp = warp, uint32(tp + grid)
-                cn = uint32(c + uint32(W))
-                tn = t
-                if cn >= steps:
-                    cn, tn = warp, uint32(t + grid)
-                if c < steps:
-                    step(acc, cf, s, A, xr, buf, sm, x_u32, offset, c, g, q, k, kx, lane4, warp)
+                    if M == 1:
+                        rows(rb, tp, g, q, lane, n, kw, tiles)
+                if (warp if M == 1 else c) < steps:   # a warp's steps: warp, warp + 8, ... (or warp alone)
+                    step(acc, cf, s, A, xr, buf, sm, x_u32, offset, c, g, q, k, kx, lane4, xa)
                 if M == 1:                         # into the slot once every lane has read this step's x
                     syncwarp()
-                    x_stash(sm, xq, xok, warp, lane)
+                    x_put(sm, xs, xq)
                     syncwarp()
                 c = cn
                 if tn != t:
@@ -306,22 +317,15 @@ LOOKUP, MMA = r"^ld\.shared\.u32 %r\d+, \[%r\d+\+\d+\]", r"^mma\.sync\.aligned\.
 ptx.show(code, [r"^prmt\.b32", LOOKUP, r"^mma\.sync"], limit=2)
 ptx.check(code, present=[MMA, r"^prmt\.b32", LOOKUP], absent=[r"^ld\.local", r"^st\.local", r"\.f64"])
 print(arch.name(cc), {w: ptx.count(code, p) for w, p in [("mma", r"^mma\.sync"), ("prmt", r"^prmt"), ("lookups", LOOKUP)]})
-if nf4lab.ON_GPU:   # the driver's build for this GPU (a GPU image may have no ptxas)
-    print(f"{(kk := kern.compile(gemv.signature())).regs_per_thread} registers, {kk.local_mem_per_thread} bytes of local memory (spills) per thread")
-else:
-    with tempfile.NamedTemporaryFile("w", suffix=".ptx") as f:
-        f.write(code), f.flush()
-        out = subprocess.run([ptxall.find_ptxas(), f"-arch={arch.name(cc)}", "-v", "-o", "/dev/null", f.name],
-                             capture_output=True, text=True).stderr
-    print("ptxas:", "; ".join(ln.split(":")[-1].strip() for ln in out.splitlines() if "Used" in ln or "spill" in ln))
+print(ptx.resources(kern, gemv.signature(), code, cc))   # the driver's build on a GPU, else ptxas -v
 # %% [markdown]
 # <a id="check"></a>
 # ## 6. Check: a tolerance, not bits
 #
-# Each GEMV adds in its own order, so none agree bit for bit. We check a bound against the float64 `y64 = x @ W.T`:
-# a float32 sum's error `K * eps32 * sum|x w|` (Higham §3.1), the output's rounding `u * |y|`, and `u * sum|x w|` since
-# the table holds NF4 values *rounded to bf16/fp16* (`rounded_table=True`). bitsandbytes' on the same case is beside:
-# its values are not rounded, yet it adds in another order, so either may have the larger worst error on a given case.
+# Each GEMV adds in its own order, so none agree bit for bit. We check a bound against the float64 `y64 = x @ W.T`: a
+# float32 sum's error `K * eps32 * sum|x w|` (Higham §3.1), the output's rounding `u * |y|`, and `u * sum|x w|` as the
+# table holds NF4 values *rounded to bf16/fp16* (`rounded_table=True`). bitsandbytes' error is beside: its values are
+# not rounded but it adds in another order, so either may have the larger worst error on a given case.
 # %%
 SHAPES = ([((20, 256), "bf16", 1), ((9, 256), "fp16", 3)] if nf4lab.SIMULATOR else
           [((512, 4096), "bf16", 1), ((255, 14336), "fp16", 1), ((100, 4160), "bf16", 4), ((64, 4096), "fp16", 8)])
@@ -336,11 +340,11 @@ for (N, K), dtype, M in SHAPES:
 # <a id="benchmark"></a>
 # ## 7. Benchmark: against bitsandbytes and the read bound
 #
-# On a GPU one run measures, per shape and dtype: ours, bitsandbytes `matmul_4bit` (its fused `gemm_4bit` kernel at
-# M = 1), dequantize + matmul, the copy ceiling and the **read bound**, a kernel that only reads the weight's bytes
-# (the fastest of 4 grid sizes): what any GEMV must read. GPU time of CUDA-graph replays, each launch on another copy of the
-# weight (> 4x L2 in all): from DRAM, as in decoding. x bnb = bnb's time / ours; % copy = our bandwidth (weight bytes /
-# time) / the copy's; % of read = the bound's time / ours. Without a GPU: this notebook's last GPU run.
+# One GPU run measures, per shape and dtype: ours, bitsandbytes `matmul_4bit` (its fused `gemm_4bit` kernel at M = 1),
+# dequantize + matmul, the copy ceiling and the **read bound**, a kernel that only reads the weight's bytes (the fastest
+# of 4 grid sizes). GPU time of CUDA-graph replays, each launch on another copy of the weight (> 4x L2 in all): from
+# DRAM, as in decoding. x bnb = bnb's time / ours; % copy = our bandwidth / the copy's; % of read = the bound's time /
+# ours. Without a GPU: this notebook's last GPU run.
 # %%
 @cuda.jit
 def read_only(src, nvec, out):           # every 16 bytes of the weight once; the XOR keeps the loads alive
@@ -391,8 +395,8 @@ if BATCH:
 # - The bytes it reads give the bound every GEMV is measured against (section 1); how close this kernel gets depends on
 #   the shape (section 7). A table whose entries are A registers (section 4) makes dequantization a `prmt` and a load.
 # - The mma sums over k in any order: we pick k so that each lane reads contiguous bytes, and B's columns keep the
-#   absmax blocks apart so that each is scaled once, in float32, as bitsandbytes scales it.
-# - Further reading: [Marlin](https://github.com/IST-DASLab/marlin) and [FLUTE](https://github.com/HanGuo97/flute).
+#   absmax blocks apart so that each is scaled once, in float32, as bitsandbytes scales it. Further reading:
+#   [Marlin](https://github.com/IST-DASLab/marlin) and [FLUTE](https://github.com/HanGuo97/flute).
 #
 # <a id="exercise"></a>
 # ## 10. Exercise: one mma by hand
@@ -418,16 +422,8 @@ def one_mma(w, xt, y):                   # one warp; lane (g, q) writes its four
     a0, a1, a2, a3, b0, b1 = fragments(w, xt, g, q)
     y[g, 2 * q], y[g, 2 * q + 1], y[g + 8, 2 * q], y[g + 8, 2 * q + 1] = mma_bf16(a0, a1, a2, a3, b0, b1, z, z, z, z)
 
-def check_one_mma(seed=9):               # bf16 bits of small integers, as pairs in uint32 words
-    Wm, X = np.random.default_rng(seed).integers(-8, 9, (16, 16)), np.random.default_rng(seed + 1).integers(-8, 9, (16, 8))
-    words = lambda a: cuda.to_device((a.astype(np.float32).view(np.uint32) >> 16).astype(np.uint16).reshape(-1).view(np.uint32))  # noqa: E731
-    one_mma[1, 32](words(Wm), words(X.T.copy()), y := cuda.to_device(np.full((16, 8), np.nan, np.float32)))
-    bad = np.argwhere((got := y.copy_to_host()) != (want := (Wm @ X).astype(np.float32)))   # exact: small integers
-    print("PASSED: exercise: one mma by hand, Y = W @ X bit for bit" if not len(bad) else
-          f"NOT PASSED (not solved yet): {len(bad)} of 128 outputs differ; first Y[{bad[0][0]}, {bad[0][1]}] = "
-          f"{got[tuple(bad[0])]}, W @ X gives {want[tuple(bad[0])]}")
-    return not len(bad)
-result = check_one_mma()
+from nf4lab.lesson.exercises import check_one_mma   # random small integers: every sum exact, checked bit for bit
+result = check_one_mma(one_mma)
 ### BEGIN SOLUTION
 assert result
 ### END SOLUTION
@@ -436,9 +432,9 @@ assert result
 # ## Appendix: other designs the lab timed
 #
 # Designs timed by the lab (`lab/README.md` tells each story), bf16, M = 1. A ratio against the tensor-core kernel of
-# that day ("TC") is printed only where `provenance.compare` finds both in one run; else why not, under the row. The FFMA
-# design uses no tensor cores: a byte's two weights by one pair lookup, multiplied into the sums with two float32 fused
-# multiply-adds (FFMA); the cp.async ring copies the weights ahead into a ring of shared-memory buffers (`cp.async`).
+# that day ("TC") is printed only where `provenance.compare` finds both in one run; else why not, under the row. FFMA:
+# no tensor cores, a byte's two weights by one pair lookup, then two float32 fused multiply-adds; the cp.async ring
+# copies the weights ahead into a ring of shared-memory buffers.
 # %%
 ROAD = [("FFMA design (pair lookup + 2 FFMA a byte)", "09_fused_gemv", "auto"), ("2 chains of mmas", "09_gemv_chains", "TC C2"),
         ("cp.async ring of 2 stages for weights", "09_gemv_ring", "TC R2"), ("3 blocks per SM", "09_gemv_b3", "TC B3 D1"),
