@@ -431,21 +431,25 @@ assert result
 # <a id="road"></a>
 # ## Appendix: other designs the lab timed
 #
-# Designs timed by the lab (`lab/README.md` tells each story), bf16, M = 1. A ratio against the tensor-core kernel of
-# that day ("TC") is printed only where `provenance.compare` finds both in one run; else why not, under the row. FFMA:
-# no tensor cores, a byte's two weights by one pair lookup, then two float32 fused multiply-adds; the cp.async ring
-# copies the weights ahead into a ring of shared-memory buffers.
+# Designs timed by the lab (`lab/README.md` tells each story), bf16, M = 1: this GPU's record, else another GPU's (the
+# run column names GPU and date). A ratio against the tensor-core kernel of that day ("TC") is printed only where
+# `provenance.compare` finds both in one run; else why not, under the row. FFMA: no tensor cores, a byte's two weights
+# by one pair lookup, then two float32 fused multiply-adds; the cp.async ring copies the weights ahead into a ring of
+# shared-memory buffers.
 # %%
 ROAD = [("FFMA design (pair lookup + 2 FFMA a byte)", "09_fused_gemv", "auto"), ("2 chains of mmas", "09_gemv_chains", "TC C2"),
         ("cp.async ring of 2 stages for weights", "09_gemv_ring", "TC R2"), ("3 blocks per SM", "09_gemv_b3", "TC B3 D1"),
         ("x from L1/L2, no slot", "09_gemv_tc", "TC x-global"), ("statistics loaded in pairs", "09_gemv_stats2", "TC stats2"),
-        ("weights into L2, 2 steps ahead", "09_gemv_l2prefetch", "TC PF2")]
-print(f"{'design':<44}{'run':>22}{'4096x14336':>26}{'8192x28672':>26}")
+        ("weights into L2, 2 steps ahead", "09_gemv_l2prefetch", "TC PF2"), ("stream-K: tiles split over blocks", "09_gemv_streamk", "TC stream-K"),
+        ("only the last round of tiles split", "09_gemv_splitlast", "TC split-last"), ("one 16-warp block per SM", "09_gemv_w16", "TC W16 B1 D1"),
+        ("step loop unrolled by two (ping-pong)", "09_gemv_lean", "TC pp")]
+print(f"{'design':<44}{'run':>22}{'4096x14336':>26}{'8192x28672':>26}"); SH = ((4096, 14336), (8192, 28672))  # noqa: E702
 for label, stem, v in ROAD:
-    f, cells, whys = bench.Run.load(stem), "", {}
-    for shape in ((4096, 14336), (8192, 28672)):
+    runs, cells, whys = [bench.Run.load(stem)] + [bench.Run.load(stem, g) for g in results.gpus()], "", {}
+    f = next((f for f in runs if f and any(gemv_bench.find_record(f, gemv_bench.kernel_name(v), s, "bf16") for s in SH)), None)
+    for shape in SH:
         r, ref = (f and gemv_bench.find_record(f, gemv_bench.kernel_name(x), shape, "bf16") for x in (v, "TC"))
         ratio, why = provenance.compare(f.meta, ref, f.meta, r) if r and ref else (None, "no TC record in this run: not compared")
-        t = "-" if not r else f"{r['ms'] * 1e3:.1f} us, " + (f"{ratio:.2f}x TC" if ratio else "not compared")
+        t = "-" if not r else f"{r['ms'] * 1e3:.1f} us, " + (f"{ratio:.2f}x TC time" if ratio else "not compared")
         cells, whys = cells + f"{t:>26}", {**whys, **({why: 1} if r and not ratio else {})}
-    print(f"{label:<44}{f.meta['date'][:16] if f else '-':>22}{cells}" + "".join(f"\n      ({w})" for w in whys))
+    print(f"{label:<44}{f.meta['gpu'].split()[1] + ' ' + f.meta['date'][:16] if f else '-':>22}{cells}" + "".join(f"\n      ({w})" for w in whys))
