@@ -104,3 +104,21 @@ def test_notebook_runs_in_the_simulator(stem, notebook_twins):
     if "nf4lab.check" in sources or "check(" in sources:
         assert "NOT PASSED" not in solution, "a solution fails its own checker"
         assert "NOT PASSED" in student, "an unsolved exercise should fail its checker (cleanly)"
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
+def test_every_relative_link_opens_a_file(path):
+    """In Jupyter a markdown link is relative to the notebook's folder: a solution's "Next" link to a lesson
+    must go up from solutions/ (the site is built from the same files)."""
+    import re
+
+    import nbformat
+
+    nb = nbformat.read(path, as_version=4)
+    for c in nb.cells:
+        if c.cell_type != "markdown":
+            continue
+        for target in re.findall(r"\]\(([^)\s#]+)(?:#[^)]*)?\)", c.source):
+            if "://" in target or target.startswith("mailto:"):
+                continue
+            assert (path.parent / target).exists(), f"{path.name}: link to {target} opens nothing"

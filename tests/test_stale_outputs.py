@@ -68,3 +68,32 @@ def test_only_kernel_loads_count_and_the_profilers_do():
     assert nbclean.loaded_notebooks(records) == []
     profiler = _nb(("code", "todo = profiling.step_versions()"))
     assert set(nbclean.loaded_notebooks(profiler)) == stems
+
+
+def test_a_link_target_states_no_result_but_its_text_does():
+    nb = _nb(("code", "print(run)"), ("markdown", "Next: [02 · grid-stride loop](02_grid_stride.ipynb)"))
+    nbclean.record(nb)
+    nb.cells[1].source = "Next: [02 · grid-stride loop](../02_grid_stride.ipynb)"   # where the file is
+    assert nbclean.stale(nb) is None
+    nb.cells[1].source = "Next: [03 · packed stores](../02_grid_stride.ipynb)"
+    assert "markdown cell with a number" in nbclean.stale(nb)
+
+
+def test_the_build_carries_a_valid_record_over_to_the_current_hash(tmp_path):
+    """A notebook executed under an older hash version keeps fresh outputs through a rebuild that changes
+    only what the current version leaves out; a stale one stays stale."""
+    import importlib.util
+    from pathlib import Path
+
+    spec = importlib.util.spec_from_file_location("build_notebooks", Path(__file__).parent.parent / "tools" / "build_notebooks.py")
+    build = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(build)
+    for valid in (True, False):
+        old = _nb(("code", "print(run)"), ("markdown", "Next: [02](02_grid_stride.ipynb)"))
+        old.metadata["nf4lab"] = {"code_sha256": nbclean.code_hash(old, 2) if valid else "0" * 64, "hash_version": 2}
+        path = tmp_path / f"nb{valid}.ipynb"
+        nbformat.write(old, path)
+        new = _nb(("code", "print(run)"), ("markdown", "Next: [02](../02_grid_stride.ipynb)"))
+        new.cells[0].outputs = []
+        build.keep_outputs(new, path)
+        assert new.cells[0].outputs and (nbclean.stale(new) is None) == valid

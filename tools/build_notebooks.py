@@ -109,6 +109,8 @@ def build_one(src: Path, solution: bool) -> nbformat.NotebookNode:
     for c in head + parse(src.read_text()):
         text = "\n".join(variant(c["lines"], solution))
         if c["type"] == "markdown":
+            if solution:   # a link to a neighbour lesson: the lesson, one folder up from solutions/
+                text = SIBLING.sub(r"](../\1", text)
             cell = nbformat.v4.new_markdown_cell(text)
         else:
             cell = nbformat.v4.new_code_cell(text)
@@ -122,6 +124,9 @@ def build_one(src: Path, solution: bool) -> nbformat.NotebookNode:
             cell.metadata["tags"] = tags
         nb.cells.append(cell)
     return nb
+
+
+SIBLING = re.compile(r"\]\((\d\d_\w+\.ipynb)")
 
 
 def target(src: Path, solution: bool) -> Path:
@@ -145,7 +150,12 @@ def keep_outputs(new: nbformat.NotebookNode, path: Path) -> None:
     for key in ("nf4lab", "language_info"):   # language_info: what the executing kernel reported
         if key in old.metadata:
             new.metadata[key] = old.metadata[key]
-    _nbclean().clean(new)
+    nbc = _nbclean()
+    # A valid record carries over to the current hash when what that hash covers is unchanged (a new
+    # version that leaves something out, such as link targets): the outputs still come from these cells.
+    if nbc.has_outputs(old) and nbc.stale(old) is None and nbc.code_hash(old) == nbc.code_hash(new):
+        nbc.record(new)
+    nbc.clean(new)
 
 
 def code_of(nb) -> list[tuple[str, str]]:

@@ -108,26 +108,22 @@ def title_of(nb: dict, fallback: str) -> str:
 
 
 ANCHOR_LINK = re.compile(r"\[([^\]]+)\]\(#([\w-]+)\)")
-SIBLING = re.compile(r"\]\((\d\d_[\w]+\.ipynb)")
 
 
 REMOTE_IMAGE = re.compile(r"!\[([^\]]*)\]\((https?://[^)\s]+)\)")
 
 
-def local_links(text: str, solution: bool) -> str:
+def local_links(text: str) -> str:
     """A remote image (the "Open in Colab" badge) becomes its alt text, so that the site loads nothing
     from the network and a badge link stays a link. Links a notebook's markdown makes to its own <a id=...> anchors become HTML links (MyST would
-    look them up as Sphinx labels, which must be unique across the site, and drop them); in a solution,
-    a link to a neighbour notebook points to the students' version beside it in notebooks/."""
+    look them up as Sphinx labels, which must be unique across the site, and drop them). (A solution's
+    links to its neighbours already point to the lessons: tools/build_notebooks.py writes them so.)"""
     def html(m):
         label = re.sub(r"`([^`]+)`", r"<code>\1</code>", m.group(1))
         return f'<a href="#{m.group(2)}">{label}</a>'
 
     text = REMOTE_IMAGE.sub(lambda m: m.group(1) or m.group(2), text)
-    text = ANCHOR_LINK.sub(html, text)
-    if solution:
-        text = SIBLING.sub(lambda m: f"](../{m.group(1)}", text)
-    return text
+    return ANCHOR_LINK.sub(html, text)
 
 
 def stage_notebook(rel: Path, src: Path, titles: dict[str, str], stage: Path) -> dict:
@@ -142,7 +138,7 @@ def stage_notebook(rel: Path, src: Path, titles: dict[str, str], stage: Path) ->
         note += f" Its solution: [{stem} solution](solutions/{stem}_SOLUTION.ipynb)."
     for c in nb["cells"]:
         if c["cell_type"] == "markdown":
-            c["source"] = local_links("".join(c["source"]), solution)
+            c["source"] = local_links("".join(c["source"]))
     block = f":::{{admonition}} Outputs\n:class: nf4lab-provenance\n{note}\n:::\n"
     # The note goes right under the title (a Colab badge cell may come first): where these outputs
     # come from is read before any of them.

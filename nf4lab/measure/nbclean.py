@@ -130,7 +130,9 @@ def problems(nb) -> list[str]:
 #: What a run's record hashes. 1: the code cells. 2: also the markdown cells that contain a number
 #: (prose that states a result must change with it) and the kernel cells of the notebooks the code
 #: loads through nf4lab's loader (07 and 08 run 01-06's kernels: their outputs go stale with them).
-HASH_VERSION = 2
+#: 3: as 2, without the targets of markdown links (a file name's digits state no result).
+HASH_VERSION = 3
+_LINK_TARGET = re.compile(r"\]\([^)\s]*\)")
 # The calls that run other notebooks' kernel cells: nf4lab's loader, and the profiler's step_versions (01-06).
 _LOADS = re.compile(r"""\b(?:versions\.(?:load_all|load|load_module)|profiling\.step_versions)"""
                     r"""\(\s*(?:(?:upto|last)\s*=\s*(\d+)|["'](\d\d_\w+)["'])?""")
@@ -156,15 +158,18 @@ def loaded_notebooks(nb) -> list[str]:
 def code_hash(nb, version: int = HASH_VERSION) -> str:
     """SHA-256 of what a run's outputs come from: every code cell's source, in order, except the cells
     tagged ``setup`` (the Colab/Kaggle install cell, which does nothing elsewhere); from version 2 also
-    the markdown cells with a number in them and the kernel cells of the notebooks it loads."""
+    the markdown cells with a number in them and the kernel cells of the notebooks it loads; from version 3
+    without link targets."""
     import hashlib
 
     h = hashlib.sha256()
     for c in nb.cells:
         if c.cell_type == "code" and "setup" not in c.get("metadata", {}).get("tags", []):
             h.update(c.source.encode() + b"\x00")
-        elif version >= 2 and c.cell_type == "markdown" and re.search(r"\d", c.source):
-            h.update(b"md\x00" + c.source.encode() + b"\x00")
+        elif version >= 2 and c.cell_type == "markdown":
+            text = _LINK_TARGET.sub("]", c.source) if version >= 3 else c.source
+            if re.search(r"\d", text):
+                h.update(b"md\x00" + text.encode() + b"\x00")
     if version >= 2:
         from ..harness.versions import NOTEBOOKS, kernel_cells
 
