@@ -46,9 +46,9 @@ print(f"(copy speed {copy['gbps']:.0f} GB/s: {results.label(RUN.meta)})" if copy
 #
 # `mma.sync.m16n8k16` is one warp's instruction: D (16 x 8) = A (16 x 16) B (16 x 8) + C, A and B in bf16 (or fp16),
 # C and D in float32. Each lane holds a **fragment** of each, a few 32-bit registers. Lane l is (g, q) = (l >> 2,
-# l & 3): it holds A's rows g, g + 8 at columns 2q, 2q + 1 (a0, a1) and 2q + 8, 2q + 9 (a2, a3), two bf16 values a
-# register; B's rows 2q, 2q + 1 (b0) and 2q + 8, 2q + 9 (b1) of column g; C's rows g, g + 8 at columns 2q, 2q + 1
-# (c0-c3, float32). (PTX ISA, "Matrix Fragments for mma.m16n8k16".)
+# l & 3): its A registers a0, a1 hold rows g, g + 8 at columns 2q, 2q + 1, and a2, a3 the same rows at 2q + 8, 2q + 9
+# (two bf16 values a register); b0 holds B's rows 2q, 2q + 1 and b1 rows 2q + 8, 2q + 9 of column g; c0-c3 C's rows
+# g, g + 8 at columns 2q, 2q + 1 (float32). (PTX ISA, "Matrix Fragments for mma.m16n8k16", whose a0-a7 name values.)
 #
 # Our A is 16 rows of W. A sum does not care which W columns are called k, so lane q's k are columns it reads cheaply:
 # at M = 1, its bytes lie in absmax **block** q (64 columns, one scale) of each 256 columns. Blocks are scaled before
@@ -76,18 +76,19 @@ panel(axes[2], "C: float32 sums; column n: block n", 16, 8, lambda r, n: (4 * (r
 _ = fig.suptitle("mma.sync.m16n8k16 in this kernel: mma i = 0 of a step at M = 1. Number: the lane holding the cell; a/b/c: "
              "its register.\nColour: the block q of the step (W columns 64q..64q+63) whose codes or x it holds; grey: zero.", fontsize=9)
 # %% [markdown]
-# Lane 5 is (g, q) = (1, 1); its a0 holds row 1, W columns 64 and 65 of the step: the two codes of one packed byte; a2
-# holds columns 66, 67, the next byte. mma i takes bytes 2i, 2i + 1 of each lane's 16-byte **piece** (32 codes of one
-# row): 8 mmas use a piece, 2 pieces (h = 0, 1) a lane's 64 columns. Only lanes (b, b) hold x. C's columns 4-7 are zero
-# at M = 1; for M > 1, B's column n = 4 m + b is batch row m, block b, and M rows take (M + 1) // 2 such **n-tiles**.
+# Lane 5 is (g, q) = (1, 1); its a0 holds row 1, W columns 64, 65 of the **step** (256 columns, section 3): one packed
+# byte's two codes; a2 holds columns 66, 67, the next byte. mma i takes bytes 2i, 2i + 1 of each lane's 16-byte
+# **piece** (32 codes of one row): 8 mmas use a piece, 2 pieces (h = 0, 1) a lane's 64 columns. Only lanes (b, b) hold
+# x. C's columns 4-7 are zero at M = 1; M > 1 takes (M + 1) // 2 **n-tiles**: in n-tile nt, B's column 4 m + b is
+# batch row 2 nt + m, block b.
 #
 # <a id="work"></a>
 # ## 3. Tiles, steps, split-K: who does what
 #
 # - A **tile** is 16 consecutive rows of W (an mma's 16 rows). A **step** is one warp's loop trip: a tile's 16 rows x
 #   256 columns (2 KB of codes). Lane (g, q) loads 2 pieces of row g and 2 of row g + 8 (M = 1: columns 64q..64q + 63).
-# - **Split-K**: the 8 warps of a block share a tile's K columns: warp w takes steps w, w + 8, w + 16, ... and
-#   keeps its own float32 sums of the 16 rows; at the end of the tile the 8 partial sums are added in shared memory.
+# - **Split-K**: the 8 warps of a thread block (CUDA's block, not an absmax block) share a tile's K columns: warp w
+#   takes steps w, w + 8, ... and keeps its own float32 sums of the 16 rows; at the tile's end the sums meet in shared memory.
 # - **Persistent blocks**: at most 2 per SM (`gemv.grid_size`); block t takes tiles t, t + grid, ...: one lookup table
 #   (section 4) a block. **Steps in flight**: a warp issues its next step's loads before it computes the current one.
 #
@@ -97,7 +98,7 @@ _ = fig.suptitle("mma.sync.m16n8k16 in this kernel: mma i = 0 of a step at M = 1
 # **The per-lane table.** Entry e (a code byte) is (lut[e >> 4], lut[e & 15]) as bf16x2 (or f16x2), the high nibble (the
 # first column) in the low half: an A register as it stands. Lanes reading different words of one shared-memory **bank**
 # (bank = word mod 32) wait for each other, so each lane has its own copy: lane l's entry e is word `(e << 6) | l`, bank
-# l. 256 rows of 64 words, 64 KB; words 32-63 of a row are spare: the 16 NF4 values (row 8), code2 (rows 0-7), sums.
+# l. 256 rows of 64 words, 64 KB; words 32-63 are spare: NF4 values (row 8), code2 (0-7), x slots (16-47), sums (128-255).
 #
 # **`prmt` makes the table address.** `prmt.b32 d, a, b, sel`: d's byte j is byte `(sel >> 4j) & 7` of the 8 bytes
 # b:a (bytes 0-3 are a's). With a = the code word, b = `lane << 2`, sel = `0x5504 | p << 4`, the **selectors** are:
@@ -121,7 +122,7 @@ def make_build_table(half_bits):
     def build_table(sm, lut, code2, tid):
         if tid < uint32(16):
             sm[uint32(LUT) + tid] = half_bits(lut[tid])
-        sm[tid + (tid & uint32(0xE0)) + uint32(32)] = ops.float_bits(code2[tid])   # code2[c]: word 32 + c of row c >> 5
+        sm[tid + (tid & uint32(0xE0)) + uint32(32)] = ops.float_bits(code2[tid])   # code2[c]: word 32 + (c & 31) of row c >> 5
         cuda.syncthreads()
         for j in range(32 * 256 // THREADS):    # 256 entries x 32 lanes: the used half of each row
             i = uint32(tid + uint32(j * THREADS))
@@ -199,7 +200,7 @@ def make_step(M, is_bf16, look, x_get):
 # **The kernel.** A lane's loads of a step (4 x 16 bytes of codes and the statistics word: 17 words) are imported, not
 # shown: `fetch` (`gemv.step_ops`) does section 3's loads, clamped at the last row and step; at M = 1 `fetch1`
 # (`gemv.step1_ops`) also loads the x and does less a step: `rows` puts a tile's row offsets in `rb` once a tile, and
-# K % 256 == 0 (the statistics word's condition) leaves nothing else to clamp. The first step's loads go out before the
+# K % 256 == 0 (the statistics word's condition) leaves only the step (`cc`) to clamp. The first step's loads go out before the
 # table is built; each trip fetches the next step, across tiles too. Sizes are compile-time constants, so the local
 # arrays, indexed by unrolled loops, live in registers. **The tile's sum:** lanes q and q ^ 1 hold one batch row's
 # blocks 0-1 and 2-3 (a `shfl.xor` adds them); each warp writes its 16 M sums to spare words (`gemv.spare`), and after
@@ -323,12 +324,12 @@ print(ptx.resources(kern, gemv.signature(), code, cc))   # the driver's build on
 # ## 6. Check: a tolerance, not bits
 #
 # Each GEMV adds in its own order, so none agree bit for bit. We check a bound against the float64 `y64 = x @ W.T`: a
-# float32 sum's error `K * eps32 * sum|x w|` (Higham §3.1), the output's rounding `u * |y|`, and `u * sum|x w|` as the
-# table holds NF4 values *rounded to bf16/fp16* (`rounded_table=True`). bitsandbytes' error is beside: its values are
-# not rounded but it adds in another order, so either may have the larger worst error on a given case.
+# float32 sum's error `K * eps32 * sum|x w|` (Higham §3.1; eps32 = 2^-23), the output's rounding `u * |y|` (u = 2^-8
+# bf16, 2^-11 fp16), and `u * sum|x w|` as the table holds NF4 values *rounded* (`rounded_table=True`). bitsandbytes'
+# error is beside: unrounded values, another order of sums: either may have the larger worst error on a given case.
 # %%
 SHAPES = ([((20, 256), "bf16", 1), ((9, 256), "fp16", 3)] if nf4lab.SIMULATOR else
-          [((512, 4096), "bf16", 1), ((255, 14336), "fp16", 1), ((100, 4160), "bf16", 4), ((64, 4096), "fp16", 8)])
+          [((512, 4096), "bf16", 1), ((255, 14336), "fp16", 1), ((100, 4352), "bf16", 4), ((64, 4096), "fp16", 8)])
 for (N, K), dtype, M in SHAPES:
     gc = gemv_check.make_gemv_case(N, K, dtype, M=M)
     launch(g := gemv.make_gemv_buffers(gc))
@@ -340,11 +341,10 @@ for (N, K), dtype, M in SHAPES:
 # <a id="benchmark"></a>
 # ## 7. Benchmark: against bitsandbytes and the read bound
 #
-# One GPU run measures, per shape and dtype: ours, bitsandbytes `matmul_4bit` (its fused `gemm_4bit` kernel at M = 1),
-# dequantize + matmul, the copy ceiling and the **read bound**, a kernel that only reads the weight's bytes (the fastest
-# of 4 grid sizes). GPU time of CUDA-graph replays, each launch on another copy of the weight (> 4x L2 in all): from
-# DRAM, as in decoding. x bnb = bnb's time / ours; % copy = our bandwidth / the copy's; % of read = the bound's time /
-# ours. Without a GPU: this notebook's last GPU run.
+# One GPU run times per shape and dtype: ours, bitsandbytes `matmul_4bit`, dequantize + matmul, the copy ceiling and the
+# **read bound**, a kernel that only reads the weight's bytes (best of 4 grid sizes). GPU time of CUDA-graph replays, each
+# launch on another copy of the weight (> 4x L2 in all: from DRAM, as in decoding). x bnb = bnb's time / ours; % copy =
+# our bandwidth / the copy's; % of read = the bound's time / ours. Without a GPU: this notebook's last GPU run.
 # %%
 @cuda.jit
 def read_only(src, nvec, out):           # every 16 bytes of the weight once; the XOR keeps the loads alive
@@ -377,7 +377,7 @@ if RUN is not None:
 # ## 8. Batch: M = 2..8
 #
 # M rows of x cost (M + 1) // 2 n-tiles of mmas on the same A fragments; the weight is still read once. bitsandbytes'
-# `gemm_4bit` runs its fused kernel up to M = 4, then a per-GPU heuristic may pick dequantize + `F.linear`. One run.
+# `gemm_4bit` picks its path per M and GPU (its fused kernel up to M = 4, by its source); the table does not say which.
 # %%
 if nf4lab.ON_GPU:
     BATCH = gemv_bench.benchmark({"notebook 09": launch}, ms=(2, 4, 8))
