@@ -15,7 +15,7 @@ def put(buf, i, packed_u32, w):   # 16 bytes of codes at word w into buf[i:i+4]
 
 @functools.cache
 def step_ops(is_bf16, M, base, nested=True, words=False):
-    """(look, half_bits, fetch): the table lookup, the output conversion, a step's loads (lab/gemv_pp.py too)."""
+    """(look, half_bits, fetch): the table lookup, the output conversion, a step's loads."""
     WIDE = M > 1                      # where a lane's two 16-byte pieces lie (see fetch)
     look = table_lookup(base)
 
