@@ -14,8 +14,10 @@ import re
 import subprocess
 import sys
 
-from .. import arch
+from .. import arch, config
 from .. import runtime
+
+PTXAS_ENV = "NF4LAB_PTXAS"
 
 
 
@@ -130,6 +132,33 @@ def compile_ptx(kernel, sig, cc=None, **kwargs) -> str:
     return proc.stdout.decode()
 
 
+def find_ptxas() -> str:
+    """ptxas from the nvidia-cuda-nvcc wheel installed beside numba-cuda's NVVM (or NF4LAB_PTXAS).
+
+    Not the one on PATH: a system CUDA older than the NVVM wheel rejects its PTX ``.version``."""
+    forced = config.ptxas()
+    if forced:
+        if not os.access(forced, os.X_OK):
+            raise FileNotFoundError(f"{PTXAS_ENV}={forced!r} is not an executable ptxas")
+        return forced
+    from importlib import metadata
+
+    for dist in ("nvidia-cuda-nvcc", "nvidia-cuda-nvcc-cu12"):
+        try:
+            files = metadata.distribution(dist).files or []
+        except metadata.PackageNotFoundError:
+            continue
+        for f in files:
+            if f.name == "ptxas" and f.parent.name == "bin":
+                path = str(f.locate())
+                if os.access(path, os.X_OK):
+                    return path
+    raise FileNotFoundError(
+        "ptxas not found: install the CUDA wheel that matches numba-cuda's NVVM, e.g. "
+        "pip install -e \".[cu13]\" (brings nvidia-cuda-nvcc with the same version as nvidia-nvvm), "
+        f"or point {PTXAS_ENV} at a ptxas at least as new as that NVVM")
+
+
 def resources(kernel, sig, ptx: str, cc) -> str:
     """A kernel's registers and spills: on a GPU the driver's build (a GPU image may have no ptxas), else what
     ``ptxas -v`` reports for ``ptx`` assembled for ``cc``."""
@@ -137,8 +166,6 @@ def resources(kernel, sig, ptx: str, cc) -> str:
         k = kernel.compile(sig)
         return f"{k.regs_per_thread} registers, {k.local_mem_per_thread} bytes of local memory (spills) per thread"
     import tempfile
-
-    from .ptxall import find_ptxas
 
     with tempfile.NamedTemporaryFile("w", suffix=".ptx") as f:
         f.write(ptx)
