@@ -56,7 +56,7 @@ def words_apply(nested, bs_shift, K, absmax_ptr) -> bool:
 
 
 @functools.cache
-def make_kernel(is_bf16, M, base, nested=True, D=1, min_blocks=BLOCKS_PER_SM, xslot=True, words=True, xdb=False):
+def make_kernel(is_bf16, M, base, nested=True, D=1, min_blocks=BLOCKS_PER_SM, xslot=True, words=True):
     """The kernel for a dtype, batch M (1..8), table base (``probe_base()``) and kind of statistics; ``words``: the
     statistics as one word per lane a step (only where :func:`words_apply`); ``D`` (steps of loads in flight
     ahead), ``min_blocks`` (blocks per SM) and ``xslot`` (False: x from L1/L2 at each step, as M > 1 does) are
@@ -68,7 +68,6 @@ def make_kernel(is_bf16, M, base, nested=True, D=1, min_blocks=BLOCKS_PER_SM, xs
     look, half_bits, fetch = step_ops(is_bf16, M, base, nested, WORDS)
     XS = xslot and M == 1 and D == 1  # x through a shared slot per warp, a step ahead (warp_ops.x_slot_ops)
     LEAN = XS and WORDS               # K % 256 == 0: step1_ops' loads, rows once a tile, x untested
-    XDB = XS and xdb                  # lab: two x slots (rows 16-47, 48-79) in turn, one syncwarp a step
     slot_at, x_quad, x_put, x_get = x_slot_ops(base)
     rows, fetch1 = step1_ops()
 
@@ -96,7 +95,6 @@ def make_kernel(is_bf16, M, base, nested=True, D=1, min_blocks=BLOCKS_PER_SM, xs
         tp, cp = t, c                  # the step whose loads go out next: the first D before the table is built
         xq, rb = cuda.local.array(4, uint32), cuda.local.array(3, uint32)   # step cp's x; LEAN: tile tp's rows
         xs, xa = slot_at(warp, lane)
-        xo = uint32(0)                  # XDB: the byte offset of the slot this step reads
         if LEAN:
             rows(rb, tp, g, q, lane, n, kw, tiles)
         for d in range(D):
@@ -165,7 +163,7 @@ def make_kernel(is_bf16, M, base, nested=True, D=1, min_blocks=BLOCKS_PER_SM, xs
                             m = uint32(2 * nt) + (g >> uint32(2))
                             if XS:
                                 if g == q:
-                                    x_get(xr, sm, uint32(xa + xo), h)
+                                    x_get(xr, sm, xa, h)
                             elif (blk if WIDE else q) == (g & uint32(3)) and m < uint32(M) and xcol < k:
                                 xi = uint64(m * kx + (xcol >> uint32(1)) + uint32(0 if WIDE else 16 * h))
                                 for j in range(4):
@@ -197,11 +195,9 @@ def make_kernel(is_bf16, M, base, nested=True, D=1, min_blocks=BLOCKS_PER_SM, xs
                             acc[2 * nt] += cf[4 * nt] * s[0] + cf[4 * nt + 1] * s[1]
                             acc[2 * nt + 1] += cf[4 * nt + 2] * s[2] + cf[4 * nt + 3] * s[3]
                 if XS:  # the next step's x into the slot, once every lane has read this step's
-                    if not XDB:
-                        syncwarp()
-                    x_put(sm, uint32(xs + (xo ^ uint32(8192 if XDB else 0))), xq)
                     syncwarp()
-                    xo = xo ^ uint32(8192 if XDB else 0)
+                    x_put(sm, xs, xq)
+                    syncwarp()
                 c = cn
                 if tn != t:
                     break
