@@ -35,7 +35,7 @@ import types
 
 import nf4lab  # noqa: F401  (first: decides GPU or simulator)
 from nf4lab.kernels import gemv
-from nf4lab.device import ops
+from nf4lab.device import gemv_loads, ops
 from nf4lab.device.warp_ops import f32_from_bits
 from numba import cuda, uint32
 
@@ -78,9 +78,11 @@ def _no_x(x_u32, i):
 
 @contextlib.contextmanager
 def _patched(parts):
-    """gemv's globals swapped for the left-out parts while a kernel is built and compiled."""
+    """gemv's globals, and those of its step loads (nf4lab.device.gemv_loads), swapped for the left-out parts while a
+    kernel is built and compiled."""
     saved = {k: getattr(gemv, k) for k in ("table_lookup", "step_ops", "mma_bf16", "mma_f16", "ops",
                                            "load_stream_u32x4")}
+    loads = {k: getattr(gemv_loads, k) for k in ("table_lookup", "ops", "load_stream_u32x4")}
     try:
         plain = saved["step_ops"].__wrapped__  # uncached: it must see the patched table_lookup
         # fetch's M: 0 skips the statistics loads (their guard is q // 2 < M) in M = 1's layout; 2 is the batch's
@@ -89,9 +91,9 @@ def _patched(parts):
         gemv.step_ops = (lambda b, M, base, nested=True, words=False: plain(b, fm if M == 1 else M, base, nested)) \
             if fm is not None else plain
         if "l1" in parts:
-            gemv.load_stream_u32x4 = ops.load_u32x4
+            gemv.load_stream_u32x4 = gemv_loads.load_stream_u32x4 = ops.load_u32x4
         if "lut" in parts:
-            gemv.table_lookup = _no_lut
+            gemv.table_lookup = gemv_loads.table_lookup = _no_lut
         if "mma" in parts:
             gemv.mma_bf16 = gemv.mma_f16 = _no_mma
         if "x" in parts:
@@ -99,11 +101,13 @@ def _patched(parts):
             fake.__dict__.update(ops.__dict__)
             fake.load_u32x4 = _no_x
             fake.__name__ = "ops_no_x"
-            gemv.ops = fake
+            gemv.ops = gemv_loads.ops = fake
         yield
     finally:
         for k, v in saved.items():
             setattr(gemv, k, v)
+        for k, v in loads.items():
+            setattr(gemv_loads, k, v)
 
 
 _KERNELS: dict = {}

@@ -8,16 +8,21 @@ from .warp_ops import load_stream_u32x4, load_u32_of_bytes, table_lookup
 from numba import cuda, uint32, uint64  # noqa: E402  (module globals: the simulator swaps them in kernels)
 
 
-@cuda.jit(device=True, inline="always")
-def put(buf, i, packed_u32, w):   # 16 bytes of codes at word w into buf[i:i+4]
-    buf[i], buf[i + 1], buf[i + 2], buf[i + 3] = load_stream_u32x4(packed_u32, uint64(w))
+def _put_op():
+    """``put(buf, i, packed_u32, w)``: 16 bytes of codes at word w into buf[i:i+4]. Made anew by each factory, so that
+    it reads this module's ``load_stream_u32x4`` when the factory runs (lab/gemv_ablate.py swaps it)."""
+    @cuda.jit(device=True, inline="always")
+    def put(buf, i, packed_u32, w):
+        buf[i], buf[i + 1], buf[i + 2], buf[i + 3] = load_stream_u32x4(packed_u32, uint64(w))
+
+    return put
 
 
 @functools.cache
 def step_ops(is_bf16, M, base, nested=True, words=False):
     """(look, half_bits, fetch): the table lookup, the output conversion, a step's loads."""
     WIDE = M > 1                      # where a lane's two 16-byte pieces lie (see fetch)
-    look = table_lookup(base)
+    look, put = table_lookup(base), _put_op()
 
     @cuda.jit(device=True, inline="always")
     def half_bits(v):
@@ -72,6 +77,8 @@ def step1_ops():
     ``fetch1(buf, o, xq, packed_u32, absmax_q, absmax2, x_u32, rb, cp, lane, steps)`` loads step cp, and its x for
     the slot into xq (:func:`warp_ops.x_slot_ops`). No clamps of the word column and no past-K test for x: with
     K % 256 == 0 lane q's last word of a step is at most kw - 1 and every step's x lies inside K."""
+    put = _put_op()
+
     @cuda.jit(device=True, inline="always")
     def rows(rb, tp, g, q, lane, n, kw, tiles):
         tt = min(tp, uint32(tiles - uint32(1)))

@@ -17,7 +17,7 @@ import numpy as np
 from .. import runtime  # first: it may switch numba to the simulator
 from ..format import reference
 from ..device import ops
-from ..device.gemv_loads import put, step1_ops, step_ops  # noqa: F401  (notebook 09 and the lab use them as gemv's)
+from ..device.gemv_loads import step1_ops, step_ops  # noqa: F401  (notebook 09 and the lab use them as gemv's)
 from . import qweight
 from .fastkernel import address
 from ..device.warp_ops import (_lookup_at, default_base, f32_from_bits, load_stream_u32x4, load_u32_of_bytes,  # noqa: F401
