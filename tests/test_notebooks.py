@@ -112,8 +112,6 @@ def test_every_relative_link_opens_a_file(path):
     must go up from solutions/ (the site is built from the same files)."""
     import re
 
-    import nbformat
-
     nb = nbformat.read(path, as_version=4)
     for c in nb.cells:
         if c.cell_type != "markdown":
