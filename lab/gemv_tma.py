@@ -24,13 +24,23 @@ import sys
 import time
 
 import numpy as np
+from numba import cuda, float32, types, uint32, uint64
 
-import nf4lab  # noqa: F401  (first: decides GPU, compile mode or simulator)
+import nf4lab
 from nf4lab.device import ops
-from nf4lab.device.warp_ops import (f32_from_bits, load_u32_of_bytes, mma_bf16, mma_f16, prmt, shfl_idx,
-                                    shfl_xor_sync, syncwarp, table_vec4, x_slot_ops)
+from nf4lab.device.warp_ops import (
+    f32_from_bits,
+    load_u32_of_bytes,
+    mma_bf16,
+    mma_f16,
+    prmt,
+    shfl_idx,
+    shfl_xor_sync,
+    syncwarp,
+    table_vec4,
+    x_slot_ops,
+)
 from nf4lab.kernels import gemv
-from numba import cuda, float32, types, uint32, uint64  # noqa: E402
 
 NAME = "09_gemv_tma"
 SHAPES = [(4096, 4096), (4096, 14336), (14336, 4096), (8192, 28672), (12672, 4096)]
@@ -354,11 +364,10 @@ VARIANTS = {"TC tma2": (2, 2), "TC tma3": (3, 2)}   # name -> (stages a warp, bl
 
 def sass() -> int:
     """Offline (NF4LAB_MODE=compile): ptxas -v and the SASS instructions a step of each variant, sm_90."""
-    import tempfile
-    from pathlib import Path
-
     import collections
     import re
+    import tempfile
+    from pathlib import Path
 
     from lab.gemv_reports import _instructions, opcode, sass_of
 
@@ -423,7 +432,8 @@ def bench() -> int:
 
     import lab.gemv_read_bound as rb
     from lab.gemv_peers import READ_CONFIGS, copies_for, cycled, read_bound
-    from nf4lab.measure import bench as nbench, gemv_bench
+    from nf4lab.measure import bench as nbench
+    from nf4lab.measure import gemv_bench
 
     t0, log, bad = time.time(), [], 0
 
@@ -461,7 +471,7 @@ def bench() -> int:
                     y.fill_(float("nan"))
                     fn(bufs[0])
                     torch.cuda.synchronize()
-                except Exception as e:  # noqa: BLE001  (a variant that fails is a result too)
+                except Exception as e:
                     say(f"{N}x{K} {dtype} {name}: FAILED {type(e).__name__}: {str(e)[:300]}")
                     bad += 1
                     if "CUDA_ERROR" in str(e) or "trap" in str(e).lower():
