@@ -126,8 +126,8 @@ def _tma_ops():
 
 
 @functools.cache
-def make_tma_kernel(is_bf16, base, S=3, min_blocks=gemv.BLOCKS_PER_SM):
-    """M = 1, nested statistics as one word (``gemv.words_apply``), K % 256 == 0 and K >= 2048 (every warp has a
+def make_tma_kernel(is_bf16, base, S=3, min_blocks=gemv.BLOCKS_PER_SM, carveout=None):
+    """(``carveout`` only keys the cache: a function's carveout is an attribute of the compiled kernel.) M = 1, nested statistics as one word (``gemv.words_apply``), K % 256 == 0 and K >= 2048 (every warp has a
     step in every tile); ``base`` as in ``gemv.make_kernel``; S stages a warp, S - 1 steps in flight."""
     if (base + RING) % 1024:
         raise ValueError(f"the stages must start 1024-byte aligned in the shared window (base {base:#x})")
@@ -356,7 +356,7 @@ def launcher(S, min_blocks=gemv.BLOCKS_PER_SM, carveout=None):
             raise ValueError("lab gemv_tma: M = 1, K % 256 == 0, K >= 2048, the statistics word")
         args = (g.packed_u32, g.absmax_q, g.absmax2, g.code2, g.lut, g.offset, g.x_u32, g.y, g.N, g.K, g.bs_shift,
                 tensor_map(g))
-        kern = prepare(make_tma_kernel(g.dtype == "bf16", gemv.probe_base(), S, min_blocks), args, smem_bytes(S), carveout)
+        kern = prepare(make_tma_kernel(g.dtype == "bf16", gemv.probe_base(), S, min_blocks, carveout), args, smem_bytes(S), carveout)
         kern[g.grid or gemv.grid_size(g.N), gemv.THREADS, g.stream, smem_bytes(S)](*args)
 
     return launch
