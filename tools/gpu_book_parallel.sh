@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# Execute the book's notebooks in place on a machine with several GPUs (device tool, carry .whl), one group of
+# notebooks per GPU, each group's solutions first and then its lessons (tools/gpu_book.sh, sequentially on its GPU):
+#   bash tools/gpu_book_parallel.sh TAG "06" "03 05" "04 09 00" "01 02"
+# Groups run at the same time on GPUs 0, 1, ...; give notebooks that read other notebooks' records (07, 08) a later
+# call. The device tool returns at most 8 files: everything comes back as $OUT/TAG.tgz (the executed notebooks and
+# the records written since the call began) and $OUT/TAG.log (every group's log, in turn).
+# notebook_times.json is read, changed and written by each notebook's run: groups running at once can drop each
+# other's entries, so this rewrites it at the end from the "ok ... (N s)" lines of the logs.
+set -uo pipefail
+tag=$1; shift
+source tools/gpu_env.sh          # installs the wheels once, before the groups start
+python3 -m ipykernel install --user --name python3 >/dev/null 2>&1 || true
+final_out=$OUT
+ngpu=$(nvidia-smi -L | wc -l)
+i=0
+for group in "$@"; do
+  if [ "$i" -ge "$ngpu" ]; then echo "more groups ($#) than GPUs ($ngpu)" >&2; exit 2; fi
+  ( export CUDA_VISIBLE_DEVICES=$i OUT=/tmp/book_$i
+    bash tools/gpu_book.sh "${tag}_$i" solutions $group >/dev/null 2>&1
+    bash tools/gpu_book.sh "${tag}_$i" lessons $group >/dev/null 2>&1 ) &
+  i=$((i + 1))
+done
+wait
+for j in $(seq 0 $((i - 1))); do cat /tmp/book_$j/"${tag}_$j".log; done > "$final_out/$tag.log"
+python3 - "$final_out/$tag.log" <<'PY'
+import re
+import sys
+
+from nf4lab.measure import results
+
+times = {m.group(1): float(m.group(2)) for m in re.finditer(r"^ok\s+\S*/(\S+)\.ipynb \((\d+) s\)", open(sys.argv[1]).read(), re.M)}
+data = results.load("notebook_times", results.current_gpu()) or {"records": []}
+recs = {r["name"]: r for r in data["records"]}
+recs.update({n: {"kind": "time", "name": n, "seconds": s} for n, s in times.items()})
+results.save({"meta": results.meta("wall time of one headless execution (nbclient), kernel start and JIT compilation "
+                                   "included"), "records": sorted(recs.values(), key=lambda r: r["name"])}, "notebook_times")
+print(f"notebook_times: {len(times)} notebooks of this call")
+PY
+tar czf "$final_out/$tag.tgz" $(find notebooks -name "*.ipynb" -newer "$stamp") $(find data/results -type f -newer "$stamp")
+grep -h "^ok\|^FAILED\|^== " "$final_out/$tag.log"
