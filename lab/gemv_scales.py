@@ -129,12 +129,12 @@ def make_scales_kernel(is_bf16, base):
         sm[code2_word(tid)] = ops.float_bits(code2[tid])
         cuda.syncthreads()
         sc0 = uint32(SC >> 2)
-        stat_store(sm, st, sc0, tid, nb, pw, offset)   # the first tile's scales into buffer 0
         for j in range(32 * 256 // THREADS):    # the used half of each 256-byte row
             i = uint32(tid + uint32(j * THREADS))
             e = i >> uint32(5)
             sm[(e << uint32(6)) | (i & uint32(31))] = sm[uint32(LUT) + (e >> uint32(4))] | (sm[uint32(LUT) + (e & uint32(15))] << uint32(16))
-        cuda.syncthreads()
+        stat_store(sm, st, sc0, tid, nb, pw, offset)   # the first tile's scales into buffer 0, after the table:
+        cuda.syncthreads()                             # their loads' latency hides behind the table's fill
         lane4, parity = lane << uint32(2), uint32(0)
         acc, cf, s = cuda.local.array(2, float32), cuda.local.array(4, float32), cuda.local.array(4, float32)
         A, xr = cuda.local.array(32, uint32), cuda.local.array(32, uint32)
@@ -148,6 +148,7 @@ def make_scales_kernel(is_bf16, base):
             stat_load(st, absmax_q_u32, absmax2, uint32(t + grid), tid, n, nb, tiles)   # the next tile's, a tile ahead
             sbuf = uint32(sc0 + parity * uint32(16) * pw + mine)
             acc[0], acc[1] = float32(0.0), float32(0.0)
+            pending = uint32(t + grid) < tiles          # the next tile's scales still to store
             while True:
                 for i in range(16):
                     buf[i] = buf[i + 16]
@@ -179,14 +180,16 @@ def make_scales_kernel(is_bf16, base):
                         s[2], s[3] = f32_from_bits(sm[at + uint32(8) * pw]), f32_from_bits(sm[at + uint32(8) * pw + uint32(1)])
                         acc[0] += cf[0] * s[0] + cf[1] * s[1]
                         acc[1] += cf[2] * s[2] + cf[3] * s[3]
+                if pending:   # after the tile's first step, off the barrier's path: the next tile's scales into
+                    # the other buffer (its last readers passed the previous tile's barrier)
+                    stat_store(sm, st, uint32(sc0 + (parity ^ uint32(1)) * uint32(16) * pw), tid, nb, pw, offset)
+                    pending = False
                 syncwarp()
                 x_put(sm, xs, xq)
                 syncwarp()
                 c = cn
                 if tn != t:
                     break
-            # the next tile's scales into the other buffer (its last readers passed the previous tile's barrier)
-            stat_store(sm, st, uint32(sc0 + (parity ^ uint32(1)) * uint32(16) * pw), tid, nb, pw, offset)
             base_ = uint32(parity * uint32(W * 16) + warp * uint32(16))
             a0 = acc[0] + shfl_xor_sync(0xFFFFFFFF, acc[0], 1)
             a1 = acc[1] + shfl_xor_sync(0xFFFFFFFF, acc[1], 1)
