@@ -7,8 +7,9 @@
 #
 # **Goal.** The naive kernel launches one thread per packed byte: 134 million threads for a
 # 16384 x 16384 matrix, in half a million blocks. The classic alternative is a *grid-stride
-# loop*: launch just enough blocks to fill every SM (from the SM count and the occupancy) and
-# let each thread walk the data with a stride of the whole grid. We predict what that should
+# loop*: launch just enough blocks to fill every SM (from the SM count and the *occupancy*: how
+# many threads an SM keeps resident, out of the most it can hold) and let each thread walk the
+# data with a stride of the whole grid. We predict what that should
 # change, measure it against 01, and look at what numba makes of a `range` loop.
 #
 # **Contents**
@@ -56,8 +57,8 @@ SIG = "(uint8[::1], float32[::1], uint8[::1], float32[::1], float32[::1], float3
 #   block of 256 threads per SM, each thread having one iteration's loads in flight, there is
 #   far too little in flight: we predict that version to be **much slower**.
 #
-# The numbers behind the last point, from the copy ceiling that 00 measured on this GPU and an
-# **assumed** DRAM latency (`nf4lab.lesson.ASSUMED_DRAM_LATENCY_NS`, a round figure for a loaded
+# The numbers behind the last point, from the copy ceiling recorded by 00 on this GPU (the cell
+# prints which run) and an **assumed** DRAM latency (`nf4lab.lesson.ASSUMED_DRAM_LATENCY_NS`, a round figure for a loaded
 # HBM GPU, not a measurement: the series uses this one value wherever it applies Little's law):
 
 # %%
@@ -71,6 +72,7 @@ if copy and sms:
     per_byte = bytemodel.bytes_moved(N_BIG) / (N_BIG // 2)  # DRAM bytes per packed byte (one iteration)
     print(f"copy ceiling {copy['gbps']:.0f} GB/s x {latency} ns (assumed) = about {need / 1e6:.1f} MB in flight, "
           f"{need / sms / 1e3:.1f} KB per SM ({sms} SMs); {results.source_note(results.gpu_slug(ceil.meta['gpu']))}")
+    print(f"  the ceiling's record: {results.label(ceil.meta)}")
     # threads per SM: this GPU's attribute, or the recorded GPU's (no GPU here); absent from older records
     per_sm = nf4lab.device_info().get("max_threads_per_sm") or ceil.meta.get("max_threads_per_sm")
     print(f"  threads per SM: {per_sm or 'not in this record'}")
@@ -92,15 +94,16 @@ else:
 #
 # The body is 01's; the index now comes from a loop `for i in range(start, nbytes, stride)`
 # with `start = cuda.grid(1)` and `stride = cuda.gridsize(1)`, all unsigned. Consecutive threads
-# still touch consecutive bytes in every iteration, so accesses stay coalesced. `block_scale`
+# still touch consecutive bytes in every iteration, so accesses stay *coalesced*: a warp's 32
+# accesses fall into a few consecutive cache lines, which the memory system serves together. `block_scale`
 # and the shifts are the ones you wrote in 01: imported from `nf4lab.lesson`, where the series
 # keeps the helpers a notebook has already written, not retyped.
 #
 # The grid: the SM count times the blocks that fit on one SM. That is limited by threads
-# (the device attribute `max_threads_per_sm`, which differs between GPU generations: the cell
-# after the kernel prints this GPU's SMs and blocks per SM), registers and shared memory; this
-# kernel uses no shared memory and few enough registers that threads are the limit (the register
-# count per thread and the resulting blocks per SM were recorded by Nsight Compute on an H100:
+# (the device attribute `max_threads_per_sm`: the cell after the kernel prints this GPU's SMs and
+# blocks per SM), registers and shared memory; this kernel uses no shared memory, and its
+# registers limit it no more than threads do (recorded by Nsight Compute on an H100: 32 registers
+# a thread, and registers and threads each allow 8 blocks of 256 per SM,
 # `data/ncu/NVIDIA_H100_80GB_HBM3/02_grid_stride_full_occupancy.details.csv`; 08 reads such
 # profiles).
 # We never launch more blocks than the data needs. In the simulator there are no SMs: a
@@ -181,7 +184,8 @@ print(f"each thread handles about {nb / (grid_for(nb, THREADS, blocks_per_sm(THR
 # Three things to see: the body is still free of `fma` and float64, still two 16-bit stores
 # per byte; the loop is **unrolled four times** (eight 16-bit stores in the main loop plus the
 # remainder); and numba computes the trip count of `range(start, stop, step)` with a **64-bit
-# division** (`div.s64`), once per thread before the loop. One division per thread is cheap
+# division** (`div.s64`, beside a `div.u32` that LLVM adds as a fast path for operands that fit
+# in 32 bits), once per thread before the loop. One division per thread is cheap
 # here (a thread runs hundreds of iterations or more on 16384 x 16384, printed above); a
 # division *inside* a loop would not be. Exercise 1 removes it.
 
@@ -282,8 +286,8 @@ else:
 # ### Exercise 1: a loop without the division
 #
 # Rewrite the loop as a `while` loop (`i = start`, `while i < nbytes: ...; i += stride`), so that
-# numba need not compute a trip count. The cell checks bit-exactness *and* the PTX: no 64-bit
-# division. (Think: why is the `while` loop allowed to skip the trip count, and could it still
+# numba need not compute a trip count. The cell checks bit-exactness and prints how many 64-bit
+# divisions are left in the PTX (none is the goal). (Think: why is the `while` loop allowed to skip the trip count, and could it still
 # be unrolled?)
 
 # %%

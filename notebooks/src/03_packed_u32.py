@@ -56,7 +56,9 @@ for name, width in (("01/02: two 16-bit stores per byte", 2), ("03: one 32-bit s
 
 # %% [markdown]
 # Half the store instructions, each warp store writing 128 contiguous bytes (a full cache
-# line) instead of 64 bytes in every other 2-byte slot of the same 128. L2 should merge the two
+# line: global memory is cached in 128-byte lines of four 32-byte sectors, CUDA C++ Best
+# Practices Guide, "Coalesced Access to Global Memory") instead of 64 bytes in every other
+# 2-byte slot of the same 128. L2 should merge the two
 # 16-bit stores of 01 into the same lines before they reach DRAM, so the DRAM traffic should
 # be the same; what we save is instruction issue and load/store-unit work per byte. Our
 # prediction: **some gain if those instructions were part of the limit, none if DRAM latency
@@ -177,8 +179,8 @@ for s in lines[min(store16, store32) - 4: max(store16, store32) + 2]:
 # ## 4. Verification
 #
 # The tail is exactly what the odd edge shapes test: (1, 1), (3, 5), (1, 63), (1, 65), (31, 67)
-# all have an odd n. A 32-bit store on the last byte would write the poisoned guard after the
-# output, and verification reports writes past the end.
+# all have an odd n. Verification also fills the bytes just past the output with a *poisoned
+# guard* (a value no correct kernel writes) and checks them after every launch.
 
 # %%
 nf4lab.verify_versions(VERSIONS, case, extra_shapes=[(1, 64)]);   # exactly one block: no tail at all
@@ -189,7 +191,8 @@ nf4lab.verify_versions(VERSIONS, case, extra_shapes=[(1, 64)]);   # exactly one 
 #
 # Both versions, and the two kernels they are compared with, in one run: 01 (one thread per
 # byte, two 16-bit stores) and 02 at full occupancy (the same with a grid-stride loop), loaded
-# from their notebooks' `kernel` cells.
+# from their notebooks' `kernel` cells. The plot after the table also draws the series' other
+# kernels from their own runs; each such bar names its run.
 
 # %%
 # The contract: one size, 16384 x 16384 -> bf16 (make_case's default on a GPU); each version timed

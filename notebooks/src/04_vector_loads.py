@@ -34,7 +34,7 @@ import dataclasses
 import numpy as np
 from numba import cuda, uint32, uint64
 
-from nf4lab.measure import bench, ptx
+from nf4lab.measure import bench, ptx, results
 from nf4lab.harness import versions
 from nf4lab.format import bytemodel
 from nf4lab.device import ops
@@ -71,11 +71,12 @@ print(f"  step 04: {N_BIG // 32:,} threads, 1 code load + 4 stores each -> {N_BI
 r00, r03 = bench.Run.load("00_ceiling"), bench.Run.load("03_packed_u32")
 c = r00.get(bench.COPY) if r00 is not None else None
 if c:
-    print(f"recorded in 00_ceiling: copy ceiling {c['gbps']:.0f} GB/s -> lower bound {moved / c['gbps'] / 1e6:.3f} ms")
+    print(f"recorded in 00_ceiling: copy ceiling {c['gbps']:.0f} GB/s -> lower bound {moved / c['gbps'] / 1e6:.3f} ms"
+          f"\n  ({results.label(r00.meta)})")
 best = max(r03.kernels(), key=lambda k: k["gbps"], default=None) if r03 is not None else None
 if best:
     print(f"recorded in 03_packed_u32: best kernel {best['name']!r} {best['gbps']:.0f} GB/s "
-          f"({best['pct_copy']:.0f}% of that run's copy ceiling)")
+          f"({best['pct_copy']:.0f}% of that run's copy ceiling)\n  ({results.label(r03.meta)})")
 
 # %% [markdown]
 # Prediction: a 16-byte load per thread should beat 03, *if* the stores stay as well-formed as
@@ -93,7 +94,8 @@ if best:
 #
 # The price: **the address must be 16-byte aligned.** A misaligned 128-bit access is not a
 # slow access, it is a *sticky* CUDA error: the context dies and every later CUDA call in the
-# process fails. So alignment is checked *before* launching (the buffers are allocated
+# process fails (CUDA Runtime API, `cudaErrorMisalignedAddress`: "any further CUDA work will
+# return the same error"). So alignment is checked *before* launching (the buffers are allocated
 # 16-byte aligned, `i` must be a multiple of 4 words): every launch function below refuses a
 # misaligned buffer before anything reaches the GPU (tried out after the first kernel). In the
 # simulator the twin of `load_u32x4` also raises on a misaligned index; a GPU has no such net.
@@ -276,8 +278,8 @@ if nf4lab.SIMULATOR:   # only the simulator's plain-Python twin can be handed a 
 #
 # The memory system sees **warp** instructions. In version A, lane `t` of a warp stores 16 bytes
 # at `64 t`, `64 t + 16`, ... So one store instruction of the warp writes 32 pieces of 16 bytes
-# spread over 2 KB, each piece half of a 32-byte sector, and the warp needs all four instructions
-# to complete the same sectors. Step 03's store instruction wrote 128 contiguous bytes. The
+# spread over 2 KB, each piece half of a 32-byte sector, and each sector needs two of the four
+# instructions to be complete. Step 03's store instruction wrote 128 contiguous bytes. The
 # cell prints the byte ranges the first warp's store instructions touch:
 
 # %%
@@ -309,7 +311,8 @@ warp_store_pattern(lambda t: [16 * t], "B (lane t stores at 16 t)     ")
 # lanes write 512 **contiguous** bytes.
 #
 # Two details:
-# * **Bank conflicts.** Shared memory has 32 banks of 4 bytes. Lane `t` writing word `4t + j`
+# * **Bank conflicts.** Shared memory has 32 banks of 4 bytes (CUDA C++ Programming Guide,
+#   "Shared Memory" of compute capability 5.x and later). Lane `t` writing word `4t + j`
 #   hits bank `(4t + j) mod 32`: only 8 different banks, a 4-way conflict. Skipping one word
 #   after every 32 (`k + (k >> 5)`) spreads the writes over all banks, and the reads
 #   (`t + 32 j`) stay conflict-free.
@@ -377,8 +380,8 @@ VERSIONS = {"04 16B loads, scattered stores": launch_a, "04 16B loads, coalesced
 # ## 6. PTX evidence
 #
 # Both versions: one `ld.global.v4.u32`, `st.global.v4.u32` for the stores, `cvt.rn.bf16x2.f32`
-# for the conversion (from compute capability 8.0; a T4's sm_75 code rounds in integers, and
-# the check says so), separately rounded `mul.rn.f32`/`add.rn.f32` for the scale and no `fma`,
+# for the conversion (from compute capability 8.0, PTX ISA, `cvt`; a T4's sm_75 code rounds in
+# integers, and the check says so), separately rounded `mul.rn.f32`/`add.rn.f32` for the scale and no `fma`,
 # no float64. Version A has its four vector stores in a row; version B has one inside the loop
 # over `j`, plus the shared-memory exchange (`st.shared`, `bar.sync`, `ld.shared`). The
 # `st.global.u16` are the scalar tail.
@@ -436,7 +439,8 @@ if run is not None:
     if a and best03:   # all three timed in this run: their times compare
         gain = 100 * (best03["ms"] / a["ms"] - 1)
         verdict = ("within noise: as predicted" if abs(gain) <= bench.NOISE_PCT else
-                   "a loss" if gain < 0 else "a small gain: as predicted" if gain < 10 else "more than predicted")
+                   "a loss: worse than predicted" if gain < 0 else "a small gain: as predicted" if gain < 10
+                   else "more than predicted")
         print(f"the prediction (A gains little or nothing over 03): A takes {a['ms'] / best03['ms']:.3f}x the time "
               f"of {best03['name']!r} in this run ({gain:+.1f}%, noise margin {bench.NOISE_PCT}%): {verdict}")
 
@@ -454,11 +458,14 @@ plots.progress("04_vector_loads");
 #   the output is not (the last partial vector is written element by element).
 # * Coalescing is a property of a **warp instruction**. Giving each thread 64 contiguous output
 #   bytes spreads every store instruction over 2 KB; compare A and B in the plot.
+# * A prediction is a claim to test: the verdict line above says whether "A gains little or
+#   nothing over 03" held on this run.
 # * Shared memory is the exchange: load in the order that makes loads contiguous, store in the
 #   order that makes stores contiguous. Pad to avoid bank conflicts; synchronise before reading.
 #
 # Next, [05 · where the LUT lives](05_shared_lut.ipynb): the 16-entry table is still read from
-# global memory (through the L1 cache) 32 times per thread.
+# global memory 32 times per thread (we expect the L1 cache to serve most of those loads, as it
+# caches global loads by default on these GPUs; nothing here measured its hit rate).
 
 # %% [markdown]
 # <a id="exercises"></a>
@@ -590,8 +597,7 @@ def dequant_tail(packed, packed_u32, lut, absmax_q, absmax2, code2, offset, out,
     else:
         scalar_tail(packed, lut, s, out, first, n)
 ### STUDENT
-# TODO: verification says something is written past the end. Fix the tail (about 4 lines:
-# the vector stores only for a whole chunk, scalar_tail for the last one).
+# TODO: run the check first and read its report; then fix the kernel below (about 4 lines).
 @cuda.jit
 def dequant_tail(packed, packed_u32, lut, absmax_q, absmax2, code2, offset, out, out_u32, n, log2_bs):
     c = uint64(cuda.grid(1))
