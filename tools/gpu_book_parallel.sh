@@ -27,14 +27,11 @@ python3 - "$final_out/$tag.log" <<'PY'
 import re
 import sys
 
-from nf4lab.measure import results
+from nf4lab.__main__ import record_time   # one writer at a time now: each call reads, changes and writes the file
 
 times = {m.group(1): float(m.group(2)) for m in re.finditer(r"^ok\s+\S*/(\S+)\.ipynb \((\d+) s\)", open(sys.argv[1]).read(), re.M)}
-data = results.load("notebook_times", results.current_gpu()) or {"records": []}
-recs = {r["name"]: r for r in data["records"]}
-recs.update({n: {"kind": "time", "name": n, "seconds": s} for n, s in times.items()})
-results.save({"meta": results.meta("wall time of one headless execution (nbclient), kernel start and JIT compilation "
-                                   "included"), "records": sorted(recs.values(), key=lambda r: r["name"])}, "notebook_times")
+for name, secs in times.items():
+    record_time(name, secs)
 print(f"notebook_times: {len(times)} notebooks of this call")
 PY
 tar czf "$final_out/$tag.tgz" $(find notebooks -name "*.ipynb" -newer "$stamp") $(find data/results -type f -newer "$stamp")
