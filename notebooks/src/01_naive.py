@@ -31,7 +31,7 @@ import nf4lab  # first: decides GPU or simulator before numba.cuda is imported
 import numpy as np
 from numba import cuda, float32, uint64
 
-from nf4lab.measure import bench, ptx
+from nf4lab.measure import bench, ptx, results
 from nf4lab.format import bytemodel, reference
 from nf4lab.device import ops
 from nf4lab.lesson import plots
@@ -52,8 +52,9 @@ SIG = "(uint8[::1], float32[::1], uint8[::1], float32[::1], float32[::1], float3
 # `absmax_q`, two float32 loads of `code2` and `absmax2` (the same addresses for the 32 threads
 # of a block of 64 weights, so most likely served by the cache), two loads from the 16-entry
 # LUT, two 16-bit stores. The byte model only counts the bytes DRAM must move; the question for this
-# kernel is whether such *narrow* accesses can keep enough bytes in flight. A warp's 16-bit
-# store instruction writes 64 bytes; a warp of 16-byte stores would write 512.
+# kernel is whether such *narrow* accesses can keep enough bytes in flight. A warp (32 threads
+# that execute one instruction together; CUDA C++ Programming Guide, "SIMT Architecture") writes
+# 64 bytes with one 16-bit store instruction; a warp of 16-byte stores would write 512.
 
 # %%
 N_BIG = 16384 * 16384
@@ -71,6 +72,8 @@ for name in (bench.COPY, getattr(bench, "BOUND", None)):
     if c is not None:
         print(f"at the {name} recorded in 00 on the {ceil.meta['gpu']} ({c['gbps']:.0f} GB/s) the time would be "
               f"{bytemodel.bytes_moved(N_BIG) / c['gbps'] / 1e6:.3f} ms")
+if ceil is not None:
+    print(f"  (00's run: {results.label(ceil.meta)})")
 
 # %% [markdown]
 # Our prediction: **correct, but far from the ceiling**, because 8 memory instructions move
@@ -199,9 +202,12 @@ print(f"FMA scales on the main case ({case.n:,} weights), bf16 output: {n_bf16:,
 # several dtypes and distributions.
 #
 # **The fix:** `nf4lab.device.ops.fmul_rn` / `fadd_rn` (libdevice `__fmul_rn` / `__fadd_rn` on the GPU,
-# plain numpy in the simulator). They compile to `mul.rn.f32` / `add.rn.f32`, whose explicit
-# rounding mode also forbids `ptxas` from fusing them later. (`fastmath=True` would make
-# matters worse.)
+# plain numpy in the simulator). They compile to `mul.rn.f32` / `add.rn.f32`, and the explicit
+# rounding modifier keeps `ptxas` from fusing them later: the PTX ISA's `mul` and `add` entries
+# (Floating Point Instructions) say an instruction with an explicit rounding modifier is treated
+# conservatively by the code optimizer, and only mul/add sequences *without* one may be turned
+# into fused multiply-adds. (Expect `fastmath=True` to make matters worse, not better: it allows
+# the compiler to contract a multiply and an add into an FMA.)
 
 # %% [markdown]
 # <a id="bf16"></a>
@@ -495,10 +501,16 @@ assert nf4lab.check(launch_any_blocksize, name="exercise 2: blocksize 32", block
 # %% [markdown]
 # ### BEGIN SOLUTION
 # *What to notice:* with blocks of 128 the hard-coded kernel uses block `i >> 5` where the
-# right one is `i >> 6`, so only the first 64 weights get the right scale; and on most shapes
-# (1 x 65 already) it also indexes `absmax_q` past its end, up to about twice its length. The
-# simulator raises `IndexError` for that; a GPU reads whatever lies there, silently, and may
-# even get the right value by luck. Bounds are the kernel's job, not the hardware's.
+# right one is `i >> 6`. Expect only the first 64 weights to be sure of the right scale: the
+# first wrong index that `nf4lab.check` lists should be 64 or more. On any shape of more than 64
+# weights it also asks for blocks the case does not have: the largest block index it computes,
+# `(nbytes - 1) >> 5`, is at least the case's `nblocks` and up to about twice it. The buffers pad
+# `absmax_q` with zeros to a multiple of 16 entries, so up to 1024 weights that read lands in
+# the padding, beyond that past the array's end. To see it, print `(b.nbytes - 1) >> 5`,
+# `b.case.nblocks` and `b.absmax_q.size` in `launch_any_blocksize` before it calls `launch(b)`.
+# The simulator raises `IndexError` for a read past an array's end; a GPU reads whatever lies
+# there, silently, and may even get the right value by luck. Bounds are the kernel's job, not
+# the hardware's.
 # ### STUDENT
 # *What to notice:* compare the index of the first wrong weight with the block size, and the
 # largest block index the kernel computes with the length of `absmax_q`. The simulator raises

@@ -7,12 +7,14 @@
 # # 05 · Where the LUT lives: constant, shared, or registers
 #
 # **Goal.** Every weight is `LUT[q] * scale` with `q` a 4-bit code. In step 04 the 16-entry
-# table is a global array read through the L1 cache, 8 times per packed word. Here we take the
-# coalesced kernel of 04 and change *only* where the table lives, three ways, and measure them
-# side by side: **constant memory** (`cuda.const.array_like`), **shared memory** (filled by the
-# first 16 threads of the block), and **registers** (a tree of `selp` instructions, no memory at
-# all). The PTX shows each placement; the benchmark decides, with step 04's kernel (the table in
-# global memory) measured in the same run as the baseline.
+# table is a global array, read 8 times per packed word, which we expect L1 to serve (a load
+# with no cache operator defaults to `.ca`, "cache at all levels": PTX ISA, "Cache Operators";
+# nothing here measures the hit rate). Here we take the coalesced kernel of 04 and change
+# *only* where the table lives, three ways, and measure them side by side: **constant memory**
+# (`cuda.const.array_like`), **shared memory** (filled by the first 16 threads of the block), and
+# **registers** (a tree of `selp` instructions, no memory at all). The PTX shows each placement;
+# the benchmark decides, with step 04's kernel (the table in global memory) measured in the same
+# run as the baseline.
 #
 # **Contents**
 # 1. [Prediction: how each placement serves a warp](#prediction)
@@ -279,8 +281,9 @@ nf4lab.verify_versions(VERSIONS, case);
 #
 # The three placements in one run, with the ceilings, bitsandbytes and the baseline: step 04's
 # coalesced kernel, which reads the table from global memory (loaded from notebook 04's kernel
-# cells, so it is exactly that kernel). Then every step so far: each bar is its step's latest
-# recorded run (a bar from another run names its date), so only bars of one run compare directly
+# cells, so it is exactly that kernel). Then every step so far: each kernel gets one bar, taken
+# from the latest step whose recorded run timed it (the kernels timed here, from this run); a bar
+# from another run says so in its label, "(run of <date>)". Only bars of one run compare directly
 # with each other and with the ceiling lines, which are this run's.
 
 # %%
@@ -430,6 +433,8 @@ assert nf4lab.check(VERSIONS["05 LUT in shared memory"], name="section 2's share
 # whatever table the launch passes and serves fp4 unchanged (the second check above).
 # Flexibility is an argument for shared (or global) memory whatever the measured speed.
 # ### STUDENT
-# *What to notice:* once your kernel passes: which of section 2's three kernels could serve fp4
-# without a new kernel, and which could not? Why?
+# *What to notice:* once your kernel passes: section 2's launch functions let the shared-memory
+# kernel run on fp4 cases (`nf4_only=False`) and refuse them for the other two. Why can the
+# shared-memory kernel serve any 16-entry table unchanged, and what would have to change in the
+# constant-memory and register kernels for them to do the same?
 # ### END SOLUTION

@@ -99,7 +99,8 @@ else:
 #
 # Generated from the results file, never edited by hand: each step's time, effective bandwidth,
 # share of the traffic-matched bound and of the copy, and speed relative to bitsandbytes (which of
-# its two rows the ratio uses is the exercise of section 7). bitsandbytes has two rows. Its GPU
+# its two rows the ratio uses is the exercise of section 7, so that column is left empty on
+# bitsandbytes' own rows). bitsandbytes has two rows. Its GPU
 # time is its whole `dequantize_4bit(..., out=)` call replayed in a CUDA graph: with
 # double-quantized scales, as here, it launches three kernels (the absmax dequantization, adding
 # the offset, the 4-bit dequantization), where ours do all of it in one. Its end-to-end row is the
@@ -120,9 +121,10 @@ def worklog(run, dtype="bf16"):
             continue
         fmt = lambda x, f: "" if x is None else format(x, f)
         exact = {True: "yes", False: "**no**", None: ""}[r.get("bit_exact")]
+        x_bnb = None if r["kind"] == "baseline" else r.get("speedup_vs_bnb")   # the baseline: section 7's exercise
         rows.append(f"| {r['name']} | {fmt(r['ms'], '.4f')} | {fmt(r['gbps'], '.0f')} | "
                     f"{fmt(r.get('pct_bound'), '.0f')} | {fmt(r.get('pct_copy'), '.0f')} | "
-                    f"{fmt(r.get('speedup_vs_bnb'), '.2f')} | {exact} |")
+                    f"{fmt(x_bnb, '.2f')} | {exact} |")
     rows.append(f"\n*{dtype} output, {results.source_note(results.gpu_slug(run.meta['gpu']))}: {results.label(run.meta)}*")
     return Markdown("\n".join(rows))
 
@@ -181,9 +183,11 @@ if run is not None:
 # **What a target not met would mean.** Below 98% of the bound, the kernel's own work (the
 # table lookup, the scale, the conversion, its index arithmetic) or its launch shape costs time
 # that the bare traffic does not: notebook 08's profiles and section 6's variants look for it.
-# fp16 slower than bf16 would point at the conversion (one instruction per pair of weights for
-# both, on sm_80 and newer). "Not measured in this run" means the results shown were recorded
-# before the target existed: run the notebook on a GPU to measure it.
+# fp16 slower than bf16 would point at the conversion: by the PTX ISA's `cvt` entry,
+# `cvt.rn.bf16x2.f32` and `cvt.rn.f16x2.f32` each convert a pair of fp32 values in one
+# instruction and both require `sm_80` or higher (notebook 06, section 4, shows which one each
+# kernel carries). "Not measured in this run" means the results shown were recorded before the
+# target existed: run the notebook on a GPU to measure it.
 #
 # Why the bound and not the copy: a device copy reads as many bytes as it writes; NF4
 # dequantization reads one byte for every four it writes. The bound moves exactly NF4's bytes in
@@ -237,7 +241,11 @@ if sweep is not None:
     SWEEP_GPU = sweep.meta.get("gpu")
     print(results.source_note(results.gpu_slug(SWEEP_GPU)), "--", getattr(sweep, "path", None) or "measured now")
     ax = plots.sweep(sweep, dtype="bf16", names=set(SWEEP_VERSIONS) | {bench.COPY, bench.FILL, BOUND, bench.BNB_GPU})
-    ax.set_title(f"NF4 dequantization across sizes, bf16 output, {SWEEP_GPU}");
+    # the footer dates the sweep's own run; the largest shape's points are section 2's (same process)
+    same = run is not None and run.meta.get("run") and run.meta.get("run") == sweep.meta.get("run")
+    ax.set_title(f"NF4 dequantization across sizes, bf16 output, {SWEEP_GPU}\n"
+                 f"{'x'.join(map(str, SWEEP[-1]))}: section 2's run"
+                 + (f", {run.meta.get('date')}" if same else "") + "; other sizes: the caption's run");
 
 # %%
 if sweep is not None:
@@ -328,10 +336,11 @@ if kernels:
         print(f"   {r['gbps']:6.0f} GB/s  {r['pct_copy']:4.0f}% of copy  {r['name']}  ({name})")
     print("within each round (one run): fastest variant / fastest bound")
     for name in names:
-        k = [r["gbps"] for r, n in kernels if n == name]
-        b = [r["gbps"] for r, n in bounds if n == name]
+        k = max((r for r, n in kernels if n == name), key=lambda r: r["gbps"], default=None)
+        b = max((r for r, n in bounds if n == name), key=lambda r: r["gbps"], default=None)
         if k and b:
-            print(f"   {name} ({dates[name]}): {max(k) / max(b):.1%}")
+            print(f"   {name} ({dates[name]}): {k['gbps']:.0f} / {b['gbps']:.0f} GB/s = {k['gbps'] / b['gbps']:.1%}"
+                  f"\n      fastest variant: {k['name']}; fastest bound: {b['name'].removeprefix('bound: ')}")
 else:
     print("no tuning rounds recorded for any GPU")
 
@@ -348,9 +357,9 @@ else:
 # nor the size of our reads is what is left; it is the mix of one byte read for four written,
 # which the memory system serves at its own speed. Round 6's "16B load + 4 coalesced 16B stores"
 # is the device copy's own access style (one 16-byte load, 16-byte stores, each warp store 512
-# contiguous bytes) moving exactly NF4's bytes: compare its line with the kernels of round 6
-# itself (the other rounds' lines are other runs). What is left
-# untried here, and is the natural next step for a kernel engineer: a persistent,
+# contiguous bytes) moving exactly NF4's bytes: compare its lines with round 6's own fastest
+# variant, printed at the end with that round's fastest bound (the other rounds' lines are other
+# runs). What is left untried here, and is the natural next step for a kernel engineer: a persistent,
 # software-pipelined kernel whose bulk (TMA) loads of several KB per block run ahead of the
 # conversion and the bulk stores.
 

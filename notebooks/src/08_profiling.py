@@ -9,7 +9,9 @@
 # inside the kernels with NVIDIA Nsight Compute (`ncu`): how much of the DRAM bandwidth each
 # version uses, how many 32-byte *sectors* each warp-wide memory instruction touches, how many
 # warps were resident, and what the warps were waiting for, down to the Python source line.
-# Every number is read from a profile; none is typed in.
+# Every profiler number is read from a profile; none is typed in. Section 5 also uses the copy
+# ceiling of notebook 07's benchmark and an assumed DRAM latency, each labelled as such where it
+# is printed.
 #
 # Most machines cannot profile: `ncu` is often not installed, and cloud GPUs usually refuse
 # access to the performance counters (`ERR_NVGPUCTRPERM`). So the profiles of every version,
@@ -33,6 +35,7 @@
 import nf4lab  # first: decides GPU or simulator before numba.cuda is imported
 
 import tempfile
+from datetime import datetime, timezone
 
 from nf4lab.measure import bench, profiling, results
 from nf4lab.format import bytemodel
@@ -87,10 +90,11 @@ if nf4lab.ON_GPU:
         nb, name = chosen[0]
         print(f"profiling {name!r} from {nb} with ncu (about 10-20 s) ...")
         try:
+            when = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")   # the recorded rows' format
             res = profiling.profile_version(nb, name, tempfile.mkdtemp(prefix="nf4lab_ncu_"))
-            live = {"name": name, "notebook": nb, "gpu": nf4lab.device_info()["gpu"], **res,
+            live = {"name": name, "notebook": nb, "gpu": nf4lab.device_info()["gpu"], "date": when, **res,
                     "summary": profiling.summarize(profiling.main_kernel(res["kernels"]))}
-            print(f"profiled on this GPU: {', '.join(res['files'])} written under {res['files']['raw'].rsplit('/', 1)[0]}")
+            print(f"profiled on this GPU, {when}: {', '.join(res['files'])} written under {res['files']['raw'].rsplit('/', 1)[0]}")
         except profiling.NcuUnavailable as exc:
             print(f"ncu could not profile here ({exc.reason}): {exc}\n-> reading the recorded profiles instead")
 else:
@@ -122,7 +126,7 @@ if live is not None:
     summaries[f"{live['name']} (live)"] = live["summary"]
 # One line naming whose rows the tables below show.
 WHERE = (f"{'profiles recorded on ' + rec['meta'].get('gpu', '?') if MEASURED else 'an invented example'}"
-         + (f"; the row marked (live): profiled now on {live['gpu']}" if live else ""))
+         + (f"; the row marked (live): profiled now on {live['gpu']}, {live['date']}" if live else ""))
 print(WHERE)
 
 # %% [markdown]
@@ -273,7 +277,7 @@ if shown is not None:
     m = profiling.main_kernel(shown["kernels"])["metrics"]
     attrs = {k: m[f"device__attribute_{k}"]["value"] for k in ("max_warps_per_multiprocessor",
              "max_threads_per_multiprocessor", "max_registers_per_multiprocessor") if f"device__attribute_{k}" in m}
-    where = f"live, {live['gpu']}" if live is not None else f"recorded on {rec['meta'].get('gpu')}, {shown.get('date')}"
+    where = f"live, {live['gpu']}, {live['date']}" if live is not None else f"recorded on {rec['meta'].get('gpu')}, {shown.get('date')}"
     print(f"per SM, as ncu recorded it ({where}): " + ", ".join(f"{k.replace('_', ' ')} {v:,.0f}" for k, v in attrs.items()))
 elif nf4lab.ON_GPU and nf4lab.device_info().get("max_threads_per_sm"):
     attrs = {"max_warps_per_multiprocessor": nf4lab.device_info()["max_threads_per_sm"] // 32}
@@ -308,10 +312,15 @@ for name, s in summaries.items():
 # same occupancy: what changed is the bytes each memory instruction carries. Achieved far
 # below theoretical means the launch did not supply the warps: a grid-stride launch with a
 # small, fixed grid (notebook 02) leaves most warp slots empty however few registers the
-# kernel uses. A few points below theoretical is normal: the last wave of blocks does not fill
-# the GPU, and blocks take time to start and end. Theoretical below 100 % comes from the
-# registers: an SM's register file, shared by all its resident threads, allows as many registers
-# per thread as the line above prints; a kernel that needs more cannot fill every warp slot.
+# kernel uses. Even with a full grid, expect achieved to stay below theoretical, by an amount
+# that depends on the kernel and the GPU. Where ncu's Occupancy section flags the gap (see the
+# `.details.csv` pages under `data/ncu/`), it says the difference "can be the result of warp
+# scheduling overheads or workload imbalances during the kernel execution"; in these kernels,
+# expect for example a last wave of blocks that does not fill the GPU, and blocks that take time
+# to start and end. The table above shows how far below theoretical each version lands on the
+# GPU it was profiled on. Theoretical below 100 % comes from the registers: an SM's register
+# file, shared by all its resident threads, allows as many registers per thread as the line
+# above prints; a kernel that needs more cannot fill every warp slot.
 
 # %% [markdown]
 # <a id="stalls"></a>
@@ -383,7 +392,7 @@ lines, source_page = [], None
 if live is not None:
     source_page = live["files"].get("source")
     lines = hot_lines(source_page)
-    print(f"{live['name']}, profiled now on {live['gpu']}"
+    print(f"{live['name']}, profiled now on {live['gpu']}, {live['date']}"
           + (":" if lines else ": no line info in this profile (compiled without lineinfo=True)"))
 if not lines and MEASURED:
     found = {n: hot_lines(f"{profiling.ROOT}/{rec['dir']}/{v['source']}") if v.get("source") else []
@@ -506,9 +515,9 @@ if prog:
 # ## 10. Exercise: what does the hot instruction wait for?
 #
 # Without a GPU, from a committed record: the source page of 04's coalesced kernel, profiled on
-# the GPU named below. Write `waits_for(prog, i)`: the index of the last instruction before `i`
-# that **writes** a register that instruction `i` **reads** (`operands(sass)` gives both sets),
-# or None. The check tries every instruction of the listing against what `waits_for` must
+# the GPU the cell names when you run it. Write `waits_for(prog, i)`: the index of the last
+# instruction before `i` that **writes** a register that instruction `i` **reads**
+# (`operands(sass)` gives both sets), or None. The check tries every instruction of the listing against what `waits_for` must
 # satisfy; once it passes, the cell also walks back from section 7's hottest instruction, one
 # writer at a time, until it reaches a load. Then read what the printed chain says.
 
@@ -579,10 +588,15 @@ if prog and ok:   # with the walk written: section 7's hottest instruction and w
 # How far to trust the chain: the walk goes by register and by address order only. It ignores
 # branches and predicates (near a loop's head the last writer may sit at the loop's end), and a
 # 64-bit write (`.WIDE`, `.64`) counts for both its registers, so the walk can follow another path
-# than the one the hot instruction's data took. On section 7's page it may, for example, end at a
-# one-byte load whose value becomes an address (`LDG.E.U8`, then `IMAD.WIDE`), not at the load of
-# the code word the hot instruction works on. What you can conclude is that the hot instruction
-# sits behind a chain of loads, not what the one load it waits for is. To check by hand, open the
-# source page (its path is printed in section 7), find the hottest instruction, take its source
-# registers, and search upward for the instruction that writes each of them; the stall samples
-# on each load say which of them the warps really waited for.
+# than the one the hot instruction's data took: it may end at a load other than the one of the
+# data the hot instruction works on.
+# ### BEGIN SOLUTION
+# On section 7's page, for example, it may end at a one-byte load whose value becomes an address
+# (`LDG.E.U8`, then `IMAD.WIDE`), not at the load of the code word the hot instruction works on.
+# ### STUDENT
+# ### END SOLUTION
+# What you can conclude is that the hot instruction sits behind a chain of loads, not what the
+# one load it waits for is. To check by hand, open the source page (its path is printed in
+# section 7), find the hottest instruction, take its source registers, and search upward for the
+# instruction that writes each of them; the stall samples on each load say which of them the
+# warps really waited for.

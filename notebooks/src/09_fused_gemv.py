@@ -50,9 +50,11 @@ print(f"(copy speed {copy['gbps']:.0f} GB/s: {results.label(RUN.meta)})" if copy
 # (two bf16 values a register); b0 holds B's rows 2q, 2q + 1 and b1 rows 2q + 8, 2q + 9 of column g; c0-c3 C's rows
 # g, g + 8 at columns 2q, 2q + 1 (float32). (PTX ISA, "Matrix Fragments for mma.m16n8k16", whose a0-a7 name values.)
 #
-# Our A is 16 rows of W. A sum does not care which W columns are called k, so lane q's k are columns it reads cheaply:
-# at M = 1, its bytes lie in absmax **block** q (64 columns, one scale) of each 256 columns. Blocks are scaled before
-# they are added, so B keeps them apart: its column b holds x only at lane q = b's k, and C's column b is block b's sum.
+# Our A is a **tile**, 16 consecutive rows of W. A sum does not care which W columns are called k, so lane q's k are
+# columns it reads cheaply: at M = 1, its bytes lie in absmax **block** q (64 columns, one scale) of each 256 columns.
+# Blocks are scaled before they are added, so B keeps them apart: its column b holds x only at lane q = b's k, and C's
+# column b is block b's sum. In the figure, a **step** is one warp's loop trip, a tile's 16 rows x 256 columns (2 KB of
+# codes); **mma i** (0-7) takes bytes 2i, 2i + 1 of each **piece** h = 0, 1 a lane loads (16 bytes: 32 codes of a row).
 # %%
 def panel(ax, title, rows, cols, who, colour, xlabels, xlabel, ylabel):   # who: (lane, register); colour: block or -1
     ax.imshow(np.ma.masked_less([[colour(r, c) for c in range(cols)] for r in range(rows)], 0), cmap="Pastel1",
@@ -76,17 +78,14 @@ panel(axes[2], "C: float32 sums; column n: block n", 16, 8, lambda r, n: (4 * (r
 _ = fig.suptitle("mma.sync.m16n8k16 in this kernel: mma i = 0 of a step at M = 1. Number: the lane holding the cell; a/b/c: "
              "its register.\nColour: the block q of the step (W columns 64q..64q+63) whose codes or x it holds; grey: zero.", fontsize=9)
 # %% [markdown]
-# Lane 5 is (g, q) = (1, 1); its a0 holds row 1, W columns 64, 65 of the **step** (256 columns, section 3): one packed
-# byte's two codes; a2 holds columns 66, 67, the next byte. mma i takes bytes 2i, 2i + 1 of each lane's 16-byte
-# **piece** (32 codes of one row): 8 mmas use a piece, 2 pieces (h = 0, 1) a lane's 64 columns. Only lanes (b, b) hold
-# x. C's columns 4-7 are zero at M = 1; M > 1 takes (M + 1) // 2 **n-tiles**: in n-tile nt, B's column 4 m + b is
-# batch row 2 nt + m, block b.
+# Lane 5 is (g, q) = (1, 1); its a0 holds row 1, W columns 64, 65 of the step: one packed byte's two codes; a2 holds
+# columns 66, 67, the next byte. Only lanes (b, b) hold x. C's columns 4-7 are zero at M = 1; M > 1 takes (M + 1) // 2
+# **n-tiles**: in n-tile nt, B's column 4 m + b is batch row 2 nt + m, block b.
 #
 # <a id="work"></a>
 # ## 3. Tiles, steps, split-K: who does what
 #
-# - A **tile** is 16 consecutive rows of W (an mma's 16 rows). A **step** is one warp's loop trip: a tile's 16 rows x
-#   256 columns (2 KB of codes). Lane (g, q) loads 2 pieces of row g and 2 of row g + 8 (M = 1: columns 64q..64q + 63).
+# - Lane (g, q) loads a step's 2 pieces of row g and 2 of row g + 8 (M = 1: columns 64q..64q + 63).
 # - **Split-K**: the 8 warps of a thread block (CUDA's block, not an absmax block) share a tile's K columns: warp w
 #   takes steps w, w + 8, ... and keeps its own float32 sums of the 16 rows; at the tile's end the sums meet in shared memory.
 # - **Persistent blocks**: at most 2 per SM (`gemv.grid_size`); block t takes tiles t, t + grid, ...: one lookup table
@@ -96,9 +95,10 @@ _ = fig.suptitle("mma.sync.m16n8k16 in this kernel: mma i = 0 of a step at M = 1
 # ## 4. The kernel
 #
 # **The per-lane table.** Entry e (a code byte) is (lut[e >> 4], lut[e & 15]) as bf16x2 (or f16x2), the high nibble (the
-# first column) in the low half: an A register as it stands. Lanes reading different words of one shared-memory **bank**
-# (bank = word mod 32) wait for each other, so each lane has its own copy: lane l's entry e is word `(e << 6) | l`, bank
-# l. 256 rows of 64 words, 64 KB; words 32-63 are spare: NF4 values (row 8), code2 (0-7), x slots (16-47), sums (128-255).
+# first column) in the low half: an A register. Reads of different words of one shared-memory **bank** are serialized
+# (32 banks, successive 32-bit words in successive banks: bank = word mod 32; CUDA C++ Programming Guide, "Shared Memory"),
+# so each lane has its own copy: lane l's entry e is word `(e << 6) | l`, bank l. 256 rows of 64 words, 64 KB;
+# words 32-63 are spare: NF4 values (row 8), code2 (0-7), x slots (16-47: defined with the step below), sums (128-255).
 #
 # **`prmt` makes the table address.** `prmt.b32 d, a, b, sel`: d's byte j is byte `(sel >> 4j) & 7` of the 8 bytes
 # b:a (bytes 0-3 are a's). With a = the code word, b = `lane << 2`, sel = `0x5504 | p << 4`, the **selectors** are:
@@ -197,15 +197,15 @@ def make_step(M, is_bf16, look, x_get):
                 acc[2 * nt + 1] += cf[4 * nt + 2] * s[2] + cf[4 * nt + 3] * s[3]
     return step
 # %% [markdown]
-# **The kernel.** A lane's loads of a step (4 x 16 bytes of codes and the statistics word: 17 words) are imported, not
-# shown: `fetch` (`gemv.step_ops`) does section 3's loads, clamped at the last row and step; at M = 1 `fetch1`
-# (`gemv.step1_ops`) also loads the x and does less a step: `rows` puts a tile's row offsets in `rb` once a tile, and
-# K % 256 == 0 (the statistics word's condition) leaves only the step (`cc`) to clamp. The first step's loads go out before the
-# table is built; each trip fetches the next step, across tiles too. Sizes are compile-time constants, so the local
-# arrays, indexed by unrolled loops, live in registers. **The tile's sum:** lanes q and q ^ 1 hold one batch row's
-# blocks 0-1 and 2-3 (a `shfl.xor` adds them); each warp writes its 16 M sums to spare words (`gemv.spare`), and after
-# a barrier 16 M threads add the 8 warps' and write y (`parity`: two sets of words). The launcher validates (a
-# misaligned 128-bit load kills the CUDA context), allows 64 KB (`gemv.prepare`).
+# **The kernel.** A lane's loads of a step (4 x 16 bytes of codes, the statistics word: 17 words) are imported: `fetch`
+# (`gemv.step_ops`) does section 3's loads, clamped at the last row and step; at M = 1 `fetch1` also loads x and does
+# less a step: `rows` puts a tile's row offsets in `rb` once a tile, and K % 256 == 0 (the statistics word's condition)
+# leaves only the step (`cc`) to clamp. The first step's loads go out before the table is built; each trip fetches the
+# next step, across tiles too. Sizes are compile-time constants, so local arrays, indexed by unrolled loops, live in
+# registers. **The tile's sum:** lanes q and q ^ 1 hold one batch row's blocks 0-1 and 2-3 (a `shfl.xor` adds them);
+# each warp writes its 16 M sums to spare words (`gemv.spare`), and after a barrier 16 M threads add the 8 warps' and
+# write y (`parity`: two sets of words). The launcher validates (a misaligned 128-bit load is fatal: CUDA Runtime API,
+# `cudaErrorMisalignedAddress`: "any further CUDA work will return the same error"), allows 64 KB (`gemv.prepare`).
 # %% tags=["kernel"]
 @functools.cache
 def make_kernel(is_bf16, M, base):
@@ -309,7 +309,8 @@ def launch(g):
 # ## 5. PTX evidence
 #
 # Per step at M = 1: 16 `mma.sync` (2 pieces x 8), 64 `prmt`, 64 lookups with the base in the immediate; no `ld.local`
-# (a spill), no float64. Registers: the driver's build, or `ptxas` (SASS). Below sm_80 (a T4): fp16's, 2 m16n8k8 an mma.
+# (a spill), no float64. Registers: the driver's build, or `ptxas` (SASS). Below sm_80 (a T4): fp16's, 2 m16n8k8 an mma
+# (m16n8k8: the half-depth shape, K = 8, that sm_75 has; PTX ISA, mma's "Matrix Shape" and target notes).
 # %%
 cc = nf4lab.runtime.target_cc(); T4 = cc < (8, 0)  # noqa: E702
 kern = make_kernel(not T4, 1, gemv.probe_base() if nf4lab.ON_GPU else gemv.default_base(cc))
@@ -392,8 +393,8 @@ if BATCH:
 # <a id="learned"></a>
 # ## 9. What we learned
 #
-# - The bytes it reads give the bound every GEMV is measured against (section 1); how close this kernel gets depends on
-#   the shape (section 7). A table whose entries are A registers (section 4) makes dequantization a `prmt` and a load.
+# - Bytes bound a GEMV: section 1 estimates a lower bound at copy speed, section 7 times the read bound (a read-only
+#   kernel); how close ours gets depends on the shape. A table of A registers makes dequantization a `prmt` and a load.
 # - The mma sums over k in any order: we pick k so that each lane reads contiguous bytes, and B's columns keep the
 #   absmax blocks apart so that each is scaled once, in float32, as bitsandbytes scales it. Further reading:
 #   [Marlin](https://github.com/IST-DASLab/marlin) and [FLUTE](https://github.com/HanGuo97/flute).
@@ -434,8 +435,7 @@ assert result
 # Designs timed by the lab (`lab/README.md` tells each story), bf16, M = 1: this GPU's record, else another GPU's (the
 # run column names GPU and date). A ratio against the tensor-core kernel of that day ("TC") is printed only where
 # `provenance.compare` finds both in one run; else why not, under the row. FFMA: no tensor cores, a byte's two weights
-# by one pair lookup, then two float32 fused multiply-adds; the cp.async ring copies the weights ahead into a ring of
-# shared-memory buffers.
+# by one pair lookup, then two float32 fused multiply-adds; the cp.async ring copies weights ahead into shared memory.
 # %%
 ROAD = [("FFMA design (pair lookup + 2 FFMA a byte)", "09_fused_gemv", "auto"), ("2 chains of mmas", "09_gemv_chains", "TC C2"),
         ("cp.async ring of 2 stages for weights", "09_gemv_ring", "TC R2"), ("3 blocks per SM", "09_gemv_b3", "TC B3 D1"),
