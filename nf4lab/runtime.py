@@ -215,7 +215,15 @@ def versions() -> dict:
 
 
 # Datasheet peak memory bandwidth in GB/s, matched on the start of the device name.
-# A ceiling to draw, never a measurement.
+# A ceiling to draw, never a measurement. Sources: NVIDIA's product datasheets.
+#   H200 SXM: "GPU Memory Bandwidth 4.8TB/s" (NVIDIA H200 Tensor Core GPU datasheet,
+#     https://www.nvidia.com/en-us/data-center/h200/).
+#   H100 SXM (the "H100 80GB HBM3"): 3.35 TB/s, H100 NVL 3.9 TB/s, H100 PCIe 2 TB/s (NVIDIA H100 Tensor
+#     Core GPU datasheet, https://www.nvidia.com/en-us/data-center/h100/); the rows give these rounded
+#     figures to the GB/s of their memory clocks (SXM: 2619 MHz x 2 x 5120 bits / 8 = 3352).
+#   A100: 2,039 GB/s (80GB SXM), 1,935 GB/s (80GB PCIe), 1,555 GB/s (40GB) (NVIDIA A100 datasheet);
+#   L4 300 GB/s, A10G 600 GB/s, T4 320 GB/s, RTX 4090 1,008 GB/s, RTX 3090 936 GB/s: each product's
+#   datasheet or specification page.
 SPEC_PEAK_GBPS = {
     "NVIDIA H100 80GB HBM3": 3352,
     "NVIDIA H100 PCIe": 2039,

@@ -78,6 +78,59 @@ def test_truncating_conversion_fails_with_the_rounding_hint():
     assert "truncates" in str(res) and "round to nearest even" in str(res)
 
 
+SIG64 = ("(uint8[::1], float32[::1], uint8[::1], float32[::1], float32[::1], float32, uint16[::1], uint32[::1], "
+         "uint64[::1], int64, int64)")
+
+
+def _u64(kind):
+    """Notebook 03's exercise 1: four weights per thread, one 64-bit store. ``stub``: the starting point (a 64-bit
+    store in every thread, whatever is left at the end); ``solution``: the end handled; ``narrow``: bit-exact
+    with 32- and 16-bit stores only (no 64-bit store: must not pass)."""
+    from nf4lab.lesson import BLOCK_SHIFT
+
+    @cuda.jit
+    def u64_store(packed, lut, absmax_q, absmax2, code2, offset, out, out_u32, out_u64, n, nbytes):
+        t = uint64(cuda.grid(1))
+        n = uint64(n)
+        i = uint64(2) * t
+        if i < uint64(nbytes):
+            b0, b1 = packed[i], packed[i + uint64(1)]
+            s = block_scale(absmax_q, absmax2, code2, offset, i >> uint64(BLOCK_SHIFT))
+            lo = ops.pack_bf16x2(lut[b0 >> 4] * s, lut[b0 & 15] * s)
+            j = uint64(4) * t
+            if kind == "stub" or (kind == "solution" and j + uint64(3) < n):
+                hi = ops.pack_bf16x2(lut[b1 >> 4] * s, lut[b1 & 15] * s)
+                out_u64[t] = uint64(lo) | (uint64(hi) << uint64(32))
+            elif kind == "narrow" and j + uint64(3) < n:
+                out_u32[uint64(2) * t] = lo
+                out_u32[uint64(2) * t + uint64(1)] = ops.pack_bf16x2(lut[b1 >> 4] * s, lut[b1 & 15] * s)
+            elif j + uint64(1) < n:
+                out_u32[uint64(2) * t] = lo
+                if j + uint64(2) < n:
+                    out[j + uint64(2)] = ops.to_bf16_bits(lut[b1 >> 4] * s)
+            else:
+                out[j] = ops.to_bf16_bits(lut[b0 >> 4] * s)
+
+    def launch(b):
+        pairs = (b.nbytes + 1) // 2
+        u64_store[(pairs + 127) // 128, 128, b.stream](b.packed, b.lut, b.absmax_q, b.absmax2, b.code2, b.offset,
+                                                       b.out, b.out_u32, b.out.view(np.uint64), b.n, b.nbytes)
+
+    return launch, u64_store
+
+
+def test_u64_store_exercise_fails_on_the_stub_and_passes_on_the_solution():
+    stub = exercises.check_u64_store(*_u64("stub"), SIG64, verbose=False)
+    assert not stub and "past the end" in str(stub)
+    solved = exercises.check_u64_store(*_u64("solution"), SIG64, verbose=False)
+    assert solved, str(solved)
+    assert "64-bit store instruction(s)" in str(solved)
+    narrow = exercises.check_u64_store(*_u64("narrow"), SIG64, verbose=False)
+    assert not narrow and "no 64-bit store" in narrow.verdict
+    # every remainder of n mod 4 is run
+    assert {(a * b) % 4 for a, b in exercises.U64_SHAPES} == {0, 1, 2, 3}
+
+
 def test_write_past_the_end_is_caught_by_the_guard():
     res = nf4lab.check(_make("unguarded"), name="guard", shapes=((3, 5),), verbose=False)
     assert not res
@@ -197,3 +250,21 @@ def test_speed_threshold_on_gpu():
     assert ok and ok.pct_copy is not None and 1 <= ok.pct_copy < 150
     slow = nf4lab.check(_make(), name="too slow", shapes=((3, 5),), min_pct_copy=149, verbose=False)
     assert not slow and "not fast enough" in str(slow) and "of copy, needs 149%" in slow.verdict
+
+
+def test_hot_spot_check_fails_on_the_stub_and_passes_the_walk(capsys):
+    """Notebook 08's exercise, on a hand-made listing: registers written (first operand) and read (the rest)."""
+    from nf4lab.lesson import exercises
+
+    def operands(sass):
+        op, _, rest = sass.partition(" ")
+        regs = [r.strip() for r in rest.split(",")]
+        return op, ({regs[0]} if not op.startswith("ST") else set()), set(regs[1:])
+
+    prog = [{"sass": s, "samples": n, "line": str(k)} for k, (s, n) in
+            enumerate([("LDG.E.U8 R1, R9", 1.0), ("IADD3 R2, R7", 0.0), ("IMAD.WIDE R3, R1, R8", 9.0), ("ST R0, R3", 2.0)])]
+    assert exercises.check_hot_spot(lambda p: None, prog, operands) is False
+    assert "NOT PASSED" in capsys.readouterr().out
+    assert exercises.check_hot_spot(lambda p: {"hot": 2, "line": "2", "waits_for": 1}, prog, operands) is False
+    assert exercises.check_hot_spot(lambda p: {"hot": 2, "line": "2", "waits_for": 0}, prog, operands) is True
+    assert exercises.walk_to_load(prog, 2, operands) == [2, 0]

@@ -359,6 +359,41 @@ def _speed(launch, name, dtype, blocksize, quant_type):
     return r["pct_copy"], line
 
 
+# Notebook 03's exercise 1: shapes with every remainder of n mod 4 (n = 1, 2, 15, 64, 65, 66, 231), so that
+# every end a 64-bit store of four weights can meet (none, 1, 2 or 3 weights left) is run.
+U64_SHAPES = ((1, 1), (1, 2), (3, 5), (1, 64), (1, 65), (1, 66), (7, 33))
+
+
+def check_u64_store(launch, kernel, sig, *, name="exercise 1: 64-bit stores", verbose=True) -> CheckResult:
+    """Grade notebook 03's exercise 1: ``launch`` bit-exact on :data:`U64_SHAPES`, and the PTX of ``kernel``
+    (compiled for ``sig``) has a 64-bit global store: a kernel that gets the bits right with narrower stores
+    only has not done the exercise. Falsy unless both hold; never raises because of the student's kernel."""
+    from ..measure import ptx
+
+    res = check(launch, name=name, shapes=U64_SHAPES, verbose=False)
+    if res:
+        try:
+            text = ptx.compile_ptx(kernel, sig)
+        except Exception as exc:   # passed the check but does not compile for sig: say so, do not raise
+            res.passed = False
+            res.error = "\n".join(describe_exception(exc))
+            res.verdict = f"NOT PASSED: {name}: bit-exact, but its PTX could not be compiled for {sig}"
+            res.messages.extend(describe_exception(exc))
+        else:
+            wide = ptx.count(text, r"^st\.global\.(u64|b64|s64)\s")
+            if wide:
+                res.messages.append(f"PTX: {wide} 64-bit store instruction(s) (st.global.u64)")
+            else:
+                res.passed = False
+                res.verdict = f"NOT PASSED: {name}: bit-exact, but the PTX has no 64-bit store"
+                res.messages.append("the kernel's PTX has no st.global.u64: wherever four weights are left, store "
+                                    "them as one 64-bit word through out_u64")
+    if verbose:
+        print(res)
+        res._printed = True
+    return res
+
+
 def check_one_mma(one_mma, seed=9) -> bool:
     """Grade notebook 09's exercise: ``one_mma[1, 32](w, xt, y)`` must give Y = W @ X (16 x 16 by 16 x 8) bit for bit.
     W and X are small integers, so every sum is exact in float32; both go in as bf16 pairs in uint32 words
@@ -379,3 +414,43 @@ def check_one_mma(one_mma, seed=9) -> bool:
           f"NOT PASSED (not solved yet): {len(bad)} of 128 outputs differ; first Y[{bad[0][0]}, {bad[0][1]}] = "
           f"{got[tuple(bad[0])]}, W @ X gives {want[tuple(bad[0])]}")
     return not len(bad)
+
+
+def _last_writer(prog, i, operands):
+    """The last instruction before ``i`` that writes a register ``i`` reads, or None (by address order only)."""
+    reads = operands(prog[i]["sass"])[2]
+    return next((j for j in range(i - 1, -1, -1) if operands(prog[j]["sass"])[1] & reads), None)
+
+
+def walk_to_load(prog, start, operands, steps=6) -> list:
+    """Notebook 08: indices from ``start`` back through the last writer of a register each reads, until a load
+    (``LDG``, ``LDS``, ``LDC``, ``LD.``) or ``steps`` writers."""
+    chain = [start]
+    while len(chain) <= steps and (j := _last_writer(prog, chain[-1], operands)) is not None:
+        chain.append(j)
+        if operands(prog[j]["sass"])[0].startswith(("LDG", "LDS", "LDC", "LD.")):
+            break
+    return chain
+
+
+def check_hot_spot(hot_spot, prog, operands) -> bool:
+    """Grade notebook 08's exercise on an ncu source listing ``prog`` (dicts with ``sass``, ``samples``, ``line``):
+    ``hot_spot(prog)`` gives {"hot": an instruction with the most samples, "line": its Python line,
+    "waits_for": the last instruction before it that writes a register it reads, or None}."""
+    got, problems = hot_spot(prog), []
+    if not isinstance(got, dict) or not {"hot", "line", "waits_for"} <= set(got):
+        problems.append("hot_spot returns a dict with the keys 'hot', 'line' and 'waits_for'")
+    else:
+        hot, j = got["hot"], got["waits_for"]
+        if not (isinstance(hot, int) and 0 <= hot < len(prog) and prog[hot]["samples"] == max(x["samples"] for x in prog)):
+            problems.append("'hot' is the index of an instruction with the most stall samples")
+        else:
+            if got["line"] != prog[hot]["line"]:
+                problems.append("'line' is the Python line of instruction 'hot' (its \"line\")")
+            if j != _last_writer(prog, hot, operands):
+                problems.append("'waits_for' is the last instruction before 'hot' that writes a register 'hot' reads")
+    for p in problems:
+        print(f"  {p}")
+    print("PASSED: exercise: the hot spot of a source page" if not problems else
+          f"NOT PASSED (not solved yet): {len(problems)} of the answer's parts")
+    return not problems

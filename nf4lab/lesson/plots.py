@@ -81,24 +81,31 @@ def progress(notebook: str, gpu: str | None = None, *, shape=None, dtype="bf16")
     earlier = sorted(p.stem for p in (results.RESULTS_DIR / gpu).glob("[0-9][0-9]_*.json")
                      if _step_number(p.stem) < n_here)
     # Steps re-measure their baselines (earlier steps' kernels) in their own runs: each kernel gets
-    # one bar, from the latest run that measured it, in the order the steps introduced them; only
-    # the step's own kernels are highlighted.
+    # one bar, from the latest run that measured it (this step's run for the kernels it timed), in the
+    # order the steps introduced them; only the step's own kernels are highlighted.
     mine = {r["name"] for r in here.kernels()}
-    # A bar from another run is not this run's measurement: its label says which run it comes from.
+    # A bar from another run is not this run's measurement: its label names the step whose run it
+    # comes from and that run's date, e.g. "(02's run of 11-28 17:47)".
     latest: dict = {}
     for name in earlier:
         prev = bench.Run.load(name, gpu)
         same = prev.meta.get("run") and prev.meta.get("run") == here.meta.get("run")
-        when = f" (run of {prev.meta.get('date', '?')[5:16]})"
+        when = f" ({name[:2]}'s run of {prev.meta.get('date', '?')[5:16]})"
         for r in prev.kernels():
             if r["shape"] == shape and r["dtype"] == dtype:   # a re-measurement keeps the first one's place
                 latest[r["name"]] = r if same else dict(r, name=r["name"] + when)
     seen = set(latest)
-    merged.add([r for n, r in latest.items() if n not in mine])
-    merged.add([r for r in here.records if r["shape"] == shape and r["dtype"] == dtype])
+    ours = [r for r in here.records if r["shape"] == shape and r["dtype"] == dtype]
+    own = {r["name"]: r for r in ours if r["kind"] == "kernel"}
+    # Kernels in the order the steps introduced them: the earlier steps' first, then this step's new ones.
+    order = list(latest) + [n for n in own if n not in latest]
+    merged.add([r for r in ours if r["kind"] != "kernel"])        # ceilings, bound and baselines
+    merged.add([own.get(n) or latest[n] for n in order])
     merged.finalize()
     highlight = mine - seen
-    fig, ax = plt.subplots(figsize=(9, 0.45 * len(merged.records) + 2.2))
+    # Wider for long labels (a bar from another run names it), so that the bars keep room for their values.
+    longest = max([len(r["name"]) for r in merged.records if r["kind"] in ("kernel", "baseline")] + [0])
+    fig, ax = plt.subplots(figsize=(9 + 0.08 * max(0, longest - 60), 0.45 * len(merged.records) + 2.2))
     bars(merged, highlight=highlight, shape=shape, dtype=dtype, ax=ax,
          title=f"Step by step on the {here.meta.get('gpu', 'GPU not recorded')}\n"
                f"{'x'.join(map(str, shape))} -> {dtype} (this step in orange)")

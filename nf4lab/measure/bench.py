@@ -412,12 +412,14 @@ class Run:
         def f(x, fmt):
             return "-" if x is None else format(x, fmt)
 
-        rows = [f"{'version':<44} {'shape':>13} {'dtype':>5} {'ms':>8} {'GB/s':>7} {'%copy':>6} "
+        # The name column is as wide as the longest name: no name is cut.
+        width = max([len("version")] + [len(r["name"]) for r in self.records])
+        rows = [f"{'version':<{width}} {'shape':>13} {'dtype':>5} {'ms':>8} {'GB/s':>7} {'%copy':>6} "
                 f"{'%fill':>6} {'%bound':>6} {'x bnb':>6} {'exact':>5}"]
         for r in self.records:
             shape = "x".join(map(str, r["shape"])) if r["shape"] else ""
             exact = {True: "yes", False: "NO", None: ""}[r.get("bit_exact")]
-            rows.append(f"{r['name'][:44]:<44} {shape:>13} {r['dtype'] or '':>5} {f(r['ms'], '.4f'):>8} "
+            rows.append(f"{r['name']:<{width}} {shape:>13} {r['dtype'] or '':>5} {f(r['ms'], '.4f'):>8} "
                         f"{f(r['gbps'], '.0f'):>7} {f(r['pct_copy'], '.0f'):>6} {f(r['pct_fill'], '.0f'):>6} "
                         f"{f(r.get('pct_bound'), '.0f'):>6} "
                         f"{f(r['speedup_vs_bnb'], '.2f'):>6} {exact:>5}")

@@ -436,6 +436,13 @@ def load_recorded(gpu: str | None = None) -> dict | None:
     return {"gpu": gpu, "meta": meta, "versions": versions, "dir": str(d.relative_to(ROOT)), "dates": dates}
 
 
+def row_label(name: str, entry: dict, meta: dict | None = None) -> str:
+    """A recorded profile's row name: the version, the date it was profiled, and whether the kernel profiled is
+    the one its notebook teaches now (index.json marks a replaced one ``earlier_kernel``)."""
+    date = (entry.get("date") or (meta or {}).get("date") or "undated").removesuffix(" UTC")
+    return f"{name} [{date}, {'EARLIER kernel' if entry.get('earlier_kernel') else 'kernel taught now'}]"
+
+
 def load_fixture() -> dict:
     """The hand-made example CSV of the tests: the format, NOT a measurement."""
     kernels = parse_csv(FIXTURE.read_text())

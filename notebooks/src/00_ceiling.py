@@ -36,15 +36,20 @@ from nf4lab.lesson import plots
 print(nf4lab.describe())
 
 # %% [markdown]
+# The line above says where this notebook ran. On a GPU it names its SMs (*streaming
+# multiprocessors*: the GPU's cores, each running many threads at once) and its L2 (the cache that
+# all SMs share, between them and DRAM, the GPU's main memory).
+
+# %% [markdown]
 # <a id="memory-bound"></a>
 # ## 1. Memory-bound, in one paragraph
 #
 # A kernel is *memory-bound* when the time to move its bytes through DRAM is larger than the
 # time to do its arithmetic. Dequantization reads half a byte per weight, looks it up in a
 # 16-entry table, multiplies by a scale and writes two bytes (bf16). That is about one
-# multiply per 2.5 bytes moved. Our prediction: **memory-bound**, because a GPU's float32
-# rate divided by its DRAM bandwidth (two numbers from its datasheet, not measured here) should
-# be many operations per byte, far more than 0.4. This notebook measures the ceiling that
+# multiply per 2.5 bytes moved. Our prediction: **memory-bound**, because a data-center GPU's
+# float32 rate divided by its DRAM bandwidth (both figures as NVIDIA's datasheet for the GPU gives
+# them: cited, not measured here) should be many operations per byte, far more than 0.4. This notebook measures the ceiling that
 # prediction implies: section 4 times a kernel that moves the same bytes with no arithmetic at
 # all. Notebook 06 tests the prediction itself: a kernel that does the arithmetic and still runs
 # at that bound is limited by its bytes, not by its arithmetic. If the prediction holds, the only
@@ -59,7 +64,9 @@ print(nf4lab.describe())
 #
 # * `packed`: n/2 bytes, two 4-bit codes per byte, **high nibble first**:
 #   weight `2j` is `packed[j] >> 4`, weight `2j+1` is `packed[j] & 15`;
-# * `absmax_q`: one uint8 per **block of 64 weights** (the block's scale, itself quantized);
+# * `absmax_q`: one uint8 per **block of 64 weights** (the block's scale, itself quantized). This is a
+#   *quantization block*; CUDA has blocks of its own, *thread blocks* (the groups of threads a kernel
+#   is launched in, section 4), and the series always says which one it means when it is not clear;
 # * `absmax2`: one float32 per **group of 256 blocks** (16384 weights), and `code2`, a
 #   256-entry float32 table, plus one float32 `offset` (nested, "double" quantization);
 # * `LUT`: the 16 NF4 levels, normal-distribution quantiles in [-1, 1].
@@ -189,7 +196,7 @@ from numba import cuda, uint32, uint64
 from nf4lab.device import ops
 from nf4lab.measure import ptx
 
-THREADS, UNITS = 256, 2        # one of bench.SHAPES: threads per block x words per thread
+THREADS, UNITS = 256, 2        # one of bench.SHAPES: threads per thread block x words per thread
 
 
 @cuda.jit
@@ -208,6 +215,8 @@ def bound_bf16(packed_u32, absmax_q, out_u32, nwords):
             ops.store_u32x4(out_u32, u << uint64(2), w, w ^ uint32(1), w ^ uint32(2), w ^ uint32(3))
 
 
+# PTX is NVIDIA's virtual instruction set, what numba compiles a kernel to (the driver assembles it into
+# machine code); 01 reads it in detail. Here: 16-byte stores, and not one float instruction.
 bound_ptx = nf4lab.compile_ptx(bound_bf16, "(uint32[::1], uint8[::1], uint32[::1], uint64)")
 ptx.check(bound_ptx, present=[r"^st\.global\.v4\.u32", r"^ld\.global"], absent=[r"\.f32", r"\.f64"])
 
@@ -224,8 +233,8 @@ print(f"bound_bf16: {nw} words of codes read, {16 * nw:,} output bytes written, 
 # %% [markdown]
 # ### How we time: a CUDA graph
 #
-# A numba launch from Python has a host cost of its own, which can be a large share of a
-# sub-millisecond kernel when launches are timed one by one. So we capture 20 launches in a CUDA
+# A numba launch from Python has a host cost of its own (the cell below prints one, measured), which
+# can be a large share of a sub-millisecond kernel when launches are timed one by one. So we capture 20 launches in a CUDA
 # graph and replay it: one host call per 20 launches, and the events around a replay measure GPU
 # time.
 # This is the loop `nf4lab.measure.bench` runs for every timing in the series (`bench.gpu_time_ms`,
@@ -271,8 +280,22 @@ if nf4lab.ON_GPU:                                # the bound at 16384 x 16384 ->
     mine = bytemodel.gbps(bytemodel.bytes_moved(n_big), ms)
     print(f"bound_bf16 ({THREADS} x {UNITS}), timed by graph_time_ms: {ms:.4f} ms, {mine:.0f} GB/s of the byte model")
     del d_p, d_aq, d_o
+    # The host cost of one launch: the small kernel of the cell above (two thread blocks), launched back
+    # to back from Python; the GPU finishes each long before the next launch arrives.
+    d_ps, d_aqs = cuda.to_device(p), cuda.to_device(aq)
+    host_ms = bench.wall_time_ms(lambda: bound_bf16[-(-nw // (THREADS * UNITS)), THREADS](d_ps, d_aqs, d_out,
+                                                                                          uint64(nw)))
+    print(f"one numba launch of a small kernel from Python, back to back: {host_ms * 1e3:.1f} us of host time "
+          f"per launch, measured now on the {nf4lab.device_info()['gpu']}")
 else:
     print("no GPU here: nothing to time; the recorded run below was timed with this loop")
+# A recorded host cost per call (tools/bench_launch.py): nf4lab.dequantize, one kernel launch with its
+# argument handling, on a 4096 x 4096 weight.
+cost = results.load("launch_cost")
+call = next((r for r in cost["records"] if r.get("name") == "nf4lab.dequantize"), None) if cost else None
+if call is not None:
+    print(f"recorded: one nf4lab.dequantize call ({'x'.join(map(str, call['shape']))}) returns after "
+          f"{call['host_us']:.1f} us of host time ({cost['path']}: {results.label(cost['meta'])})")
 
 # %%
 if nf4lab.ON_GPU:
@@ -280,7 +303,7 @@ if nf4lab.ON_GPU:
     nbytes = bytemodel.bytes_moved(big.n, big.dtype, big.blocksize)
     run = bench.Run().add(bench.ceilings(nbytes, big.shape, big.dtype, n=big.n)).add(bench.bnb_baselines(big))
     path = run.save("00_ceiling")
-    print(f"measured now, saved to {path}")
+    print(f"measured now, saved to {path.relative_to(results.ROOT)}")   # relative to the repository root
 else:
     run = bench.Run.load("00_ceiling")
     if run is None:
@@ -328,7 +351,8 @@ if run is not None:
               f"(graph_time_ms above: {mine:.0f} GB/s); bench keeps the fastest shape, {tb.get('source')}")
     spec = run.get("spec peak (datasheet)")
     if spec:
-        print(f"datasheet peak {spec['gbps']:.0f} GB/s: copy reaches {100 * copy['gbps'] / spec['gbps']:.0f}% of it")
+        print(f"datasheet peak {spec['gbps']:.0f} GB/s (cited from NVIDIA's datasheet for the {run.meta['gpu']}, "
+              f"not measured: nf4lab.runtime.SPEC_PEAK_GBPS): copy reaches {100 * copy['gbps'] / spec['gbps']:.0f}% of it")
     print(f"({results.label(run.meta)})")
 
 # %% [markdown]

@@ -6,7 +6,8 @@
 # # 01 · Naive: one thread per packed byte
 #
 # **Goal.** Write the simplest correct NF4 dequantization kernel in numba: one thread per
-# packed byte, the block scale read from global memory by every thread, two 16-bit stores.
+# packed byte, the block scale (of the quantization block of 64 weights, 00's section 2) read from
+# global memory by every thread, two 16-bit stores.
 # "Correct" means *bit-exact* with bitsandbytes, and on the way there numba sets two traps
 # that every later kernel must avoid: it **fuses `a * b + c` into one FMA** (which changes the
 # result), and **signed indices** make it emit wraparound code (and, half-fixed, float64
@@ -50,7 +51,7 @@ SIG = "(uint8[::1], float32[::1], uint8[::1], float32[::1], float32[::1], float3
 #
 # One thread per byte means, for each packed byte: a 1-byte load of the codes, a 1-byte load of
 # `absmax_q`, two float32 loads of `code2` and `absmax2` (the same addresses for the 32 threads
-# of a block of 64 weights, so most likely served by the cache), two loads from the 16-entry
+# of a quantization block of 64 weights, so most likely served by the cache), two loads from the 16-entry
 # LUT, two 16-bit stores. The byte model only counts the bytes DRAM must move; the question for this
 # kernel is whether such *narrow* accesses can keep enough bytes in flight. A warp (32 threads
 # that execute one instruction together; CUDA C++ Programming Guide, "SIMT Architecture") writes
@@ -83,7 +84,10 @@ if ceil is not None:
 # <a id="draft"></a>
 # ## 2. A first draft, and what its PTX says
 #
-# Written the way one writes Python: `i = cuda.grid(1)`, the scale as `a * b + c`.
+# PTX is NVIDIA's virtual instruction set: numba compiles a kernel to PTX, and the driver's
+# assembler (`ptxas`) turns that into the GPU's machine code. Reading it shows what the compiler
+# made of our Python. The draft is written the way one writes Python: `i = cuda.grid(1)`, the
+# scale as `a * b + c`.
 
 # %%
 @cuda.jit(device=True, inline="always")
@@ -124,7 +128,8 @@ ptx.check(draft_ptx, present=[r"^fma\.rn\.f32", r"^shr\.s64\s+%rd\d+, %rd\d+, 63
 # bitsandbytes computes the block scale as two float32 operations, each rounded:
 # `t = round(code2[q] * absmax2[g])`, then `scale = round(t + offset)`. An FMA computes
 # `round(code2[q] * absmax2[g] + offset)` with a single rounding. That is *more* accurate, and
-# *different* in the last bit now and then. Bit-exact means the same roundings.
+# *different* in the last bit now and then: by one *ulp* (unit in the last place, the gap between
+# a float32 and the next one). Bit-exact means the same roundings.
 #
 # Run the draft's scale computation on this machine and count blocks whose scale differs from
 # the reference:
@@ -284,9 +289,9 @@ from numba import cuda, uint64
 
 from nf4lab.device import ops
 
-THREADS = 256       # threads per block
-BLOCK_SHIFT = 5     # 64 weights per block = 32 packed bytes: block = byte index >> 5
-GROUP_SHIFT = 8     # 256 blocks per absmax2 group
+THREADS = 256       # threads per thread block
+BLOCK_SHIFT = 5     # 64 weights per quantization block = 32 packed bytes: block = byte index >> 5
+GROUP_SHIFT = 8     # 256 quantization blocks per absmax2 group
 
 
 @cuda.jit(device=True, inline="always")

@@ -6,10 +6,12 @@
 # # 02 · Grid-stride loop: a grid sized to the GPU
 #
 # **Goal.** The naive kernel launches one thread per packed byte: 134 million threads for a
-# 16384 x 16384 matrix, in half a million blocks. The classic alternative is a *grid-stride
-# loop*: launch just enough blocks to fill every SM (from the SM count and the *occupancy*: how
-# many threads an SM keeps resident, out of the most it can hold) and let each thread walk the
-# data with a stride of the whole grid. We predict what that should
+# 16384 x 16384 matrix, in half a million thread blocks (here "block" alone means a CUDA thread
+# block, a group of threads launched together; the 64 weights that share a scale are always
+# called a quantization block). The classic alternative is a *grid-stride loop*: launch just enough blocks to fill
+# every SM (streaming multiprocessor, one of the GPU's cores that run thread blocks; 00 printed how
+# many this GPU has) from the SM count and the *occupancy* (how many threads an SM keeps resident,
+# out of the most it can hold), and let each thread walk the data with a stride of the whole grid. We predict what that should
 # change, measure it against 01, and look at what numba makes of a `range` loop.
 #
 # **Contents**
@@ -27,7 +29,7 @@ import nf4lab  # first: decides GPU or simulator before numba.cuda is imported
 import numpy as np
 from numba import cuda, uint64
 
-from nf4lab.measure import bench, ptx, results
+from nf4lab.measure import bench, profiling, ptx, results
 from nf4lab.format import bytemodel
 from nf4lab import lesson
 from nf4lab.device import ops
@@ -58,8 +60,9 @@ SIG = "(uint8[::1], float32[::1], uint8[::1], float32[::1], float32[::1], float3
 #   far too little in flight: we predict that version to be **much slower**.
 #
 # The numbers behind the last point, from the copy ceiling recorded by 00 on this GPU (the cell
-# prints which run) and an **assumed** DRAM latency (`nf4lab.lesson.ASSUMED_DRAM_LATENCY_NS`, a round figure for a loaded
-# HBM GPU, not a measurement: the series uses this one value wherever it applies Little's law):
+# prints which run) and an **assumed** DRAM latency (`nf4lab.lesson.ASSUMED_DRAM_LATENCY_NS`, a
+# round figure for a loaded HBM GPU, HBM being the stacked DRAM of data-center GPUs; not a
+# measurement: the series uses this one value wherever it applies Little's law):
 
 # %%
 N_BIG = 16384 * 16384
@@ -101,11 +104,11 @@ else:
 #
 # The grid: the SM count times the blocks that fit on one SM. That is limited by threads
 # (the device attribute `max_threads_per_sm`: the cell after the kernel prints this GPU's SMs and
-# blocks per SM), registers and shared memory; this kernel uses no shared memory, and its
-# registers limit it no more than threads do (recorded by Nsight Compute on an H100: 32 registers
-# a thread, and registers and threads each allow 8 blocks of 256 per SM,
-# `data/ncu/NVIDIA_H100_80GB_HBM3/02_grid_stride_full_occupancy.details.csv`; 08 reads such
-# profiles).
+# blocks per SM), registers and shared memory. This kernel uses no shared memory; whether its
+# registers limit it more than threads do, the cell after the kernel prints: the registers per
+# thread numba reports for the compiled kernel (on a GPU only: `get_regs_per_thread`), and the
+# per-SM block limits that Nsight Compute recorded for this version, with the GPU and date of
+# that profile (08 reads such profiles).
 # We never launch more blocks than the data needs. In the simulator there are no SMs: a
 # small fixed number makes the loop loop. (These three helpers join `nf4lab.lesson` for 03.)
 
@@ -176,6 +179,29 @@ nb = nf4lab.make_buffers(case).nbytes
 print(f"{sm_count()} SMs x {blocks_per_sm(THREADS)} blocks of {THREADS} -> grid {grid_for(nb, THREADS, blocks_per_sm(THREADS))} "
       f"blocks for {nb:,} bytes ({-(-nb // THREADS):,} blocks in 01)")
 print(f"each thread handles about {nb / (grid_for(nb, THREADS, blocks_per_sm(THREADS)) * THREADS):.1f} bytes")
+
+# Registers: numba knows them once the kernel is compiled for this GPU (no registers in the simulator).
+if nf4lab.ON_GPU:
+    launch(nf4lab.make_buffers(nf4lab.make_case((1, 64))))         # compiles dequant_grid_stride here
+    regs = dequant_grid_stride.get_regs_per_thread()
+    regs = sorted(set(regs.values())) if isinstance(regs, dict) else [regs]
+    print(f"registers per thread (numba, compiled for the {nf4lab.device_info()['gpu']} now): "
+          f"{', '.join(map(str, regs))}")
+# The profile record: registers and how many blocks of THREADS each resource allows per SM.
+prof = profiling.load_recorded()
+entry = prof["versions"].get("02 grid-stride (full occupancy)") if prof else None
+kern = profiling.main_kernel(entry["kernels"]) if entry else None
+if kern is None:
+    print("no Nsight Compute profile of this version recorded: registers not known here")
+else:
+    met = {k: v["value"] for k, v in kern["metrics"].items()}
+    by_regs, by_warps = met.get("launch__occupancy_limit_registers"), met.get("launch__occupancy_limit_warps")
+    print(f"recorded by Nsight Compute on the {prof['meta'].get('gpu', prof['gpu'])}, "
+          f"{entry.get('date') or prof['meta'].get('date')} ({entry['path']}): "
+          f"{met.get('launch__registers_per_thread'):.0f} registers a thread; blocks of "
+          f"{met.get('launch__block_size', THREADS):.0f} per SM allowed by registers: {by_regs:.0f}, by threads: "
+          f"{by_warps:.0f} -> " + ("registers limit it no more than threads do" if by_regs >= by_warps else
+                                   "registers are the tighter limit"))
 
 # %% [markdown]
 # <a id="ptx"></a>
@@ -257,6 +283,9 @@ if base and full and one:
         print("  no measurable change (the 'possibly none' of the prediction): most likely DRAM waits were all "
               "that limited 01 on this GPU, and block scheduling kept up. That is a result too: here the loop "
               "buys flexibility, not speed.")
+        if abs(change) > NOISE_PCT / 2:   # within noise is not zero: name the direction
+            print(f"  ({abs(change):.0f}% {'slower' if change < 0 else 'faster'}, within the {NOISE_PCT}% margin: "
+                  f"not a measured difference, but the direction is {'a loss' if change < 0 else 'a gain'})")
     print(f"1 block per SM: {one['gbps']:.0f} GB/s, {one['gbps'] / full['gbps']:.2f}x full occupancy "
           f"({'much slower, as predicted' if one['gbps'] < 0.5 * full['gbps'] else 'not much slower: the prediction failed here'})")
 else:

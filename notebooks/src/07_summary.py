@@ -98,14 +98,12 @@ else:
 # ## 3. The worklog table
 #
 # Generated from the results file, never edited by hand: each step's time, effective bandwidth,
-# share of the traffic-matched bound and of the copy, and speed relative to bitsandbytes (which of
-# its two rows the ratio uses is the exercise of section 7, so that column is left empty on
-# bitsandbytes' own rows). bitsandbytes has two rows. Its GPU
-# time is its whole `dequantize_4bit(..., out=)` call replayed in a CUDA graph: with
-# double-quantized scales, as here, it launches three kernels (the absmax dequantization, adding
-# the offset, the 4-bit dequantization), where ours do all of it in one. Its end-to-end row is the
-# wall-clock time of back-to-back calls as users make them (host overhead and the output
-# allocation included).
+# share of the traffic-matched bound and of the copy, and speed relative to bitsandbytes.
+# bitsandbytes has two rows, both of its whole `dequantize_4bit` call: with double-quantized
+# scales, as here, that call launches three kernels (the absmax dequantization, adding the
+# offset, the 4-bit dequantization), where ours do all of it in one. The two rows were timed in
+# two ways; which of them the "x bitsandbytes" column divides by is the exercise of section 7,
+# so that column is left empty on bitsandbytes' own rows.
 
 # %%
 from IPython.display import Markdown
@@ -121,7 +119,7 @@ def worklog(run, dtype="bf16"):
             continue
         fmt = lambda x, f: "" if x is None else format(x, f)
         exact = {True: "yes", False: "**no**", None: ""}[r.get("bit_exact")]
-        x_bnb = None if r["kind"] == "baseline" else r.get("speedup_vs_bnb")   # the baseline: section 7's exercise
+        x_bnb = None if r["kind"] == "baseline" else r.get("speedup_vs_bnb")   # which baseline: section 7's exercise
         rows.append(f"| {r['name']} | {fmt(r['ms'], '.4f')} | {fmt(r['gbps'], '.0f')} | "
                     f"{fmt(r.get('pct_bound'), '.0f')} | {fmt(r.get('pct_copy'), '.0f')} | "
                     f"{fmt(x_bnb, '.2f')} | {exact} |")
@@ -201,7 +199,7 @@ if run is not None:
 #
 # The same comparison across sizes, from about 1 MB moved to the 16384x16384 of section 2,
 # including the LLM weight shapes 4096x14336 and 8192x28672. Three versions are swept: the first
-# kernel (01), the first at the wall (04's coalesced stores) and the last (06). The 16384x16384
+# kernel (01), the first with coalesced 16-byte stores (04) and the last (06). The 16384x16384
 # point is section 2's run (the same process): it is not measured twice. Left of the L2 line (the
 # L2 size printed in section 2, drawn on the plot's MB axis) the whole working set fits in L2 and repeated
 # calls are partly served from it: those points are not a DRAM measurement (they are marked
@@ -271,8 +269,9 @@ if sweep is not None:
 #
 # 1. **Nsight Compute** (profiles of every version, `data/ncu/`, read in detail in notebook 08):
 #    DRAM throughput as a share of its peak, sectors per request (16-byte accesses by a whole warp
-#    are 16 sectors per request: fully coalesced), and what the warps wait for. A profile recorded
-#    before its notebook's kernel changed is labelled `[earlier kernel]` (the record says which).
+#    are 16 sectors per request: fully coalesced), and what the warps wait for. Each row carries
+#    the date it was profiled and whether that was the kernel its notebook teaches now; a profile
+#    recorded before its notebook's kernel changed says `EARLIER kernel` (the record says which).
 # 2. **The design space around the kernel** (the tuning rounds of `lab/tune_best_kernel.py`): 1-8 words per thread,
 #    128-1024 threads, persistent grids, contiguous chunks per block, 16-byte loads with an
 #    exchange, streaming stores, L2 prefetch hints, bulk (TMA) stores, each variant verified, and
@@ -299,11 +298,11 @@ else:
     print(f"\nNsight Compute, {'this GPU' if mine else 'recorded on ' + rec['meta']['gpu'] + ' (not this machine)'}: "
           f"profiled {' and '.join(rec['dates'])}, {rec['meta']['ncu']}, "
           f"{'x'.join(map(str, rec['meta']['shape']))} {rec['meta']['dtype']}")
+    print("  each row: [the date it was profiled, whether it profiled the kernel its notebook teaches now]")
     for name, v in rec["versions"].items():
         if v.get("earlier_kernel"):
-            print(f"  [earlier kernel] {name}, profiled {v.get('date')}: {v['earlier_kernel']}")
-    print(profiling.table({(f"[earlier kernel] {name}" if v.get("earlier_kernel") else name): v["summary"]
-                           for name, v in rec["versions"].items()}))
+            print(f"  EARLIER kernel: {name}, profiled {v.get('date')}: {v['earlier_kernel']}")
+    print(profiling.table({profiling.row_label(name, v, rec["meta"]): v["summary"] for name, v in rec["versions"].items()}))
 
 # %%
 def tuning_gpu():
@@ -323,6 +322,11 @@ for name in names:
         if r.get("gbps") and r["kind"] in ("kernel", "bound") and r["dtype"] == "bf16" and r["shape"] == [16384, 16384]:
             (bounds if r["kind"] == "bound" else kernels).append((r, name))
 names = sorted({name for _, name in kernels + bounds})
+# A variant named after a notebook's kernel, timed no later than that kernel's profile marked EARLIER above,
+# timed the replaced kernel too (rounds name no source hash): say so on its line.
+replaced = {n.split(" (")[0]: v.get("date") for n, v in ((rec or {}).get("versions") or {}).items() if v.get("earlier_kernel")}
+tag = lambda r, name: r["name"] + (f" [EARLIER kernel: 06's as of {dates[name]}, not the one it ships now]"
+                                   if replaced.get(r["name"]) and dates[name] <= replaced[r["name"]] else "")
 if kernels:
     print(f"tuning rounds, 16384x16384 -> bf16, recorded on {tgpu}"
           + ("" if tgpu == results.current_gpu() else " (not this machine's measurements)")
@@ -330,7 +334,7 @@ if kernels:
     gb = [r["gbps"] for r, _ in kernels]
     print(f"{len(kernels)} verified variants in {len(names)} runs: {min(gb):.0f} to {max(gb):.0f} GB/s")
     for r, name in sorted(kernels, key=lambda x: -x[0]["gbps"])[:5]:
-        print(f"   {r['gbps']:6.0f} GB/s  {r['pct_copy']:4.0f}% of copy  {r['name']}  ({name})")
+        print(f"   {r['gbps']:6.0f} GB/s  {r['pct_copy']:4.0f}% of copy  {tag(r, name)}  ({name})")
     print("bounds (same traffic, no arithmetic):")
     for r, name in sorted(bounds, key=lambda x: -x[0]["gbps"]):
         print(f"   {r['gbps']:6.0f} GB/s  {r['pct_copy']:4.0f}% of copy  {r['name']}  ({name})")
@@ -340,7 +344,7 @@ if kernels:
         b = max((r for r, n in bounds if n == name), key=lambda r: r["gbps"], default=None)
         if k and b:
             print(f"   {name} ({dates[name]}): {k['gbps']:.0f} / {b['gbps']:.0f} GB/s = {k['gbps'] / b['gbps']:.1%}"
-                  f"\n      fastest variant: {k['name']}; fastest bound: {b['name'].removeprefix('bound: ')}")
+                  f"\n      fastest variant: {tag(k, name)}; fastest bound: {b['name'].removeprefix('bound: ')}")
 else:
     print("no tuning rounds recorded for any GPU")
 
@@ -367,21 +371,23 @@ else:
 # <a id="exercises"></a>
 # ## 7. Exercise: reading the worklog
 #
-# The table's "x bitsandbytes" column is a ratio of two GPU times of **one run**: a version's and
-# bitsandbytes'. Write `speedup(run, name, dtype)` from the records themselves (`run.get(name,
-# dtype=...)` returns a record, a dict with `ms`, `gbps`, `kind`, ...; `run.records` lists them
-# all). bitsandbytes has two rows in section 3: think about how our versions are timed (section
-# 2 says how), and decide which of the two rows measures bitsandbytes the same way, so that the
-# ratio compares like with like. The check compares your value with the column for every
-# version and both dtypes, bit for bit.
+# The table's "x bitsandbytes" column is a ratio of two times of **one run**: bitsandbytes' over a
+# version's. Write `speedup(run, name, dtype)` from the records themselves (`run.get(name,
+# dtype=...)` returns a record, a dict; `run.records` lists them all; print one to see its
+# fields). bitsandbytes has two rows (`kind == "baseline"`): find out from their records how each
+# was timed, and from a version's record how the versions were, and divide by the row that was
+# timed the way the version was, so that the ratio compares like with like. The check compares
+# your value with the column for every version and both dtypes, bit for bit.
 
 # %%
 def speedup(run, name, dtype):
     """bitsandbytes' time over the version's time, both from this run (> 1: the version is faster)."""
 ### BEGIN SOLUTION
-    return run.get(bench.BNB_GPU, dtype=dtype)["ms"] / run.get(name, dtype=dtype)["ms"]
+    mine = run.get(name, dtype=dtype)
+    same = [r for r in run.records if r["kind"] == "baseline" and r["dtype"] == dtype and r.get("timing") == mine.get("timing")]
+    return same[0]["ms"] / mine["ms"]   # bench.BNB_GPU's row: timed as CUDA-graph replays, like the versions
 ### STUDENT
-    return None   # TODO: about 2 lines
+    return None   # TODO: about 3 lines
 ### END SOLUTION
 
 
@@ -403,3 +409,15 @@ ok = check_speedup(speedup, run) if run is not None else print("no run recorded:
 assert ok
 ### STUDENT
 ### END SOLUTION
+
+# %% [markdown]
+# ### BEGIN SOLUTION
+# **Answer.** The versions' records say `timing: "graph"`: GPU time of CUDA-graph replays, no
+# host overhead (section 2). bitsandbytes' `(out=)` row is timed the same way: its whole
+# `dequantize_4bit(..., out=)` call replayed in a CUDA graph. Its `(end to end)` row says
+# `timing: "wall clock"`: back-to-back calls as users make them, host overhead and the output
+# allocation included, so a ratio against it would mix two kinds of time.
+# ### STUDENT
+# Once the check passes: in one sentence, why would a ratio against the other row not compare like
+# with like? (The solution notebook gives its answer.)
+# ### END SOLUTION

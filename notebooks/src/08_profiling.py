@@ -29,7 +29,7 @@
 # 7. [Down to the source line](#lines)
 # 8. [Profiling your own kernel](#own)
 # 9. [What we learned](#learned)
-# 10. [Exercise: what does the hot instruction wait for?](#exercises)
+# 10. [Exercise: the hot spot of 04's kernel](#exercises)
 
 # %%
 import nf4lab  # first: decides GPU or simulator before numba.cuda is imported
@@ -70,7 +70,8 @@ print(" \\\n    ".join(parts + [" ".join(cur)]).replace(",", ",\\\n      "))
 # `WarpStateStats` (stall reasons) and `SourceCounters` (stall samples per instruction). ncu
 # replays the kernel once per group of counters it cannot read together, restoring memory
 # in between, so the profiled launch takes far longer than the kernel itself. The kernels are
-# compiled with `lineinfo=True` (set by the driver), which maps every SASS instruction to the Python line it came from; `--clock-control none`
+# compiled with `lineinfo=True` (set by the driver), which maps every SASS instruction (SASS: the GPU's native
+# machine code, which `ptxas` assembles from the PTX that numba generates) to the Python line it came from; `--clock-control none`
 # leaves the clocks where the benchmarks ran.
 #
 # Pick a version to profile live (when this machine can), then load what is recorded.
@@ -94,7 +95,7 @@ if nf4lab.ON_GPU:
             res = profiling.profile_version(nb, name, tempfile.mkdtemp(prefix="nf4lab_ncu_"))
             live = {"name": name, "notebook": nb, "gpu": nf4lab.device_info()["gpu"], "date": when, **res,
                     "summary": profiling.summarize(profiling.main_kernel(res["kernels"]))}
-            print(f"profiled on this GPU, {when}: {', '.join(res['files'])} written under {res['files']['raw'].rsplit('/', 1)[0]}")
+            print(f"profiled on this GPU, {when}: {', '.join(res['files'])} pages written to a temporary folder")
         except profiling.NcuUnavailable as exc:
             print(f"ncu could not profile here ({exc.reason}): {exc}\n-> reading the recorded profiles instead")
 else:
@@ -110,7 +111,7 @@ if rec is not None and rec["versions"]:
               + (f" ({nf4lab.device_info()['gpu']}): its own numbers may differ" if nf4lab.ON_GPU else ""))
     for name, v in rec["versions"].items():
         if v.get("earlier_kernel"):
-            print(f"  [earlier kernel] {name}, profiled {v.get('date')}: {v['earlier_kernel']}")
+            print(f"  EARLIER kernel: {name}, profiled {v.get('date')}: {v['earlier_kernel']}")
         if v.get("lineinfo") is False:
             print(f"  {name}: this recorded profile has no line info (section 7 cannot show its lines)")
     MEASURED = True
@@ -120,13 +121,18 @@ else:
     rec = profiling.load_fixture()
     MEASURED = False
 
-summaries = {(f"[earlier kernel] {name}" if v.get("earlier_kernel") else name): v["summary"]
-             for name, v in rec["versions"].items()}
+# Each recorded row: [the date it was profiled, whether that was the kernel its notebook teaches now].
+summaries = {(profiling.row_label(name, v, rec["meta"]) if MEASURED else name): v["summary"] for name, v in rec["versions"].items()}
 if live is not None:
     summaries[f"{live['name']} (live)"] = live["summary"]
-# One line naming whose rows the tables below show.
+NW = max(len(k) for k in summaries)   # the name column of the tables below
+# One line naming whose rows the tables below show, and what the (live) row may be compared with.
+live_rec = rec["versions"].get(live["name"], {}) if live else {}
+apart = [w for w, differs in (("another GPU", MEASURED and live and rec["meta"].get("gpu") != live["gpu"]),
+                              ("another kernel", live_rec.get("earlier_kernel"))) if differs]
 WHERE = (f"{'profiles recorded on ' + rec['meta'].get('gpu', '?') if MEASURED else 'an invented example'}"
-         + (f"; the row marked (live): profiled now on {live['gpu']}, {live['date']}" if live else ""))
+         + (f"; the row marked (live): profiled now on {live['gpu']}, {live['date']}" if live else "")
+         + (f" ({' and '.join(apart)} than the recorded rows: not comparable with them)" if live and apart else ""))
 print(WHERE)
 
 # %% [markdown]
@@ -175,13 +181,13 @@ print({k: rows[0][k] for k in ("version", "dram_pct", "achieved_occupancy", "ld_
 n = 16384 * 16384
 model = bytemodel.bytes_moved(n, "bf16", 64)
 print(f"byte model for 16384x16384 bf16: {model / 1e6:.0f} MB; {WHERE}\n")
-print(f"{'version':<40} {'DRAM %':>7} {'DRAM MB':>9} {'/ model':>8} {'GB/s':>7}")
+print(f"{'version':<{NW}} {'DRAM %':>7} {'DRAM MB':>9} {'/ model':>8} {'GB/s':>7}")
 for name, s in summaries.items():
     if not s or s["dram_read_bytes"] is None:
         continue
     moved = s["dram_read_bytes"] + s["dram_write_bytes"]
     gbps = moved / (s["duration_us"] * 1e-6) / 1e9
-    print(f"{name[:40]:<40} {s['dram_pct']:>7.0f} {moved / 1e6:>9.0f} {moved / model:>8.2f} {gbps:>7.0f}")
+    print(f"{name:<{NW}} {s['dram_pct']:>7.0f} {moved / 1e6:>9.0f} {moved / model:>8.2f} {gbps:>7.0f}")
 
 # %% [markdown]
 # Look at the per-byte version first: a low DRAM %, although the bytes moved match the model.
@@ -224,7 +230,7 @@ print(f"\nmeasured ({WHERE}):")
 for name, s in summaries.items():
     if s:
         f = lambda x: "-" if x is None else f"{x:.1f}"
-        print(f"{name[:48]:<48} loads {f(s['ld_sectors_per_request']):>5}   stores {f(s['st_sectors_per_request']):>5}")
+        print(f"{name:<{NW}} loads {f(s['ld_sectors_per_request']):>5}   stores {f(s['st_sectors_per_request']):>5}")
 
 # %% [markdown]
 # Reading the measured column against the kernels' code:
@@ -303,7 +309,7 @@ if attrs.get("max_registers_per_multiprocessor") and attrs.get("max_threads_per_
 print(f"\noccupancy ({WHERE}):")
 for name, s in summaries.items():
     if s:
-        print(f"{name[:48]:<48} achieved {s['achieved_occupancy'] or 0:>5.1f}%  theoretical "
+        print(f"{name:<{NW}} achieved {s['achieved_occupancy'] or 0:>5.1f}%  theoretical "
               f"{s['theoretical_occupancy'] or 0:>5.1f}%  registers {s['registers'] or 0:>4.0f}")
 
 # %% [markdown]
@@ -332,7 +338,7 @@ for name, s in summaries.items():
 #
 # | reason | the warp waits for | in these kernels |
 # | --- | --- | --- |
-# | `long_scoreboard` | a result from global (or local) memory | the packed codes, then the dependent `code2[absmax_q[b]]`: a load whose address needs another load |
+# | `long_scoreboard` | a result from global (or local) memory | the loads of the packed codes and of the scales |
 # | `lg_throttle` | room in the queue of global memory instructions | a thread issuing several memory instructions back to back, e.g. four 16-byte stores in a row |
 # | `mio_throttle`, `short_scoreboard` | the MIO unit: shared memory, and constant-cache accesses whose lanes read different addresses | the LUT in constant memory (05, on top); third in 04's scattered-stores version; elsewhere below the top three or small |
 # | `barrier` | the other warps of the block at `cuda.syncthreads()` | kernels that stage data in shared memory |
@@ -348,7 +354,7 @@ print(WHERE)
 for name, s in summaries.items():
     if s and s["stalls"]:
         top = ", ".join(f"{r} {v:.1f}" for r, v in s["stalls"][:4])
-        print(f"{name[:48]:<48} {top}   ({s['stall_unit']})")
+        print(f"{name:<{NW}} {top}   ({s['stall_unit']})")
 
 # %%
 most = {}
@@ -373,7 +379,8 @@ for reason, (name, v) in sorted(most.items(), key=lambda x: -x[1][1]):
 # cuda,sass`): the stall samples of every SASS instruction, grouped under the Python line it
 # came from (line info). Below: the lines where a version's warps spent their samples, and the
 # instruction of each line that collected most of them. It shows the live profile when there is
-# one, else the fastest recorded profile that has line info (section 1 names those without).
+# one, else the fastest recorded profile that has line info (section 1 names those without), leaving
+# out 04's coalesced kernel: the exercise at the end is about that one.
 
 # %%
 def hot_lines(path, top=6):
@@ -400,7 +407,8 @@ if not lines and MEASURED:
     missing = [n for n, t in found.items() if not t]
     if missing:
         print(f"no line info recorded for: {', '.join(missing)}")
-    fastest = sorted((v["summary"]["duration_us"], n) for n, v in rec["versions"].items() if found[n] and v["summary"])
+    fastest = sorted((v["summary"]["duration_us"], n) for n, v in rec["versions"].items()
+                     if found[n] and v["summary"] and n != "04 16B loads, coalesced stores")
     pick = VERSION if found.get(VERSION) else (fastest[0][1] if fastest else None)
     if pick:
         print(f"{pick}, recorded on {rec['meta'].get('gpu')}, {rec['versions'][pick].get('date')}:")
@@ -409,20 +417,23 @@ if not lines and MEASURED:
 show_lines(lines) if lines else print("No source page with line info recorded: no source lines to show.")
 
 # %% [markdown]
-# How to read it. Instructions of device functions that numba inlines (`inline="always"`) and
-# of the `nf4lab.device.ops` helpers are often attributed to the kernel's `def` line, so a `def` line
-# at the top means "inside a helper": the instruction column says which. A stall sample is
+# How to read it. The kernel's `def` line collects what line info maps to no other line of the
+# cell: the kernel's entry code (its parameters read from the constant bank, `LDC`/`ULDC ...
+# c[0x0][...]`, the thread and block indices, `S2R`) and instructions of helpers defined in other
+# files and inlined (`inline="always"`), such as the scale computed by `block_scale` (imported from
+# `nf4lab.lesson` by notebooks 02-05). The cell below counts what the `def` line holds on the page
+# shown, so a `def` line near the top is read from its instructions. A stall sample is
 # charged to the instruction that **cannot issue yet**: the one waiting for an operand. So the
 # hottest instruction is rarely slow itself; what it waits for is the instruction that wrote
 # its operand register. The cell below reads the whole SASS listing of the same source page in
 # address order, with the registers each instruction writes and reads, and finds the hottest
 # instruction. Walking back from it to the instruction that last wrote one of its source
-# registers, and from there on to a load, is the exercise at the end of this notebook: it
-# prints that chain once you have written the walk.
+# registers, and from there on to a load, is the exercise at the end of this notebook, on
+# another kernel's page; it prints this page's chain too once you have written it.
 
 # %%
+import collections
 import csv
-import os
 import re
 
 
@@ -464,9 +475,16 @@ prog = program(source_page) if source_page and lines else None
 if prog:
     hot_i = max(range(len(prog)), key=lambda k: prog[k]["samples"])
     total = sum(x["samples"] for x in prog)
-    print(f"source page: {os.path.relpath(source_page)}")
+    shown = source_page.removeprefix(f"{profiling.ROOT}/") if live is None else f"{source_page.rsplit('/', 1)[-1]} (live, a temporary folder)"
+    print(f"source page: {shown}")
     print(f"hottest instruction ({prog[hot_i]['samples'] / total:.1%} of the samples), line "
           f"{prog[hot_i]['line']}: {prog[hot_i]['sass']}  (reads {sorted(operands(prog[hot_i]['sass'])[2])})")
+    defs = [x for x in prog if x["source"].startswith("def ")]
+    if defs:
+        ops = collections.Counter(operands(x["sass"])[0].split(".")[0] for x in defs)
+        print(f"the def line (line {defs[0]['line']}): {len(defs)} instructions, {sum(x['samples'] for x in defs) / total:.1%} "
+              f"of the samples; {sum('c[0x0]' in x['sass'] for x in defs)} read kernel parameters (c[0x0][...]); "
+              f"most frequent opcodes: {', '.join(f'{o} {k}' for o, k in ops.most_common(8))}")
 
 # %% [markdown]
 # <a id="own"></a>
@@ -501,8 +519,9 @@ if prog:
 #   check the byte model (each byte moved once).
 # - Sectors per request measures coalescing: the access width in bytes for consecutive lanes,
 #   more when lanes stride; over a kernel it averages all its loads (or stores).
-# - Occupancy is a means: what a memory-bound kernel needs is bytes in flight, and wider
-#   accesses supply them with fewer warps.
+# - Occupancy is a means: what a memory-bound kernel needs is bytes in flight. Wider accesses
+#   supply more bytes in flight per warp: section 5 shows the vector kernels at the wall with
+#   about the occupancy of the slow ones.
 # - `long_scoreboard` comes first in the memory-bound versions: the warps wait on memory. Any
 #   other reason on top (`lg_throttle`, `mio_throttle`, `math_pipe_throttle`, or `not_selected`
 #   in an instruction-bound kernel) names what holds a version back before DRAM does.
@@ -512,91 +531,77 @@ if prog:
 
 # %% [markdown]
 # <a id="exercises"></a>
-# ## 10. Exercise: what does the hot instruction wait for?
+# ## 10. Exercise: the hot spot of 04's kernel
 #
-# Without a GPU, from a committed record: the source page of 04's coalesced kernel, profiled on
-# the GPU the cell names when you run it. Write `waits_for(prog, i)`: the index of the last
-# instruction before `i` that **writes** a register that instruction `i` **reads**
-# (`operands(sass)` gives both sets), or None. The check tries every instruction of the listing against what `waits_for` must
-# satisfy; once it passes, the cell also walks back from section 7's hottest instruction, one
-# writer at a time, until it reaches a load. Then read what the printed chain says.
+# Section 7 read another kernel's page; this one is yours: the source page of 04's coalesced
+# kernel, profiled now where `ncu` can (the cell says), else its recorded page (the cell names
+# the GPU and the date). Write `hot_spot(prog)` for a listing `prog` (section 7's `program`): a
+# dict with `"hot"`, the index of the instruction with the most stall samples; `"line"`, the
+# Python line it came from; and `"waits_for"`, the index of the last instruction before it that
+# **writes** a register it **reads** (`operands(sass)` gives both sets), or None. The check
+# verifies each against the listing; once it passes, the cell walks back from the hot
+# instruction, writer by writer, to a load, on this page and on section 7's.
 
 # %%
-def waits_for(prog, i):
+from nf4lab.lesson import exercises
+
+
+def hot_spot(prog):
 ### BEGIN SOLUTION
-    reads = operands(prog[i]["sass"])[2]
-    for j in range(i - 1, -1, -1):
-        if operands(prog[j]["sass"])[1] & reads:
-            return j
-    return None
+    hot = max(range(len(prog)), key=lambda k: prog[k]["samples"])
+    reads = operands(prog[hot]["sass"])[2]
+    writer = next((j for j in range(hot - 1, -1, -1) if operands(prog[j]["sass"])[1] & reads), None)
+    return {"hot": hot, "line": prog[hot]["line"], "waits_for": writer}
 ### STUDENT
-    return None   # TODO: walk back from i (about 5 lines)
+    return None   # TODO: a dict of three indices or lines (about 5 lines)
 ### END SOLUTION
 
 
-def check_waits_for(fn, prog):
-    """PASSED when fn(prog, i) is, for every i, the nearest earlier writer of a register i reads."""
-    bad = 0
-    def writes(k, reads):
-        return bool(operands(prog[k]["sass"])[1] & reads)
-
-    for i in range(len(prog)):
-        reads, j = operands(prog[i]["sass"])[2], fn(prog, i)
-        between = range(0 if j is None else j + 1, i)      # nothing after j may write what i reads
-        bad += not ((j is None or (isinstance(j, int) and 0 <= j < i and writes(j, reads)))
-                    and not any(writes(k, reads) for k in between))
-    print(("PASSED" if not bad else "NOT PASSED") + f": {len(prog) - bad} of {len(prog)} instructions")
-    return not bad
-
-
-page = rec and rec["versions"].get("04 16B loads, coalesced stores", {}).get("source")
-if MEASURED and page:
+EX = "04 16B loads, coalesced stores"
+prog04, page = None, rec and rec["versions"].get(EX, {}).get("source")
+if nf4lab.ON_GPU and profiling.find_ncu() is not None:
+    try:
+        when = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+        res04 = profiling.profile_version("04_vector_loads", EX, tempfile.mkdtemp(prefix="nf4lab_ncu_"))
+        if res04["files"].get("source"):
+            prog04 = program(res04["files"]["source"])
+            print(f"{EX}, profiled now on {nf4lab.device_info()['gpu']}, {when}: {len(prog04)} instructions")
+    except profiling.NcuUnavailable as exc:
+        print(f"ncu could not profile 04's kernel here ({exc.reason}): reading its recorded page")
+if prog04 is None and MEASURED and page:
     prog04 = program(f"{profiling.ROOT}/{rec['dir']}/{page}")
-    print(f"04 16B loads, coalesced stores, recorded on {rec['meta'].get('gpu')}, "
-          f"{rec['versions']['04 16B loads, coalesced stores'].get('date')}: {len(prog04)} instructions")
-    ok = check_waits_for(waits_for, prog04)
-    hot = max(range(len(prog04)), key=lambda k: prog04[k]["samples"])
-    j = waits_for(prog04, hot)
-    print(f"hottest: {prog04[hot]['sass']} (line {prog04[hot]['line']})")
-    if j is not None:
-        print(f"waits for: {prog04[j]['sass']} (line {prog04[j]['line']}: {prog04[j]['source'][:60]})")
-else:
-    ok = None
-    print("no recorded source page of 04's kernel for this GPU: nothing to check")
+    print(f"{EX}, recorded on {rec['meta'].get('gpu')}, {rec['versions'][EX].get('date')}: {len(prog04)} instructions")
+ok = exercises.check_hot_spot(hot_spot, prog04, operands) if prog04 else print("no source page of 04's kernel: nothing to check")
 ### BEGIN SOLUTION
 assert ok is not False
 ### STUDENT
 ### END SOLUTION
-
-if prog and ok:   # with the walk written: section 7's hottest instruction and what it waits for
-    print(f"\nsection 7's page, hottest: {prog[hot_i]['sass']} (line {prog[hot_i]['line']})")
-    j = hot_i
-    for _ in range(6):            # a short chain: ALU steps until a load
-        j = waits_for(prog, j)
-        if j is None:
-            break
-        print(f"  waits for {prog[j]['sass']:<44} line {prog[j]['line']}: {prog[j]['source'][:60]}")
-        if operands(prog[j]["sass"])[0].startswith(("LDG", "LDS", "LDC", "LD.")):
-            break
+for listing, what in ((prog04, "04's page"), (prog, "section 7's page")):
+    if ok and listing:   # with hot_spot written: the hot instruction and the chain of writers behind it
+        h = hot_spot(listing)
+        print(f"\n{what}, hottest: {listing[h['hot']]['sass']} (line {h['line']}: {listing[h['hot']]['source'][:60]})")
+        for j in exercises.walk_to_load(listing, h["hot"], operands)[1:]:
+            print(f"  waits for {listing[j]['sass']:<44} line {listing[j]['line']}: {listing[j]['source'][:60]}")
 
 # %% [markdown]
 # *What to notice:* read the printed instructions with their lines and the source text beside
 # them. Which array does the load read, how wide is it, and what happens to the loaded value
 # before the hottest instruction can issue? Decide which row of section 6's table that wait
-# belongs to, and whether 06's kernel (notebook 06, section 2) would show the same chain.
+# belongs to, and whether section 7's kernel shows the same chain.
+# ### BEGIN SOLUTION
+# Where the printed chain runs, as on the recorded page, from a hot `IMAD.WIDE` back to a one-byte
+# load (`LDG.E.U8`), that byte is an `absmax_q` entry and the `IMAD.WIDE` turns it into the address
+# of the `code2` entry it indexes: a load whose address needs another load, a `long_scoreboard`
+# wait. Section 7's kernel shows the same chain where its scale is computed the same way.
+# ### STUDENT
+# ### END SOLUTION
 #
 # How far to trust the chain: the walk goes by register and by address order only. It ignores
 # branches and predicates (near a loop's head the last writer may sit at the loop's end), and a
 # 64-bit write (`.WIDE`, `.64`) counts for both its registers, so the walk can follow another path
 # than the one the hot instruction's data took: it may end at a load other than the one of the
-# data the hot instruction works on.
-# ### BEGIN SOLUTION
-# On section 7's page, for example, it may end at a one-byte load whose value becomes an address
-# (`LDG.E.U8`, then `IMAD.WIDE`), not at the load of the code word the hot instruction works on.
-# ### STUDENT
-# ### END SOLUTION
-# What you can conclude is that the hot instruction sits behind a chain of loads, not what the
-# one load it waits for is. To check by hand, open the source page (its path is printed in
-# section 7), find the hottest instruction, take its source registers, and search upward for the
-# instruction that writes each of them; the stall samples on each load say which of them the
-# warps really waited for.
+# data the hot instruction works on. What you can conclude is that the hot instruction sits
+# behind a chain of loads, not what the one load it waits for is. To check by hand, open the
+# source page (section 7 prints its path when it is recorded), find the hottest instruction,
+# take its source registers, and search upward for the instruction that writes each of them; the
+# stall samples on each load say which of them the warps really waited for.

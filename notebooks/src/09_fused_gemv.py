@@ -39,7 +39,8 @@ print(f"{'W (N x K)':>12} {'fused reads':>12} {'dequant + matmul':>17} {'ratio':
 for N, K in gemv.LLM_SHAPES:
     f, u = gemv_bench.weight_bytes(N, K), gemv_bench.unfused_bytes(N, K)
     print(f"{N:>5} x {K:<5} {f / 1e6:>9.1f} MB {u / 1e6:>14.1f} MB {u / f:>6.1f} {f / copy['gbps'] / 1e3 if copy else float('nan'):>17.1f}")
-print(f"(copy speed {copy['gbps']:.0f} GB/s: {results.label(RUN.meta)})" if copy else "(no run recorded: no copy speed)")
+print(f"(copy speed {copy['gbps']:.0f} GB/s: the latest run recorded before this execution, by this notebook or its solution: "
+      f"{results.label(RUN.meta)}; on a GPU, section 7 records a new one)" if copy else "(no run recorded: no copy speed)")
 # %% [markdown]
 # <a id="mma"></a>
 # ## 2. The mma and its fragments
@@ -356,7 +357,6 @@ def read_only(src, nvec, out):           # every 16 bytes of the weight once; th
         i += uint64(cuda.gridsize(1))
     if acc == uint32(0x9E3779B9):
         out[0] = acc
-
 def read_bound(N, K):                    # the fastest of 4 grid sizes, over copies of the weight's bytes (> 4x L2)
     nb, out = gemv_bench.weight_bytes(N, K), cuda.device_array(1, np.uint32)
     nvec, copies = -(-nb // 16), max(2, -(-4 * nf4lab.device_info()["l2_bytes"] // nb))
@@ -385,9 +385,11 @@ if nf4lab.ON_GPU:
     print(f"saved {BATCH.save(gemv.NAME + '_notebook_batch').relative_to(results.ROOT)}")
 else:   # this notebook's batch run, else the lab's run of the same kernel (lab/bench_gemv.py)
     BATCH = bench.Run.load(gemv.NAME + "_notebook_batch") or bench.Run.load("09_gemv_tc_batch")
-if BATCH:
-    print(f"{BATCH.path if BATCH.recorded else 'this run'} ({results.label(BATCH.meta)}); kernel: "
-          f"{gemv_bench.default_kernel(BATCH)}\n\n{gemv_bench.summary(BATCH)}")
+if BATCH:   # % of read: section 7's read bound (the weight's bytes, read once at every M), if of the same run
+    why = "not recorded" if RUN is None else provenance.why_not_comparable(RUN.meta, {}, BATCH.meta, {})
+    print(f"{BATCH.path if BATCH.recorded else 'this run'} ({results.label(BATCH.meta)}); kernel: {gemv_bench.default_kernel(BATCH)}"
+          f"\n\n{gemv_bench.summary(BATCH, None if why else RUN)}\n(% of read: section 7's read bound of M = 1, "
+          + ("the same run: the weight's bytes are the same at every M)" if not why else f"{why})"))
     gemv_bench.plot(BATCH, batch=True)
 # %% [markdown]
 # <a id="learned"></a>
@@ -416,13 +418,11 @@ def fragments(w, xt, g, q):
     # TODO: a0, a1, a2, a3 from w and b0, b1 from xt (about 3 lines)
     return uint32(0), uint32(0), uint32(0), uint32(0), uint32(0), uint32(0)
     ### END SOLUTION
-
 @cuda.jit
 def one_mma(w, xt, y):                   # one warp; lane (g, q) writes its four C values
     g, q, z = uint32(cuda.threadIdx.x) >> uint32(2), uint32(cuda.threadIdx.x) & uint32(3), float32(0.0)
     a0, a1, a2, a3, b0, b1 = fragments(w, xt, g, q)
     y[g, 2 * q], y[g, 2 * q + 1], y[g + 8, 2 * q], y[g + 8, 2 * q + 1] = mma_bf16(a0, a1, a2, a3, b0, b1, z, z, z, z)
-
 from nf4lab.lesson.exercises import check_one_mma   # random small integers: every sum exact, checked bit for bit
 result = check_one_mma(one_mma)
 ### BEGIN SOLUTION
