@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# Execute notebooks in place on one GPU (device tool, carry .whl), each notebook's solution and then its lesson
+# before the next notebook, so that every notebook quotes the records of the earlier ones that stay:
+#   bash tools/gpu_book_seq.sh TAG 00 01 02 03
+# 06 is run first with NF4LAB_ARCH=sm_75 (the T4's paths): it prints that record beside its native one.
+# Order across calls (docs/DEVELOPING.md): 00 first (every notebook quotes its ceilings), 04 after 03, 06 after 05,
+# 07 after all of 00-06 and 09, 08 after 07. Everything comes back as $OUT/TAG.tgz (packed again after each
+# notebook, so a call stopped at its limit keeps what finished) and $OUT/TAG.log.
+set -uo pipefail
+tag=$1; shift
+source tools/gpu_env.sh
+start=$stamp final_out=$OUT
+nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee "$final_out/$tag.log"
+for n in "$@"; do
+  if [ "$n" = 06 ]; then
+    NF4LAB_ARCH=sm_75 timeout 280 python3 -c "from pathlib import Path; from nf4lab.__main__ import execute_notebook
+p = Path('notebooks/06_output_dtypes.ipynb'); print('ok sm_75', p, round(execute_notebook(p, p)), 's')" 2>&1 | tail -2 | tee -a "$final_out/$tag.log"
+  fi
+  for which in solutions lessons; do
+    OUT=/tmp/book_seq bash tools/gpu_book.sh "${tag}_$n" "$which" "$n" >/dev/null 2>&1
+  done
+  grep -h "^ok\|^FAILED\|^== " /tmp/book_seq/"${tag}_$n".log | tee -a "$final_out/$tag.log"
+  tar czf "$final_out/$tag.tgz" $(find notebooks -name "*.ipynb" -newer "$start") $(find data/results -type f -newer "$start")
+done
