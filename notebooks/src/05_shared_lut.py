@@ -12,7 +12,8 @@
 # nothing here measures the hit rate). Here we take the coalesced kernel of 04 and change
 # *only* where the table lives, three ways, and measure them side by side: **constant memory**
 # (`cuda.const.array_like`), **shared memory** (filled by the first 16 threads of the block), and
-# **registers** (a tree of `selp` instructions, no memory at all). The PTX shows each placement;
+# **registers** (a tree of `selp` instructions, no memory at all: `selp.f32 d, a, b, p` is PTX's
+# select, `d = p ? a : b`, numba's `cuda.selp(p, a, b)`). The PTX shows each placement;
 # the benchmark decides, with step 04's kernel (the table in global memory) measured in the same
 # run as the baseline.
 #
@@ -265,7 +266,8 @@ ptx.check(ptxs["shared"], present=common_present + [r"^ld\.shared\.f32", r"^bar\
           absent=common_absent + [r"^ld\.const", r"^selp\.f32"])
 ptx.check(ptxs["registers"], present=common_present + [r"^selp\.f32"],
           absent=common_absent + [r"^ld\.const", r"^ld\.shared\.f32"])
-print("table lookups per kernel:",
+# A static count: instructions in the PTX text (the loops are unrolled), not lookups executed at run time.
+print("lookup instructions in each kernel's PTX (static count, not executions):",
       {w: ptx.count(p, r"^ld\.(const|shared)\.f32") + ptx.count(p, r"^selp\.f32") for w, p in ptxs.items()})
 
 # %% [markdown]
@@ -283,8 +285,8 @@ nf4lab.verify_versions(VERSIONS, case);
 # coalesced kernel, which reads the table from global memory (loaded from notebook 04's kernel
 # cells, so it is exactly that kernel). Then every step so far: each kernel gets one bar, taken
 # from the latest step whose recorded run timed it (the kernels timed here, from this run); a bar
-# from another run says so in its label, "(run of <date>)". Only bars of one run compare directly
-# with each other and with the ceiling lines, which are this run's.
+# from another run says so in its label, "(NN's run of <date>)", NN the notebook whose run it is.
+# Only bars of one run compare directly with each other and with the ceiling lines, which are this run's.
 
 # %%
 # The contract: one size, 16384 x 16384 -> bf16 (make_case's default on a GPU); each version timed
