@@ -589,10 +589,14 @@ for listing, what in ((prog04, "04's page"), (prog, "section 7's page")):
 # before the hottest instruction can issue? Decide which row of section 6's table that wait
 # belongs to, and whether section 7's kernel shows the same chain.
 # ### BEGIN SOLUTION
-# Where the printed chain runs, as on the recorded page, from a hot `IMAD.WIDE` back to a one-byte
-# load (`LDG.E.U8`), that byte is an `absmax_q` entry and the `IMAD.WIDE` turns it into the address
-# of the `code2` entry it indexes: a load whose address needs another load, a `long_scoreboard`
-# wait. Section 7's kernel shows the same chain where its scale is computed the same way.
+# Two chains can appear, and the page decides which. Where the hottest instruction of 04's page is
+# a shared-memory store of the exchange (`STS`, on a `stage[...] = w...` line), its data register
+# holds a word of the 16-byte load: the warp waits for that load (a `long_scoreboard` wait), even
+# where the walk, which follows the last writer of any register read, goes up the store's address
+# arithmetic instead. Where a chain runs from a hot `IMAD.WIDE` or shift back to a one-byte load
+# (`LDG.E.U8`), that byte is an `absmax_q` entry turned into the address of the `code2` entry it
+# indexes: a load whose address needs another load, also `long_scoreboard`. Section 7's kernel
+# shows that second chain where its scale is computed that way.
 # ### STUDENT
 # ### END SOLUTION
 #
