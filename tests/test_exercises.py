@@ -254,8 +254,6 @@ def test_speed_threshold_on_gpu():
 
 def test_hot_spot_check_fails_on_the_stub_and_passes_the_walk(capsys):
     """Notebook 08's exercise, on a hand-made listing: registers written (first operand) and read (the rest)."""
-    from nf4lab.lesson import exercises
-
     def operands(sass):
         op, _, rest = sass.partition(" ")
         regs = [r.strip() for r in rest.split(",")]

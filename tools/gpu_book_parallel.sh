@@ -3,7 +3,8 @@
 # notebooks per GPU, each group's solutions first and then its lessons (tools/gpu_book.sh, sequentially on its GPU):
 #   bash tools/gpu_book_parallel.sh TAG "01 02 03 04" "05 06" "09"     (after a call that ran 00: all quote its ceilings)
 # Groups run at the same time on GPUs 0, 1, ...: a notebook that quotes another's record goes after it in its group
-# or in a later call (04 prints 03's, 06 00's and 05's; 07, then 08, read them all: a later call). The device tool returns at most 8 files: everything comes back as $OUT/TAG.tgz (the executed notebooks and
+# or in a later call (04 prints 03's, 06 00's and 05's; 07, then 08, read them all: a later call).
+# The device tool returns at most 8 files: everything comes back as $OUT/TAG.tgz (the executed notebooks and
 # the records written since the call began) and $OUT/TAG.log (every group's log, in turn).
 # notebook_times.json is read, changed and written by each notebook's run: groups running at once can drop each
 # other's entries, so this rewrites it at the end from the "ok ... (N s)" lines of the logs.

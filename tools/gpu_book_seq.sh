@@ -13,8 +13,9 @@ start=$stamp final_out=$OUT
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee "$final_out/$tag.log"
 for n in "$@"; do
   if [ "$n" = 06 ]; then
-    NF4LAB_ARCH=sm_75 timeout 280 python3 -c "from pathlib import Path; from nf4lab.__main__ import execute_notebook
-p = Path('notebooks/06_output_dtypes.ipynb'); print('ok sm_75', p, round(execute_notebook(p, p)), 's')" 2>&1 | tail -2 | tee -a "$final_out/$tag.log"
+    # as tools/gpu_land_dequant.sh b does; the native runs below overwrite its notebook and its time
+    NF4LAB_ARCH=sm_75 timeout 280 python3 -m nf4lab notebooks --only 06 --no-solutions --inplace --no-plot 2>&1 \
+      | tail -2 | tee -a "$final_out/$tag.log"
   fi
   for which in solutions lessons; do
     OUT=/tmp/book_seq bash tools/gpu_book.sh "${tag}_$n" "$which" "$n" >/dev/null 2>&1
