@@ -131,6 +131,100 @@ def test_u64_store_exercise_fails_on_the_stub_and_passes_on_the_solution():
     assert {(a * b) % 4 for a, b in exercises.U64_SHAPES} == {0, 1, 2, 3}
 
 
+SIG04 = ("(uint8[::1], uint32[::1], float32[::1], uint8[::1], float32[::1], float32[::1], float32, "
+         "uint16[::1], uint32[::1], uint64, uint64)")
+
+
+def _shuffle(kind):
+    """Notebook 04's exercise 1: a 16-byte load per thread (32 weights), 16-byte stores. ``stub``: the starting
+    point, version A (each lane stores its own 64 bytes: bit-exact, no shuffle); ``solution``: every lane gets
+    words t, t + 32, t + 64, t + 96 of its warp by shfl_idx and stores them (a warp's store: 512 contiguous
+    bytes)."""
+    from nf4lab.device.warp_ops import shfl_idx
+
+    nib, one = uint32(15), uint64(1)
+
+    @cuda.jit(device=True, inline="always")
+    def pair(byte, lut, s):
+        return ops.pack_bf16x2(lut[(byte >> 4) & nib] * s, lut[byte & nib] * s)
+
+    @cuda.jit(device=True, inline="always")
+    def word4(w, lut, s):
+        return pair(w, lut, s), pair(w >> 8, lut, s), pair(w >> 16, lut, s), pair(w >> 24, lut, s)
+
+    @cuda.jit(device=True, inline="always")
+    def tail(packed, lut, s, out, i, n):
+        while i < n:
+            byte = uint32(packed[i >> 1])
+            q = (byte >> 4) if (i & one) == 0 else (byte & nib)
+            out[i] = ops.to_bf16_bits(lut[q] * s)
+            i += one
+
+    @cuda.jit
+    def stub(packed, packed_u32, lut, absmax_q, absmax2, code2, offset, out, out_u32, n, log2_bs):
+        c = uint64(cuda.grid(1))
+        first = c << 5
+        if first >= n:
+            return
+        s = block_scale(absmax_q, absmax2, code2, offset, first >> log2_bs)
+        if first + uint64(32) <= n:
+            w0, w1, w2, w3 = ops.load_u32x4(packed_u32, c << 2)
+            o = c << 4
+            a0, a1, a2, a3 = word4(w0, lut, s)
+            ops.store_u32x4(out_u32, o, a0, a1, a2, a3)
+            a0, a1, a2, a3 = word4(w1, lut, s)
+            ops.store_u32x4(out_u32, o + uint64(4), a0, a1, a2, a3)
+            a0, a1, a2, a3 = word4(w2, lut, s)
+            ops.store_u32x4(out_u32, o + uint64(8), a0, a1, a2, a3)
+            a0, a1, a2, a3 = word4(w3, lut, s)
+            ops.store_u32x4(out_u32, o + uint64(12), a0, a1, a2, a3)
+        else:
+            tail(packed, lut, s, out, first, n)
+
+    @cuda.jit
+    def solution(packed, packed_u32, lut, absmax_q, absmax2, code2, offset, out, out_u32, n, log2_bs):
+        c = uint64(cuda.grid(1))
+        lane = c & uint64(31)
+        w0 = w1 = w2 = w3 = uint32(0)
+        if (c << 5) < n:
+            w0, w1, w2, w3 = ops.load_u32x4(packed_u32, c << 2)
+        warp_word0 = (c - lane) << 2
+        for j in range(4):
+            k = lane + (uint64(j) << 5)
+            src = uint32(k >> 2)
+            r = k & uint64(3)
+            v0, v1, v2, v3 = shfl_idx(w0, src), shfl_idx(w1, src), shfl_idx(w2, src), shfl_idx(w3, src)
+            v = v0 if r == 0 else v1 if r == 1 else v2 if r == 2 else v3
+            word = warp_word0 + k
+            first = word << 3
+            if first < n:
+                s = block_scale(absmax_q, absmax2, code2, offset, first >> log2_bs)
+                if first + uint64(8) <= n:
+                    a0, a1, a2, a3 = word4(v, lut, s)
+                    ops.store_u32x4(out_u32, word << 2, a0, a1, a2, a3)
+                else:
+                    tail(packed, lut, s, out, first, n)
+
+    kernel = stub if kind == "stub" else solution
+
+    def launch(b):
+        chunks = (b.n + 31) // 32
+        kernel[(chunks + 127) // 128, 128, b.stream](
+            b.packed, b.packed_u32, b.lut, b.absmax_q, b.absmax2, b.code2, b.offset, b.out, b.out_u32,
+            np.uint64(b.n), np.uint64(b.blocksize.bit_length() - 1))
+
+    return launch, kernel
+
+
+def test_warp_shuffle_exercise_fails_on_the_stub_and_passes_on_the_solution():
+    stub = exercises.check_warp_shuffle(*_shuffle("stub"), SIG04, verbose=False)
+    assert not stub and "no warp shuffle" in str(stub), str(stub)
+    assert "bit-exact" in stub.verdict        # version A is right, only not the design asked for
+    solved = exercises.check_warp_shuffle(*_shuffle("solution"), SIG04, verbose=False)
+    assert solved, str(solved)
+    assert "warp shuffles, no shared memory" in str(solved)
+
+
 def test_write_past_the_end_is_caught_by_the_guard():
     res = nf4lab.check(_make("unguarded"), name="guard", shapes=((3, 5),), verbose=False)
     assert not res

@@ -394,6 +394,49 @@ def check_u64_store(launch, kernel, sig, *, name="exercise 1: 64-bit stores", ve
     return res
 
 
+# Notebook 04's exercise 1: from one weight to 2,077 (65 chunks of 32 weights: two whole warps and one lane of a
+# third), with partial chunks and a last word of fewer than 8 weights.
+SHUFFLE_SHAPES = ((1, 1), (3, 5), (1, 65), (7, 33), (31, 67))
+
+
+def check_warp_shuffle(launch, kernel, sig, *, name="exercise 1: coalesced through warp shuffles",
+                       min_pct_copy=None, verbose=True) -> CheckResult:
+    """Grade notebook 04's exercise 1: ``launch`` bit-exact on :data:`SHUFFLE_SHAPES` (and, on a GPU, at least
+    ``min_pct_copy`` % of the copy ceiling), and the PTX of ``kernel`` (compiled for ``sig``) has the design the
+    exercise asks for: 16-byte global loads and stores, warp shuffles (``shfl.sync``) and no shared memory. A
+    kernel that gets the bits right with version A's scattered stores has not done the exercise. Falsy unless
+    all hold; never raises because of the student's kernel."""
+    from ..measure import ptx
+
+    res = check(launch, name=name, shapes=SHUFFLE_SHAPES, min_pct_copy=min_pct_copy, verbose=False)
+    if res.error is None and res.report is None:     # bit-exact (fast enough or not): read the design
+        try:
+            text = ptx.compile_ptx(kernel, sig)
+        except Exception as exc:   # runs but does not compile for sig: say so, do not raise
+            res.passed = False
+            res.error = "\n".join(describe_exception(exc))
+            res.verdict = f"NOT PASSED: {name}: bit-exact, but its PTX could not be compiled for {sig}"
+            res.messages.extend(describe_exception(exc))
+        else:
+            missing = [what for what, ok in (
+                ("no 16-byte load (ld.global.v4)", ptx.count(text, r"^ld\.global(\.nc)?\.v4") > 0),
+                ("no 16-byte store (st.global.v4)", ptx.count(text, r"^st\.global\.v4") > 0),
+                ("no warp shuffle (shfl.sync)", ptx.count(text, r"^shfl\.sync") > 0),
+                ("shared memory (ld.shared/st.shared): the exchange should stay in registers",
+                 ptx.count(text, r"^(ld|st)\.shared") == 0)) if not ok]
+            if missing:
+                res.passed = False
+                if res.verdict.startswith("PASSED"):
+                    res.verdict = f"NOT PASSED: {name}: bit-exact, but the PTX is not the design asked for"
+                res.messages.append("the kernel's PTX has " + "; ".join(missing))
+            else:
+                res.messages.append("PTX: 16-byte loads and stores, warp shuffles, no shared memory")
+    if verbose:
+        print(res)
+        res._printed = True
+    return res
+
+
 def check_one_mma(one_mma, seed=9) -> bool:
     """Grade notebook 09's exercise: ``one_mma[1, 32](w, xt, y)`` must give Y = W @ X (16 x 16 by 16 x 8) bit for bit.
     W and X are small integers, so every sum is exact in float32; both go in as bf16 pairs in uint32 words

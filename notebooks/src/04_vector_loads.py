@@ -38,7 +38,7 @@ from nf4lab.measure import bench, ptx, results
 from nf4lab.harness import versions
 from nf4lab.format import bytemodel
 from nf4lab.device import ops
-from nf4lab.lesson import plots
+from nf4lab.lesson import exercises, plots
 
 print(nf4lab.describe())
 case = nf4lab.make_case()  # 16384 x 16384 on a GPU, 130 x 129 in the simulator
@@ -58,7 +58,9 @@ SIG = ("(uint8[::1], uint32[::1], float32[::1], uint8[::1], float32[::1], float3
 # stores 4; a warp's store instruction writes 128 bytes. With a 16-byte load a thread owns 32
 # weights, so per 32 weights we issue one load and four stores instead of 16 + 16, and a warp's
 # store instruction writes 512 bytes. Fewer, wider instructions keep more bytes in flight per
-# instruction issued: that is what should help.
+# instruction issued: that is what should help. The cell also prints the time these bytes take at
+# 00's copy and fill ceilings: reference times, not floors (our bytes are mostly writes, which a
+# copy's half-and-half traffic does not model), and 03's recorded run.
 
 # %%
 N_BIG = 16384 * 16384
@@ -70,20 +72,31 @@ print(f"  step 04: {N_BIG // 32:,} threads, 1 code load + 4 stores each -> {N_BI
       f"{moved / (N_BIG // 32):.1f} bytes moved per thread")
 r00, r03 = bench.Run.load("00_ceiling"), bench.Run.load("03_packed_u32")
 c = r00.get(bench.COPY) if r00 is not None else None
+f = r00.get(bench.FILL) if r00 is not None else None
 if c:
-    print(f"recorded in 00_ceiling: copy ceiling {c['gbps']:.0f} GB/s -> {moved / c['gbps'] / 1e6:.3f} ms at that speed "
-          f"(a reference, not a floor: 00's fill ceiling moves bytes faster)"
-          f"\n  ({results.label(r00.meta)})")
-best = max(r03.kernels(), key=lambda k: k["gbps"], default=None) if r03 is not None else None
+    # A reference, not a floor: these bytes are mostly writes, not a copy's half reads, half writes.
+    print(f"recorded in 00_ceiling ({results.label(r00.meta)}):")
+    print(f"  copy ceiling {c['gbps']:.0f} GB/s -> {moved / c['gbps'] / 1e6:.3f} ms at that speed (a reference time)")
+    if f:
+        print(f"  write-only fill ceiling {f['gbps']:.0f} GB/s -> {moved / f['gbps'] / 1e6:.3f} ms"
+              + (": faster than the copy, so the copy's time is no floor" if f["gbps"] > c["gbps"] else ""))
+# 03's run also timed the kernels it started from; a kernel's name starts with the notebook that wrote it.
+ran = r03.kernels() if r03 is not None else []
+best = max(ran, key=lambda k: k["gbps"], default=None)
+own = max((k for k in ran if k["name"].startswith("03 ")), key=lambda k: k["gbps"], default=None)
 if best:
-    # 03's run also timed the kernels it started from (02's): the name says which step wrote the fastest one
-    print(f"recorded in 03_packed_u32: the fastest kernel of that run, {best['name']!r}, {best['gbps']:.0f} GB/s "
-          f"({best['pct_copy']:.0f}% of that run's copy ceiling)\n  ({results.label(r03.meta)})")
+    print(f"recorded in 03_packed_u32 ({results.label(r03.meta)}):")
+    print(f"  fastest kernel of that run: {best['name']!r} (written in notebook {best['name'].split()[0]}), "
+          f"{best['gbps']:.0f} GB/s, {best['pct_copy']:.0f}% of that run's copy ceiling")
+    if own is not None and own is not best:
+        print(f"  fastest of notebook 03's own kernels: {own['name']!r}, {own['gbps']:.0f} GB/s, "
+              f"{own['pct_copy']:.0f}% of that run's copy ceiling")
 
 # %% [markdown]
 # Prediction: a 16-byte load per thread should beat 03, *if* the stores stay as well-formed as
 # 03's. Section 4 predicts that the obvious version loses exactly that: then it should gain
-# little or nothing over 03, and the fix of section 5 should gain clearly.
+# little or nothing over 03, and the fix of section 5 should gain clearly. These are predictions;
+# section 8 times A, B and 03's kernels in one run and prints how they compare.
 
 # %% [markdown]
 # <a id="vector"></a>
@@ -424,6 +437,13 @@ nf4lab.verify_versions(VERSIONS, case);
 # in one run (GPU time via CUDA graphs), so that the prediction is checked against 03 timed here,
 # not against another run's record; then all steps so far side by side. In the simulator: the
 # recorded run, if any.
+#
+# "Little or nothing" needs a cut-off. The verdict uses the series' one noise margin,
+# `bench.NOISE_PCT` (printed with the verdict): an assumed margin, set above what the records show
+# for one kernel timed again in another run of the same day, and used by every notebook that calls
+# a change "a gain" or "none". A change of speed inside it counts as nothing; beyond it, the verdict
+# says which way. The verdict's line compares A with the faster of 03's two kernels, the line after
+# it A with B, each as a ratio of times from this run.
 
 # %%
 # The contract: one size, 16384 x 16384 -> bf16 (make_case's default on a GPU); each version timed
@@ -448,8 +468,9 @@ if run is not None:
         print(f"the prediction (A gains little or nothing over 03): A takes {a['ms'] / best03['ms']:.3f}x the time "
               f"of {best03['name']!r} in this run ({gain:+.1f}% speed, noise margin {bench.NOISE_PCT}%): {verdict}")
         if b_:
-            print(f"so A is slow only against B: B takes {b_['ms'] / a['ms']:.3f}x A's time, "
-                  f"{b_['ms'] / best03['ms']:.3f}x that of {best03['name']!r}")
+            print(f"A against B in this run: B takes {b_['ms'] / a['ms']:.3f}x A's time "
+                  f"({100 * (a['ms'] / b_['ms'] - 1):+.0f}% speed); against {best03['name']!r}, "
+                  f"B takes {b_['ms'] / best03['ms']:.3f}x its time")
 
 # %%
 plots.progress("04_vector_loads");
@@ -554,7 +575,7 @@ def launch_exercise(b):
         np.uint64(b.n), np.uint64(b.blocksize.bit_length() - 1))
 
 
-SMALL = ((1, 1), (3, 5), (1, 65), (7, 33), (31, 67))
+SMALL = exercises.SHUFFLE_SHAPES   # both exercises: n from 1 to 2,077 weights, partial chunks and words
 # The speed target comes from this notebook's benchmark, as shares of the copy ceiling (the check
 # measures its own copy in its run): at least halfway from version A (the scattered stores this
 # exercise fixes) to version B (the shared-memory fix). No benchmark run, no speed target.
@@ -566,15 +587,9 @@ if a_rec and b_rec and a_rec.get("pct_copy") and b_rec.get("pct_copy"):
     src = "measured above" if not run.recorded else f"recorded on the {run.meta.get('gpu', 'recorded GPU')}"
     print(f"speed target: {TARGET}% of copy, halfway from A ({a_rec['pct_copy']:.0f}%) "
           f"to B ({b_rec['pct_copy']:.0f}%), {src}")
-result = nf4lab.check(launch_exercise, name="exercise 1: coalesced through warp shuffles", shapes=SMALL,
-                      min_pct_copy=TARGET)
-# The design, read from the PTX (here too, GPU or simulator): 16-byte loads and stores, shuffles, no shared memory.
-ex_ptx = nf4lab.compile_ptx(dequant_exercise, SIG)
-layout_ok = (ptx.count(ex_ptx, r"^ld\.global\.v4") > 0 and ptx.count(ex_ptx, r"^st\.global\.v4\.u32") > 0
-             and ptx.count(ex_ptx, r"^shfl\.sync") > 0 and ptx.count(ex_ptx, r"^(ld|st)\.shared") == 0)
-print("PTX: " + ("16-byte loads and stores, warp shuffles, no shared memory: the design asked for" if layout_ok else
-                 "NOT PASSED: the PTX should show ld.global.v4, st.global.v4, shfl.sync and no shared memory"))
-result = bool(result) and layout_ok
+# Bit-exact on small shapes (and on a GPU, the speed target), then the design read from the PTX (here too, GPU
+# or simulator): 16-byte loads and stores, shuffles, no shared memory.
+result = exercises.check_warp_shuffle(launch_exercise, dequant_exercise, SIG, min_pct_copy=TARGET)
 ### BEGIN SOLUTION
 assert result
 ### STUDENT

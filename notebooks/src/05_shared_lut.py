@@ -29,6 +29,8 @@
 # %%
 import nf4lab  # first: decides GPU or simulator before numba.cuda is imported
 
+import re
+
 import numpy as np
 from numba import cuda
 
@@ -266,9 +268,17 @@ ptx.check(ptxs["shared"], present=common_present + [r"^ld\.shared\.f32", r"^bar\
           absent=common_absent + [r"^ld\.const", r"^selp\.f32"])
 ptx.check(ptxs["registers"], present=common_present + [r"^selp\.f32"],
           absent=common_absent + [r"^ld\.const", r"^ld\.shared\.f32"])
-# A static count: instructions in the PTX text (the loops are unrolled), not lookups executed at run time.
-print("lookup instructions in each kernel's PTX (static count, not executions):",
-      {w: ptx.count(p, r"^ld\.(const|shared)\.f32") + ptx.count(p, r"^selp\.f32") for w, p in ptxs.items()})
+# A static count: instructions in the PTX text, not lookups executed at run time. The PTX is cut into its basic
+# blocks (at its labels): the block with the 16-byte store converts one whole word (8 weights) and runs once per
+# word, up to 4 times per thread (the loop over j); the other lookups are in the tail, which LLVM unrolled.
+LOOKUP = r"^(ld\.(const|shared)\.f32|selp\.f32)"
+print("lookup instructions (ld.const.f32, ld.shared.f32 or selp.f32) in each kernel's PTX, a static count:")
+for where, p in ptxs.items():
+    blocks = re.split(r"^\$L\w*:", p, flags=re.MULTILINE)
+    word = sum(ptx.count(b, LOOKUP) for b in blocks if ptx.count(b, r"^st\.global\.v4"))
+    total = ptx.count(p, LOOKUP)
+    print(f"  {where}: {total} in all; {word} in the block that converts a whole word and stores it "
+          f"({word / 8:g} per weight, run once per word), {total - word} in the tail's code")
 
 # %% [markdown]
 # <a id="verify"></a>
