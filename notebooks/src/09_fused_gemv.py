@@ -377,8 +377,8 @@ if RUN is not None:
 # <a id="batch"></a>
 # ## 8. Batch: M = 2..8
 #
-# M rows of x cost (M + 1) // 2 n-tiles of mmas on the same A fragments; the weight is still read once. bitsandbytes'
-# `gemm_4bit` picks its path per M and GPU (its fused kernel up to M = 4, by its source); the table does not say which.
+# M rows of x cost (M + 1) // 2 n-tiles of mmas on the same A fragments; the weight is still read once. bitsandbytes 0.50.2's
+# `gemm_4bit` takes its fused kernel at M <= 4, above that by a rule per M and GPU (`backends/cuda/ops.py`): not shown here.
 # %%
 if nf4lab.ON_GPU:
     BATCH = gemv_bench.benchmark({"notebook 09": launch}, ms=(2, 4, 8))
@@ -433,9 +433,9 @@ assert result
 # ## Appendix: other designs the lab timed
 #
 # Designs timed by the lab (`lab/README.md` tells each story), bf16, M = 1: this GPU's record, else another GPU's (the
-# run column names GPU and date). A ratio against the tensor-core kernel of that day ("TC") is printed only where
-# `provenance.compare` finds both in one run; else why not, under the row. FFMA: no tensor cores, a byte's two weights
-# by one pair lookup, then two float32 fused multiply-adds; the cp.async ring copies weights ahead into shared memory.
+# run column names GPU and date). A design's time is shown only beside the tensor-core kernel's ("TC") of the same run
+# ("design / TC us: ratio", where `provenance.compare` finds both); else why not, under the row. FFMA: no tensor
+# cores, a byte's two weights by one pair lookup, then two float32 FMAs; the cp.async ring copies weights ahead into smem.
 # %%
 ROAD = [("FFMA design (pair lookup + 2 FFMA a byte)", "09_fused_gemv", "auto"), ("2 chains of mmas", "09_gemv_chains", "TC C2"),
         ("cp.async ring of 2 stages for weights", "09_gemv_ring", "TC R2"), ("3 blocks per SM", "09_gemv_b3", "TC B3 D1"),
@@ -450,6 +450,6 @@ for label, stem, v in ROAD:
     for shape in SH:
         r, ref = (f and gemv_bench.find_record(f, gemv_bench.kernel_name(x), shape, "bf16") for x in (v, "TC"))
         ratio, why = provenance.compare(f.meta, ref, f.meta, r) if r and ref else (None, "no TC record in this run: not compared")
-        t = "-" if not r else f"{r['ms'] * 1e3:.1f} us, " + (f"{ratio:.2f}x TC time" if ratio else "not compared")
+        t = "-" if not r else f"{r['ms'] * 1e3:.1f} / {ref['ms'] * 1e3:.1f} us: {ratio:.2f}x" if ratio else "not compared"
         cells, whys = cells + f"{t:>26}", {**whys, **({why: 1} if r and not ratio else {})}
     print(f"{label:<44}{f.meta['gpu'].split()[1] + ' ' + f.meta['date'][:16] if f else '-':>22}{cells}" + "".join(f"\n      ({w})" for w in whys))
