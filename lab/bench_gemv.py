@@ -80,7 +80,6 @@ def variant_launches(mod, names=None, policies=None) -> dict:
 
         out.update(gemv_ablate.variant_launches())  # stages left out, timing only ("TC -lut", ...)
         out["TC bytes"] = (lambda g: gemv_mma.launch(g, words=False))  # the statistics byte by byte (before the word)
-        out["TC tail"] = (lambda g: gemv_mma.launch(g, tail=True))  # no loads for the step after a warp's last one
         for n in names:  # "TC grid 896": the shipped kernel on another persistent grid; "TC grid tiles": one tile a block
             m = re.fullmatch(r"TC grid (\d+|tiles)", n)
             if m:

@@ -56,7 +56,7 @@ def words_apply(nested, bs_shift, K, absmax_ptr) -> bool:
 
 
 @functools.cache
-def make_kernel(is_bf16, M, base, nested=True, D=1, min_blocks=BLOCKS_PER_SM, xslot=True, words=True, tail=False):
+def make_kernel(is_bf16, M, base, nested=True, D=1, min_blocks=BLOCKS_PER_SM, xslot=True, words=True):
     """The kernel for a dtype, batch M (1..8), table base (``probe_base()``) and kind of statistics; ``words``: the
     statistics as one word per lane a step (only where :func:`words_apply`); ``D`` (steps of loads in flight
     ahead), ``min_blocks`` (blocks per SM) and ``xslot`` (False: x from L1/L2 at each step, as M > 1 does) are
@@ -73,8 +73,6 @@ def make_kernel(is_bf16, M, base, nested=True, D=1, min_blocks=BLOCKS_PER_SM, xs
 
     @cuda.jit(device=True, inline="always")
     def load(buf, o, xq, rb, packed_u32, absmax_q, absmax2, x_u32, tp, cp, g, q, lane, n, k, kw, tiles, steps, ash):
-        if tail and tp >= tiles:   # past the warp's last tile: nothing to read (clamped, the loads would only wait)
-            return
         if LEAN:
             fetch1(buf, o, xq, packed_u32, absmax_q, absmax2, x_u32, rb, cp, lane, steps)
         else:
