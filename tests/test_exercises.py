@@ -360,3 +360,55 @@ def test_hot_spot_check_fails_on_the_stub_and_passes_the_walk(capsys):
     assert exercises.check_hot_spot(lambda p: {"hot": 2, "line": "2", "waits_for": 1}, prog, operands) is False
     assert exercises.check_hot_spot(lambda p: {"hot": 2, "line": "2", "waits_for": 0}, prog, operands) is True
     assert exercises.walk_to_load(prog, 2, operands) == [2, 0]
+
+
+def test_chain_end_names_where_the_walk_stopped():
+    """Notebook 08 prints which kind of instruction its walk ended at; the hand-made listings cover each kind."""
+    def operands(sass):
+        op, _, rest = sass.partition(" ")
+        regs = [r.strip() for r in rest.split(",") if r.strip().startswith("R")]
+        return op, ({regs[0]} if regs and not op.startswith("ST") else set()), set(regs[1:])
+
+    def end(listing):
+        prog = [{"sass": s, "samples": float(k == len(listing) - 1), "line": "1"} for k, s in enumerate(listing)]
+        return exercises.chain_end(prog, exercises.walk_to_load(prog, len(prog) - 1, operands), operands)
+
+    assert end(["LDG.E.U8 R1, R9", "IMAD.WIDE R3, R1, R8"]) == "global load"
+    assert end(["LDS R1, R9", "IADD3 R3, R1, R8"]) == "shared-memory load"
+    assert end(["LDC R1, c[0x0][0x28]", "IADD3 R3, R1, R8"]) == "constant load"
+    assert end(["S2R R8, SR_TID.X", "SHF.R.S32.HI R9, RZ, 0x1f, R8"]) == "special register"
+    assert end(["IADD3 R2, UR4", "ISETP.GE.U32.AND P0, R7"]) == "no writer"
+    assert end([f"IADD3 R{k + 1}, R{k}" for k in range(10)]) == "steps"
+    assert set(exercises.CHAIN_ENDS) == {"global load", "shared-memory load", "constant load", "special register",
+                                         "no writer", "steps"}
+
+
+def test_own_share_check_fails_on_the_stub_and_passes_on_times_or_rates(capsys):
+    """Notebook 07's exercise on hand-made records: 1 ms copy, 1.05 ms bound, 1.1 ms kernel -> 0.5 of the
+    kernel's time beyond the copy is beyond the bound; a shape where the kernel beats the copy is not graded."""
+    from nf4lab.measure import bench
+
+    def rec(name, shape, ms):
+        return {"name": name, "kind": "kernel", "shape": list(shape), "dtype": "bf16", "ms": ms, "bytes": 1e6,
+                "gbps": 1e6 / ms / 1e6}
+
+    K = "06 best kernel"
+    run = bench.Run(meta={}, records=[rec(bench.COPY, (4, 4), 1.0), rec(bench.BOUND, (4, 4), 1.05), rec(K, (4, 4), 1.1),
+                                      rec(bench.COPY, (8, 8), 2.0), rec(bench.BOUND, (8, 8), 2.0), rec(K, (8, 8), 1.9)])
+    run.finalize()
+    assert exercises.own_share_want(run, K, (4, 4)) == pytest.approx(0.5)
+    assert exercises.own_share_want(run, K, (8, 8)) is None
+    assert exercises.check_own_share(lambda s, shape: None, run, K) is False
+    assert "NOT PASSED" in capsys.readouterr().out
+
+    def by_times(s, shape):
+        k, b, c = (s.get(n, shape=shape)["ms"] for n in (K, bench.BOUND, bench.COPY))
+        return (k - b) / (k - c)
+
+    def by_percents(s, shape):
+        k = s.get(K, shape=shape)
+        return (100 - k["pct_bound"]) / (100 - k["pct_copy"])
+
+    assert exercises.check_own_share(by_times, run, K) is True
+    assert exercises.check_own_share(by_percents, run, K) is True
+    assert "PASSED: exercise" in capsys.readouterr().out

@@ -497,3 +497,66 @@ def check_hot_spot(hot_spot, prog, operands) -> bool:
     print("PASSED: exercise: the hot spot of a source page" if not problems else
           f"NOT PASSED (not solved yet): {len(problems)} of the answer's parts")
     return not problems
+
+
+# Where notebook 08's walk can end, and what each end means (the notebook prints the one its page gave).
+CHAIN_ENDS = {
+    "global load": "a load from global memory (LDG): the warps wait for L2 or DRAM (an L1TEX result: "
+                   "long_scoreboard)",
+    "shared-memory load": "a load from shared memory (LDS): an MIO result (short_scoreboard), not DRAM",
+    "constant load": "a load from the constant bank (LDC): a kernel parameter or a constant",
+    "special register": "a special register (S2R: the thread or block index, or a clock): there is no "
+                        "memory load in the chain",
+    "no writer": "nothing earlier writes a register it reads: its inputs are uniform registers (UR...) or "
+                 "constants, which the walk does not follow",
+    "steps": "no load within the walk's steps",
+}
+
+
+def chain_end(prog, chain, operands) -> str:
+    """Notebook 08: which key of CHAIN_ENDS a walk of ``walk_to_load`` ended at (``chain``: its indices,
+    the hot instruction first)."""
+    if len(chain) > 1:
+        op = operands(prog[chain[-1]]["sass"])[0]
+        for prefixes, kind in ((("LDG", "LD."), "global load"), (("LDS",), "shared-memory load"),
+                               (("LDC", "ULDC"), "constant load"), (("S2R", "CS2R", "S2UR"), "special register")):
+            if op.startswith(prefixes):
+                return kind
+    return "steps" if _last_writer(prog, chain[-1], operands) is not None else "no writer"
+
+
+def own_share_want(sweep, name, shape, dtype="bf16"):
+    """Notebook 07: of the time version ``name`` takes beyond a device copy of the same bytes, the share
+    beyond the traffic-matched bound (its own work), at one shape of ``sweep`` (a bench.Run):
+    (1/v - 1/bound) / (1/v - 1/copy) in GB/s, i.e. (100 - pct_bound) / (100 - pct_copy). None where
+    the run lacks a record or the version is not slower than the copy (no time beyond it to share)."""
+    from ..measure.bench import BOUND, COPY
+
+    k, b, c = (sweep.get(n, shape=shape, dtype=dtype) for n in (name, BOUND, COPY))
+    if not (k and b and c and k.get("gbps") and b.get("gbps") and c.get("gbps")) or k["gbps"] >= c["gbps"]:
+        return None
+    return (1 / k["gbps"] - 1 / b["gbps"]) / (1 / k["gbps"] - 1 / c["gbps"])
+
+
+def check_own_share(own_share, sweep, name, dtype="bf16") -> bool:
+    """Grade notebook 07's exercise: ``own_share(sweep, shape)`` at every shape of ``sweep`` where
+    ``own_share_want`` is defined, within a relative 1e-6 (times or GB/s give the same share)."""
+    shapes = list(dict.fromkeys(tuple(r["shape"]) for r in sweep.records if r["name"] == name and r["dtype"] == dtype))
+    graded, bad = 0, []
+    for shape in shapes:
+        want = own_share_want(sweep, name, shape, dtype)
+        if want is None:
+            continue
+        graded += 1
+        try:
+            got = own_share(sweep, shape)
+        except Exception as exc:   # a student's error is reported, not raised
+            got = f"{type(exc).__name__}: {exc}"
+        if not (isinstance(got, (int, float)) and math.isclose(got, want, rel_tol=1e-6, abs_tol=1e-12)):
+            bad.append((shape, got, want))
+    for shape, got, want in bad[:3]:
+        print(f"  {'x'.join(map(str, shape))}: yours {got}, the records give {want:.4f}")
+    ok = graded > 0 and not bad
+    print(f"PASSED: exercise: the kernel's own share of its time beyond a copy, at {graded} shapes" if ok else
+          "NOT PASSED (not solved yet): " + (f"{len(bad)} of {graded} shapes" if graded else "no shape to grade"))
+    return ok
