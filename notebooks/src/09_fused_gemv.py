@@ -199,17 +199,16 @@ def make_step(M, is_bf16, look, x_get):
     return step
 # %% [markdown]
 # **The kernel.** A lane's loads of a step (4 x 16 bytes of codes, the statistics word: 17 words) are imported: `fetch`
-# (`gemv.step_ops`) does section 3's loads, clamped at the last row and step; at M = 1 `fetch1` also loads x and does
-# less a step: `rows` puts a tile's row offsets in `rb` once a tile, and K % 256 == 0 (the statistics word's condition)
-# leaves only the step (`cc`) to clamp. The first step's loads go out before the table is built; each trip fetches the
-# next step, across tiles too. Sizes are compile-time constants, so local arrays, indexed by unrolled loops, live in
-# registers. **The tile's sum:** lanes q and q ^ 1 hold one batch row's blocks 0-1 and 2-3 (a `shfl.xor` adds them);
-# each warp writes its 16 M sums to spare words (`gemv.spare`), and after a barrier 16 M threads add the 8 warps' and
-# write y (`parity`: two sets of words). The launcher validates (a misaligned 128-bit load is fatal: CUDA Runtime API,
-# `cudaErrorMisalignedAddress`: "any further CUDA work will return the same error"), allows 64 KB (`gemv.prepare`).
+# (`gemv.step_ops`) does section 3's loads, clamped at the last row and step; at M = 1 `fetch1` also loads x, and `rows`
+# puts a tile's row offsets in `rb`, every step, by selects (a branch in this loop costs more than that arithmetic:
+# lab/README.md). The first step's loads go out before the table is built; each trip fetches the next step, across tiles
+# too. Local arrays indexed by unrolled loops live in registers. **The tile's sum:** lanes q and q ^ 1 hold a batch row's
+# blocks 0-1 and 2-3 (a `shfl.xor` adds them); each warp writes its 16 M sums to spare words (`gemv.spare`), and after a
+# barrier 16 M threads add the 8 warps' and write y (`parity`: two sets of words). The launcher validates (a misaligned
+# 128-bit load is fatal: CUDA Runtime API, `cudaErrorMisalignedAddress`) and allows 64 KB (`gemv.prepare`).
 # %% tags=["kernel"]
 @functools.cache
-def make_kernel(is_bf16, M, base):
+def make_kernel(is_bf16, M, base, full=False):   # full: every warp has a step (gemv.full_apply), left untested
     NT = (M + 1) // 2
     NACC, NCF, FB, NB = 2 * NT, 4 * NT, 17, 34   # per step in buf: 16 code words, 1 statistics word; 2 steps
     _, half_bits, fetch = gemv.step_ops(is_bf16, M, base, True, True)   # the shipped loads (see above)
@@ -266,11 +265,13 @@ def make_kernel(is_bf16, M, base):
                     if cn >= steps:
                         cn, tn = warp, uint32(t + grid)
                 cp = uint32(cp + uint32(W))
-                if cp >= steps:
+                if M == 1:                         # the wrap by selects, the rows every step: no branch in the loop
+                    wrap = cp >= steps
+                    cp, tp = (warp if wrap else cp), (uint32(tp + grid) if wrap else tp)
+                    rows(rb, tp, g, q, lane, n, kw, tiles)
+                elif cp >= steps:
                     cp, tp = warp, uint32(tp + grid)
-                    if M == 1:
-                        rows(rb, tp, g, q, lane, n, kw, tiles)
-                if (warp if M == 1 else c) < steps:   # a warp's steps: warp, warp + 8, ... (or warp alone)
+                if (M == 1 and full) or (warp if M == 1 else c) < steps:   # a warp's steps: warp, warp + 8, ...
                     step(acc, cf, s, A, xr, buf, sm, x_u32, offset, c, g, q, k, kx, lane4, xa)
                 if M == 1:                         # into the slot once every lane has read this step's x
                     syncwarp()
@@ -302,7 +303,7 @@ def launch(g):
     gemv.validate(g)
     if not gemv.words_apply(g.nested, g.bs_shift, g.K, gemv.address(g.absmax_q)):
         return gemv.launch(g)              # no statistics word (see gemv.words_apply): the package's byte-wise loads
-    kern = make_kernel(g.dtype == "bf16", g.M, gemv.probe_base() if nf4lab.ON_GPU else 0)
+    kern = make_kernel(g.dtype == "bf16", g.M, gemv.probe_base() if nf4lab.ON_GPU else 0, gemv.full_apply(True, g.M, g.K))
     args = (g.packed_u32, g.absmax_q, g.absmax2, g.code2, g.lut, g.offset, g.x_u32, g.y, g.N, g.K, g.bs_shift)
     gemv.prepare(kern, args, gemv.SMEM)[g.grid or gemv.grid_size(g.N), THREADS, g.stream, gemv.SMEM](*args)
 # %% [markdown]
@@ -398,8 +399,7 @@ if BATCH:   # % of read: section 7's read bound (the weight's bytes, read once a
 # - Bytes bound a GEMV: section 1 estimates a lower bound at copy speed, section 7 times the read bound (a read-only
 #   kernel); how close ours gets depends on the shape. A table of A registers makes dequantization a `prmt` and a load.
 # - The mma sums over k in any order: we pick k so that each lane reads contiguous bytes, and B's columns keep the
-#   absmax blocks apart so that each is scaled once, in float32, as bitsandbytes scales it. Further reading:
-#   [Marlin](https://github.com/IST-DASLab/marlin) and [FLUTE](https://github.com/HanGuo97/flute).
+#   absmax blocks apart so that each is scaled once, in float32, as bitsandbytes scales it. Further reading: [Marlin](https://github.com/IST-DASLab/marlin) and [FLUTE](https://github.com/HanGuo97/flute).
 #
 # <a id="exercise"></a>
 # ## 10. Exercise: one mma by hand
