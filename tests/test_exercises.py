@@ -412,3 +412,102 @@ def test_own_share_check_fails_on_the_stub_and_passes_on_times_or_rates(capsys):
     assert exercises.check_own_share(by_times, run, K) is True
     assert exercises.check_own_share(by_percents, run, K) is True
     assert "PASSED: exercise" in capsys.readouterr().out
+
+
+def _last_vector(kind):
+    """Notebook 04's exercise 2. ``stub``: every chunk, the last one too, written with four 16-byte stores (past
+    n); ``scalar``: version A's fix, the whole last chunk one weight at a time (right, but not the exercise);
+    ``solution``: a 16-byte store per whole word, a 32-bit store per whole pair, a 16-bit store for a single
+    weight."""
+    nib, one = uint32(15), uint64(1)
+
+    @cuda.jit(device=True, inline="always")
+    def pair(byte, lut, s):
+        return ops.pack_bf16x2(lut[(byte >> 4) & nib] * s, lut[byte & nib] * s)
+
+    @cuda.jit(device=True, inline="always")
+    def word4(w, lut, s):
+        return pair(w, lut, s), pair(w >> 8, lut, s), pair(w >> 16, lut, s), pair(w >> 24, lut, s)
+
+    @cuda.jit
+    def stub(packed, packed_u32, lut, absmax_q, absmax2, code2, offset, out, out_u32, n, log2_bs):
+        c = uint64(cuda.grid(1))
+        first = c << 5
+        if first >= n:
+            return
+        s = block_scale(absmax_q, absmax2, code2, offset, first >> log2_bs)
+        w0, w1, w2, w3 = ops.load_u32x4(packed_u32, c << 2)
+        o = c << 4
+        for k in range(4):
+            w = w0 if k == 0 else w1 if k == 1 else w2 if k == 2 else w3
+            a0, a1, a2, a3 = word4(w, lut, s)
+            ops.store_u32x4(out_u32, o + (uint64(k) << uint64(2)), a0, a1, a2, a3)
+
+    @cuda.jit
+    def scalar(packed, packed_u32, lut, absmax_q, absmax2, code2, offset, out, out_u32, n, log2_bs):
+        c = uint64(cuda.grid(1))
+        first = c << 5
+        if first >= n:
+            return
+        s = block_scale(absmax_q, absmax2, code2, offset, first >> log2_bs)
+        if first + uint64(32) <= n:
+            w0, w1, w2, w3 = ops.load_u32x4(packed_u32, c << 2)
+            o = c << 4
+            for k in range(4):
+                w = w0 if k == 0 else w1 if k == 1 else w2 if k == 2 else w3
+                a0, a1, a2, a3 = word4(w, lut, s)
+                ops.store_u32x4(out_u32, o + (uint64(k) << uint64(2)), a0, a1, a2, a3)
+        else:
+            i = first
+            while i < n:
+                byte = uint32(packed[i >> 1])
+                q = (byte >> 4) if (i & one) == 0 else (byte & nib)
+                out[i] = ops.to_bf16_bits(lut[q] * s)
+                i += one
+
+    @cuda.jit
+    def solution(packed, packed_u32, lut, absmax_q, absmax2, code2, offset, out, out_u32, n, log2_bs):
+        c = uint64(cuda.grid(1))
+        first = c << 5
+        if first >= n:
+            return
+        s = block_scale(absmax_q, absmax2, code2, offset, first >> log2_bs)
+        w0, w1, w2, w3 = ops.load_u32x4(packed_u32, c << 2)
+        o = c << 4
+        for k in range(4):
+            w = w0 if k == 0 else w1 if k == 1 else w2 if k == 2 else w3
+            i = first + (uint64(k) << uint64(3))
+            if i + uint64(8) <= n:
+                a0, a1, a2, a3 = word4(w, lut, s)
+                ops.store_u32x4(out_u32, o + (uint64(k) << uint64(2)), a0, a1, a2, a3)
+            else:
+                for p in range(4):
+                    j = i + (uint64(p) << one)
+                    if j + one < n:
+                        out_u32[j >> one] = pair(w >> uint32(8 * p), lut, s)
+                    elif j < n:
+                        out[j] = ops.to_bf16_bits(lut[(w >> uint32(8 * p + 4)) & nib] * s)
+
+    kernel = {"stub": stub, "scalar": scalar, "solution": solution}[kind]
+
+    def launch(b):
+        chunks = (b.n + 31) // 32
+        kernel[(chunks + 127) // 128, 128, b.stream](
+            b.packed, b.packed_u32, b.lut, b.absmax_q, b.absmax2, b.code2, b.offset, b.out, b.out_u32,
+            np.uint64(b.n), np.uint64(b.blocksize.bit_length() - 1))
+
+    return launch, kernel
+
+
+def test_last_vector_exercise_fails_on_the_stub_and_on_a_scalar_tail_and_passes_on_the_solution():
+    stub = exercises.check_last_vector(*_last_vector("stub"), SIG04, verbose=False)
+    assert not stub and "past the end" in str(stub), str(stub)
+    scalar = exercises.check_last_vector(*_last_vector("scalar"), SIG04, verbose=False)
+    assert not scalar and "no 32-bit store" in str(scalar), str(scalar)
+    assert "bit-exact" in scalar.verdict
+    solved = exercises.check_last_vector(*_last_vector("solution"), SIG04, verbose=False)
+    assert solved, str(solved)
+    assert "32-bit stores for pairs" in str(solved)
+    # whole words, whole pairs and a single weight are each left over in some shape's last chunk
+    rest = {(a * b) % 32 for a, b in exercises.LAST_VECTOR_SHAPES}
+    assert any(r >= 8 for r in rest) and any(r % 8 >= 2 for r in rest) and any(r % 2 for r in rest)

@@ -437,6 +437,46 @@ def check_warp_shuffle(launch, kernel, sig, *, name="exercise 1: coalesced throu
     return res
 
 
+# Notebook 04's exercise 2: ends of the last chunk with whole words, whole pairs and a single weight left (n mod 32:
+# 1, 2, 15, 14, 1, 7, 29), so that each of the three store widths it asks for is run.
+LAST_VECTOR_SHAPES = ((1, 1), (1, 2), (3, 5), (1, 46), (1, 65), (7, 33), (31, 67))
+
+
+def check_last_vector(launch, kernel, sig, *, name="exercise 2: the last vector", verbose=True) -> CheckResult:
+    """Grade notebook 04's exercise 2: ``launch`` bit-exact on :data:`LAST_VECTOR_SHAPES` (nothing written past
+    n: the guard is checked), and the PTX of ``kernel`` (compiled for ``sig``) has 16-byte and 32-bit global
+    stores: the last chunk is written with the widest store that fits each piece. A kernel that writes the
+    whole last chunk one weight at a time (version A's tail) is right but has not done the exercise. Falsy
+    unless both hold; never raises because of the student's kernel."""
+    from ..measure import ptx
+
+    res = check(launch, name=name, shapes=LAST_VECTOR_SHAPES, verbose=False)
+    if res:
+        try:
+            text = ptx.compile_ptx(kernel, sig)
+        except Exception as exc:   # passed the check but does not compile for sig: say so, do not raise
+            res.passed = False
+            res.error = "\n".join(describe_exception(exc))
+            res.verdict = f"NOT PASSED: {name}: bit-exact, but its PTX could not be compiled for {sig}"
+            res.messages.extend(describe_exception(exc))
+        else:
+            missing = [what for what, ok in (
+                ("no 16-byte store (st.global.v4): each whole word of 8 weights, in the last chunk too, is one "
+                 "16-byte store", ptx.count(text, r"^st\.global\.v4") > 0),
+                ("no 32-bit store (st.global.u32): in the last word, each whole pair of weights is one 32-bit "
+                 "store, as in 03", ptx.count(text, r"^st\.global\.(u32|b32)\s") > 0)) if not ok]
+            if missing:
+                res.passed = False
+                res.verdict = f"NOT PASSED: {name}: bit-exact, but not with the widest stores that fit"
+                res.messages.append("the kernel's PTX has " + "; ".join(missing))
+            else:
+                res.messages.append("PTX: 16-byte stores for whole words, 32-bit stores for pairs")
+    if verbose:
+        print(res)
+        res._printed = True
+    return res
+
+
 def check_one_mma(one_mma, seed=9) -> bool:
     """Grade notebook 09's exercise: ``one_mma[1, 32](w, xt, y)`` must give Y = W @ X (16 x 16 by 16 x 8) bit for bit.
     W and X are small integers, so every sum is exact in float32; both go in as bf16 pairs in uint32 words
