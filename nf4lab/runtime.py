@@ -241,6 +241,19 @@ SPEC_PEAK_GBPS = {
 }
 
 
+# Where each datasheet figure is printed, for the notebooks to cite beside the number (pages read 2026-11-22).
+SPEC_PEAK_SOURCES = {
+    "NVIDIA H100": "NVIDIA H100 Tensor Core GPU datasheet, https://www.nvidia.com/en-us/data-center/h100/",
+    "NVIDIA H200": "NVIDIA H200 Tensor Core GPU datasheet, https://www.nvidia.com/en-us/data-center/h200/",
+    "NVIDIA A100": "NVIDIA A100 Tensor Core GPU datasheet, https://www.nvidia.com/en-us/data-center/a100/",
+}
+
+
+def spec_peak_source(name: str) -> str:
+    """The datasheet a SPEC_PEAK_GBPS row comes from, for a device name."""
+    return next((v for k, v in SPEC_PEAK_SOURCES.items() if name.startswith(k)), "the product's datasheet or specification page")
+
+
 def spec_peak_gbps(name: str) -> float | None:
     for prefix, gbps in SPEC_PEAK_GBPS.items():
         if name.startswith(prefix):

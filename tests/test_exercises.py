@@ -131,6 +131,100 @@ def test_u64_store_exercise_fails_on_the_stub_and_passes_on_the_solution():
     assert {(a * b) % 4 for a, b in exercises.U64_SHAPES} == {0, 1, 2, 3}
 
 
+SIG04 = ("(uint8[::1], uint32[::1], float32[::1], uint8[::1], float32[::1], float32[::1], float32, "
+         "uint16[::1], uint32[::1], uint64, uint64)")
+
+
+def _shuffle(kind):
+    """Notebook 04's exercise 1: a 16-byte load per thread (32 weights), 16-byte stores. ``stub``: the starting
+    point, version A (each lane stores its own 64 bytes: bit-exact, no shuffle); ``solution``: every lane gets
+    words t, t + 32, t + 64, t + 96 of its warp by shfl_idx and stores them (a warp's store: 512 contiguous
+    bytes)."""
+    from nf4lab.device.warp_ops import shfl_idx
+
+    nib, one = uint32(15), uint64(1)
+
+    @cuda.jit(device=True, inline="always")
+    def pair(byte, lut, s):
+        return ops.pack_bf16x2(lut[(byte >> 4) & nib] * s, lut[byte & nib] * s)
+
+    @cuda.jit(device=True, inline="always")
+    def word4(w, lut, s):
+        return pair(w, lut, s), pair(w >> 8, lut, s), pair(w >> 16, lut, s), pair(w >> 24, lut, s)
+
+    @cuda.jit(device=True, inline="always")
+    def tail(packed, lut, s, out, i, n):
+        while i < n:
+            byte = uint32(packed[i >> 1])
+            q = (byte >> 4) if (i & one) == 0 else (byte & nib)
+            out[i] = ops.to_bf16_bits(lut[q] * s)
+            i += one
+
+    @cuda.jit
+    def stub(packed, packed_u32, lut, absmax_q, absmax2, code2, offset, out, out_u32, n, log2_bs):
+        c = uint64(cuda.grid(1))
+        first = c << 5
+        if first >= n:
+            return
+        s = block_scale(absmax_q, absmax2, code2, offset, first >> log2_bs)
+        if first + uint64(32) <= n:
+            w0, w1, w2, w3 = ops.load_u32x4(packed_u32, c << 2)
+            o = c << 4
+            a0, a1, a2, a3 = word4(w0, lut, s)
+            ops.store_u32x4(out_u32, o, a0, a1, a2, a3)
+            a0, a1, a2, a3 = word4(w1, lut, s)
+            ops.store_u32x4(out_u32, o + uint64(4), a0, a1, a2, a3)
+            a0, a1, a2, a3 = word4(w2, lut, s)
+            ops.store_u32x4(out_u32, o + uint64(8), a0, a1, a2, a3)
+            a0, a1, a2, a3 = word4(w3, lut, s)
+            ops.store_u32x4(out_u32, o + uint64(12), a0, a1, a2, a3)
+        else:
+            tail(packed, lut, s, out, first, n)
+
+    @cuda.jit
+    def solution(packed, packed_u32, lut, absmax_q, absmax2, code2, offset, out, out_u32, n, log2_bs):
+        c = uint64(cuda.grid(1))
+        lane = c & uint64(31)
+        w0 = w1 = w2 = w3 = uint32(0)
+        if (c << 5) < n:
+            w0, w1, w2, w3 = ops.load_u32x4(packed_u32, c << 2)
+        warp_word0 = (c - lane) << 2
+        for j in range(4):
+            k = lane + (uint64(j) << 5)
+            src = uint32(k >> 2)
+            r = k & uint64(3)
+            v0, v1, v2, v3 = shfl_idx(w0, src), shfl_idx(w1, src), shfl_idx(w2, src), shfl_idx(w3, src)
+            v = v0 if r == 0 else v1 if r == 1 else v2 if r == 2 else v3
+            word = warp_word0 + k
+            first = word << 3
+            if first < n:
+                s = block_scale(absmax_q, absmax2, code2, offset, first >> log2_bs)
+                if first + uint64(8) <= n:
+                    a0, a1, a2, a3 = word4(v, lut, s)
+                    ops.store_u32x4(out_u32, word << 2, a0, a1, a2, a3)
+                else:
+                    tail(packed, lut, s, out, first, n)
+
+    kernel = stub if kind == "stub" else solution
+
+    def launch(b):
+        chunks = (b.n + 31) // 32
+        kernel[(chunks + 127) // 128, 128, b.stream](
+            b.packed, b.packed_u32, b.lut, b.absmax_q, b.absmax2, b.code2, b.offset, b.out, b.out_u32,
+            np.uint64(b.n), np.uint64(b.blocksize.bit_length() - 1))
+
+    return launch, kernel
+
+
+def test_warp_shuffle_exercise_fails_on_the_stub_and_passes_on_the_solution():
+    stub = exercises.check_warp_shuffle(*_shuffle("stub"), SIG04, verbose=False)
+    assert not stub and "no warp shuffle" in str(stub), str(stub)
+    assert "bit-exact" in stub.verdict        # version A is right, only not the design asked for
+    solved = exercises.check_warp_shuffle(*_shuffle("solution"), SIG04, verbose=False)
+    assert solved, str(solved)
+    assert "warp shuffles, no shared memory" in str(solved)
+
+
 def test_write_past_the_end_is_caught_by_the_guard():
     res = nf4lab.check(_make("unguarded"), name="guard", shapes=((3, 5),), verbose=False)
     assert not res
@@ -266,3 +360,154 @@ def test_hot_spot_check_fails_on_the_stub_and_passes_the_walk(capsys):
     assert exercises.check_hot_spot(lambda p: {"hot": 2, "line": "2", "waits_for": 1}, prog, operands) is False
     assert exercises.check_hot_spot(lambda p: {"hot": 2, "line": "2", "waits_for": 0}, prog, operands) is True
     assert exercises.walk_to_load(prog, 2, operands) == [2, 0]
+
+
+def test_chain_end_names_where_the_walk_stopped():
+    """Notebook 08 prints which kind of instruction its walk ended at; the hand-made listings cover each kind."""
+    def operands(sass):
+        op, _, rest = sass.partition(" ")
+        regs = [r.strip() for r in rest.split(",") if r.strip().startswith("R")]
+        return op, ({regs[0]} if regs and not op.startswith("ST") else set()), set(regs[1:])
+
+    def end(listing):
+        prog = [{"sass": s, "samples": float(k == len(listing) - 1), "line": "1"} for k, s in enumerate(listing)]
+        return exercises.chain_end(prog, exercises.walk_to_load(prog, len(prog) - 1, operands), operands)
+
+    assert end(["LDG.E.U8 R1, R9", "IMAD.WIDE R3, R1, R8"]) == "global load"
+    assert end(["LDS R1, R9", "IADD3 R3, R1, R8"]) == "shared-memory load"
+    assert end(["LDC R1, c[0x0][0x28]", "IADD3 R3, R1, R8"]) == "constant load"
+    assert end(["S2R R8, SR_TID.X", "SHF.R.S32.HI R9, RZ, 0x1f, R8"]) == "special register"
+    assert end(["IADD3 R2, UR4", "ISETP.GE.U32.AND P0, R7"]) == "no writer"
+    assert end([f"IADD3 R{k + 1}, R{k}" for k in range(10)]) == "steps"
+    assert set(exercises.CHAIN_ENDS) == {"global load", "shared-memory load", "constant load", "special register",
+                                         "no writer", "steps"}
+
+
+def test_own_share_check_fails_on_the_stub_and_passes_on_times_or_rates(capsys):
+    """Notebook 07's exercise on hand-made records: 1 ms copy, 1.05 ms bound, 1.1 ms kernel -> 0.5 of the
+    kernel's time beyond the copy is beyond the bound; a shape where the kernel beats the copy is not graded."""
+    from nf4lab.measure import bench
+
+    def rec(name, shape, ms):
+        return {"name": name, "kind": "kernel", "shape": list(shape), "dtype": "bf16", "ms": ms, "bytes": 1e6,
+                "gbps": 1e6 / ms / 1e6}
+
+    K = "06 best kernel"
+    run = bench.Run(meta={}, records=[rec(bench.COPY, (4, 4), 1.0), rec(bench.BOUND, (4, 4), 1.05), rec(K, (4, 4), 1.1),
+                                      rec(bench.COPY, (8, 8), 2.0), rec(bench.BOUND, (8, 8), 2.0), rec(K, (8, 8), 1.9)])
+    run.finalize()
+    assert exercises.own_share_want(run, K, (4, 4)) == pytest.approx(0.5)
+    assert exercises.own_share_want(run, K, (8, 8)) is None
+    assert exercises.check_own_share(lambda s, shape: None, run, K) is False
+    assert "NOT PASSED" in capsys.readouterr().out
+
+    def by_times(s, shape):
+        k, b, c = (s.get(n, shape=shape)["ms"] for n in (K, bench.BOUND, bench.COPY))
+        return (k - b) / (k - c)
+
+    def by_percents(s, shape):
+        k = s.get(K, shape=shape)
+        return (100 - k["pct_bound"]) / (100 - k["pct_copy"])
+
+    assert exercises.check_own_share(by_times, run, K) is True
+    assert exercises.check_own_share(by_percents, run, K) is True
+    assert "PASSED: exercise" in capsys.readouterr().out
+
+
+def _last_vector(kind):
+    """Notebook 04's exercise 2. ``stub``: every chunk, the last one too, written with four 16-byte stores (past
+    n); ``scalar``: version A's fix, the whole last chunk one weight at a time (right, but not the exercise);
+    ``solution``: a 16-byte store per whole word, a 32-bit store per whole pair, a 16-bit store for a single
+    weight."""
+    nib, one = uint32(15), uint64(1)
+
+    @cuda.jit(device=True, inline="always")
+    def pair(byte, lut, s):
+        return ops.pack_bf16x2(lut[(byte >> 4) & nib] * s, lut[byte & nib] * s)
+
+    @cuda.jit(device=True, inline="always")
+    def word4(w, lut, s):
+        return pair(w, lut, s), pair(w >> 8, lut, s), pair(w >> 16, lut, s), pair(w >> 24, lut, s)
+
+    @cuda.jit
+    def stub(packed, packed_u32, lut, absmax_q, absmax2, code2, offset, out, out_u32, n, log2_bs):
+        c = uint64(cuda.grid(1))
+        first = c << 5
+        if first >= n:
+            return
+        s = block_scale(absmax_q, absmax2, code2, offset, first >> log2_bs)
+        w0, w1, w2, w3 = ops.load_u32x4(packed_u32, c << 2)
+        o = c << 4
+        for k in range(4):
+            w = w0 if k == 0 else w1 if k == 1 else w2 if k == 2 else w3
+            a0, a1, a2, a3 = word4(w, lut, s)
+            ops.store_u32x4(out_u32, o + (uint64(k) << uint64(2)), a0, a1, a2, a3)
+
+    @cuda.jit
+    def scalar(packed, packed_u32, lut, absmax_q, absmax2, code2, offset, out, out_u32, n, log2_bs):
+        c = uint64(cuda.grid(1))
+        first = c << 5
+        if first >= n:
+            return
+        s = block_scale(absmax_q, absmax2, code2, offset, first >> log2_bs)
+        if first + uint64(32) <= n:
+            w0, w1, w2, w3 = ops.load_u32x4(packed_u32, c << 2)
+            o = c << 4
+            for k in range(4):
+                w = w0 if k == 0 else w1 if k == 1 else w2 if k == 2 else w3
+                a0, a1, a2, a3 = word4(w, lut, s)
+                ops.store_u32x4(out_u32, o + (uint64(k) << uint64(2)), a0, a1, a2, a3)
+        else:
+            i = first
+            while i < n:
+                byte = uint32(packed[i >> 1])
+                q = (byte >> 4) if (i & one) == 0 else (byte & nib)
+                out[i] = ops.to_bf16_bits(lut[q] * s)
+                i += one
+
+    @cuda.jit
+    def solution(packed, packed_u32, lut, absmax_q, absmax2, code2, offset, out, out_u32, n, log2_bs):
+        c = uint64(cuda.grid(1))
+        first = c << 5
+        if first >= n:
+            return
+        s = block_scale(absmax_q, absmax2, code2, offset, first >> log2_bs)
+        w0, w1, w2, w3 = ops.load_u32x4(packed_u32, c << 2)
+        o = c << 4
+        for k in range(4):
+            w = w0 if k == 0 else w1 if k == 1 else w2 if k == 2 else w3
+            i = first + (uint64(k) << uint64(3))
+            if i + uint64(8) <= n:
+                a0, a1, a2, a3 = word4(w, lut, s)
+                ops.store_u32x4(out_u32, o + (uint64(k) << uint64(2)), a0, a1, a2, a3)
+            else:
+                for p in range(4):
+                    j = i + (uint64(p) << one)
+                    if j + one < n:
+                        out_u32[j >> one] = pair(w >> uint32(8 * p), lut, s)
+                    elif j < n:
+                        out[j] = ops.to_bf16_bits(lut[(w >> uint32(8 * p + 4)) & nib] * s)
+
+    kernel = {"stub": stub, "scalar": scalar, "solution": solution}[kind]
+
+    def launch(b):
+        chunks = (b.n + 31) // 32
+        kernel[(chunks + 127) // 128, 128, b.stream](
+            b.packed, b.packed_u32, b.lut, b.absmax_q, b.absmax2, b.code2, b.offset, b.out, b.out_u32,
+            np.uint64(b.n), np.uint64(b.blocksize.bit_length() - 1))
+
+    return launch, kernel
+
+
+def test_last_vector_exercise_fails_on_the_stub_and_on_a_scalar_tail_and_passes_on_the_solution():
+    stub = exercises.check_last_vector(*_last_vector("stub"), SIG04, verbose=False)
+    assert not stub and "past the end" in str(stub), str(stub)
+    scalar = exercises.check_last_vector(*_last_vector("scalar"), SIG04, verbose=False)
+    assert not scalar and "no 32-bit store" in str(scalar), str(scalar)
+    assert "bit-exact" in scalar.verdict
+    solved = exercises.check_last_vector(*_last_vector("solution"), SIG04, verbose=False)
+    assert solved, str(solved)
+    assert "32-bit stores for pairs" in str(solved)
+    # whole words, whole pairs and a single weight are each left over in some shape's last chunk
+    rest = {(a * b) % 32 for a, b in exercises.LAST_VECTOR_SHAPES}
+    assert any(r >= 8 for r in rest) and any(r % 8 >= 2 for r in rest) and any(r % 2 for r in rest)

@@ -234,3 +234,40 @@ def test_profile_version_retries_without_lineinfo(tmp_path, monkeypatch):
     monkeypatch.setattr(P, "parse_csv", lambda text: [])
     res = P.profile_version("06_output_dtypes", "v", tmp_path, ncu="ncu", source=False)
     assert calls == [None, "0"] and res["lineinfo"] is False
+
+
+def test_earlier_kernel_lines_name_each_replaced_profile():
+    rec = {"versions": {"a": {"date": "2026-11-22 12:09 UTC"},
+                        "b": {"date": "2026-11-22 14:05 UTC", "earlier_kernel": "replaced on 2026-11-26"}}}
+    assert P.earlier_kernel_lines(rec) == ["  EARLIER kernel: b, profiled 2026-11-22 14:05 UTC: replaced on 2026-11-26"]
+    assert P.earlier_kernel_lines(None) == [] and P.earlier_kernel_lines({"versions": {}}) == []
+
+
+def test_stall_legend_explains_every_reason_the_parser_finds():
+    lines = P.stall_legend(["long_scoreboard", "barrier", "long_scoreboard", "made_up"])
+    assert len(lines) == 3 and lines[0].startswith("long_scoreboard") and "global" in lines[0]
+    assert "not described here" in lines[2]
+    assert set(P.SOURCE_STALLS.values()) <= set(P.STALL_MEANINGS)
+    for path in RECORDED:   # every reason a recorded profile gives has its meaning
+        s = P.summarize(P.main_kernel(P.parse_csv(path.read_text())))
+        assert {r for r, _ in s["stalls"]} <= set(P.STALL_MEANINGS), path
+
+
+def test_ceiling_record_is_the_named_gpus_own(monkeypatch, tmp_path):
+    from nf4lab.measure import bench, results
+
+    monkeypatch.setattr(results, "RESULTS_DIR", tmp_path)
+    monkeypatch.setattr(results, "ROOT", tmp_path)
+    assert P.ceiling_record("NVIDIA Fake 1") is None and P.ceiling_record(None) is None
+
+    def rec(name, gbps):
+        return {"name": name, "kind": "ceiling", "shape": [16384, 16384], "dtype": "bf16", "ms": 1.0, "gbps": gbps}
+
+    results.save({"meta": {"gpu": "NVIDIA Fake 1", "date": "d0"}, "records": [rec(bench.COPY, 3000.0)]}, "00_ceiling")
+    got = P.ceiling_record("NVIDIA Fake 1")
+    assert got["notebook"] == "00_ceiling" and got["copy_gbps"] == 3000.0 and got["bound_gbps"] is None
+    results.save({"meta": {"gpu": "NVIDIA Fake 1", "date": "d1"}, "records": [rec(bench.COPY, 3010.0), rec(bench.BOUND, 2900.0)]},
+                 "07_summary")
+    got = P.ceiling_record("NVIDIA_Fake_1")   # the folder's name works as well as the GPU's
+    assert got["notebook"] == "07_summary" and got["bound_gbps"] == 2900.0 and got["date"] == "d1"
+    assert P.ceiling_record("NVIDIA Fake 2") is None

@@ -13,6 +13,9 @@ start=$stamp final_out=$OUT
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee "$final_out/$tag.log"
 for n in "$@"; do
   if [ "$n" = 06 ]; then
+    # One run id for the sm_75 pass and the native runs, so that 06 may compare their records (one run, only
+    # the code path differs); unset after 06.
+    export NF4LAB_RUN_ID=$(python3 -c "import uuid; print(uuid.uuid4().hex[:12])")
     # as tools/gpu_land_dequant.sh b does; the native runs below overwrite its notebook and its time
     NF4LAB_ARCH=sm_75 timeout 280 python3 -m nf4lab notebooks --only 06 --no-solutions --inplace --no-plot 2>&1 \
       | tail -2 | tee -a "$final_out/$tag.log"
@@ -20,6 +23,7 @@ for n in "$@"; do
   for which in solutions lessons; do
     OUT=/tmp/book_seq bash tools/gpu_book.sh "${tag}_$n" "$which" "$n" >/dev/null 2>&1
   done
+  unset NF4LAB_RUN_ID
   grep -h "^ok\|^FAILED\|^== " /tmp/book_seq/"${tag}_$n".log | tee -a "$final_out/$tag.log"
   tar czf "$final_out/$tag.tgz" $(find notebooks -name "*.ipynb" -newer "$start") $(find data/results -type f -newer "$start")
 done

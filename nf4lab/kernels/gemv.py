@@ -55,10 +55,16 @@ def words_apply(nested, bs_shift, K, absmax_ptr) -> bool:
     return bool(nested) and bs_shift == 6 and K % 256 == 0 and absmax_ptr % 4 == 0
 
 
+def full_apply(words, M, K) -> bool:
+    """Where the M = 1 step loop may skip its test that a warp has a step: K >= 256 W gives each of W warps one."""
+    return bool(words) and M == 1 and K >= 256 * W
+
+
 @functools.cache
-def make_kernel(is_bf16, M, base, nested=True, D=1, min_blocks=BLOCKS_PER_SM, xslot=True, words=True):
+def make_kernel(is_bf16, M, base, nested=True, D=1, min_blocks=BLOCKS_PER_SM, xslot=True, words=True, full=False):
     """The kernel for a dtype, batch M (1..8), table base (``probe_base()``) and kind of statistics; ``words``: the
-    statistics as one word per lane a step (only where :func:`words_apply`); ``D`` (steps of loads in flight
+    statistics as one word per lane a step (only where :func:`words_apply`); ``full``: every warp has a step (only where
+    :func:`full_apply`), so the step loop does not test it; ``D`` (steps of loads in flight
     ahead), ``min_blocks`` (blocks per SM) and ``xslot`` (False: x from L1/L2 at each step, as M > 1 does) are
     lab/gemv_mma.py's knobs."""
     NT, WIDE, WORDS = (M + 1) // 2, M > 1, words and nested  # n-tiles of 8 columns (2 batch rows x 4 blocks)
@@ -137,11 +143,13 @@ def make_kernel(is_bf16, M, base, nested=True, D=1, min_blocks=BLOCKS_PER_SM, xs
                     if cn >= steps:
                         cn, tn = warp, uint32(t + grid)
                 cp = uint32(cp + uint32(W))
-                if cp >= steps:
+                if LEAN:   # the wrap to the next tile by selects and its rows every step: no branch (1.5-2.5% faster)
+                    wrap = cp >= steps
+                    cp, tp = (warp if wrap else cp), (uint32(tp + grid) if wrap else tp)
+                    rows(rb, tp, g, q, lane, n, kw, tiles)
+                elif cp >= steps:
                     cp, tp = warp, uint32(tp + grid)
-                    if LEAN:
-                        rows(rb, tp, g, q, lane, n, kw, tiles)
-                if (warp if LEAN else c) < steps:   # a warp's steps are warp, warp + W, ... (or warp alone)
+                if (LEAN and full) or (warp if LEAN else c) < steps:   # a warp's steps: warp, warp + W, ... (or warp alone)
                     for i in range(NCF):
                         cf[i] = float32(0.0)
                     xcol = uint32(c * uint32(256) + uint32(64) * q)   # lane q's 64 columns: block q of the step
@@ -233,11 +241,11 @@ def sms():
     return _sm_count(cuda.get_current_device().id if runtime.ON_GPU else None)
 
 
-def kernel(dtype, M=1, nested=True, words=True):
+def kernel(dtype, M=1, nested=True, words=True, full=False):
     """The shipped kernel for a dtype, batch and kind of statistics (compiled at its first launch); ``words`` only
-    where :func:`words_apply`."""
+    where :func:`words_apply`, ``full`` only where :func:`full_apply`."""
     return make_kernel(dtype == "bf16", M, probe_base() if runtime.ON_GPU else default_base(runtime.target_cc()), nested,
-                       words=words)
+                       words=words, full=full)
 
 
 def grid_size(N) -> int:
@@ -266,7 +274,8 @@ def launch(g):
     validate(g)  # raises before anything is launched
     args = (g.packed_u32, g.absmax_q, g.absmax2, g.code2, g.lut, g.offset, g.x_u32, g.y, g.N, g.K, g.bs_shift)
     words = words_apply(g.nested, g.bs_shift, g.K, address(g.absmax_q))
-    prepare(kernel(g.dtype, g.M, g.nested, words), args)[g.grid or grid_size(g.N), THREADS, g.stream, SMEM](*args)
+    kern = prepare(kernel(g.dtype, g.M, g.nested, words, full_apply(words, g.M, g.K)), args)
+    kern[g.grid or grid_size(g.N), THREADS, g.stream, SMEM](*args)
 
 
 def signature():

@@ -394,6 +394,89 @@ def check_u64_store(launch, kernel, sig, *, name="exercise 1: 64-bit stores", ve
     return res
 
 
+# Notebook 04's exercise 1: from one weight to 2,077 (65 chunks of 32 weights: two whole warps and one lane of a
+# third), with partial chunks and a last word of fewer than 8 weights.
+SHUFFLE_SHAPES = ((1, 1), (3, 5), (1, 65), (7, 33), (31, 67))
+
+
+def check_warp_shuffle(launch, kernel, sig, *, name="exercise 1: coalesced through warp shuffles",
+                       min_pct_copy=None, verbose=True) -> CheckResult:
+    """Grade notebook 04's exercise 1: ``launch`` bit-exact on :data:`SHUFFLE_SHAPES` (and, on a GPU, at least
+    ``min_pct_copy`` % of the copy ceiling), and the PTX of ``kernel`` (compiled for ``sig``) has the design the
+    exercise asks for: 16-byte global loads and stores, warp shuffles (``shfl.sync``) and no shared memory. A
+    kernel that gets the bits right with version A's scattered stores has not done the exercise. Falsy unless
+    all hold; never raises because of the student's kernel."""
+    from ..measure import ptx
+
+    res = check(launch, name=name, shapes=SHUFFLE_SHAPES, min_pct_copy=min_pct_copy, verbose=False)
+    if res.error is None and res.report is None:     # bit-exact (fast enough or not): read the design
+        try:
+            text = ptx.compile_ptx(kernel, sig)
+        except Exception as exc:   # runs but does not compile for sig: say so, do not raise
+            res.passed = False
+            res.error = "\n".join(describe_exception(exc))
+            res.verdict = f"NOT PASSED: {name}: bit-exact, but its PTX could not be compiled for {sig}"
+            res.messages.extend(describe_exception(exc))
+        else:
+            missing = [what for what, ok in (
+                ("no 16-byte load (ld.global.v4)", ptx.count(text, r"^ld\.global(\.nc)?\.v4") > 0),
+                ("no 16-byte store (st.global.v4)", ptx.count(text, r"^st\.global\.v4") > 0),
+                ("no warp shuffle (shfl.sync)", ptx.count(text, r"^shfl\.sync") > 0),
+                ("shared memory (ld.shared/st.shared): the exchange should stay in registers",
+                 ptx.count(text, r"^(ld|st)\.shared") == 0)) if not ok]
+            if missing:
+                res.passed = False
+                if res.verdict.startswith("PASSED"):
+                    res.verdict = f"NOT PASSED: {name}: bit-exact, but the PTX is not the design asked for"
+                res.messages.append("the kernel's PTX has " + "; ".join(missing))
+            else:
+                res.messages.append("PTX: 16-byte loads and stores, warp shuffles, no shared memory")
+    if verbose:
+        print(res)
+        res._printed = True
+    return res
+
+
+# Notebook 04's exercise 2: ends of the last chunk with whole words, whole pairs and a single weight left (n mod 32:
+# 1, 2, 15, 14, 1, 7, 29), so that each of the three store widths it asks for is run.
+LAST_VECTOR_SHAPES = ((1, 1), (1, 2), (3, 5), (1, 46), (1, 65), (7, 33), (31, 67))
+
+
+def check_last_vector(launch, kernel, sig, *, name="exercise 2: the last vector", verbose=True) -> CheckResult:
+    """Grade notebook 04's exercise 2: ``launch`` bit-exact on :data:`LAST_VECTOR_SHAPES` (nothing written past
+    n: the guard is checked), and the PTX of ``kernel`` (compiled for ``sig``) has 16-byte and 32-bit global
+    stores: the last chunk is written with the widest store that fits each piece. A kernel that writes the
+    whole last chunk one weight at a time (version A's tail) is right but has not done the exercise. Falsy
+    unless both hold; never raises because of the student's kernel."""
+    from ..measure import ptx
+
+    res = check(launch, name=name, shapes=LAST_VECTOR_SHAPES, verbose=False)
+    if res:
+        try:
+            text = ptx.compile_ptx(kernel, sig)
+        except Exception as exc:   # passed the check but does not compile for sig: say so, do not raise
+            res.passed = False
+            res.error = "\n".join(describe_exception(exc))
+            res.verdict = f"NOT PASSED: {name}: bit-exact, but its PTX could not be compiled for {sig}"
+            res.messages.extend(describe_exception(exc))
+        else:
+            missing = [what for what, ok in (
+                ("no 16-byte store (st.global.v4): each whole word of 8 weights, in the last chunk too, is one "
+                 "16-byte store", ptx.count(text, r"^st\.global\.v4") > 0),
+                ("no 32-bit store (st.global.u32): in the last word, each whole pair of weights is one 32-bit "
+                 "store, as in 03", ptx.count(text, r"^st\.global\.(u32|b32)\s") > 0)) if not ok]
+            if missing:
+                res.passed = False
+                res.verdict = f"NOT PASSED: {name}: bit-exact, but not with the widest stores that fit"
+                res.messages.append("the kernel's PTX has " + "; ".join(missing))
+            else:
+                res.messages.append("PTX: 16-byte stores for whole words, 32-bit stores for pairs")
+    if verbose:
+        print(res)
+        res._printed = True
+    return res
+
+
 def check_one_mma(one_mma, seed=9) -> bool:
     """Grade notebook 09's exercise: ``one_mma[1, 32](w, xt, y)`` must give Y = W @ X (16 x 16 by 16 x 8) bit for bit.
     W and X are small integers, so every sum is exact in float32; both go in as bf16 pairs in uint32 words
@@ -454,3 +537,66 @@ def check_hot_spot(hot_spot, prog, operands) -> bool:
     print("PASSED: exercise: the hot spot of a source page" if not problems else
           f"NOT PASSED (not solved yet): {len(problems)} of the answer's parts")
     return not problems
+
+
+# Where notebook 08's walk can end, and what each end means (the notebook prints the one its page gave).
+CHAIN_ENDS = {
+    "global load": "a load from global memory (LDG): the warps wait for L2 or DRAM (an L1TEX result: "
+                   "long_scoreboard)",
+    "shared-memory load": "a load from shared memory (LDS): an MIO result (short_scoreboard), not DRAM",
+    "constant load": "a load from the constant bank (LDC): a kernel parameter or a constant",
+    "special register": "a special register (S2R: the thread or block index, or a clock): there is no "
+                        "memory load in the chain",
+    "no writer": "nothing earlier writes a register it reads: its inputs are uniform registers (UR...) or "
+                 "constants, which the walk does not follow",
+    "steps": "no load within the walk's steps",
+}
+
+
+def chain_end(prog, chain, operands) -> str:
+    """Notebook 08: which key of CHAIN_ENDS a walk of ``walk_to_load`` ended at (``chain``: its indices,
+    the hot instruction first)."""
+    if len(chain) > 1:
+        op = operands(prog[chain[-1]]["sass"])[0]
+        for prefixes, kind in ((("LDG", "LD."), "global load"), (("LDS",), "shared-memory load"),
+                               (("LDC", "ULDC"), "constant load"), (("S2R", "CS2R", "S2UR"), "special register")):
+            if op.startswith(prefixes):
+                return kind
+    return "steps" if _last_writer(prog, chain[-1], operands) is not None else "no writer"
+
+
+def own_share_want(sweep, name, shape, dtype="bf16"):
+    """Notebook 07: of the time version ``name`` takes beyond a device copy of the same bytes, the share
+    beyond the traffic-matched bound (its own work), at one shape of ``sweep`` (a bench.Run):
+    (1/v - 1/bound) / (1/v - 1/copy) in GB/s, i.e. (100 - pct_bound) / (100 - pct_copy). None where
+    the run lacks a record or the version is not slower than the copy (no time beyond it to share)."""
+    from ..measure.bench import BOUND, COPY
+
+    k, b, c = (sweep.get(n, shape=shape, dtype=dtype) for n in (name, BOUND, COPY))
+    if not (k and b and c and k.get("gbps") and b.get("gbps") and c.get("gbps")) or k["gbps"] >= c["gbps"]:
+        return None
+    return (1 / k["gbps"] - 1 / b["gbps"]) / (1 / k["gbps"] - 1 / c["gbps"])
+
+
+def check_own_share(own_share, sweep, name, dtype="bf16") -> bool:
+    """Grade notebook 07's exercise: ``own_share(sweep, shape)`` at every shape of ``sweep`` where
+    ``own_share_want`` is defined, within a relative 1e-6 (times or GB/s give the same share)."""
+    shapes = list(dict.fromkeys(tuple(r["shape"]) for r in sweep.records if r["name"] == name and r["dtype"] == dtype))
+    graded, bad = 0, []
+    for shape in shapes:
+        want = own_share_want(sweep, name, shape, dtype)
+        if want is None:
+            continue
+        graded += 1
+        try:
+            got = own_share(sweep, shape)
+        except Exception as exc:   # a student's error is reported, not raised
+            got = f"{type(exc).__name__}: {exc}"
+        if not (isinstance(got, (int, float)) and math.isclose(got, want, rel_tol=1e-6, abs_tol=1e-12)):
+            bad.append((shape, got, want))
+    for shape, got, want in bad[:3]:
+        print(f"  {'x'.join(map(str, shape))}: yours {got}, the records give {want:.4f}")
+    ok = graded > 0 and not bad
+    print(f"PASSED: exercise: the kernel's own share of its time beyond a copy, at {graded} shapes" if ok else
+          "NOT PASSED (not solved yet): " + (f"{len(bad)} of {graded} shapes" if graded else "no shape to grade"))
+    return ok

@@ -305,6 +305,43 @@ def _value(metrics: dict, names: list):
     return None, ""
 
 
+# What a warp waits for in each state, after the "Warp Stall Reasons" of Nsight Compute's Profiling
+# Guide (the names are the metrics' and the source page's); notebook 07 prints these beside its
+# profile table, notebook 08 explains the ones that matter here in a table of its own.
+STALL_MEANINGS = {
+    "long_scoreboard": "a result of an L1TEX operation (global or local memory): a load not back yet",
+    "short_scoreboard": "a result of an MIO operation other than L1TEX (shared memory, special math, ...)",
+    "lg_throttle": "room in the queue of local/global memory instructions",
+    "mio_throttle": "room in the MIO queue (memory input/output: shared memory, special math, dynamic branches)",
+    "math_pipe_throttle": "a busy arithmetic pipe",
+    "not_selected": "nothing: it was ready, but the scheduler issued another warp",
+    "barrier": "the other warps of its block at a barrier (cuda.syncthreads())",
+    "wait": "a fixed-latency dependency (plain arithmetic)",
+    "drain": "its memory instructions to complete, after its last instruction (EXIT)",
+    "dispatch_stall": "the dispatcher, which held back an instruction it had picked (a conflict or event)",
+    "branch_resolving": "a branch target to be computed",
+    "no_instruction": "its turn to fetch an instruction, or an instruction cache miss",
+    "imc_miss": "a miss of the immediate-constant cache",
+    "membar": "a memory barrier",
+    "tex_throttle": "room in the queue of texture instructions",
+    "sleeping": "all its threads blocked, yielded or asleep (nanosleep)",
+    "misc": "a miscellaneous hardware reason",
+    "gmma": "resources of a warpgroup matrix multiply (wgmma, sm_90)",
+}
+# The source page (ncu --page source) names the same states in its per-instruction columns "stall_<short>".
+SOURCE_STALLS = {"long_sb": "long_scoreboard", "short_sb": "short_scoreboard", "lg": "lg_throttle",
+                 "mio": "mio_throttle", "math": "math_pipe_throttle", "imc": "imc_miss", "no_inst": "no_instruction",
+                 "sleep": "sleeping", "tex": "tex_throttle", "dispatch": "dispatch_stall"}
+
+
+def stall_legend(reasons) -> list[str]:
+    """One line per stall reason (in the order given, each once): its name and what the warp waits for."""
+    seen = list(dict.fromkeys(reasons))
+    width = max([len(r) for r in seen] + [0])
+    return [f"{r:<{width}}  waits for {STALL_MEANINGS.get(r, '(not described here: see the Profiling Guide)')}"
+            for r in seen]
+
+
 def stall_reasons(metrics: dict) -> tuple[list, str]:
     """[(reason, value), ...] largest first (issuing, 'selected', left out) and what the values mean."""
     for rx, meaning in _STALL_FAMILIES:
@@ -441,6 +478,39 @@ def row_label(name: str, entry: dict, meta: dict | None = None) -> str:
     the one its notebook teaches now (index.json marks a replaced one ``earlier_kernel``)."""
     date = (entry.get("date") or (meta or {}).get("date") or "undated").removesuffix(" UTC")
     return f"{name} [{date}, {'EARLIER kernel' if entry.get('earlier_kernel') else 'kernel taught now'}]"
+
+
+def earlier_kernel_lines(rec: dict, indent: str = "  ") -> list[str]:
+    """One line per recorded profile whose kernel its notebook has since replaced (index.json's
+    ``earlier_kernel``), naming the version, the date it was profiled and what changed: notebooks 07 and
+    08 print them above their tables, so that no such row is read as the kernel taught now."""
+    return [f"{indent}EARLIER kernel: {name}, profiled {v.get('date')}: {v['earlier_kernel']}"
+            for name, v in (rec or {}).get("versions", {}).items() if v.get("earlier_kernel")]
+
+
+def ceiling_record(gpu: str | None) -> dict | None:
+    """The copy ceiling and the traffic-matched bound recorded for one GPU (a name or its folder under
+    data/results/), at 16384x16384 bf16, from notebook 07's run, else notebook 00's; None when that GPU
+    has neither. A profile's DRAM throughput may be set beside these only when both are of the same GPU.
+
+    Returns ``{"gpu", "notebook", "date", "label", "copy_gbps", "bound_gbps"}`` (``bound_gbps`` None
+    in a run recorded before the bound existed)."""
+    from . import results
+    from .bench import BOUND, COPY
+
+    if not gpu:
+        return None
+    for nb in ("07_summary", "00_ceiling"):
+        data = results.load(nb, results.gpu_slug(gpu))
+        if data is None:
+            continue
+        got = {r["name"]: r for r in data["records"] if r.get("dtype") == "bf16" and r.get("shape") == [16384, 16384]
+               and r.get("gbps")}
+        if COPY in got:
+            return {"gpu": data["meta"].get("gpu"), "notebook": nb, "date": data["meta"].get("date"),
+                    "label": results.label(data["meta"]), "copy_gbps": got[COPY]["gbps"],
+                    "bound_gbps": (got.get(BOUND) or {}).get("gbps")}
+    return None
 
 
 def load_fixture() -> dict:

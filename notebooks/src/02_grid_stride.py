@@ -60,9 +60,19 @@ SIG = "(uint8[::1], float32[::1], uint8[::1], float32[::1], float32[::1], float3
 #   far too little in flight: we predict that version to be **much slower**.
 #
 # The numbers behind the last point, from the copy ceiling recorded by 00 on this GPU (the cell
-# prints which run) and an **assumed** DRAM latency (`nf4lab.lesson.ASSUMED_DRAM_LATENCY_NS`, a
-# round figure for a loaded HBM GPU, HBM being the stacked DRAM of data-center GPUs; not a
-# measurement: the series uses this one value wherever it applies Little's law):
+# prints which run) and an **assumed** DRAM latency, `nf4lab.lesson.ASSUMED_DRAM_LATENCY_NS`: a
+# round figure we chose for a loaded HBM GPU (HBM being the stacked DRAM of data-center GPUs),
+# not measured here or anywhere in the series, which uses this one value wherever it applies
+# Little's law. Every amount and percentage the cell derives from it is an estimate that scales
+# with it.
+#
+# Which bytes count as "in flight per thread": here, all the DRAM bytes one iteration moves, the
+# code byte and the scale's bytes read and the four output bytes written (the byte model's bytes
+# per packed byte, printed below), as if they were all outstanding at once. That is a generous count: a
+# thread's load instructions carry one byte each (08 counts that width, a load's, against the
+# need instead), so by that count even less is in flight. And it assumes one iteration's bytes
+# per thread: whether the unrolled loop of section 3 has a later iteration's loads issued before
+# an earlier one's return is not measured here.
 
 # %%
 N_BIG = 16384 * 16384
@@ -73,23 +83,24 @@ if copy and sms:
     latency = lesson.ASSUMED_DRAM_LATENCY_NS
     need = copy["gbps"] * latency                          # GB/s * ns = bytes
     per_byte = bytemodel.bytes_moved(N_BIG) / (N_BIG // 2)  # DRAM bytes per packed byte (one iteration)
-    print(f"copy ceiling {copy['gbps']:.0f} GB/s x {latency} ns (assumed) = about {need / 1e6:.1f} MB in flight, "
+    print(f"copy ceiling {copy['gbps']:.0f} GB/s x {latency} ns (assumed) = an estimated {need / 1e6:.1f} MB in flight, "
           f"{need / sms / 1e3:.1f} KB per SM ({sms} SMs); {results.source_note(results.gpu_slug(ceil.meta['gpu']))}")
     print(f"  the ceiling's record: {results.label(ceil.meta)}")
+    print(f"  DRAM bytes per packed byte, one iteration (byte model: code, scale and output bytes): {per_byte:.2f}")
     # threads per SM: this GPU's attribute, or the recorded GPU's (no GPU here); absent from older records
     per_sm = nf4lab.device_info().get("max_threads_per_sm") or ceil.meta.get("max_threads_per_sm")
     print(f"  threads per SM: {per_sm or 'not in this record'}")
     for blocks in (1, per_sm // 256) if per_sm else (1,):
         have = blocks * 256 * per_byte
         print(f"  {blocks} block(s) of 256 per SM, one iteration each in flight: {have / 1e3:.1f} KB per SM, "
-              f"{100 * have / (need / sms):.0f}% of that")
+              f"an estimated {100 * have / (need / sms):.0f}% of that (with the assumed latency)")
 else:
     print("no recorded copy ceiling for this GPU (run 00_ceiling on it): the argument above stays qualitative")
 
 # %% [markdown]
 # If even full occupancy covers less than 100% of it, one iteration's bytes per thread cannot
-# reach the ceiling however the grid is sized: the reason why the later steps move more bytes
-# per access.
+# reach the ceiling however the grid is sized (an estimate: with a shorter real latency the
+# share is larger): the reason why the later steps move more bytes per access.
 
 # %% [markdown]
 # <a id="kernel"></a>
@@ -105,10 +116,16 @@ else:
 # The grid: the SM count times the blocks that fit on one SM. That is limited by threads
 # (the device attribute `max_threads_per_sm`: the cell after the kernel prints this GPU's SMs and
 # blocks per SM), registers and shared memory. This kernel uses no shared memory; whether its
-# registers limit it more than threads do, the cell after the kernel prints: the registers per
-# thread numba reports for the compiled kernel (on a GPU only: `get_regs_per_thread`), and the
-# per-SM block limits that Nsight Compute recorded for this version, with the GPU and date of
-# that profile (08 reads such profiles).
+# registers limit it more than threads do, the cell after the kernel prints. On a GPU: the
+# registers per thread numba reports for the kernel compiled for that GPU (`get_regs_per_thread`),
+# and the blocks per SM the driver's occupancy calculator allows it (registers, shared memory and
+# threads at once). In the simulator neither exists, and the cell says so. It also prints the
+# per-SM block limits that Nsight Compute (NVIDIA's kernel profiler; 08 reads its profiles)
+# recorded for this version, with the GPU and date of that profile. A profile recorded on another
+# GPU stands in for this one only where both have the same compute capability (the SM's register
+# file and thread limits are set per compute capability: CUDA C++ Programming Guide, "Technical
+# Specifications per Compute Capability") and numba reports the same registers per thread for
+# the kernel on both: on a GPU the cell compares the two counts.
 # We never launch more blocks than the data needs. In the simulator there are no SMs: a
 # small fixed number makes the loop loop. (These three helpers join `nf4lab.lesson` for 03.)
 
@@ -181,12 +198,28 @@ print(f"{sm_count()} SMs x {blocks_per_sm(THREADS)} blocks of {THREADS} -> grid 
 print(f"each thread handles about {nb / (grid_for(nb, THREADS, blocks_per_sm(THREADS)) * THREADS):.1f} bytes")
 
 # Registers: numba knows them once the kernel is compiled for this GPU (no registers in the simulator).
+regs = None
 if nf4lab.ON_GPU:
     launch(nf4lab.make_buffers(nf4lab.make_case((1, 64))))         # compiles dequant_grid_stride here
     regs = dequant_grid_stride.get_regs_per_thread()
     regs = sorted(set(regs.values())) if isinstance(regs, dict) else [regs]
-    print(f"registers per thread (numba, compiled for the {nf4lab.device_info()['gpu']} now): "
+    info = nf4lab.device_info()
+    print(f"registers per thread (numba, compiled for the {info['gpu']}, cc {'.'.join(map(str, info['cc']))}, now): "
           f"{', '.join(map(str, regs))}")
+    # The driver's occupancy calculator for the compiled kernel: every limit at once.
+    try:
+        compiled = next(iter(dequant_grid_stride.overloads.values()))
+        live = compiled.max_cooperative_grid_blocks(THREADS) // sm_count()
+    except Exception as exc:    # a numba API that may move: say so, do not stop the notebook
+        print(f"  blocks per SM from the driver: not available ({type(exc).__name__}: {exc})")
+    else:
+        print(f"  blocks of {THREADS} per SM the driver allows it on this GPU (registers, shared memory and threads): "
+              f"{live}, by threads alone: {blocks_per_sm(THREADS)} -> "
+              + ("registers limit it no more than threads do" if live >= blocks_per_sm(THREADS) else
+                 "registers or shared memory are the tighter limit"))
+else:
+    print("registers per thread and the driver's occupancy: not available in the simulator (numba reports them "
+          "only for a kernel compiled for a GPU); the profile below is the recorded GPU's, not this machine's")
 # The profile record: registers and how many blocks of THREADS each resource allows per SM.
 prof = profiling.load_recorded()
 entry = prof["versions"].get("02 grid-stride (full occupancy)") if prof else None
@@ -202,6 +235,11 @@ else:
           f"{met.get('launch__block_size', THREADS):.0f} per SM allowed by registers: {by_regs:.0f}, by threads: "
           f"{by_warps:.0f} -> " + ("registers limit it no more than threads do" if by_regs >= by_warps else
                                    "registers are the tighter limit"))
+    if regs is not None:
+        same = regs == [round(met.get("launch__registers_per_thread"))]
+        print("  numba's count on this GPU " + ("equals" if same else "differs from") + " the profile's: "
+              + ("the recorded limits hold here where the compute capability is the profile GPU's too" if same else
+                 "the recorded limits need not hold here; the driver's line above is this GPU's"))
 
 # %% [markdown]
 # <a id="ptx"></a>
@@ -264,27 +302,33 @@ print(f"noise margin: {NOISE_PCT}%")
 base = run.get("01 naive (per byte)") if run is not None else None
 if run is not None and base is None and bench.Run.load("01_naive") is not None:
     base = bench.Run.load("01_naive").get("01 naive (per byte)")
-    print("(this recorded run has no 01 measurement: 01 comes from its own run, so a few percent may be noise)")
+    print("(this recorded run has no 01 measurement: 01 comes from its own run, so two runs are compared)")
 full = run.get("02 grid-stride (full occupancy)") if run is not None else None
 one = run.get("02 grid-stride (1 block per SM)") if run is not None else None
 if base and full and one:
-    change = 100 * (full["gbps"] / base["gbps"] - 1)
-    print(f"full occupancy: {full['gbps']:.0f} GB/s vs 01's {base['gbps']:.0f} GB/s: {change:+.0f}% "
+    # The same kernel in two runs: 01's kernel here against 01's own record, the scale of the margin.
+    own01 = bench.Run.load("01_naive")
+    there = own01.get("01 naive (per byte)") if own01 is not None else None
+    if there and run.get("01 naive (per byte)"):
+        print(f"run to run, 01 naive (per byte): {base['gbps']:.0f} GB/s here, {there['gbps']:.0f} GB/s in 01's "
+              f"record ({results.label(own01.meta)}): {100 * (base['gbps'] / there['gbps'] - 1):+.1f}%")
+    change = round(100 * (full["gbps"] / base["gbps"] - 1), 1)   # judged as printed: one decimal
+    print(f"full occupancy: {full['gbps']:.0f} GB/s vs 01's {base['gbps']:.0f} GB/s: {change:+.1f}% "
           f"({full['pct_copy']:.0f}% vs {base['pct_copy']:.0f}% of copy)")
     if change > NOISE_PCT:
         verdict = "the small gain we predicted" if change < 10 else "more than the small gain we predicted"
-        print(f"  a gain of {change:.0f}%, {verdict}: most likely the fixed costs of 01's one-byte threads "
+        print(f"  a gain of {change:.1f}%, {verdict}: most likely the fixed costs of 01's one-byte threads "
               "(setup, launching and retiring blocks) were not negligible on this GPU; the loop pays them "
               "once per thread.")
     elif change < -NOISE_PCT:
-        print(f"  a loss of {-change:.0f}% (we predicted a small gain or none): most likely the loop's own work "
+        print(f"  a loss of {-change:.1f}% (we predicted a small gain or none): most likely the loop's own work "
               "(the trip count, the counter) cost more on this GPU than the block scheduling it saved.")
     else:
         print("  no measurable change (the 'possibly none' of the prediction): most likely DRAM waits were all "
               "that limited 01 on this GPU, and block scheduling kept up. That is a result too: here the loop "
               "buys flexibility, not speed.")
         if abs(change) > NOISE_PCT / 2:   # within noise is not zero: name the direction
-            print(f"  ({abs(change):.0f}% {'slower' if change < 0 else 'faster'}, within the {NOISE_PCT}% margin: "
+            print(f"  ({abs(change):.1f}% {'slower' if change < 0 else 'faster'}, within the {NOISE_PCT}% margin: "
                   f"not a measured difference, but the direction is {'a loss' if change < 0 else 'a gain'})")
     print(f"1 block per SM: {one['gbps']:.0f} GB/s, {one['gbps'] / full['gbps']:.2f}x full occupancy "
           f"({'much slower, as predicted' if one['gbps'] < 0.5 * full['gbps'] else 'not much slower: the prediction failed here'})")

@@ -28,7 +28,7 @@ import nf4lab  # first: decides GPU or simulator before numba.cuda is imported
 import numpy as np
 from numba import cuda, uint64
 
-from nf4lab.measure import bench, ptx
+from nf4lab.measure import bench, ptx, results
 from nf4lab.format import bytemodel, reference
 from nf4lab.device import ops
 from nf4lab.lesson import exercises, plots
@@ -212,11 +212,19 @@ plots.progress("03_packed_u32");
 # grid-stride one against 02. A change no larger than `bench.NOISE_PCT` (the series' one noise
 # margin, printed below) counts as none, and is reported as within noise; one larger than half
 # the margin is also printed with its size and direction, since within noise is not the same as
-# zero.
+# zero. To show the margin's scale, the cell first prints how far 01's and 02's kernels, timed
+# again in this run, lie from their own notebooks' records: the same kernel in two runs.
 
 # %%
 NOISE_PCT = bench.NOISE_PCT
 print(f"noise margin: {NOISE_PCT}% (a change must be larger to count)")
+# The same kernel in two runs: this run's number against the record of the notebook that wrote it.
+for nb, name in (("01_naive", "01 naive (per byte)"), ("02_grid_stride", "02 grid-stride (full occupancy)")):
+    own = bench.Run.load(nb)
+    here, there = (run.get(name) if run is not None else None), (own.get(name) if own is not None else None)
+    if here and there:
+        print(f"  run to run, {name}: {here['gbps']:.0f} GB/s here, {there['gbps']:.0f} GB/s in {nb}'s record "
+              f"({results.label(own.meta)}): {100 * (here['gbps'] / there['gbps'] - 1):+.1f}%")
 PAIRS = (("03 packed u32 (per byte)", "01_naive", "01 naive (per byte)"),
          ("03 packed u32 (grid-stride)", "02_grid_stride", "02 grid-stride (full occupancy)"))
 changes = {}                           # version -> change in %, as printed (one decimal)
@@ -224,7 +232,7 @@ for name, nb, base_name in (PAIRS if run is not None else ()):
     r, base = run.get(name), run.get(base_name)
     note = ""
     if base is None and bench.Run.load(nb) is not None:   # a run recorded before baselines were re-measured
-        base, note = bench.Run.load(nb).get(base_name), f" (from {nb}'s own run: a few percent may be noise)"
+        base, note = bench.Run.load(nb).get(base_name), f" (from {nb}'s own run: two runs, not one)"
     if r is None or base is None:
         continue
     change = 100 * (r["gbps"] / base["gbps"] - 1)
@@ -237,9 +245,11 @@ leaning = {k: c for k, c in changes.items() if NOISE_PCT / 2 < abs(c) <= NOISE_P
 # Whose numbers these are: this run's, or a recorded GPU's (no GPU here).
 where = "on this GPU" if run is not None and not run.recorded else \
     f"on the {(run.meta.get('gpu') if run is not None else None) or 'recorded GPU'} (recorded)"
-# Not measured here: whether DRAM sees the same bytes (08's profiles count DRAM bytes per version).
+# Not measured here: whether DRAM sees the same bytes (08's recorded profiles count DRAM bytes per version,
+# on the GPU each profile names, which need not be this one).
 l2_note = ("DRAM likely sees the same bytes either way (L2, the cache in front of DRAM, probably merges "
-           "01's 16-bit stores into whole lines before writing them back; 08's profiles measure it)")
+           "01's 16-bit stores into whole lines before writing them back; 08 prints DRAM bytes per version "
+           "from Nsight Compute profiles recorded on the GPU it names, not measured in this notebook)")
 if not changes:
     print("no recorded runs of 01, 02 and 03 to compare yet")
 elif gains and losses:
@@ -276,8 +286,9 @@ for name, c in leaning.items():
 #
 # * One 32-bit store per byte instead of two 16-bit ones halves the store instructions but not
 #   the bytes. Whether that is faster depends on what limits the kernel: the like-with-like
-#   comparison above says what it bought on the GPU whose results it shows. An optimization
-#   that gains nothing is a measurement worth keeping: it says where the limit is *not*.
+#   comparison above says what it bought (or cost) on the GPU whose results it shows, against a
+#   margin whose scale the run-to-run lines print. An optimization that gains nothing, or loses,
+#   is a measurement worth keeping: it says where the limit is *not*.
 # * `cvt.rn.bf16x2.f32` (compute capability 8.0 and newer) converts two floats with
 #   round-to-nearest-even in one instruction; `ops.pack_bf16x2` falls back to integer rounding
 #   on a T4. Either way, mind which half is which (the lower address is the low half).

@@ -7,9 +7,10 @@
 # # 05 · Where the LUT lives: constant, shared, or registers
 #
 # **Goal.** Every weight is `LUT[q] * scale` with `q` a 4-bit code. In step 04 the 16-entry
-# table is a global array, read 8 times per packed word, which we expect L1 to serve (a load
-# with no cache operator defaults to `.ca`, "cache at all levels": PTX ISA, "Cache Operators";
-# nothing here measures the hit rate). Here we take the coalesced kernel of 04 and change
+# table is a global array, read 8 times per packed word, which we expect L1 (the SM's own cache
+# for global loads, sharing its on-chip storage with shared memory) to serve: 04's PTX showed the
+# table's loads as `ld.global.f32` with no cache operator, which defaults to `.ca`, "cache at all
+# levels" (PTX ISA, "Cache Operators"); nothing here measures the hit rate. Here we take the coalesced kernel of 04 and change
 # *only* where the table lives, three ways, and measure them side by side: **constant memory**
 # (`cuda.const.array_like`), **shared memory** (filled by the first 16 threads of the block), and
 # **registers** (a tree of `selp` instructions, no memory at all: `selp.f32 d, a, b, p` is PTX's
@@ -29,10 +30,12 @@
 # %%
 import nf4lab  # first: decides GPU or simulator before numba.cuda is imported
 
+import re
+
 import numpy as np
 from numba import cuda
 
-from nf4lab.measure import bench, ptx
+from nf4lab.measure import bench, ptx, results
 from nf4lab.lesson import plots
 from nf4lab.harness import versions
 
@@ -71,6 +74,13 @@ codes = case.packed[: 32 * 256].reshape(-1, 32) >> 4      # high nibbles seen by
 distinct = np.array([len(np.unique(w)) for w in codes])
 print(f"distinct codes per warp lookup on this case: mean {distinct.mean():.1f}, "
       f"min {distinct.min()}, max {distinct.max()} (of 16)")
+# Where the 64-byte table starts decides whether a warp's lookups can stay in one 128-byte line.
+lut = nf4lab.make_buffers(case).lut
+iface = getattr(lut, "__cuda_array_interface__", None) or lut.__array_interface__
+start = iface["data"][0] % 128
+print(f"the table (b.lut, made by make_buffers as the benchmark's are) starts at byte {start} of a 128-byte line: "
+      f"its {lut.nbytes} bytes span {1 + (start + lut.nbytes - 1) // 128} line(s)"
+      + ("" if nf4lab.ON_GPU else " (simulator: a host array's address, not where a GPU would place it)"))
 
 # %% [markdown]
 # Most of the 16 entries are asked for in every warp lookup (printed above), so we expect
@@ -266,9 +276,17 @@ ptx.check(ptxs["shared"], present=common_present + [r"^ld\.shared\.f32", r"^bar\
           absent=common_absent + [r"^ld\.const", r"^selp\.f32"])
 ptx.check(ptxs["registers"], present=common_present + [r"^selp\.f32"],
           absent=common_absent + [r"^ld\.const", r"^ld\.shared\.f32"])
-# A static count: instructions in the PTX text (the loops are unrolled), not lookups executed at run time.
-print("lookup instructions in each kernel's PTX (static count, not executions):",
-      {w: ptx.count(p, r"^ld\.(const|shared)\.f32") + ptx.count(p, r"^selp\.f32") for w, p in ptxs.items()})
+# A static count: instructions in the PTX text, not lookups executed at run time. The PTX is cut into its basic
+# blocks (at its labels): the block with the 16-byte store converts one whole word (8 weights) and runs once per
+# word, up to 4 times per thread (the loop over j); the other lookups are in the tail, which LLVM unrolled.
+LOOKUP = r"^(ld\.(const|shared)\.f32|selp\.f32)"
+print("lookup instructions (ld.const.f32, ld.shared.f32 or selp.f32) in each kernel's PTX, a static count:")
+for where, p in ptxs.items():
+    blocks = re.split(r"^\$L\w*:", p, flags=re.MULTILINE)
+    word = sum(ptx.count(b, LOOKUP) for b in blocks if ptx.count(b, r"^st\.global\.v4"))
+    total = ptx.count(p, LOOKUP)
+    print(f"  {where}: {total} in all; {word} in the block that converts a whole word and stores it "
+          f"({word / 8:g} per weight, run once per word), {total - word} in the tail's code")
 
 # %% [markdown]
 # <a id="verify"></a>
@@ -303,11 +321,18 @@ if run is not None:
         print("\nfastest to slowest: " + " < ".join(f"{r['name'][3:]} ({r['ms'] * 1e3:.0f} us)" for r in ks))
     g, sh = run.get(BASELINE), run.get("05 LUT in shared memory")
     if g and sh:
+        # The same kernel in two runs: the baseline here against 04's own record of it, the margin's scale.
+        r04 = bench.Run.load("04_vector_loads")
+        there = r04.get("04 16B loads, coalesced stores") if r04 is not None else None
+        if there:
+            print(f"run to run, 04's coalesced kernel: {g['gbps']:.0f} GB/s here, {there['gbps']:.0f} GB/s in 04's "
+                  f"record ({results.label(r04.meta)}): {100 * (g['gbps'] / there['gbps'] - 1):+.1f}%")
         gain = sh["gbps"] / g["gbps"] - 1
-        print(f"shared table against global table: {g['gbps']:.0f} -> {sh['gbps']:.0f} GB/s ({gain:+.1%})")
+        print(f"shared table against global table: {g['gbps']:.0f} -> {sh['gbps']:.0f} GB/s ({gain:+.1%}), "
+              f"noise margin {bench.NOISE_PCT}%")
         # Whose numbers these are: this run's, or a recorded GPU's (no GPU here).
         where = "on this GPU" if not run.recorded else f"on the {run.meta.get('gpu', 'recorded GPU')} (recorded)"
-        if abs(round(100 * gain)) <= bench.NOISE_PCT:     # the series' one noise margin
+        if abs(round(100 * gain, 1)) <= bench.NOISE_PCT:     # the series' one margin, judged as printed
             print(f"-> within the {bench.NOISE_PCT}% noise margin: {where} the shared table gains nothing "
                   "measurable over the global one")
         else:
@@ -330,9 +355,11 @@ plots.progress("05_shared_lut");
 #
 # * **Global memory is already fine for this table** when the benchmark above finds the shared
 #   table no faster (within the noise margin, or slower). The likely reason: the table is 16
-#   floats, 64 bytes, read by every warp all the time, so it should stay in L1, and a warp's
-#   lookup of up to 16 addresses inside one 128-byte line is then one L1 access, like a
-#   shared-memory lookup (this notebook times the kernels; it does not count cache hits).
+#   floats, 64 bytes, read by every warp all the time, so it should stay in L1, and we expect a
+#   warp's lookup of up to 16 addresses to be one L1 access, like a shared-memory lookup, when
+#   the 64 bytes lie in one 128-byte line (section 1 printed how many lines this run's table
+#   spans; a table that straddles two would need two). This notebook times the kernels; it does
+#   not count cache hits or L1 accesses.
 #   There, what shared memory buys is a guarantee rather than speed: the table cannot be evicted
 #   by the data streaming through L1 (a kernel with more traffic or a different cache split may
 #   see misses), and 16 entries in 16 banks with same-address broadcast are conflict-free by

@@ -55,9 +55,9 @@ def sig(dtype):
 #
 # The byte model: the inputs are the same for every dtype, the output is 2 or 4 bytes per weight.
 # The time at the copy ceiling (measured in 00, same GPU), bytes / bandwidth, is a reference
-# point, not a floor: our traffic is write-mostly (fp32's most of all: it moves almost twice the
-# bytes), and the write-only fill ceiling can be faster than the copy, so the cell also prints
-# fp32's time at the fill ceiling. Section 6 judges every dtype against the
+# point, not a floor: our traffic is write-mostly (fp32's most of all: it writes twice the output
+# bytes, and the cell prints its total against bf16's), and the write-only fill ceiling can be
+# faster than the copy, so the cell also prints fp32's time at the fill ceiling. Section 6 judges every dtype against the
 # traffic-matched bound (the same bytes moved with no arithmetic) and prints the copy and the
 # write-only fill beside it.
 
@@ -76,6 +76,8 @@ for d in ("bf16", "fp16", "fp32"):
     if fill and d == "fp32":
         line += f"; at the fill ceiling ({fill['gbps']:.0f} GB/s): {nbytes / fill['gbps'] / 1e6:.3f} ms"
     print(line)
+print(f"fp32 moves {bytemodel.bytes_moved(N_BIG, 'fp32') / bytemodel.bytes_moved(N_BIG, 'bf16'):.2f}x the bytes "
+      f"of bf16 (the same inputs, twice the output bytes)")
 if copy is None:
     print("(no recorded ceiling for this GPU: run notebook 00 on a GPU)")
 
@@ -327,13 +329,15 @@ for d, p in kernel_ptx.items():
 # ## 5. Verification, per dtype
 #
 # fp16 deserves attention: its range is small (largest finite value 65504) and it has subnormals.
-# Verification includes "heavy" weights, with per-row scales over orders of magnitude, to try to
-# reach both ends of that range. `cvt.rn.f16x2.f32` is defined to round to nearest even,
-# overflowing to infinity and producing subnormals, as torch's conversion does: bit-exact means
-# the same infinities and subnormals too, where a case reaches them. The cell counts them in
-# bitsandbytes' output for a heavy fp16 case at the main case's shape (on a GPU, the one
-# verification used; in the simulator the shapes are small). `tools/gpu_exactness.py` also checks
-# the conversions alone, on the GPU; section 7 prints its records.
+# Verification includes "heavy" weights, with per-row scales over orders of magnitude: the
+# widest-ranging case the series generates, but not one built to reach fp16's ends.
+# `cvt.rn.f16x2.f32` is defined to round to nearest even, overflowing to infinity and producing
+# subnormals, as torch's conversion does: bit-exact means the same infinities and subnormals too,
+# where a case reaches them. Whether the heavy case reaches them is for the cell to say: it counts
+# them in bitsandbytes' output for a heavy fp16 case at the main case's shape (on a GPU, the one
+# verification used; in the simulator the shapes are small), and prints the largest and the
+# smallest nonzero magnitude of that output beside fp16's limits. `tools/gpu_exactness.py` also
+# checks the conversions alone, on the GPU; section 7 prints its records.
 
 # %%
 nf4lab.verify_versions(VERSIONS, cases["bf16"], dtypes=("bf16", "fp16", "fp32"))
@@ -342,11 +346,18 @@ e = heavy.expected.view(np.uint16)
 print(f"bitsandbytes' fp16 output, heavy case {heavy.shape[0]}x{heavy.shape[1]}: "
       f"{int(((e & 0x7FFF) == 0x7C00).sum()):,} infinities, "
       f"{int((((e & 0x7C00) == 0) & ((e & 0x03FF) != 0)).sum()):,} subnormals")
+mag = np.abs(e.view(np.float16).astype(np.float32))
+mag = mag[np.isfinite(mag) & (mag > 0)]
+f16 = np.finfo(np.float16)
+if mag.size:
+    print(f"  its magnitudes: largest {mag.max():.6g} (fp16's largest finite: {float(f16.max):g}), "
+          f"smallest nonzero {mag.min():.3g} (fp16's smallest normal: {float(f16.smallest_normal):.3g})")
 
 # %% [markdown]
 # Read the count beside the bit-exact verdict above it: where it prints no infinities and no
-# subnormals, the heavy case reached neither half-precision overflow nor its subnormal range,
-# and the bit-exact verdict says nothing about them. Those ends are checked on their own by
+# subnormals, the heavy case reached neither half-precision overflow nor its subnormal range
+# (the magnitudes printed under it say how far it stayed from each), and the bit-exact verdict
+# says nothing about them. Those ends are checked on their own by
 # `tools/gpu_exactness.py`, in its first part: the conversions alone, on the GPU against their
 # plain-Python twins, over the special value classes its docstring lists (zeros, subnormals, ties,
 # the largest finite values, infinities, NaNs); section 7 prints its records.

@@ -199,17 +199,16 @@ def make_step(M, is_bf16, look, x_get):
     return step
 # %% [markdown]
 # **The kernel.** A lane's loads of a step (4 x 16 bytes of codes, the statistics word: 17 words) are imported: `fetch`
-# (`gemv.step_ops`) does section 3's loads, clamped at the last row and step; at M = 1 `fetch1` also loads x and does
-# less a step: `rows` puts a tile's row offsets in `rb` once a tile, and K % 256 == 0 (the statistics word's condition)
-# leaves only the step (`cc`) to clamp. The first step's loads go out before the table is built; each trip fetches the
-# next step, across tiles too. Sizes are compile-time constants, so local arrays, indexed by unrolled loops, live in
-# registers. **The tile's sum:** lanes q and q ^ 1 hold one batch row's blocks 0-1 and 2-3 (a `shfl.xor` adds them);
-# each warp writes its 16 M sums to spare words (`gemv.spare`), and after a barrier 16 M threads add the 8 warps' and
-# write y (`parity`: two sets of words). The launcher validates (a misaligned 128-bit load is fatal: CUDA Runtime API,
-# `cudaErrorMisalignedAddress`: "any further CUDA work will return the same error"), allows 64 KB (`gemv.prepare`).
+# (`gemv.step_ops`) does section 3's loads, clamped at the last row and step; at M = 1 `fetch1` also loads x, and `rows`
+# puts a tile's row offsets in `rb`, every step, by selects (a branch in this loop costs more than that arithmetic:
+# lab/README.md). The first step's loads go out before the table is built; each trip fetches the next step, across tiles
+# too. Local arrays indexed by unrolled loops live in registers. **The tile's sum:** lanes q and q ^ 1 hold a batch row's
+# blocks 0-1 and 2-3 (a `shfl.xor` adds them); each warp writes its 16 M sums to spare words (`gemv.spare`), and after a
+# barrier 16 M threads add the 8 warps' and write y (`parity`: two sets of words). The launcher validates (a misaligned
+# 128-bit load is fatal: CUDA Runtime API, `cudaErrorMisalignedAddress`) and allows 64 KB (`gemv.prepare`).
 # %% tags=["kernel"]
 @functools.cache
-def make_kernel(is_bf16, M, base):
+def make_kernel(is_bf16, M, base, full=False):   # full: every warp has a step (gemv.full_apply), left untested
     NT = (M + 1) // 2
     NACC, NCF, FB, NB = 2 * NT, 4 * NT, 17, 34   # per step in buf: 16 code words, 1 statistics word; 2 steps
     _, half_bits, fetch = gemv.step_ops(is_bf16, M, base, True, True)   # the shipped loads (see above)
@@ -266,11 +265,13 @@ def make_kernel(is_bf16, M, base):
                     if cn >= steps:
                         cn, tn = warp, uint32(t + grid)
                 cp = uint32(cp + uint32(W))
-                if cp >= steps:
+                if M == 1:                         # the wrap by selects, the rows every step: no branch in the loop
+                    wrap = cp >= steps
+                    cp, tp = (warp if wrap else cp), (uint32(tp + grid) if wrap else tp)
+                    rows(rb, tp, g, q, lane, n, kw, tiles)
+                elif cp >= steps:
                     cp, tp = warp, uint32(tp + grid)
-                    if M == 1:
-                        rows(rb, tp, g, q, lane, n, kw, tiles)
-                if (warp if M == 1 else c) < steps:   # a warp's steps: warp, warp + 8, ... (or warp alone)
+                if (M == 1 and full) or (warp if M == 1 else c) < steps:   # a warp's steps: warp, warp + 8, ...
                     step(acc, cf, s, A, xr, buf, sm, x_u32, offset, c, g, q, k, kx, lane4, xa)
                 if M == 1:                         # into the slot once every lane has read this step's x
                     syncwarp()
@@ -302,7 +303,7 @@ def launch(g):
     gemv.validate(g)
     if not gemv.words_apply(g.nested, g.bs_shift, g.K, gemv.address(g.absmax_q)):
         return gemv.launch(g)              # no statistics word (see gemv.words_apply): the package's byte-wise loads
-    kern = make_kernel(g.dtype == "bf16", g.M, gemv.probe_base() if nf4lab.ON_GPU else 0)
+    kern = make_kernel(g.dtype == "bf16", g.M, gemv.probe_base() if nf4lab.ON_GPU else 0, gemv.full_apply(True, g.M, g.K))
     args = (g.packed_u32, g.absmax_q, g.absmax2, g.code2, g.lut, g.offset, g.x_u32, g.y, g.N, g.K, g.bs_shift)
     gemv.prepare(kern, args, gemv.SMEM)[g.grid or gemv.grid_size(g.N), THREADS, g.stream, gemv.SMEM](*args)
 # %% [markdown]
@@ -377,8 +378,8 @@ if RUN is not None:
 # <a id="batch"></a>
 # ## 8. Batch: M = 2..8
 #
-# M rows of x cost (M + 1) // 2 n-tiles of mmas on the same A fragments; the weight is still read once. bitsandbytes'
-# `gemm_4bit` picks its path per M and GPU (its fused kernel up to M = 4, by its source); the table does not say which.
+# M rows of x cost (M + 1) // 2 n-tiles of mmas on the same A fragments; the weight is still read once. bitsandbytes 0.50.2's
+# `gemm_4bit` takes its fused kernel at M <= 4, above that by a rule per M and GPU (`backends/cuda/ops.py`): not shown here.
 # %%
 if nf4lab.ON_GPU:
     BATCH = gemv_bench.benchmark({"notebook 09": launch}, ms=(2, 4, 8))
@@ -398,8 +399,7 @@ if BATCH:   # % of read: section 7's read bound (the weight's bytes, read once a
 # - Bytes bound a GEMV: section 1 estimates a lower bound at copy speed, section 7 times the read bound (a read-only
 #   kernel); how close ours gets depends on the shape. A table of A registers makes dequantization a `prmt` and a load.
 # - The mma sums over k in any order: we pick k so that each lane reads contiguous bytes, and B's columns keep the
-#   absmax blocks apart so that each is scaled once, in float32, as bitsandbytes scales it. Further reading:
-#   [Marlin](https://github.com/IST-DASLab/marlin) and [FLUTE](https://github.com/HanGuo97/flute).
+#   absmax blocks apart so that each is scaled once, in float32, as bitsandbytes scales it. Further reading: [Marlin](https://github.com/IST-DASLab/marlin) and [FLUTE](https://github.com/HanGuo97/flute).
 #
 # <a id="exercise"></a>
 # ## 10. Exercise: one mma by hand
@@ -433,9 +433,9 @@ assert result
 # ## Appendix: other designs the lab timed
 #
 # Designs timed by the lab (`lab/README.md` tells each story), bf16, M = 1: this GPU's record, else another GPU's (the
-# run column names GPU and date). A ratio against the tensor-core kernel of that day ("TC") is printed only where
-# `provenance.compare` finds both in one run; else why not, under the row. FFMA: no tensor cores, a byte's two weights
-# by one pair lookup, then two float32 fused multiply-adds; the cp.async ring copies weights ahead into shared memory.
+# run column names GPU and date). A design's time is shown only beside the tensor-core kernel's ("TC") of the same run
+# ("design / TC us: ratio", where `provenance.compare` finds both); else why not, under the row. FFMA: no tensor
+# cores, a byte's two weights by one pair lookup, then two float32 FMAs; the cp.async ring copies weights ahead into smem.
 # %%
 ROAD = [("FFMA design (pair lookup + 2 FFMA a byte)", "09_fused_gemv", "auto"), ("2 chains of mmas", "09_gemv_chains", "TC C2"),
         ("cp.async ring of 2 stages for weights", "09_gemv_ring", "TC R2"), ("3 blocks per SM", "09_gemv_b3", "TC B3 D1"),
@@ -450,6 +450,6 @@ for label, stem, v in ROAD:
     for shape in SH:
         r, ref = (f and gemv_bench.find_record(f, gemv_bench.kernel_name(x), shape, "bf16") for x in (v, "TC"))
         ratio, why = provenance.compare(f.meta, ref, f.meta, r) if r and ref else (None, "no TC record in this run: not compared")
-        t = "-" if not r else f"{r['ms'] * 1e3:.1f} us, " + (f"{ratio:.2f}x TC time" if ratio else "not compared")
+        t = "-" if not r else f"{r['ms'] * 1e3:.1f} / {ref['ms'] * 1e3:.1f} us: {ratio:.2f}x" if ratio else "not compared"
         cells, whys = cells + f"{t:>26}", {**whys, **({why: 1} if r and not ratio else {})}
     print(f"{label:<44}{f.meta['gpu'].split()[1] + ' ' + f.meta['date'][:16] if f else '-':>22}{cells}" + "".join(f"\n      ({w})" for w in whys))
