@@ -135,30 +135,32 @@ SIG04 = ("(uint8[::1], uint32[::1], float32[::1], uint8[::1], float32[::1], floa
          "uint16[::1], uint32[::1], uint64, uint64)")
 
 
+# Device pieces of notebook 04's exercise kernels below (both exercises' stubs and solutions use them).
+@cuda.jit(device=True, inline="always")
+def pair(byte, lut, s):   # one code byte -> its two weights as a bf16x2 word (high nibble first)
+    return ops.pack_bf16x2(lut[(byte >> 4) & uint32(15)] * s, lut[byte & uint32(15)] * s)
+
+
+@cuda.jit(device=True, inline="always")
+def word4(w, lut, s):     # a code word (8 weights) -> the 4 words of its 16-byte store
+    return pair(w, lut, s), pair(w >> 8, lut, s), pair(w >> 16, lut, s), pair(w >> 24, lut, s)
+
+
+@cuda.jit(device=True, inline="always")
+def tail(packed, lut, s, out, i, n):   # weights i..n-1 one 16-bit store at a time (version A's tail)
+    while i < n:
+        byte = uint32(packed[i >> 1])
+        q = (byte >> 4) if (i & uint64(1)) == 0 else (byte & uint32(15))
+        out[i] = ops.to_bf16_bits(lut[q] * s)
+        i += uint64(1)
+
+
 def _shuffle(kind):
     """Notebook 04's exercise 1: a 16-byte load per thread (32 weights), 16-byte stores. ``stub``: the starting
     point, version A (each lane stores its own 64 bytes: bit-exact, no shuffle); ``solution``: every lane gets
     words t, t + 32, t + 64, t + 96 of its warp by shfl_idx and stores them (a warp's store: 512 contiguous
     bytes)."""
     from nf4lab.device.warp_ops import shfl_idx
-
-    nib, one = uint32(15), uint64(1)
-
-    @cuda.jit(device=True, inline="always")
-    def pair(byte, lut, s):
-        return ops.pack_bf16x2(lut[(byte >> 4) & nib] * s, lut[byte & nib] * s)
-
-    @cuda.jit(device=True, inline="always")
-    def word4(w, lut, s):
-        return pair(w, lut, s), pair(w >> 8, lut, s), pair(w >> 16, lut, s), pair(w >> 24, lut, s)
-
-    @cuda.jit(device=True, inline="always")
-    def tail(packed, lut, s, out, i, n):
-        while i < n:
-            byte = uint32(packed[i >> 1])
-            q = (byte >> 4) if (i & one) == 0 else (byte & nib)
-            out[i] = ops.to_bf16_bits(lut[q] * s)
-            i += one
 
     @cuda.jit
     def stub(packed, packed_u32, lut, absmax_q, absmax2, code2, offset, out, out_u32, n, log2_bs):
@@ -421,14 +423,6 @@ def _last_vector(kind):
     weight."""
     nib, one = uint32(15), uint64(1)
 
-    @cuda.jit(device=True, inline="always")
-    def pair(byte, lut, s):
-        return ops.pack_bf16x2(lut[(byte >> 4) & nib] * s, lut[byte & nib] * s)
-
-    @cuda.jit(device=True, inline="always")
-    def word4(w, lut, s):
-        return pair(w, lut, s), pair(w >> 8, lut, s), pair(w >> 16, lut, s), pair(w >> 24, lut, s)
-
     @cuda.jit
     def stub(packed, packed_u32, lut, absmax_q, absmax2, code2, offset, out, out_u32, n, log2_bs):
         c = uint64(cuda.grid(1))
@@ -458,12 +452,7 @@ def _last_vector(kind):
                 a0, a1, a2, a3 = word4(w, lut, s)
                 ops.store_u32x4(out_u32, o + (uint64(k) << uint64(2)), a0, a1, a2, a3)
         else:
-            i = first
-            while i < n:
-                byte = uint32(packed[i >> 1])
-                q = (byte >> 4) if (i & one) == 0 else (byte & nib)
-                out[i] = ops.to_bf16_bits(lut[q] * s)
-                i += one
+            tail(packed, lut, s, out, first, n)
 
     @cuda.jit
     def solution(packed, packed_u32, lut, absmax_q, absmax2, code2, offset, out, out_u32, n, log2_bs):

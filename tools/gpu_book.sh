@@ -6,7 +6,8 @@
 # Run the solutions first: a notebook's benchmark saves data/results/<gpu>/<notebook>.json, and the
 # record that stays should be the one the lesson (the page students read) prints.
 # Each notebook is its own run (its own kernel process, its own run id in the records it writes).
-# Back here: tar xzf TAG.tgz, then python tools/readme_results.py.
+# Back here: tar xzf TAG_solutions.tgz, then TAG_lessons.tgz (the lessons' records are the ones that stay),
+# then python tools/readme_results.py.
 set -uo pipefail
 tag=$1; which=$2; shift 2
 case $which in solutions|lessons) ;; *) echo "usage: bash tools/gpu_book.sh TAG solutions|lessons NN ..." >&2; exit 2 ;; esac
@@ -35,5 +36,6 @@ except Exception as exc:
     print(f"FAILED {p}: {msg[-1] if msg else type(exc).__name__}")
 PY
   done_nbs="$done_nbs $nb"
-  tar czf "$OUT/$tag.tgz" $done_nbs $(find data/results -type f -newer "$stamp")
+  # One pack per TAG and kind: a lessons call after a solutions call with the same TAG must not replace its pack.
+  tar czf "$OUT/${tag}_$which.tgz" $done_nbs $(find data/results -type f -newer "$stamp")
 done

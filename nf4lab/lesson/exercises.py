@@ -359,6 +359,21 @@ def _speed(launch, name, dtype, blocksize, quant_type):
     return r["pct_copy"], line
 
 
+def _student_ptx(res, kernel, sig, name):
+    """The PTX of a student's bit-exact ``kernel`` for ``sig``, for a grader to read its design; None, with ``res``
+    marked not passed and why, where it does not compile (the grader never raises because of the kernel)."""
+    from ..measure import ptx
+
+    try:
+        return ptx.compile_ptx(kernel, sig)
+    except Exception as exc:
+        res.passed = False
+        res.error = "\n".join(describe_exception(exc))
+        res.verdict = f"NOT PASSED: {name}: bit-exact, but its PTX could not be compiled for {sig}"
+        res.messages.extend(describe_exception(exc))
+        return None
+
+
 # Notebook 03's exercise 1: shapes with every remainder of n mod 4 (n = 1, 2, 15, 64, 65, 66, 231), so that
 # every end a 64-bit store of four weights can meet (none, 1, 2 or 3 weights left) is run.
 U64_SHAPES = ((1, 1), (1, 2), (3, 5), (1, 64), (1, 65), (1, 66), (7, 33))
@@ -372,14 +387,8 @@ def check_u64_store(launch, kernel, sig, *, name="exercise 1: 64-bit stores", ve
 
     res = check(launch, name=name, shapes=U64_SHAPES, verbose=False)
     if res:
-        try:
-            text = ptx.compile_ptx(kernel, sig)
-        except Exception as exc:   # passed the check but does not compile for sig: say so, do not raise
-            res.passed = False
-            res.error = "\n".join(describe_exception(exc))
-            res.verdict = f"NOT PASSED: {name}: bit-exact, but its PTX could not be compiled for {sig}"
-            res.messages.extend(describe_exception(exc))
-        else:
+        text = _student_ptx(res, kernel, sig, name)
+        if text is not None:
             wide = ptx.count(text, r"^st\.global\.(u64|b64|s64)\s")
             if wide:
                 res.messages.append(f"PTX: {wide} 64-bit store instruction(s) (st.global.u64)")
@@ -410,14 +419,8 @@ def check_warp_shuffle(launch, kernel, sig, *, name="exercise 1: coalesced throu
 
     res = check(launch, name=name, shapes=SHUFFLE_SHAPES, min_pct_copy=min_pct_copy, verbose=False)
     if res.error is None and res.report is None:     # bit-exact (fast enough or not): read the design
-        try:
-            text = ptx.compile_ptx(kernel, sig)
-        except Exception as exc:   # runs but does not compile for sig: say so, do not raise
-            res.passed = False
-            res.error = "\n".join(describe_exception(exc))
-            res.verdict = f"NOT PASSED: {name}: bit-exact, but its PTX could not be compiled for {sig}"
-            res.messages.extend(describe_exception(exc))
-        else:
+        text = _student_ptx(res, kernel, sig, name)
+        if text is not None:
             missing = [what for what, ok in (
                 ("no 16-byte load (ld.global.v4)", ptx.count(text, r"^ld\.global(\.nc)?\.v4") > 0),
                 ("no 16-byte store (st.global.v4)", ptx.count(text, r"^st\.global\.v4") > 0),
@@ -452,14 +455,8 @@ def check_last_vector(launch, kernel, sig, *, name="exercise 2: the last vector"
 
     res = check(launch, name=name, shapes=LAST_VECTOR_SHAPES, verbose=False)
     if res:
-        try:
-            text = ptx.compile_ptx(kernel, sig)
-        except Exception as exc:   # passed the check but does not compile for sig: say so, do not raise
-            res.passed = False
-            res.error = "\n".join(describe_exception(exc))
-            res.verdict = f"NOT PASSED: {name}: bit-exact, but its PTX could not be compiled for {sig}"
-            res.messages.extend(describe_exception(exc))
-        else:
+        text = _student_ptx(res, kernel, sig, name)
+        if text is not None:
             missing = [what for what, ok in (
                 ("no 16-byte store (st.global.v4): each whole word of 8 weights, in the last chunk too, is one "
                  "16-byte store", ptx.count(text, r"^st\.global\.v4") > 0),
