@@ -29,6 +29,7 @@ import nf4lab  # first: decides GPU or simulator before numba.cuda is imported
 
 import numpy as np
 
+from nf4lab import runtime
 from nf4lab.measure import bench, results
 from nf4lab.format import bytemodel, reference
 from nf4lab.lesson import plots
@@ -46,7 +47,8 @@ print(nf4lab.describe())
 #
 # A kernel is *memory-bound* when the time to move its bytes through DRAM is larger than the
 # time to do its arithmetic. Dequantization reads half a byte per weight, looks it up in a
-# 16-entry table, multiplies by a scale and writes two bytes (bf16). That is about one
+# 16-entry table, multiplies by a scale and writes two bytes (bf16: bfloat16, a 16-bit float with
+# float32's 8-bit exponent and 7 mantissa bits, the dtype LLM weights are used in). That is about one
 # multiply per 2.5 bytes moved. Our prediction: **memory-bound**, because a data-center GPU's
 # float32 rate divided by its DRAM bandwidth (both figures as NVIDIA's datasheet for the GPU gives
 # them: cited, not measured here) should be many operations per byte, far more than 0.4. This notebook measures the ceiling that
@@ -283,19 +285,22 @@ if nf4lab.ON_GPU:                                # the bound at 16384 x 16384 ->
     # The host cost of one launch: the small kernel of the cell above (two thread blocks), launched back
     # to back from Python; the GPU finishes each long before the next launch arrives.
     d_ps, d_aqs = cuda.to_device(p), cuda.to_device(aq)
-    host_ms = bench.wall_time_ms(lambda: bound_bf16[-(-nw // (THREADS * UNITS)), THREADS](d_ps, d_aqs, d_out,
-                                                                                          uint64(nw)))
-    print(f"one numba launch of a small kernel from Python, back to back: {host_ms * 1e3:.1f} us of host time "
-          f"per launch, measured now on the {nf4lab.device_info()['gpu']}")
+    host = sorted(bench.wall_time_ms(lambda: bound_bf16[-(-nw // (THREADS * UNITS)), THREADS](d_ps, d_aqs, d_out,
+                                                                                              uint64(nw))) for _ in range(5))
+    print(f"one numba launch of a small kernel from Python, back to back: {host[2] * 1e3:.1f} us of host time "
+          f"per launch (median of 5 repeats of 200 launches and a synchronize; the repeats span "
+          f"{host[0] * 1e3:.1f}-{host[-1] * 1e3:.1f} us), measured now on the {nf4lab.device_info()['gpu']}")
 else:
     print("no GPU here: nothing to time; the recorded run below was timed with this loop")
 # A recorded host cost per call (tools/bench_launch.py): nf4lab.dequantize, one kernel launch with its
-# argument handling, on a 4096 x 4096 weight.
+# argument handling, on a 4096 x 4096 weight. Measured another way (the call returns, no synchronize),
+# on another day: it is not comparable with the figure above, and the line says so.
 cost = results.load("launch_cost")
 call = next((r for r in cost["records"] if r.get("name") == "nf4lab.dequantize"), None) if cost else None
 if call is not None:
     print(f"recorded: one nf4lab.dequantize call ({'x'.join(map(str, call['shape']))}) returns after "
-          f"{call['host_us']:.1f} us of host time ({cost['path']}: {results.label(cost['meta'])})")
+          f"{call['host_us']:.1f} us of host time, without waiting for the GPU ({cost['path']}: "
+          f"{results.label(cost['meta'])}; another run measured another way: not compared with the line above)")
 
 # %%
 if nf4lab.ON_GPU:
@@ -351,8 +356,8 @@ if run is not None:
               f"(graph_time_ms above: {mine:.0f} GB/s); bench keeps the fastest shape, {tb.get('source')}")
     spec = run.get("spec peak (datasheet)")
     if spec:
-        print(f"datasheet peak {spec['gbps']:.0f} GB/s (cited from NVIDIA's datasheet for the {run.meta['gpu']}, "
-              f"not measured: nf4lab.runtime.SPEC_PEAK_GBPS): copy reaches {100 * copy['gbps'] / spec['gbps']:.0f}% of it")
+        print(f"datasheet peak {spec['gbps']:.0f} GB/s (cited, not measured: {runtime.spec_peak_source(run.meta['gpu'])}): "
+              f"copy reaches {100 * copy['gbps'] / spec['gbps']:.0f}% of it")
     print(f"({results.label(run.meta)})")
 
 # %% [markdown]

@@ -112,7 +112,8 @@ ptx.show(draft_ptx, [r"^fma", r"^mul", r"^shr\.s64"])
 # %% [markdown]
 # Two things to notice, each a lesson below:
 #
-# * `fma.rn.f32`: numba (LLVM, then NVVM) *contracted* `a * b + c` into one fused multiply-add.
+# * `fma.rn.f32`: numba (LLVM, then NVVM: the compiler stages that turn a numba kernel into PTX) *contracted*
+#   `a * b + c` into one fused multiply-add.
 # * `shr.s64 ..., 63`: the sign of a signed index, the test of `if i < 0: i += len(array)`, Python's
 #   negative-index wraparound, done without a branch (the sign mask is and-ed with the length and
 #   added). Accesses whose indices derive from the same signed index share it: one such line can
@@ -206,8 +207,8 @@ print(f"FMA scales on the main case ({case.n:,} weights), bf16 output: {n_bf16:,
 # or large, can let this bug through: that is why the series checks the PTX *and* verifies on
 # several dtypes and distributions.
 #
-# **The fix:** `nf4lab.device.ops.fmul_rn` / `fadd_rn` (libdevice `__fmul_rn` / `__fadd_rn` on the GPU,
-# plain numpy in the simulator). They compile to `mul.rn.f32` / `add.rn.f32`, and the explicit
+# **The fix:** `nf4lab.device.ops.fmul_rn` / `fadd_rn` (on the GPU libdevice's `__fmul_rn` / `__fadd_rn`:
+# libdevice is NVIDIA's library of device math functions; plain numpy in the simulator). They compile to `mul.rn.f32` / `add.rn.f32`, and the explicit
 # rounding modifier keeps `ptxas` from fusing them later: the PTX ISA's `mul` and `add` entries
 # (Floating Point Instructions) say an instruction with an explicit rounding modifier is treated
 # conservatively by the code optimizer, and only mul/add sequences *without* one may be turned
@@ -226,7 +227,8 @@ print(f"FMA scales on the main case ({case.n:,} weights), bf16 output: {n_bf16:,
 # (add just under half an ulp, plus one more if the kept part is odd, so exact halves go to the
 # even neighbour). On a GPU of compute capability 8.0 or newer, `ops.to_bf16_bits` is the single
 # instruction `cvt.rn.bf16.f32` (the PTX ISA's `cvt` entry: `.bf16` needs `sm_80`); on older ones
-# (a T4 is 7.5, by NVIDIA's compute-capability table) it is this formula in integers.
+# (a T4 is 7.5, by the compute-capability table of NVIDIA's CUDA GPUs page,
+# https://developer.nvidia.com/cuda-gpus) it is this formula in integers.
 
 # %%
 w32 = reference.dequantize_f32(case.packed, ref_scale, case.n, case.blocksize)

@@ -24,7 +24,7 @@
 # 4. [Targets](#targets)
 # 5. [Across sizes](#sweep)
 # 6. [Where the rest of the time goes](#rest)
-# 7. [Exercise: reading the worklog](#exercises)
+# 7. [Exercise: whose time is left, across sizes](#exercises)
 
 # %%
 import nf4lab  # first: decides GPU or simulator before numba.cuda is imported
@@ -99,11 +99,14 @@ else:
 #
 # Generated from the results file, never edited by hand: each step's time, effective bandwidth,
 # share of the traffic-matched bound and of the copy, and speed relative to bitsandbytes.
-# bitsandbytes has two rows, both of its whole `dequantize_4bit` call: with double-quantized
-# scales, as here, that call launches three kernels (the absmax dequantization, adding the
-# offset, the 4-bit dequantization), where ours do all of it in one. The two rows were timed in
-# two ways; which of them the "x bitsandbytes" column divides by is the exercise of section 7,
-# so that column is left empty on bitsandbytes' own rows.
+# bitsandbytes has two rows, both of its whole `dequantize_4bit` call. With double-quantized
+# scales, as here, that call runs three kernels by its source (bitsandbytes 0.50.2,
+# `functional.dequantize_4bit`: `dequantize_blockwise` of the absmax, `absmax += offset` in
+# PyTorch, then the 4-bit dequantization), where ours do all of it in one. The `(out=)` row is
+# timed like our versions (CUDA-graph replays: GPU time, the output preallocated); the
+# `(end to end)` row as users call it (back-to-back calls: host time and the output's
+# allocation included). The "x bitsandbytes" column divides the `(out=)` row's time by each
+# row's, so that it compares like with like.
 
 # %%
 from IPython.display import Markdown
@@ -119,7 +122,7 @@ def worklog(run, dtype="bf16"):
             continue
         fmt = lambda x, f: "" if x is None else format(x, f)
         exact = {True: "yes", False: "**no**", None: ""}[r.get("bit_exact")]
-        x_bnb = None if r["kind"] == "baseline" else r.get("speedup_vs_bnb")   # which baseline: section 7's exercise
+        x_bnb = r.get("speedup_vs_bnb")   # bitsandbytes' (out=) time over this row's, both of this run
         rows.append(f"| {r['name']} | {fmt(r['ms'], '.4f')} | {fmt(r['gbps'], '.0f')} | "
                     f"{fmt(r.get('pct_bound'), '.0f')} | {fmt(r.get('pct_copy'), '.0f')} | "
                     f"{fmt(x_bnb, '.2f')} | {exact} |")
@@ -206,7 +209,8 @@ if run is not None:
 # `fits_l2` in the results), and whether the L2 lifts them above DRAM bandwidth or the launch cost
 # below holds them under it, the table after the plot shows. Copy and fill (dashed) and the traffic-matched bound are measured at each size.
 # At the smallest sizes the fixed cost of a launch (start, ramp-up, the last wave) is a large
-# share of a short kernel.
+# share of a short kernel. (A GPU runs a grid's blocks in *waves*: as many blocks at once as its
+# SMs can hold, the next ones as earlier ones finish; a last, partial wave leaves SMs idle.)
 #
 # Section 4's targets are checked at 16384x16384 only; the table's `% bound` column gives every other
 # shape. How 06's kernel was tuned for the LLM shapes is in `lab/README.md`.
@@ -269,14 +273,20 @@ if sweep is not None:
 #
 # 1. **Nsight Compute** (profiles of every version, `data/ncu/`, read in detail in notebook 08):
 #    DRAM throughput as a share of its peak, sectors per request (16-byte accesses by a whole warp
-#    are 16 sectors per request: fully coalesced), and what the warps wait for. Each row carries
+#    are 16 sectors per request: fully coalesced), and what the warps wait for (the *stall
+#    reasons*: the cell prints what each one in the table means). Each row carries
 #    the date it was profiled and whether that was the kernel its notebook teaches now; a profile
 #    recorded before its notebook's kernel changed says `EARLIER kernel` (the record says which).
 # 2. **The design space around the kernel** (the tuning rounds of `lab/tune_best_kernel.py`): 1-8 words per thread,
-#    128-1024 threads, persistent grids, contiguous chunks per block, 16-byte loads with an
-#    exchange, streaming stores, L2 prefetch hints, bulk (TMA) stores, each variant verified, and
-#    bounds of several access styles (`kind: "bound"`: the same traffic, no arithmetic), all timed
-#    in one run per round.
+#    128-1024 threads, persistent grids (about as many blocks as the GPU holds at once, each
+#    looping over many tiles, instead of one block per tile), contiguous chunks per block, 16-byte
+#    loads with an exchange, streaming stores (`st.global.cs`: a cache hint that the data will not
+#    be read again), L2 prefetch hints (`ld.global.L2::256B`: a hint to the L2 to fetch the 256
+#    bytes around the address, not only the sectors asked for), bulk (TMA) stores (the Tensor
+#    Memory Accelerator of sm_90 GPUs copies a whole tile from shared to global memory in one
+#    asynchronous instruction, `cp.async.bulk`), each variant verified, and bounds of several
+#    access styles (`kind: "bound"`: the same traffic, no arithmetic), all timed in one run per
+#    round, on the GPU the cell names.
 
 # %%
 from nf4lab.measure import profiling
@@ -299,10 +309,15 @@ else:
           f"profiled {' and '.join(rec['dates'])}, {rec['meta']['ncu']}, "
           f"{'x'.join(map(str, rec['meta']['shape']))} {rec['meta']['dtype']}")
     print("  each row: [the date it was profiled, whether it profiled the kernel its notebook teaches now]")
-    for name, v in rec["versions"].items():
-        if v.get("earlier_kernel"):
-            print(f"  EARLIER kernel: {name}, profiled {v.get('date')}: {v['earlier_kernel']}")
-    print(profiling.table({profiling.row_label(name, v, rec["meta"]): v["summary"] for name, v in rec["versions"].items()}))
+    for line in profiling.earlier_kernel_lines(rec):
+        print(line)
+    profiled = {profiling.row_label(name, v, rec["meta"]): v["summary"] for name, v in rec["versions"].items()}
+    print(profiling.table(profiled))
+    unit = next((s["stall_unit"] for s in profiled.values() if s and s["stall_unit"]), "")
+    print(f"top stalls ({unit}): what a warp waited for in each (after Nsight Compute's Profiling Guide; "
+          "notebook 08, section 6):")
+    for line in profiling.stall_legend(r for s in profiled.values() if s for r, _ in s["stalls"][:3]):
+        print("  " + line)
 
 # %%
 def tuning_gpu():
@@ -314,110 +329,147 @@ def tuning_gpu():
 
 tgpu = tuning_gpu()
 names = sorted(p.stem for p in (results.RESULTS_DIR / tgpu).glob("tuning_round*.json")) if tgpu else []
-bounds, kernels, dates = [], [], {}
+bounds, kernels, copies, dates = [], [], {}, {}
 for name in names:
     rnd = bench.Run.load(name, tgpu)
     dates[name] = rnd.meta.get("date")
     for r in rnd.records:
-        if r.get("gbps") and r["kind"] in ("kernel", "bound") and r["dtype"] == "bf16" and r["shape"] == [16384, 16384]:
+        if not (r.get("gbps") and r["dtype"] == "bf16" and r["shape"] == [16384, 16384]):
+            continue
+        if r["kind"] in ("kernel", "bound"):
             (bounds if r["kind"] == "bound" else kernels).append((r, name))
+        elif r["name"] == bench.COPY:
+            copies[name] = r   # the round's own copy: its bounds and variants are read against it
 names = sorted({name for _, name in kernels + bounds})
 # A variant named after a notebook's kernel, timed no later than that kernel's profile marked EARLIER above,
-# timed the replaced kernel too (rounds name no source hash): say so on its line.
+# timed the replaced kernel too (rounds name no source hash): say so on its line, with the notebook's number.
 replaced = {n.split(" (")[0]: v.get("date") for n, v in ((rec or {}).get("versions") or {}).items() if v.get("earlier_kernel")}
-tag = lambda r, name: r["name"] + (f" [EARLIER kernel: 06's as of {dates[name]}, not the one it ships now]"
+tag = lambda r, name: r["name"] + (f" [EARLIER kernel: {r['name'][:2]}'s as of {dates[name]}, not the one it ships now]"
                                    if replaced.get(r["name"]) and dates[name] <= replaced[r["name"]] else "")
+same = run is not None and tgpu == results.gpu_slug(GPU)   # the rounds and sections 2-5 on one GPU
 if kernels:
     print(f"tuning rounds, 16384x16384 -> bf16, recorded on {tgpu}"
           + ("" if tgpu == results.current_gpu() else " (not this machine's measurements)")
+          + ("" if same or run is None else f"; not the GPU of sections 2-5 ({GPU}): read them against each other only")
           + "; each round is its own run: " + ", ".join(f"{n[len('tuning_'):]} {dates[n]}" for n in names))
     gb = [r["gbps"] for r, _ in kernels]
     print(f"{len(kernels)} verified variants in {len(names)} runs: {min(gb):.0f} to {max(gb):.0f} GB/s")
     for r, name in sorted(kernels, key=lambda x: -x[0]["gbps"])[:5]:
-        print(f"   {r['gbps']:6.0f} GB/s  {r['pct_copy']:4.0f}% of copy  {tag(r, name)}  ({name})")
+        print(f"   {r['gbps']:6.0f} GB/s  {r['pct_copy']:4.0f}% of its round's copy  {tag(r, name)}  ({name})")
     print("bounds (same traffic, no arithmetic):")
     for r, name in sorted(bounds, key=lambda x: -x[0]["gbps"]):
-        print(f"   {r['gbps']:6.0f} GB/s  {r['pct_copy']:4.0f}% of copy  {r['name']}  ({name})")
-    print("within each round (one run): fastest variant / fastest bound")
+        print(f"   {r['gbps']:6.0f} GB/s  {r['pct_copy']:4.0f}% of its round's copy  {r['name']}  ({name})")
+    print(f"within each round (one run on {tgpu}): its copy, its fastest bound, its fastest variant")
+    within = []
     for name in names:
         k = max((r for r, n in kernels if n == name), key=lambda r: r["gbps"], default=None)
         b = max((r for r, n in bounds if n == name), key=lambda r: r["gbps"], default=None)
+        c = copies.get(name)
         if k and b:
-            print(f"   {name} ({dates[name]}): {k['gbps']:.0f} / {b['gbps']:.0f} GB/s = {k['gbps'] / b['gbps']:.1%}"
+            within.append((k["gbps"] / b["gbps"], b["gbps"] / c["gbps"] if c else None))
+            print(f"   {name} ({dates[name]}): " + (f"copy {c['gbps']:.0f} GB/s, " if c else "")
+                  + f"fastest bound {b['gbps']:.0f} GB/s" + (f" = {b['gbps'] / c['gbps']:.1%} of the copy" if c else "")
+                  + f", fastest variant {k['gbps']:.0f} GB/s = {k['gbps'] / b['gbps']:.1%} of that bound"
                   f"\n      fastest variant: {tag(k, name)}; fastest bound: {b['name'].removeprefix('bound: ')}")
+    kb, bc = [x for x, _ in within], [y for _, y in within if y]
+    if kb:
+        print(f"on {tgpu}, over these rounds: fastest variant {min(kb):.1%} to {max(kb):.1%} of its round's fastest "
+              "bound" + (f"; fastest bound {min(bc):.1%} to {max(bc):.1%} of its round's copy" if bc else ""))
 else:
     print("no tuning rounds recorded for any GPU")
+if run is not None and best and bound:
+    print(f"on {GPU}, section 2's run ({run.meta.get('date')}): the best kernel {best['pct_bound']:.1f}% of the bound, "
+          f"the bound {bound['gbps'] / copy['gbps']:.1%} of the copy"
+          + ("" if same or not kernels else f" (another GPU than the rounds': not comparable with their lines)"))
 
 # %% [markdown]
-# **Reading it.** On the GPU the profiles were recorded on, the best versions move data at a large,
-# steady share of the DRAM peak with every store fully coalesced (16 sectors per request; the
-# loads' column averages the word loads with the scale and table loads, which touch 1-2 sectors,
-# so it does not show the word loads alone: notebook 08, section 4), and their warps wait mostly on
-# memory (`long_scoreboard`: a load not back yet), not on arithmetic or on the instruction
-# pipeline. The tuning rounds printed above test the rest. Each round is its own run (its date
-# is printed), so compare a kernel with a bound of the same round only; across rounds, the
-# differences can be the machine's state on that day. If within a round the fastest variant
-# lands close to the fastest bound, and the bounds themselves stay below the copy, then neither our arithmetic
-# nor the size of our reads is what is left; it is the mix of one byte read for four written,
-# which the memory system serves at its own speed. Round 6's "16B load + 4 coalesced 16B stores"
-# is the device copy's own access style (one 16-byte load, 16-byte stores, each warp store 512
-# contiguous bytes) moving exactly NF4's bytes: compare its lines with round 6's own fastest
-# variant, printed at the end with that round's fastest bound (the other rounds' lines are other
-# runs). What is left untried here, and is the natural next step for a kernel engineer: a persistent,
-# software-pipelined kernel whose bulk (TMA) loads of several KB per block run ahead of the
-# conversion and the bulk stores.
+# **Reading it.** Each GPU's numbers are read against that GPU's own: the profiles, the tuning
+# rounds and section 2's run each name their GPU. In the recorded profiles (the header names their
+# GPU and date), the best versions move data at a large, steady share of the DRAM peak with every
+# store fully coalesced (16 sectors per request; the loads' column averages the word loads with the
+# scale and table loads, which touch 1-2 sectors, so it does not show the word loads alone:
+# notebook 08, section 4), and their warps wait mostly on memory (`long_scoreboard`: a load not back
+# yet), not on arithmetic or on the instruction pipeline. The tuning rounds test the rest, on the GPU
+# they were recorded on. Each round is its own run (its date is printed), so compare a kernel with a
+# bound of the same round only; across rounds, the differences can be the machine's state on that
+# day. If within a round the fastest variant lands close to the fastest bound, and the bounds
+# themselves stay below that round's copy, then on that GPU neither our arithmetic nor the size of
+# our reads is what is left; it is the mix of one byte read for four written, which the memory
+# system serves at its own speed. The last two lines put that reading side by side for the rounds'
+# GPU and for the GPU of section 2's run; where they are two GPUs, each line speaks for its own GPU
+# only (a variant at a larger share of another GPU's copy does not show that it would beat 06's
+# kernel here: it was not timed here). Round 6's "16B load + 4 coalesced 16B stores" is the device
+# copy's own access style (one 16-byte load, 16-byte stores, each warp store 512 contiguous bytes)
+# moving exactly NF4's bytes: compare its lines with round 6's own fastest variant, printed with
+# that round's fastest bound (the other rounds' lines are other runs). What is left untried here,
+# and is the natural next step for a kernel engineer: a persistent, software-pipelined kernel whose
+# bulk (TMA) loads of several KB per block run ahead of the conversion and the bulk stores.
 
 # %% [markdown]
 # <a id="exercises"></a>
-# ## 7. Exercise: reading the worklog
+# ## 7. Exercise: whose time is left, across sizes
 #
-# The table's "x bitsandbytes" column is a ratio of two times of **one run**: bitsandbytes' over a
-# version's. Write `speedup(run, name, dtype)` from the records themselves (`run.get(name,
-# dtype=...)` returns a record, a dict; `run.records` lists them all; print one to see its
-# fields). bitsandbytes has two rows (`kind == "baseline"`): find out from their records how each
-# was timed, and from a version's record how the versions were, and divide by the row that was
-# timed the way the version was, so that the ratio compares like with like. The check compares
-# your value with the column for every version and both dtypes, bit for bit.
+# Section 6 split the best kernel's distance from the copy at 16384x16384 in two: the bound's
+# distance from the copy (the read/write mix) and the kernel's distance from the bound (its own
+# work). Put it in time, at any shape of section 5's sweep: the kernel takes `t`, the bound `t_bound`,
+# the device copy `t_copy` (all three records of a shape move the same bytes). Of the time beyond
+# the copy, `t - t_copy`, the part `t - t_bound` is the kernel's own. Write `own_share(sweep, shape)`:
+# that share for the best kernel (`BEST`) at one shape. `sweep.get(name, shape=shape, dtype="bf16")`
+# returns a record, a dict (print one to see its fields); the copy and the bound are named
+# `bench.COPY` and `BOUND`. The check compares yours with the records at every shape where the
+# kernel is slower than the copy; then the cell prints the share at every shape.
 
 # %%
-def speedup(run, name, dtype):
-    """bitsandbytes' time over the version's time, both from this run (> 1: the version is faster)."""
+from nf4lab.lesson import exercises
+
+
+def own_share(sweep, shape):
+    """Of the best kernel's time beyond a device copy of the same bytes, the share beyond the bound."""
 ### BEGIN SOLUTION
-    mine = run.get(name, dtype=dtype)
-    same = [r for r in run.records if r["kind"] == "baseline" and r["dtype"] == dtype and r.get("timing") == mine.get("timing")]
-    return same[0]["ms"] / mine["ms"]   # bench.BNB_GPU's row: timed as CUDA-graph replays, like the versions
+    t, t_bound, t_copy = (sweep.get(n, shape=shape, dtype="bf16")["ms"] for n in (BEST, BOUND, bench.COPY))
+    return (t - t_bound) / (t - t_copy)   # the same bytes in all three records: their times compare directly
 ### STUDENT
-    return None   # TODO: about 3 lines
+    return None   # TODO: about 2 lines
 ### END SOLUTION
 
 
-def check_speedup(fn, run):
-    """PASSED when fn gives the table's 'x bitsandbytes' for every version of the run."""
-    rows = [r for r in run.kernels() if r.get("speedup_vs_bnb") is not None]
-    bad = [(r["name"], r["dtype"], fn(run, r["name"], r["dtype"]), r["speedup_vs_bnb"]) for r in rows
-           if fn(run, r["name"], r["dtype"]) != r["speedup_vs_bnb"]]
-    for name, d, got, want in bad[:3]:
-        print(f"  {name} ({d}): yours {got}, the table {want:.4f}")
-    if bad and all(isinstance(g, float) and g < w for _, _, g, w in bad):
-        print("  all yours are lower: is your baseline the same call, timed the same way as the kernels?")
-    print(("PASSED" if rows and not bad else "NOT PASSED") + f": {len(rows) - len(bad)} of {len(rows)} records")
-    return bool(rows) and not bad
-
-
-ok = check_speedup(speedup, run) if run is not None else print("no run recorded: nothing to check")
+ok = exercises.check_own_share(own_share, sweep, BEST) if sweep is not None else print("no sweep recorded: nothing to check")
 ### BEGIN SOLUTION
 assert ok
 ### STUDENT
 ### END SOLUTION
+if ok:   # with own_share written: the share at every shape, and where it is largest outside the L2
+    print(f"\n{SWEEP_GPU}, bf16: of the best kernel's time beyond a copy, the share beyond the bound (its own work)")
+    dram = {}
+    for shape in SWEEP:
+        k = sweep.get(BEST, shape=shape, dtype="bf16")
+        if k and exercises.own_share_want(sweep, BEST, shape) is not None:
+            share = own_share(sweep, shape)
+            print(f"  {'x'.join(map(str, shape)):>12}  {'in L2' if k['fits_l2'] else 'DRAM':>5}  {share:6.0%}")
+            if not k["fits_l2"]:
+                dram[shape] = share
+    top = max(dram, key=dram.get) if dram else None
+    if top is None:
+        print("no shape outside the L2 where the kernel is slower than the copy")
+    elif dram[top] <= 0:
+        print("outside the L2 the kernel is nowhere behind the bound: all the time beyond the copy is the mix's")
+    else:
+        print(f"outside the L2 the kernel's own share is largest at {'x'.join(map(str, top))}: {dram[top]:.0%} of its "
+              f"time beyond the copy; the rest, {1 - dram[top]:.0%}, is the bound's distance from the copy")
 
 # %% [markdown]
 # ### BEGIN SOLUTION
-# **Answer.** The versions' records say `timing: "graph"`: GPU time of CUDA-graph replays, no
-# host overhead (section 2). bitsandbytes' `(out=)` row is timed the same way: its whole
-# `dequantize_4bit(..., out=)` call replayed in a CUDA graph. Its `(end to end)` row says
-# `timing: "wall clock"`: back-to-back calls as users make them, host overhead and the output
-# allocation included, so a ratio against it would mix two kinds of time.
+# **Answer.** The three records of a shape move the same bytes, so their times compare directly;
+# the percentages give the same share, `(100 - pct_bound) / (100 - pct_copy)`. Reading the lines
+# printed above: a share near 0 means the time left beyond the copy is the bound's (the read/write
+# mix, which no dequantization kernel can win back); a share near 1 means it is the kernel's own,
+# the part worth working on. Inside the L2 neither the copy nor the bound is a DRAM measurement
+# (section 5), so read the DRAM shapes; the last line names the one where the kernel's own share is
+# largest in this run. That is the shape to look at first. Where it is a smaller shape than
+# 16384x16384, a fixed cost per launch (the start, the last wave) is one hypothesis to test, since
+# it weighs more in a shorter kernel; how the launch shape was tuned per shape is in
+# `lab/README.md`.
 # ### STUDENT
-# Once the check passes: in one sentence, why would a ratio against the other row not compare like
-# with like? (The solution notebook gives its answer.)
+# Once the check passes: at which shape outside the L2 is the kernel's own share largest in this
+# run, and what would you test first there? (The solution notebook gives its answer.)
 # ### END SOLUTION

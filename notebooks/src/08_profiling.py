@@ -109,9 +109,9 @@ if rec is not None and rec["versions"]:
     if rec["gpu"] != results.current_gpu():
         print(f"  recorded on {m.get('gpu')}, not on this machine"
               + (f" ({nf4lab.device_info()['gpu']}): its own numbers may differ" if nf4lab.ON_GPU else ""))
+    for line in profiling.earlier_kernel_lines(rec):
+        print(line)
     for name, v in rec["versions"].items():
-        if v.get("earlier_kernel"):
-            print(f"  EARLIER kernel: {name}, profiled {v.get('date')}: {v['earlier_kernel']}")
         if v.get("lineinfo") is False:
             print(f"  {name}: this recorded profile has no line info (section 7 cannot show its lines)")
     MEASURED = True
@@ -164,14 +164,16 @@ print({k: rows[0][k] for k in ("version", "dram_pct", "achieved_occupancy", "ld_
 # `dram__throughput.avg.pct_of_peak_sustained_elapsed` is the DRAM traffic over the kernel's
 # duration as a share of what the memory can sustain. A memory-bound kernel is finished when
 # this is close to 100 %: there is nothing left to win but bytes. No real kernel gets to 100 %:
-# reads and writes share the bus, and DRAM refresh and page switches take their part, so the
-# device copy of notebook 00 sits below the peak as well. Compare the best versions' DRAM %
-# with what the copy ceiling and the traffic-matched bound (notebook 07) reach on the same GPU,
-# keeping in mind that they are different runs and different metrics: the profiles (their GPU
-# and date are printed with them) time one launch with the caches flushed and count DRAM
-# traffic as a share of the peak, while 07's benchmark times many launches in CUDA graphs and
-# divides the byte model by that time. Read the two side by side as a cross-check of the
-# picture, not as one number measured twice.
+# reads and writes share the bus, and DRAM has overheads of its own (refresh, switching between
+# rows; known causes in general, not measured here), so the device copy of notebook 00 sits below
+# the peak as well. A row's DRAM traffic may be set beside the copy ceiling and the
+# traffic-matched bound (notebooks 00 and 07) only where those were measured on the GPU that row
+# names: the cell prints, for each GPU in the table, whether a ceiling record of that GPU exists
+# (`data/results/<gpu>/`) and compares that GPU's rows with it only. Even then they are different
+# runs and different metrics: the profiles (their GPU and date are printed with them) time one
+# launch with the caches flushed and count DRAM traffic as a share of the peak, while the
+# benchmark times many launches in CUDA graphs and divides the byte model by that time. Read the
+# two side by side as a cross-check of the picture, not as one number measured twice.
 #
 # ncu also counts the bytes DRAM really moved. Compare them with the byte model, the fewest
 # bytes any kernel must move: a ratio near 1.0 means every byte was read or written once.
@@ -182,12 +184,31 @@ n = 16384 * 16384
 model = bytemodel.bytes_moved(n, "bf16", 64)
 print(f"byte model for 16384x16384 bf16: {model / 1e6:.0f} MB; {WHERE}\n")
 print(f"{'version':<{NW}} {'DRAM %':>7} {'DRAM MB':>9} {'/ model':>8} {'GB/s':>7}")
+dram_gbps = {}
 for name, s in summaries.items():
     if not s or s["dram_read_bytes"] is None:
         continue
     moved = s["dram_read_bytes"] + s["dram_write_bytes"]
-    gbps = moved / (s["duration_us"] * 1e-6) / 1e9
+    dram_gbps[name] = gbps = moved / (s["duration_us"] * 1e-6) / 1e9
     print(f"{name:<{NW}} {s['dram_pct']:>7.0f} {moved / 1e6:>9.0f} {moved / model:>8.2f} {gbps:>7.0f}")
+
+# Each row beside the ceilings of its own GPU only: the recorded rows' GPU, and the live row's.
+if MEASURED:
+    by_gpu = {}
+    for name in dram_gbps:
+        is_live = live is not None and name == f"{live['name']} (live)"
+        by_gpu.setdefault(live["gpu"] if is_live else rec["meta"].get("gpu"), []).append(name)
+    for gpu, row_names in by_gpu.items():
+        c = profiling.ceiling_record(gpu)
+        if c is None:
+            print(f"\n{gpu}: no ceiling recorded under data/results/{results.gpu_slug(gpu)}/: its rows are not "
+                  "comparable with any ceiling this book prints")
+            continue
+        print(f"\n{gpu}: ceilings from notebook {c['notebook'][:2]}'s run ({c['label']}): copy {c['copy_gbps']:.0f} GB/s"
+              + (f", traffic-matched bound {c['bound_gbps']:.0f} GB/s" if c["bound_gbps"] else ""))
+        for name in row_names:
+            print(f"  {name:<{NW}} {dram_gbps[name]:>6.0f} GB/s of DRAM traffic under the profiler = "
+                  f"{dram_gbps[name] / c['copy_gbps']:.0%} of that copy")
 
 # %% [markdown]
 # Look at the per-byte version first: a low DRAM %, although the bytes moved match the model.
@@ -322,9 +343,10 @@ for name, s in summaries.items():
 # that depends on the kernel and the GPU. Where ncu's Occupancy section flags the gap (see the
 # `.details.csv` pages under `data/ncu/`), it says the difference "can be the result of warp
 # scheduling overheads or workload imbalances during the kernel execution"; in these kernels,
-# expect for example a last wave of blocks that does not fill the GPU, and blocks that take time
-# to start and end. The table above shows how far below theoretical each version lands on the
-# GPU it was profiled on. Theoretical below 100 % comes from the registers: an SM's register
+# expect for example a last wave of blocks that does not fill the GPU (a GPU runs a grid's blocks
+# in *waves*: as many at once as its SMs can hold, the next ones as earlier ones finish, so the
+# last wave may be partial), and blocks that take time to start and end. The table above shows
+# how far below theoretical each version lands on the GPU it was profiled on. Theoretical below 100 % comes from the registers: an SM's register
 # file, shared by all its resident threads, allows as many registers per thread as the line
 # above prints; a kernel that needs more cannot fill every warp slot.
 
@@ -340,7 +362,7 @@ for name, s in summaries.items():
 # | --- | --- | --- |
 # | `long_scoreboard` | a result from global (or local) memory | the loads of the packed codes and of the scales |
 # | `lg_throttle` | room in the queue of global memory instructions | a thread issuing several memory instructions back to back, e.g. four 16-byte stores in a row |
-# | `mio_throttle`, `short_scoreboard` | the MIO unit: shared memory, and constant-cache accesses whose lanes read different addresses | the LUT in constant memory (05, on top); third in 04's scattered-stores version; elsewhere below the top three or small |
+# | `mio_throttle`, `short_scoreboard` | the MIO unit (memory input/output: by Nsight Compute's Profiling Guide, the queue and pipes of shared-memory, special-math and dynamic-branch instructions): here shared memory, and constant-cache accesses whose lanes read different addresses | the LUT in constant memory (05, on top); third in 04's scattered-stores version; elsewhere below the top three or small |
 # | `barrier` | the other warps of the block at `cuda.syncthreads()` | kernels that stage data in shared memory |
 # | `math_pipe_throttle` | a busy arithmetic pipe | many instructions per weight, e.g. the LUT as a tree of selects (05) |
 # | `drain` | its stores to leave, at exit | store-heavy kernels: 4 bytes out for every byte in |
@@ -428,8 +450,10 @@ show_lines(lines) if lines else print("No source page with line info recorded: n
 # its operand register. The cell below reads the whole SASS listing of the same source page in
 # address order, with the registers each instruction writes and reads, and finds the hottest
 # instruction. Walking back from it to the instruction that last wrote one of its source
-# registers, and from there on to a load, is the exercise at the end of this notebook, on
-# another kernel's page; it prints this page's chain too once you have written it.
+# registers, and on, writer by writer, is the exercise at the end of this notebook, on another
+# kernel's page; where the walk ends (a load, a kernel parameter, the thread index, ...) depends
+# on the page. It prints this page's chain too once you have written it. The listing also keeps
+# each instruction's stall samples by reason (the page's `stall_*` columns, named as in section 6).
 
 # %%
 import collections
@@ -438,17 +462,21 @@ import re
 
 
 def program(path):
-    """Every SASS instruction of an ncu source page, in address order, with its Python line."""
+    """Every SASS instruction of an ncu source page, in address order, with its Python line and its
+    stall samples by reason ("stalls": the page's stall_* columns, issued samples left out)."""
     with open(path, newline="") as f:
         rows = list(csv.reader(f))
     head = next(i for i, r in enumerate(rows) if r[:1] == ["Line No"])
+    why = {k: profiling.SOURCE_STALLS.get(c[6:], c[6:]) for k, c in enumerate(rows[head])
+           if c.startswith("stall_") and "Not Issued" not in c and c != "stall_selected"}
     prog, line, src = [], None, None
     for r in rows[head + 1:]:
         if r[0].strip():
             line, src = r[0].strip(), r[1].strip()
         elif len(r) > 4 and r[2].startswith("0x"):
+            stalls = {w: profiling.to_number(r[k]) for k, w in why.items() if k < len(r)}
             prog.append({"addr": int(r[2], 16), "sass": r[3].strip(), "samples": float(r[4] or 0),
-                         "line": line, "source": src})
+                         "line": line, "source": src, "stalls": {w: v for w, v in stalls.items() if v}})
     return sorted(prog, key=lambda x: x["addr"])
 
 
@@ -539,8 +567,12 @@ if prog:
 # dict with `"hot"`, the index of the instruction with the most stall samples; `"line"`, the
 # Python line it came from; and `"waits_for"`, the index of the last instruction before it that
 # **writes** a register it **reads** (`operands(sass)` gives both sets), or None. The check
-# verifies each against the listing; once it passes, the cell walks back from the hot
-# instruction, writer by writer, to a load, on this page and on section 7's.
+# verifies each against the listing. Once it passes, the cell prints, on this page and on section
+# 7's, the hot instruction's stall samples by reason, and walks back from it, writer by writer,
+# until the walk reaches a load or an instruction with no writer to follow; it prints where the
+# walk ended: a load from global or shared memory, a kernel parameter (constant bank), a special
+# register such as the thread index, an instruction whose inputs it cannot follow, or none of
+# these within its steps. Which one depends on the page, and pages differ from run to run.
 
 # %%
 from nf4lab.lesson import exercises
@@ -577,35 +609,65 @@ assert ok is not False
 ### STUDENT
 ### END SOLUTION
 for listing, what in ((prog04, "04's page"), (prog, "section 7's page")):
-    if ok and listing:   # with hot_spot written: the hot instruction and the chain of writers behind it
+    if ok and listing:   # with hot_spot written: the hot instruction, its stall reasons, the chain of writers behind it
         h = hot_spot(listing)
-        print(f"\n{what}, hottest: {listing[h['hot']]['sass']} (line {h['line']}: {listing[h['hot']]['source'][:60]})")
-        for j in exercises.walk_to_load(listing, h["hot"], operands)[1:]:
+        hot = listing[h["hot"]]
+        print(f"\n{what}, hottest: {hot['sass']} (line {h['line']}: {hot['source'][:60]})")
+        top = sorted(hot.get("stalls", {}).items(), key=lambda x: -x[1])[:3]
+        print("  its stall samples by reason: " + (", ".join(f"{r} {v:.0f}" for r, v in top) or "not on this page"))
+        if operands(hot["sass"])[0].startswith(("LD", "ST", "ULDC")):
+            print("  it is itself a memory instruction: its samples are waits to issue it (the reasons above say for "
+                  "what); the walk follows its address and data registers")
+        chain = exercises.walk_to_load(listing, h["hot"], operands)
+        for j in chain[1:]:
             print(f"  waits for {listing[j]['sass']:<44} line {listing[j]['line']}: {listing[j]['source'][:60]}")
+        end = exercises.chain_end(listing, chain, operands)
+        print(f"  the walk ends at: {end}: {exercises.CHAIN_ENDS[end]}")
 
 # %% [markdown]
 # *What to notice:* read the printed instructions with their lines and the source text beside
-# them. Which array does the load read, how wide is it, and what happens to the loaded value
-# before the hottest instruction can issue? Decide which row of section 6's table that wait
-# belongs to, and whether section 7's kernel shows the same chain.
+# them. Where did the walk end, and on which line? If it ended at a load: which array does the
+# load read, and how wide is it? If not: what is the hot instruction waiting for, and how often
+# does a warp pass its line? Then read the hot instruction's stall reasons (section 6's table says
+# what each means): do they agree with where the walk ended? Do the same for section 7's page.
 # ### BEGIN SOLUTION
-# Two chains can appear, and the page decides which. Where the hottest instruction of 04's page is
-# a shared-memory store of the exchange (`STS`, on a `stage[...] = w...` line), its data register
-# holds a word of the 16-byte load: the warp waits for that load (a `long_scoreboard` wait), even
-# where the walk, which follows the last writer of any register read, goes up the store's address
-# arithmetic instead. Where a chain runs from a hot `IMAD.WIDE` or shift back to a one-byte load
-# (`LDG.E.U8`), that byte is an `absmax_q` entry turned into the address of the `code2` entry it
-# indexes: a load whose address needs another load, also `long_scoreboard`. Section 7's kernel
-# shows that second chain where its scale is computed that way.
+# The page decides, and pages differ from run to run and from GPU to GPU: read the case that the
+# lines above print ("the walk ends at: ...") together with the hot instruction's stall reasons.
+#
+# - **A global load** (`LDG`), with `long_scoreboard` on top: the warps wait for memory, and the
+#   load's line names the array. A 16-byte load (`LDG.E.128`) in 04's kernel is the word load of
+#   the packed codes. A one-byte load (`LDG.E.U8`) whose value becomes an address (`IMAD.WIDE
+#   ..., 0x4`: an index times 4 bytes) is most likely an `absmax_q` byte turned into the address
+#   of the `code2` float it indexes (`block_scale`): a load whose address needs another load.
+# - **A shared-memory load** (`LDS`), or a hot shared store (`STS`, on a `stage[...]` line): the
+#   exchange through shared memory. Its waits are MIO ones (`short_scoreboard`, `mio_throttle`)
+#   or `barrier` at the `cuda.syncthreads()`. A hot `STS` waits for its data, a word of the
+#   16-byte load, even where the walk goes up the store's address arithmetic instead.
+# - **A special register** (`S2R SR_TID.X`, the thread index; the H200's live page of 2026-11-28
+#   ended there): there is no memory in the chain. The hot instruction is on the kernel's first
+#   lines (`lane = ...threadIdx.x % 32`), and its operand is the thread index. Whether the warps
+#   waited for that read, or for something else (a busy pipe, `math_pipe_throttle`; other warps
+#   issuing, `not_selected`), the stall reasons printed with the instruction say. 04's kernel gives
+#   each thread one 16-byte chunk, with no grid-stride loop, so each warp passes those lines once,
+#   at its start: the samples there are warps that have just started. Where the same warps waited
+#   for memory later, the next lines of the page (section 7's method, `hot_lines`) show.
+# - **A kernel parameter** (`LDC`) or **no writer** (inputs in uniform registers, `UR...`): the
+#   kernel's entry code, or values the walk cannot follow; the stall reasons say what kind of wait
+#   it was (`barrier`, for instance, is a wait for the block's other warps, not for a load).
+#
+# Section 7's page is read the same way, with the same caution as below: its walk may have taken
+# a false path, so its last line says where one chain of writers ends, not what the warps waited for.
 # ### STUDENT
 # ### END SOLUTION
 #
-# How far to trust the chain: the walk goes by register and by address order only. It ignores
-# branches and predicates (near a loop's head the last writer may sit at the loop's end), and a
-# 64-bit write (`.WIDE`, `.64`) counts for both its registers, so the walk can follow another path
-# than the one the hot instruction's data took: it may end at a load other than the one of the
-# data the hot instruction works on. What you can conclude is that the hot instruction sits
-# behind a chain of loads, not what the one load it waits for is. To check by hand, open the
-# source page (section 7 prints its path when it is recorded), find the hottest instruction,
-# take its source registers, and search upward for the instruction that writes each of them; the
-# stall samples on each load say which of them the warps really waited for.
+# How far to trust the chain: the walk goes by register and by address order only, and at each
+# step it follows the first writer it finds. It ignores branches and predicates (near a loop's
+# head the last writer may sit at the loop's end), and a 64-bit write (`.WIDE`, `.64`) counts for
+# both its registers, so the walk can take a false path: it may end at a load, or at a special
+# register, other than the one the hot instruction's data came from. What you can conclude is
+# where one chain of writers behind the hot instruction ends, not which instruction the warps
+# waited for; the hot instruction's stall reasons, read from the same page, say what kind of wait
+# it was. To check by hand, open the source page (section 7 prints its path when it is recorded),
+# find the hottest instruction, take its source registers, and search upward for the instruction
+# that writes each of them; the stall samples on each load say which of them the warps really
+# waited for.
