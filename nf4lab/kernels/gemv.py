@@ -22,7 +22,7 @@ from . import qweight
 from .fastkernel import address
 from ..device.warp_ops import (_lookup_at, default_base, f32_from_bits, load_stream_u32x4, load_u32_of_bytes,  # noqa: F401
                        lookup, mma_bf16, mma_f16, prmt, probe_base, shfl_idx, shfl_xor_sync, syncwarp, table_lookup,
-                       x_slot_ops)
+                       table_vec4, x_slot_ops)
 from numba import cuda, float32, types, uint32, uint64  # noqa: E402  (globals the simulator swaps in kernels)
 
 LLM_SHAPES = ((4096, 4096), (4096, 14336), (14336, 4096), (8192, 28672))  # (N, K) = W.shape
@@ -61,7 +61,8 @@ def full_apply(words, M, K) -> bool:
 
 
 @functools.cache
-def make_kernel(is_bf16, M, base, nested=True, D=1, min_blocks=BLOCKS_PER_SM, xslot=True, words=True, full=False):
+def make_kernel(is_bf16, M, base, nested=True, D=1, min_blocks=BLOCKS_PER_SM, xslot=True, words=True, full=False,
+                tb=False):
     """The kernel for a dtype, batch M (1..8), table base (``probe_base()``) and kind of statistics; ``words``: the
     statistics as one word per lane a step (only where :func:`words_apply`); ``full``: every warp has a step (only where
     :func:`full_apply`), so the step loop does not test it; ``D`` (steps of loads in flight
@@ -76,6 +77,7 @@ def make_kernel(is_bf16, M, base, nested=True, D=1, min_blocks=BLOCKS_PER_SM, xs
     LEAN = XS and WORDS               # K % 256 == 0: step1_ops' loads, rows once a tile, x untested
     slot_at, x_quad, x_put, x_get = x_slot_ops(base)
     rows, fetch1 = step1_ops()
+    store4 = table_vec4(base)[1]
 
     @cuda.jit(device=True, inline="always")
     def load(buf, o, xq, rb, packed_u32, absmax_q, absmax2, x_u32, tp, cp, g, q, lane, n, k, kw, tiles, steps, ash):
@@ -115,11 +117,17 @@ def make_kernel(is_bf16, M, base, nested=True, D=1, min_blocks=BLOCKS_PER_SM, xs
             sm[uint32(LUT) + tid] = half_bits(lut[tid])
         if nested:
             sm[code2_word(tid)] = ops.float_bits(code2[tid])
-        cuda.syncthreads()
-        for j in range(32 * 256 // THREADS):    # the used half of each 256-byte row
-            i = uint32(tid + uint32(j * THREADS))
-            e = i >> uint32(5)
-            sm[(e << uint32(6)) | (i & uint32(31))] = sm[uint32(LUT) + (e >> uint32(4))] | (sm[uint32(LUT) + (e & uint32(15))] << uint32(16))
+        if tb:   # 16-byte stores of 4 lanes' copies of one entry, the values from lut: no barrier, no read back
+            hi = half_bits(lut[(tid >> uint32(3)) & uint32(15)]) << uint32(16)
+            for j in range(8):
+                p, v = uint32(tid + uint32(256 * j)), half_bits(lut[(tid >> uint32(7)) + uint32(2 * j)]) | hi
+                store4(sm, ((p >> uint32(3)) << uint32(8)) | ((p & uint32(7)) << uint32(4)), v, v, v, v)
+        else:
+            cuda.syncthreads()
+            for j in range(32 * 256 // THREADS):    # the used half of each 256-byte row
+                i = uint32(tid + uint32(j * THREADS))
+                e = i >> uint32(5)
+                sm[(e << uint32(6)) | (i & uint32(31))] = sm[uint32(LUT) + (e >> uint32(4))] | (sm[uint32(LUT) + (e & uint32(15))] << uint32(16))
         cuda.syncthreads()
         lane4, parity = lane << uint32(2), uint32(0)
         acc, cf, s = cuda.local.array(NACC, float32), cuda.local.array(NCF, float32), cuda.local.array(4, float32)
