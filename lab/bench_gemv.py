@@ -74,8 +74,6 @@ def variant_launches(mod, names=None, policies=None) -> dict:
         for bps in (1, 2, 3, 4):  # the tensor-core design's knobs, only by name: blocks per SM, steps in flight
             for dd in (0, 1, 2, 3):
                 out[f"TC B{bps} D{dd}"] = (lambda g, b=bps, dd=dd: gemv_mma.launch(g, blocks_per_sm=b, D=dd))
-        out["TC tb"] = (lambda g: gemv_mma.launch(g, tb=True))   # the table by 16-byte stores of lut's values
-        out["TC B3 tb"] = (lambda g: gemv_mma.launch(g, blocks_per_sm=3, tb=True))
         out["TC B2 D1 carve"] = (lambda g: gemv_mma.launch(g, carveout=True))
         out["TC x-global"] = (lambda g: gemv_mma.launch(g, xslot=False))  # M = 1: x from L1/L2 at each step (former)
         from lab import gemv_ablate

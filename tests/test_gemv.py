@@ -269,10 +269,10 @@ def test_shared_memory_fits_a_t4():
     (columns 32..63 of each 256-byte row), which the table's lanes 0..31 never touch."""
     assert gemv.SMEM == 64 * 1024
     used = {(e << 6) | lane for e in range(256) for lane in range(32)}
-    lut = {gemv.LUT + i for i in range(16)}
     code2 = {c + (c & 0xE0) + 32 for c in range(256)}
+    xslots = {(r << 6) | 32 | w for r in range(16, 16 + 4 * gemv.W) for w in range(32)}   # warp_ops.x_slot_ops
     spare = {((i >> 4) << 6) | (128 << 6) | 32 | (i & 15) for i in range(2 * gemv.W * 16 * gemv.MAX_M)}
-    parts = [used, lut, code2, spare]
+    parts = [used, code2, xslots, spare]
     assert max(set().union(*parts)) < gemv.SMEM // 4 and sum(map(len, parts)) == len(set().union(*parts))
     assert {w % 32 for w in code2} == set(range(32))   # data-dependent lookups: 32 banks, as a flat array's
 

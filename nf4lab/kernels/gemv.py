@@ -31,9 +31,8 @@ NAME = "09_fused_gemv"
 MAX_M = 8                       # batch rows of x the kernel takes (each weight byte is still read once)
 THREADS, W = 256, 8             # threads and warps per block
 BLOCKS_PER_SM = 2               # 64 KB of shared memory and <= 128 registers each: measured best (lab/gemv_mma.py)
-# The table: entry e of lane l at word (e << 6) | l; words 32..63 of each 256-byte row are spare and hold the
-# 16 values (row 8), code2 (rows 0..7: code2_word) and the warps' partial sums (rows 128..255: spare).
-LUT = (8 << 6) | 32             # value i at word LUT + i
+# The table: entry e of lane l at word (e << 6) | l; words 32..63 of each 256-byte row are spare and hold code2
+# (rows 0..7: code2_word), the x slots (rows 16..47) and the warps' partial sums (rows 128..255: spare).
 SMEM = 4 * 256 * 64             # dynamic shared memory of every launch: the whole table
 FB = 24                         # words per step in a lane's buffer: 16 code words, 4 absmax codes, 4 absmax2
 FBW = 17                        # the same with the statistics as one word (words_apply): 16 code words, 1 word
@@ -61,8 +60,7 @@ def full_apply(words, M, K) -> bool:
 
 
 @functools.cache
-def make_kernel(is_bf16, M, base, nested=True, D=1, min_blocks=BLOCKS_PER_SM, xslot=True, words=True, full=False,
-                tb=False):
+def make_kernel(is_bf16, M, base, nested=True, D=1, min_blocks=BLOCKS_PER_SM, xslot=True, words=True, full=False):
     """The kernel for a dtype, batch M (1..8), table base (``probe_base()``) and kind of statistics; ``words``: the
     statistics as one word per lane a step (only where :func:`words_apply`); ``full``: every warp has a step (only where
     :func:`full_apply`), so the step loop does not test it; ``D`` (steps of loads in flight
@@ -113,21 +111,14 @@ def make_kernel(is_bf16, M, base, nested=True, D=1, min_blocks=BLOCKS_PER_SM, xs
                 cp, tp = warp, uint32(tp + grid)
                 if LEAN:
                     rows(rb, tp, g, q, lane, n, kw, tiles)
-        if tid < uint32(16):
-            sm[uint32(LUT) + tid] = half_bits(lut[tid])
         if nested:
             sm[code2_word(tid)] = ops.float_bits(code2[tid])
-        if tb:   # 16-byte stores of 4 lanes' copies of one entry, the values from lut: no barrier, no read back
-            hi = half_bits(lut[(tid >> uint32(3)) & uint32(15)]) << uint32(16)
-            for j in range(8):
-                p, v = uint32(tid + uint32(256 * j)), half_bits(lut[(tid >> uint32(7)) + uint32(2 * j)]) | hi
-                store4(sm, ((p >> uint32(3)) << uint32(8)) | ((p & uint32(7)) << uint32(4)), v, v, v, v)
-        else:
-            cuda.syncthreads()
-            for j in range(32 * 256 // THREADS):    # the used half of each 256-byte row
-                i = uint32(tid + uint32(j * THREADS))
-                e = i >> uint32(5)
-                sm[(e << uint32(6)) | (i & uint32(31))] = sm[uint32(LUT) + (e >> uint32(4))] | (sm[uint32(LUT) + (e & uint32(15))] << uint32(16))
+        # The used half of each row: 16-byte stores of four lanes' copies of entry e = p >> 3 (p = tid + 256 j), whose
+        # halves lut[e >> 4] and lut[e & 15] come from lut itself, so no barrier and no read back come before them.
+        hi = half_bits(lut[(tid >> uint32(3)) & uint32(15)]) << uint32(16)
+        for j in range(32 * 256 // (4 * THREADS)):
+            p, v = uint32(tid + uint32(THREADS * j)), half_bits(lut[(tid >> uint32(7)) + uint32(2 * j)]) | hi
+            store4(sm, ((p >> uint32(3)) << uint32(8)) | ((p & uint32(7)) << uint32(4)), v, v, v, v)
         cuda.syncthreads()
         lane4, parity = lane << uint32(2), uint32(0)
         acc, cf, s = cuda.local.array(NACC, float32), cuda.local.array(NCF, float32), cuda.local.array(4, float32)

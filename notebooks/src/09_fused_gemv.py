@@ -99,7 +99,8 @@ _ = fig.suptitle("mma.sync.m16n8k16 in this kernel: mma i = 0 of a step at M = 1
 # first column) in the low half: an A register. Reads of different words of one shared-memory **bank** are serialized
 # (32 banks, successive 32-bit words in successive banks: bank = word mod 32; CUDA C++ Programming Guide, "Shared Memory"),
 # so each lane has its own copy: lane l's entry e is word `(e << 6) | l`, bank l. 256 rows of 64 words, 64 KB;
-# words 32-63 are spare: NF4 values (row 8), code2 (0-7), x slots (16-47: defined with the step below), sums (128-255).
+# words 32-63 are spare: code2 (rows 0-7), x slots (16-47: defined with the step below), sums (128-255). Each block
+# builds it once, with 16-byte stores of 4 lanes' copies (lab/README.md times the 4-byte stores it replaced).
 #
 # **`prmt` makes the table address.** `prmt.b32 d, a, b, sel`: d's byte j is byte `(sel >> 4j) & 7` of the 8 bytes
 # b:a (bytes 0-3 are a's). With a = the code word, b = `lane << 2`, sel = `0x5504 | p << 4`, the **selectors** are:
@@ -112,23 +113,21 @@ import functools
 from numba import cuda, float32, uint32, uint64
 from nf4lab.device import ops
 from nf4lab.device.warp_ops import (f32_from_bits, mma_bf16, mma_f16, prmt, shfl_idx, shfl_xor_sync, syncwarp,  # one
-                                    table_lookup, x_slot_ops)   # instruction each, with a plain-Python twin for the simulator
+                                    table_lookup, table_vec4, x_slot_ops)   # instruction each, with a plain-Python twin for the simulator
 from nf4lab.kernels import gemv
 
 THREADS, W, BLOCKS_PER_SM = 256, 8, 2   # 8 warps a block, at most 2 blocks per SM (the launch bounds)
-LUT = (8 << 6) | 32                     # the 16 NF4 values: row 8's spare words (code2's: rows 0-7's)
 
-def make_build_table(half_bits):
+def make_build_table(half_bits, store4):
     @cuda.jit(device=True, inline="always")
     def build_table(sm, lut, code2, tid):
-        if tid < uint32(16):
-            sm[uint32(LUT) + tid] = half_bits(lut[tid])
         sm[tid + (tid & uint32(0xE0)) + uint32(32)] = ops.float_bits(code2[tid])   # code2[c]: word 32 + (c & 31) of row c >> 5
-        cuda.syncthreads()
-        for j in range(32 * 256 // THREADS):    # 256 entries x 32 lanes: the used half of each row
-            i = uint32(tid + uint32(j * THREADS))
-            e = i >> uint32(5)
-            sm[(e << uint32(6)) | (i & uint32(31))] = sm[uint32(LUT) + (e >> uint32(4))] | (sm[uint32(LUT) + (e & uint32(15))] << uint32(16))
+        # 256 entries x 32 lanes (the used half of each row): a 16-byte store holds 4 lanes' copies of entry e = p >> 3,
+        # p = tid + 256 j; its halves lut[e >> 4] and lut[e & 15] come from lut itself, so no barrier comes first
+        hi = half_bits(lut[(tid >> uint32(3)) & uint32(15)]) << uint32(16)
+        for j in range(32 * 256 // (4 * THREADS)):
+            p, v = uint32(tid + uint32(THREADS * j)), half_bits(lut[(tid >> uint32(7)) + uint32(2 * j)]) | hi
+            store4(sm, ((p >> uint32(3)) << uint32(8)) | ((p & uint32(7)) << uint32(4)), v, v, v, v)   # word (e << 6) | 4 (p & 7)
         cuda.syncthreads()
     return build_table
 
@@ -214,7 +213,7 @@ def make_kernel(is_bf16, M, base, full=False):   # full: every warp has a step (
     _, half_bits, fetch = gemv.step_ops(is_bf16, M, base, True, True)   # the shipped loads (see above)
     rows, fetch1 = gemv.step1_ops()                                     # M = 1's, rows once a tile
     look, (slot_at, _, x_put, x_get) = table_lookup(base), x_slot_ops(base)
-    build_table, step = make_build_table(half_bits), make_step(M, is_bf16, look, x_get)
+    build_table, step = make_build_table(half_bits, table_vec4(base)[1]), make_step(M, is_bf16, look, x_get)
     @cuda.jit(launch_bounds=(THREADS, BLOCKS_PER_SM))
     def gemv_tc(packed_u32, absmax_q, absmax2, code2, lut, offset, x_u32, y, N, K, bs_shift):
         sm, tid = cuda.shared.array(0, uint32), uint32(cuda.threadIdx.x)
