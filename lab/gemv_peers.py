@@ -14,7 +14,7 @@ Timed, each as CUDA-graph GPU time (``nf4lab.measure.bench.gpu_time_ms``) over w
 
 At M = 1 (one row of x: decode) for the four LLM shapes in bf16 and fp16; at M = 2..8 in bf16 at the three large
 shapes, nf4lab and bitsandbytes only. Prints the GPU, the versions, a line per measurement, then the tables; writes
-data/results/<gpu>/09_gemv_peers.json (and a copy under $OUT). Needs torch with CUDA and bitsandbytes.
+data/results/<gpu>/09_gemv_peers.json (and a copy under $OUT named by the run id). Needs torch with CUDA and bitsandbytes.
 
     python -m lab.gemv_peers
     python -m lab.gemv_peers --shapes 4096x14336 --dtypes bf16 --no-batch   # a shorter run
@@ -375,8 +375,8 @@ def main(argv=None) -> int:
         print(f"not measured: {f['name']} {f['shape'][0]}x{f['shape'][1]} {f['dtype']} M={f['M']}: {f['error']}")
     path = run.save(NAME)
     print("saved", path)
-    if os.environ.get("OUT"):
-        shutil.copy(path, Path(os.environ["OUT"]) / path.name)
+    if os.environ.get("OUT"):   # one copy per run: a second run in the same device call must not replace the first's
+        shutil.copy(path, Path(os.environ["OUT"]) / f"{path.stem}_{run.meta.get('run')}{path.suffix}")
     bad = [c for c in run.meta["checks"] if not c["ok"]]
     for c in bad:
         print(f"OUTSIDE TOLERANCE: {c['name']} {c['shape'][0]}x{c['shape'][1]} {c['dtype']} M={c['M']} "
