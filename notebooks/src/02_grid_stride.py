@@ -294,7 +294,9 @@ plots.progress("02_grid_stride");
 
 # %% [markdown]
 # Against the prediction, from this run's numbers. A change no larger than `bench.NOISE_PCT`
-# (the series' one noise margin, printed below) counts as none.
+# (the series' one noise margin, printed below) counts as none. The margin is for two kernels timed
+# in one run: the run-to-run line compares records of two runs, which on different days can lie
+# further apart than it (another state of the same machine), so no verdict compares across runs.
 
 # %%
 NOISE_PCT = bench.NOISE_PCT
