@@ -74,6 +74,9 @@ def variant_launches(mod, names=None, policies=None) -> dict:
         for bps in (1, 2, 3, 4):  # the tensor-core design's knobs, only by name: blocks per SM, steps in flight
             for dd in (0, 1, 2, 3):
                 out[f"TC B{bps} D{dd}"] = (lambda g, b=bps, dd=dd: gemv_mma.launch(g, blocks_per_sm=b, D=dd))
+        # M = 1: each mma right after its 4 lookups ("il"): 89 registers; at 3 blocks an SM 80 and no spill (ptxas 13.5)
+        out["TC il"] = (lambda g: gemv_mma.launch(g, il=True))
+        out["TC B3 il"] = (lambda g: gemv_mma.launch(g, blocks_per_sm=3, il=True))
         out["TC B2 D1 carve"] = (lambda g: gemv_mma.launch(g, carveout=True))
         out["TC x-global"] = (lambda g: gemv_mma.launch(g, xslot=False))  # M = 1: x from L1/L2 at each step (former)
         from lab import gemv_ablate

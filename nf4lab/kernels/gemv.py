@@ -60,7 +60,8 @@ def full_apply(words, M, K) -> bool:
 
 
 @functools.cache
-def make_kernel(is_bf16, M, base, nested=True, D=1, min_blocks=BLOCKS_PER_SM, xslot=True, words=True, full=False):
+def make_kernel(is_bf16, M, base, nested=True, D=1, min_blocks=BLOCKS_PER_SM, xslot=True, words=True, full=False,
+                il=False):
     """The kernel for a dtype, batch M (1..8), table base (``probe_base()``) and kind of statistics; ``words``: the
     statistics as one word per lane a step (only where :func:`words_apply`); ``full``: every warp has a step (only where
     :func:`full_apply`), so the step loop does not test it; ``D`` (steps of loads in flight
@@ -158,6 +159,17 @@ def make_kernel(is_bf16, M, base, nested=True, D=1, min_blocks=BLOCKS_PER_SM, xs
                             blk = uint32(2 * h) + (q >> uint32(1))
                         else:
                             blk = q
+                        if il and XS:   # x first, then each mma right after its 4 lookups: fewer live registers
+                            if g == q:
+                                x_get(xr, sm, xa, h)
+                            for i in range(8):
+                                wa, wb = buf[4 * h + (i >> 1)], buf[8 + 4 * h + (i >> 1)]
+                                sel0, sel1 = uint32(0x5504 | (2 * (i & 1)) << 4), uint32(0x5504 | (2 * (i & 1) + 1) << 4)
+                                cf[0], cf[1], cf[2], cf[3] = mma(
+                                    look(sm, prmt(wa, lane4, sel0)), look(sm, prmt(wb, lane4, sel0)),
+                                    look(sm, prmt(wa, lane4, sel1)), look(sm, prmt(wb, lane4, sel1)), xr[2 * i],
+                                    xr[2 * i + 1], cf[0], cf[1], cf[2], cf[3])
+                            continue
                         for i in range(8):
                             wa, wb = buf[4 * h + (i >> 1)], buf[8 + 4 * h + (i >> 1)]
                             sel0, sel1 = uint32(0x5504 | (2 * (i & 1)) << 4), uint32(0x5504 | (2 * (i & 1) + 1) << 4)
