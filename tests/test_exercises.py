@@ -155,6 +155,17 @@ def tail(packed, lut, s, out, i, n):   # weights i..n-1 one 16-bit store at a ti
         i += uint64(1)
 
 
+def _chunk_launch(kernel):
+    """Notebook 04's launch for an exercise kernel with its signature (SIG04): one thread per 32-weight chunk."""
+    def launch(b):
+        chunks = (b.n + 31) // 32
+        kernel[(chunks + 127) // 128, 128, b.stream](
+            b.packed, b.packed_u32, b.lut, b.absmax_q, b.absmax2, b.code2, b.offset, b.out, b.out_u32,
+            np.uint64(b.n), np.uint64(b.blocksize.bit_length() - 1))
+
+    return launch
+
+
 def _shuffle(kind):
     """Notebook 04's exercise 1: a 16-byte load per thread (32 weights), 16-byte stores. ``stub``: the starting
     point, version A (each lane stores its own 64 bytes: bit-exact, no shuffle); ``solution``: every lane gets
@@ -209,13 +220,7 @@ def _shuffle(kind):
 
     kernel = stub if kind == "stub" else solution
 
-    def launch(b):
-        chunks = (b.n + 31) // 32
-        kernel[(chunks + 127) // 128, 128, b.stream](
-            b.packed, b.packed_u32, b.lut, b.absmax_q, b.absmax2, b.code2, b.offset, b.out, b.out_u32,
-            np.uint64(b.n), np.uint64(b.blocksize.bit_length() - 1))
-
-    return launch, kernel
+    return _chunk_launch(kernel), kernel
 
 
 def test_warp_shuffle_exercise_fails_on_the_stub_and_passes_on_the_solution():
@@ -479,13 +484,7 @@ def _last_vector(kind):
 
     kernel = {"stub": stub, "scalar": scalar, "solution": solution}[kind]
 
-    def launch(b):
-        chunks = (b.n + 31) // 32
-        kernel[(chunks + 127) // 128, 128, b.stream](
-            b.packed, b.packed_u32, b.lut, b.absmax_q, b.absmax2, b.code2, b.offset, b.out, b.out_u32,
-            np.uint64(b.n), np.uint64(b.blocksize.bit_length() - 1))
-
-    return launch, kernel
+    return _chunk_launch(kernel), kernel
 
 
 def test_last_vector_exercise_fails_on_the_stub_and_on_a_scalar_tail_and_passes_on_the_solution():

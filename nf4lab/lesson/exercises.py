@@ -374,6 +374,23 @@ def _student_ptx(res, kernel, sig, name):
         return None
 
 
+def _read_design(res, kernel, sig, name, requirements, verdict, ok):
+    """Where ``res`` is bit-exact, read the design from ``kernel``'s PTX for ``sig``: ``requirements(text)`` gives
+    (what is missing, whether it holds) pairs. Any that fails marks ``res`` not passed, its verdict (if it was
+    PASSED) ``verdict`` and its message what is missing; else ``ok`` (a string, or a function of the PTX text)."""
+    text = _student_ptx(res, kernel, sig, name)
+    if text is None:
+        return
+    missing = [what for what, holds in requirements(text) if not holds]
+    if missing:
+        res.passed = False
+        if res.verdict.startswith("PASSED"):
+            res.verdict = f"NOT PASSED: {name}: bit-exact, but {verdict}"
+        res.messages.append("the kernel's PTX has " + "; ".join(missing))
+    else:
+        res.messages.append(ok(text) if callable(ok) else ok)
+
+
 # Notebook 03's exercise 1: shapes with every remainder of n mod 4 (n = 1, 2, 15, 64, 65, 66, 231), so that
 # every end a 64-bit store of four weights can meet (none, 1, 2 or 3 weights left) is run.
 U64_SHAPES = ((1, 1), (1, 2), (3, 5), (1, 64), (1, 65), (1, 66), (7, 33))
@@ -387,16 +404,11 @@ def check_u64_store(launch, kernel, sig, *, name="exercise 1: 64-bit stores", ve
 
     res = check(launch, name=name, shapes=U64_SHAPES, verbose=False)
     if res:
-        text = _student_ptx(res, kernel, sig, name)
-        if text is not None:
-            wide = ptx.count(text, r"^st\.global\.(u64|b64|s64)\s")
-            if wide:
-                res.messages.append(f"PTX: {wide} 64-bit store instruction(s) (st.global.u64)")
-            else:
-                res.passed = False
-                res.verdict = f"NOT PASSED: {name}: bit-exact, but the PTX has no 64-bit store"
-                res.messages.append("the kernel's PTX has no st.global.u64: wherever four weights are left, store "
-                                    "them as one 64-bit word through out_u64")
+        wide = r"^st\.global\.(u64|b64|s64)\s"
+        _read_design(res, kernel, sig, name, lambda text: [
+            ("no st.global.u64: wherever four weights are left, store them as one 64-bit word through out_u64",
+             ptx.count(text, wide) > 0)], "the PTX has no 64-bit store",
+            lambda text: f"PTX: {ptx.count(text, wide)} 64-bit store instruction(s) (st.global.u64)")
     if verbose:
         print(res)
         res._printed = True
@@ -419,21 +431,13 @@ def check_warp_shuffle(launch, kernel, sig, *, name="exercise 1: coalesced throu
 
     res = check(launch, name=name, shapes=SHUFFLE_SHAPES, min_pct_copy=min_pct_copy, verbose=False)
     if res.error is None and res.report is None:     # bit-exact (fast enough or not): read the design
-        text = _student_ptx(res, kernel, sig, name)
-        if text is not None:
-            missing = [what for what, ok in (
-                ("no 16-byte load (ld.global.v4)", ptx.count(text, r"^ld\.global(\.nc)?\.v4") > 0),
-                ("no 16-byte store (st.global.v4)", ptx.count(text, r"^st\.global\.v4") > 0),
-                ("no warp shuffle (shfl.sync)", ptx.count(text, r"^shfl\.sync") > 0),
-                ("shared memory (ld.shared/st.shared): the exchange should stay in registers",
-                 ptx.count(text, r"^(ld|st)\.shared") == 0)) if not ok]
-            if missing:
-                res.passed = False
-                if res.verdict.startswith("PASSED"):
-                    res.verdict = f"NOT PASSED: {name}: bit-exact, but the PTX is not the design asked for"
-                res.messages.append("the kernel's PTX has " + "; ".join(missing))
-            else:
-                res.messages.append("PTX: 16-byte loads and stores, warp shuffles, no shared memory")
+        _read_design(res, kernel, sig, name, lambda text: [
+            ("no 16-byte load (ld.global.v4)", ptx.count(text, r"^ld\.global(\.nc)?\.v4") > 0),
+            ("no 16-byte store (st.global.v4)", ptx.count(text, r"^st\.global\.v4") > 0),
+            ("no warp shuffle (shfl.sync)", ptx.count(text, r"^shfl\.sync") > 0),
+            ("shared memory (ld.shared/st.shared): the exchange should stay in registers",
+             ptx.count(text, r"^(ld|st)\.shared") == 0)], "the PTX is not the design asked for",
+            "PTX: 16-byte loads and stores, warp shuffles, no shared memory")
     if verbose:
         print(res)
         res._printed = True
@@ -455,19 +459,12 @@ def check_last_vector(launch, kernel, sig, *, name="exercise 2: the last vector"
 
     res = check(launch, name=name, shapes=LAST_VECTOR_SHAPES, verbose=False)
     if res:
-        text = _student_ptx(res, kernel, sig, name)
-        if text is not None:
-            missing = [what for what, ok in (
-                ("no 16-byte store (st.global.v4): each whole word of 8 weights, in the last chunk too, is one "
-                 "16-byte store", ptx.count(text, r"^st\.global\.v4") > 0),
-                ("no 32-bit store (st.global.u32): in the last word, each whole pair of weights is one 32-bit "
-                 "store, as in 03", ptx.count(text, r"^st\.global\.(u32|b32)\s") > 0)) if not ok]
-            if missing:
-                res.passed = False
-                res.verdict = f"NOT PASSED: {name}: bit-exact, but not with the widest stores that fit"
-                res.messages.append("the kernel's PTX has " + "; ".join(missing))
-            else:
-                res.messages.append("PTX: 16-byte stores for whole words, 32-bit stores for pairs")
+        _read_design(res, kernel, sig, name, lambda text: [
+            ("no 16-byte store (st.global.v4): each whole word of 8 weights, in the last chunk too, is one "
+             "16-byte store", ptx.count(text, r"^st\.global\.v4") > 0),
+            ("no 32-bit store (st.global.u32): in the last word, each whole pair of weights is one 32-bit "
+             "store, as in 03", ptx.count(text, r"^st\.global\.(u32|b32)\s") > 0)],
+            "not with the widest stores that fit", "PTX: 16-byte stores for whole words, 32-bit stores for pairs")
     if verbose:
         print(res)
         res._printed = True
