@@ -65,8 +65,8 @@ def make_kernel(is_bf16, M, base, nested=True, D=1, min_blocks=BLOCKS_PER_SM, xs
     """The kernel for a dtype, batch M (1..8), table base (``probe_base()``) and kind of statistics; ``words``: the
     statistics as one word per lane a step (only where :func:`words_apply`); ``full``: every warp has a step (only where
     :func:`full_apply`), so the step loop does not test it; ``D`` (steps of loads in flight
-    ahead), ``min_blocks`` (blocks per SM) and ``xslot`` (False: x from L1/L2 at each step, as M > 1 does) are
-    lab/gemv_mma.py's knobs."""
+    ahead), ``min_blocks`` (blocks per SM), ``xslot`` (False: x from L1/L2 at each step, as M > 1 does) and ``il``
+    (with the x slot: each mma issued right after its lookups) are lab/gemv_mma.py's knobs."""
     NT, WIDE, WORDS = (M + 1) // 2, M > 1, words and nested  # n-tiles of 8 columns (2 batch rows x 4 blocks)
     SW = FBW if WORDS else FB         # words per step in a lane's buffer
     NACC, NCF, NB = 2 * NT, 4 * NT, SW * (D + 1)
@@ -74,6 +74,7 @@ def make_kernel(is_bf16, M, base, nested=True, D=1, min_blocks=BLOCKS_PER_SM, xs
     look, half_bits, fetch = step_ops(is_bf16, M, base, nested, WORDS)
     XS = xslot and M == 1 and D == 1  # x through a shared slot per warp, a step ahead (warp_ops.x_slot_ops)
     LEAN = XS and WORDS               # K % 256 == 0: step1_ops' loads, rows once a tile, x untested
+    IL = il and XS                    # lab's knob: 4 A registers live instead of 32 (lab/README.md)
     slot_at, x_quad, x_put, x_get = x_slot_ops(base)
     rows, fetch1 = step1_ops()
     store4 = table_vec4(base)[1]
@@ -159,17 +160,8 @@ def make_kernel(is_bf16, M, base, nested=True, D=1, min_blocks=BLOCKS_PER_SM, xs
                             blk = uint32(2 * h) + (q >> uint32(1))
                         else:
                             blk = q
-                        if il and XS:   # x first, then each mma right after its 4 lookups: fewer live registers
-                            if g == q:
-                                x_get(xr, sm, xa, h)
-                            for i in range(8):
-                                wa, wb = buf[4 * h + (i >> 1)], buf[8 + 4 * h + (i >> 1)]
-                                sel0, sel1 = uint32(0x5504 | (2 * (i & 1)) << 4), uint32(0x5504 | (2 * (i & 1) + 1) << 4)
-                                cf[0], cf[1], cf[2], cf[3] = mma(
-                                    look(sm, prmt(wa, lane4, sel0)), look(sm, prmt(wb, lane4, sel0)),
-                                    look(sm, prmt(wa, lane4, sel1)), look(sm, prmt(wb, lane4, sel1)), xr[2 * i],
-                                    xr[2 * i + 1], cf[0], cf[1], cf[2], cf[3])
-                            continue
+                        if IL and g == q:              # IL: x first, then each mma right after its 4 lookups
+                            x_get(xr, sm, xa, h)
                         for i in range(8):
                             wa, wb = buf[4 * h + (i >> 1)], buf[8 + 4 * h + (i >> 1)]
                             sel0, sel1 = uint32(0x5504 | (2 * (i & 1)) << 4), uint32(0x5504 | (2 * (i & 1) + 1) << 4)
@@ -177,6 +169,11 @@ def make_kernel(is_bf16, M, base, nested=True, D=1, min_blocks=BLOCKS_PER_SM, xs
                             A[4 * i + 1] = look(sm, prmt(wb, lane4, sel0))
                             A[4 * i + 2] = look(sm, prmt(wa, lane4, sel1))
                             A[4 * i + 3] = look(sm, prmt(wb, lane4, sel1))
+                            if IL:
+                                cf[0], cf[1], cf[2], cf[3] = mma(A[4 * i], A[4 * i + 1], A[4 * i + 2], A[4 * i + 3],
+                                                                 xr[2 * i], xr[2 * i + 1], cf[0], cf[1], cf[2], cf[3])
+                        if IL:
+                            continue
                         for nt in range(NT):
                             # B: lane (g, q) holds column g = 4 mm + b: x of batch row 2 nt + mm where b is its block
                             m = uint32(2 * nt) + (g >> uint32(2))
