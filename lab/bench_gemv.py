@@ -78,6 +78,11 @@ def variant_launches(mod, names=None, policies=None) -> dict:
         out["TC il"] = (lambda g: gemv_mma.launch(g, il=True))
         out["TC B3 il"] = (lambda g: gemv_mma.launch(g, blocks_per_sm=3, il=True))
         out["TC B2 D1 carve"] = (lambda g: gemv_mma.launch(g, carveout=True))
+        # one block of 16 warps an SM: its tiles' steps in finer shares (14336x4096: 7 a warp, not 8); "x": a warp's
+        # steps run on across tiles (4096x14336's 56 steps a tile: 3.5 a warp)
+        out["TC W16"] = (lambda g: gemv_mma.launch(g, blocks_per_sm=1, warps=16))
+        out["TC W16 x"] = (lambda g: gemv_mma.launch(g, blocks_per_sm=1, warps=16, cross=True))
+        out["TC W16 il x"] = (lambda g: gemv_mma.launch(g, blocks_per_sm=1, warps=16, cross=True, il=True))
         out["TC x-global"] = (lambda g: gemv_mma.launch(g, xslot=False))  # M = 1: x from L1/L2 at each step (former)
         from lab import gemv_ablate
 

@@ -25,19 +25,27 @@ def _max_carveout(kern):
     kern._nf4lab_carveout = True
 
 
-def kernel(is_bf16, M, blocks_per_sm=gemv.BLOCKS_PER_SM, D=1, xslot=True, nested=True, words=True, full=False, il=False):
-    return gemv.make_kernel(is_bf16, M, gemv.probe_base(), nested, D, max(blocks_per_sm, 1), xslot, words, full, il)
+def kernel(is_bf16, M, blocks_per_sm=gemv.BLOCKS_PER_SM, D=1, xslot=True, nested=True, words=True, full=False, il=False,
+           warps=gemv.W, cross=False):
+    return gemv.make_kernel(is_bf16, M, gemv.probe_base(), nested, D, max(blocks_per_sm, 1), xslot, words, full, il,
+                            warps, cross)
 
 
-def launch(g, blocks_per_sm=gemv.BLOCKS_PER_SM, D=1, carveout=False, xslot=True, words=True, il=False):
-    """``words``: the statistics as one word per lane where gemv.words_apply (False: byte by byte everywhere)."""
+def launch(g, blocks_per_sm=gemv.BLOCKS_PER_SM, D=1, carveout=False, xslot=True, words=True, il=False, warps=gemv.W,
+           cross=False):
+    """``words``: the statistics as one word per lane where gemv.words_apply (False: byte by byte everywhere);
+    ``warps`` per block (M = 1 only past 8: the partial sums' spare words hold 2 x 16 x 16 x M <= 2048);
+    ``cross``: where every warp has a step, a warp's steps run on into the next tile."""
+    if warps > gemv.W and g.M > 1:
+        raise ValueError(f"warps={warps}: only M = 1 has room for more than {gemv.W} warps' partial sums")
     gemv.validate(g)
     args = (g.packed_u32, g.absmax_q, g.absmax2, g.code2, g.lut, g.offset, g.x_u32, g.y, g.N, g.K, g.bs_shift)
     nbytes = gemv.SMEM
     words = words and gemv.words_apply(g.nested, g.bs_shift, g.K, gemv.address(g.absmax_q))
-    full = gemv.full_apply(words, g.M, g.K)   # as gemv.launch decides
-    kern = gemv.prepare(kernel(g.dtype == "bf16", g.M, blocks_per_sm, D, xslot, g.nested, words, full, il), args, nbytes)
+    full = words and g.M == 1 and g.K >= 256 * warps   # as gemv.full_apply decides for gemv.W warps
+    kern = gemv.prepare(kernel(g.dtype == "bf16", g.M, blocks_per_sm, D, xslot, g.nested, words, full, il, warps, cross),
+                        args, nbytes)
     if carveout:
         _max_carveout(kern)
     grid = g.grid or min(-(-g.N // 16), blocks_per_sm * gemv.sms())
-    kern[grid, gemv.THREADS, g.stream, nbytes](*args)
+    kern[grid, 32 * warps, g.stream, nbytes](*args)

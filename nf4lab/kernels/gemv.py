@@ -61,12 +61,14 @@ def full_apply(words, M, K) -> bool:
 
 @functools.cache
 def make_kernel(is_bf16, M, base, nested=True, D=1, min_blocks=BLOCKS_PER_SM, xslot=True, words=True, full=False,
-                il=False):
+                il=False, warps=W, cross=False):
     """The kernel for a dtype, batch M (1..8), table base (``probe_base()``) and kind of statistics; ``words``: the
     statistics as one word per lane a step (only where :func:`words_apply`); ``full``: every warp has a step (only where
     :func:`full_apply`), so the step loop does not test it; ``D`` (steps of loads in flight
     ahead), ``min_blocks`` (blocks per SM), ``xslot`` (False: x from L1/L2 at each step, as M > 1 does) and ``il``
-    (with the x slot: each mma issued right after its lookups) are lab/gemv_mma.py's knobs."""
+    (with the x slot: each mma issued right after its lookups), ``warps`` (per block) and ``cross`` (where ``full``: a
+    warp's steps stride on into the next tile instead of restarting at its warp index) are lab/gemv_mma.py's knobs."""
+    W, THREADS = warps, 32 * warps
     NT, WIDE, WORDS = (M + 1) // 2, M > 1, words and nested  # n-tiles of 8 columns (2 batch rows x 4 blocks)
     SW = FBW if WORDS else FB         # words per step in a lane's buffer
     NACC, NCF, NB = 2 * NT, 4 * NT, SW * (D + 1)
@@ -75,6 +77,7 @@ def make_kernel(is_bf16, M, base, nested=True, D=1, min_blocks=BLOCKS_PER_SM, xs
     XS = xslot and M == 1 and D == 1  # x through a shared slot per warp, a step ahead (warp_ops.x_slot_ops)
     LEAN = XS and WORDS               # K % 256 == 0: step1_ops' loads, rows once a tile, x untested
     IL = il and XS                    # lab's knob: 4 A registers live instead of 32 (lab/README.md)
+    CROSS = cross and LEAN and full
     slot_at, x_quad, x_put, x_get = x_slot_ops(base)
     rows, fetch1 = step1_ops()
     store4 = table_vec4(base)[1]
@@ -110,16 +113,17 @@ def make_kernel(is_bf16, M, base, nested=True, D=1, min_blocks=BLOCKS_PER_SM, xs
                  steps, ash)
             cp = uint32(cp + uint32(W))
             if cp >= steps:
-                cp, tp = warp, uint32(tp + grid)
+                cp, tp = (uint32(cp - steps) if CROSS else warp), uint32(tp + grid)
                 if LEAN:
                     rows(rb, tp, g, q, lane, n, kw, tiles)
-        if nested:
+        if nested and (THREADS == 256 or tid < uint32(256)):
             sm[code2_word(tid)] = ops.float_bits(code2[tid])
         # The used half of each row: 16-byte stores of four lanes' copies of entry e = p >> 3 (p = tid + 256 j), whose
         # halves lut[e >> 4] and lut[e & 15] come from lut itself, so no barrier and no read back come before them.
         hi = half_bits(lut[(tid >> uint32(3)) & uint32(15)]) << uint32(16)
         for j in range(32 * 256 // (4 * THREADS)):
-            p, v = uint32(tid + uint32(THREADS * j)), half_bits(lut[(tid >> uint32(7)) + uint32(2 * j)]) | hi
+            e = (tid >> uint32(7)) + uint32(THREADS // 128 * j)
+            p, v = uint32(tid + uint32(THREADS * j)), half_bits(lut[e]) | hi
             store4(sm, ((p >> uint32(3)) << uint32(8)) | ((p & uint32(7)) << uint32(4)), v, v, v, v)
         cuda.syncthreads()
         lane4, parity = lane << uint32(2), uint32(0)
@@ -146,7 +150,7 @@ def make_kernel(is_bf16, M, base, nested=True, D=1, min_blocks=BLOCKS_PER_SM, xs
                 cp = uint32(cp + uint32(W))
                 if LEAN:   # the wrap to the next tile by selects and its rows every step: no branch (1.5-2.5% faster)
                     wrap = cp >= steps
-                    cp, tp = (warp if wrap else cp), (uint32(tp + grid) if wrap else tp)
+                    cp, tp = ((uint32(cp - steps) if CROSS else warp) if wrap else cp), (uint32(tp + grid) if wrap else tp)
                     rows(rb, tp, g, q, lane, n, kw, tiles)
                 elif cp >= steps:
                     cp, tp = warp, uint32(tp + grid)
