@@ -83,6 +83,10 @@ def variant_launches(mod, names=None, policies=None) -> dict:
         out["TC W16"] = (lambda g: gemv_mma.launch(g, blocks_per_sm=1, warps=16))
         out["TC W16 x"] = (lambda g: gemv_mma.launch(g, blocks_per_sm=1, warps=16, cross=True))
         out["TC W16 il x"] = (lambda g: gemv_mma.launch(g, blocks_per_sm=1, warps=16, cross=True, il=True))
+        # a quarter ("mix1") or half ("mix2") of the codes decoded from 8 registers (PRMT/LOP3) instead of the shared
+        # table: fewer shared-memory wavefronts a step for more integer work (the all-register table lost 1.3-1.4x)
+        out["TC mix1"] = (lambda g: gemv_mma.launch(g, mix=1))
+        out["TC mix2"] = (lambda g: gemv_mma.launch(g, mix=2))
         out["TC x-global"] = (lambda g: gemv_mma.launch(g, xslot=False))  # M = 1: x from L1/L2 at each step (former)
         from lab import gemv_ablate
 
