@@ -74,19 +74,7 @@ def variant_launches(mod, names=None, policies=None) -> dict:
         for bps in (1, 2, 3, 4):  # the tensor-core design's knobs, only by name: blocks per SM, steps in flight
             for dd in (0, 1, 2, 3):
                 out[f"TC B{bps} D{dd}"] = (lambda g, b=bps, dd=dd: gemv_mma.launch(g, blocks_per_sm=b, D=dd))
-        # M = 1: each mma right after its 4 lookups ("il"): 89 registers; at 3 blocks an SM 80 and no spill (ptxas 13.5)
-        out["TC il"] = (lambda g: gemv_mma.launch(g, il=True))
-        out["TC B3 il"] = (lambda g: gemv_mma.launch(g, blocks_per_sm=3, il=True))
         out["TC B2 D1 carve"] = (lambda g: gemv_mma.launch(g, carveout=True))
-        # one block of 16 warps an SM: its tiles' steps in finer shares (14336x4096: 7 a warp, not 8); "x": a warp's
-        # steps run on across tiles (4096x14336's 56 steps a tile: 3.5 a warp)
-        out["TC W16"] = (lambda g: gemv_mma.launch(g, blocks_per_sm=1, warps=16))
-        out["TC W16 x"] = (lambda g: gemv_mma.launch(g, blocks_per_sm=1, warps=16, cross=True))
-        out["TC W16 il x"] = (lambda g: gemv_mma.launch(g, blocks_per_sm=1, warps=16, cross=True, il=True))
-        # a quarter ("mix1") or half ("mix2") of the codes decoded from 8 registers (PRMT/LOP3) instead of the shared
-        # table: fewer shared-memory wavefronts a step for more integer work (the all-register table lost 1.3-1.4x)
-        out["TC mix1"] = (lambda g: gemv_mma.launch(g, mix=1))
-        out["TC mix2"] = (lambda g: gemv_mma.launch(g, mix=2))
         out["TC x-global"] = (lambda g: gemv_mma.launch(g, xslot=False))  # M = 1: x from L1/L2 at each step (former)
         from lab import gemv_ablate
 

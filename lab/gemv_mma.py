@@ -25,28 +25,19 @@ def _max_carveout(kern):
     kern._nf4lab_carveout = True
 
 
-def kernel(is_bf16, M, blocks_per_sm=gemv.BLOCKS_PER_SM, D=1, xslot=True, nested=True, words=True, full=False, il=False,
-           warps=gemv.W, cross=False, mix=0):
-    return gemv.make_kernel(is_bf16, M, gemv.probe_base(), nested, D, max(blocks_per_sm, 1), xslot, words, full, il,
-                            warps, cross, mix)
+def kernel(is_bf16, M, blocks_per_sm=gemv.BLOCKS_PER_SM, D=1, xslot=True, nested=True, words=True, full=False):
+    return gemv.make_kernel(is_bf16, M, gemv.probe_base(), nested, D, max(blocks_per_sm, 1), xslot, words, full)
 
 
-def launch(g, blocks_per_sm=gemv.BLOCKS_PER_SM, D=1, carveout=False, xslot=True, words=True, il=False, warps=gemv.W,
-           cross=False, mix=0):
-    """``words``: the statistics as one word per lane where gemv.words_apply (False: byte by byte everywhere);
-    ``warps`` per block (M = 1 only past 8: the partial sums' spare words hold 2 x 16 x 16 x M <= 2048);
-    ``cross``: where every warp has a step, a warp's steps run on into the next tile; ``mix``: pieces h < mix decode
-    their second word set from registers (a quarter of the codes per piece) instead of the shared table."""
-    if warps > gemv.W and g.M > 1:
-        raise ValueError(f"warps={warps}: only M = 1 has room for more than {gemv.W} warps' partial sums")
+def launch(g, blocks_per_sm=gemv.BLOCKS_PER_SM, D=1, carveout=False, xslot=True, words=True):
+    """``words``: the statistics as one word per lane where gemv.words_apply (False: byte by byte everywhere)."""
     gemv.validate(g)
     args = (g.packed_u32, g.absmax_q, g.absmax2, g.code2, g.lut, g.offset, g.x_u32, g.y, g.N, g.K, g.bs_shift)
     nbytes = gemv.SMEM
     words = words and gemv.words_apply(g.nested, g.bs_shift, g.K, gemv.address(g.absmax_q))
-    full = words and g.M == 1 and g.K >= 256 * warps   # as gemv.full_apply decides for gemv.W warps
-    kern = kernel(g.dtype == "bf16", g.M, blocks_per_sm, D, xslot, g.nested, words, full, il, warps, cross, mix)
-    kern = gemv.prepare(kern, args, nbytes)
+    full = gemv.full_apply(words, g.M, g.K)   # as gemv.launch decides
+    kern = gemv.prepare(kernel(g.dtype == "bf16", g.M, blocks_per_sm, D, xslot, g.nested, words, full), args, nbytes)
     if carveout:
         _max_carveout(kern)
     grid = g.grid or min(-(-g.N // 16), blocks_per_sm * gemv.sms())
-    kern[grid, 32 * warps, g.stream, nbytes](*args)
+    kern[grid, gemv.THREADS, g.stream, nbytes](*args)

@@ -185,23 +185,6 @@ def test_statistics_word_gives_the_byte_loads_bits(N, K, dtype, M, grid, opts):
     assert gemv_check.check(out[0], gc, rounded_table=True).ok
 
 
-@pytest.mark.parametrize("N,K,dtype,blocks", [(33, 512, "fp16", 2), (20, 2304, "bf16", 3)])
-def test_mma_after_its_lookups_gives_the_shipped_bits(N, K, dtype, blocks):
-    """The 'il' knob (each mma right after its 4 lookups, lab/README.md) hands the same values to the same mmas in the
-    same order as the shipped kernel: the same bits, on a block that does 3 tiles (all 16 codes) and where every
-    warp has a step (gemv.full_apply), at 2 and 3 blocks an SM."""
-    from lab import gemv_mma
-
-    gc, g = _case_buffers(N, K, dtype, dist="codes" if N == 33 else "heavy")
-    g.grid = 1 if N == 33 else None
-    out = []
-    for kw in ({}, {"il": True, "blocks_per_sm": blocks}):
-        g.y.copy_to_device(np.full(N, 0x7FBF, np.uint16))
-        gemv_mma.launch(g, **kw)
-        out.append(g.result().copy())
-    assert np.array_equal(out[0], out[1])
-
-
 def test_statistics_word_applies_only_where_a_step_is_whole_blocks_at_a_word():
     ok = gemv.words_apply
     assert ok(True, 6, 4096, 0x1000) and ok(True, 6, 256, 4)

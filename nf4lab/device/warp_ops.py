@@ -27,14 +27,9 @@ def _py_f32_from_bits(u):
     return np.uint32(int(u) & 0xFFFFFFFF).view(np.float32)
 
 
-def _py_prmt(a, b, sel):  # selector bit 3: the picked byte's bit 7 in all 8 bits (PTX's sign-replicate mode)
+def _py_prmt(a, b, sel):
     pool = (int(a) & 0xFFFFFFFF) | ((int(b) & 0xFFFFFFFF) << 32)
-    out = 0
-    for k in range(4):
-        s = (int(sel) >> (4 * k)) & 15
-        v = (pool >> (8 * (s & 7))) & 0xFF
-        out |= ((0xFF if v & 0x80 else 0) if s & 8 else v) << (8 * k)
-    return np.uint32(out)
+    return np.uint32(sum(((pool >> (8 * ((int(sel) >> (4 * k)) & 7))) & 0xFF) << (8 * k) for k in range(4)))
 
 
 def _py_lookup(tab, off):
@@ -417,24 +412,3 @@ def x_slot_ops(base):
             xr[4 * j], xr[4 * j + 1], xr[4 * j + 2], xr[4 * j + 3] = load4(sm, uint32(xa + uint32(16 * j)) ^ uint32(64 * h))
 
     return slot_at, x_quad, x_put, x_get
-
-
-@cuda.jit(device=True, inline="always")
-def _plane(t0, t1, t2, t3, s, m):
-    """One byte plane of 4 codes: entries 0-7 from (t0, t1), 8-15 from (t2, t3), picked per byte by mask m."""
-    return (prmt(t2, t3, s) & m) | (prmt(t0, t1, s) & ~m)
-
-
-@cuda.jit(device=True, inline="always")
-def decode_word(w, t):
-    """A register table instead of 4 shared-memory lookups (lab/README, "part of the codes from registers"): code word
-    w (4 bytes, 2 codes each) -> the 4 pairs the GEMV's table gives for its bytes, from t[0:4] (the 16 values' low
-    bytes, entries 4i..4i+3 in t[i]) and t[4:8] (their high bytes), with PRMT and LOP3 only. The selectors are the
-    codes' low 3 bits; the half of the table is a byte mask from PRMT's sign-replicate mode on the code word itself."""
-    s, w4 = w & uint32(0x77777777), w << uint32(4)
-    mlo, mhi = prmt(w4, w, uint32(0xD9C8)), prmt(w4, w, uint32(0xFBEA))   # 0xFF where nibble i has bit 3 set
-    lo, hi = _plane(t[0], t[1], t[2], t[3], s, mlo), _plane(t[4], t[5], t[6], t[7], s, mlo)
-    p0, p1 = prmt(lo, hi, uint32(0x4051)), prmt(lo, hi, uint32(0x6273))   # (high nibble's value, low nibble's)
-    lo = _plane(t[0], t[1], t[2], t[3], s >> uint32(16), mhi)
-    hi = _plane(t[4], t[5], t[6], t[7], s >> uint32(16), mhi)
-    return p0, p1, prmt(lo, hi, uint32(0x4051)), prmt(lo, hi, uint32(0x6273))

@@ -20,9 +20,9 @@ from ..device import ops
 from ..device.gemv_loads import step1_ops, step_ops  # noqa: F401  (notebook 09 and the lab use them as gemv's)
 from . import qweight
 from .fastkernel import address
-from ..device.warp_ops import (_lookup_at, decode_word, default_base, f32_from_bits, load_stream_u32x4,  # noqa: F401
-                       load_u32_of_bytes, lookup, mma_bf16, mma_f16, prmt, probe_base, shfl_idx, shfl_xor_sync, syncwarp,
-                       table_lookup, table_vec4, x_slot_ops)
+from ..device.warp_ops import (_lookup_at, default_base, f32_from_bits, load_stream_u32x4, load_u32_of_bytes,  # noqa: F401
+                       lookup, mma_bf16, mma_f16, prmt, probe_base, shfl_idx, shfl_xor_sync, syncwarp, table_lookup,
+                       table_vec4, x_slot_ops)
 from numba import cuda, float32, types, uint32, uint64  # noqa: E402  (globals the simulator swaps in kernels)
 
 LLM_SHAPES = ((4096, 4096), (4096, 14336), (14336, 4096), (8192, 28672))  # (N, K) = W.shape
@@ -60,17 +60,12 @@ def full_apply(words, M, K) -> bool:
 
 
 @functools.cache
-def make_kernel(is_bf16, M, base, nested=True, D=1, min_blocks=BLOCKS_PER_SM, xslot=True, words=True, full=False,
-                il=False, warps=W, cross=False, mix=0):
+def make_kernel(is_bf16, M, base, nested=True, D=1, min_blocks=BLOCKS_PER_SM, xslot=True, words=True, full=False):
     """The kernel for a dtype, batch M (1..8), table base (``probe_base()``) and kind of statistics; ``words``: the
     statistics as one word per lane a step (only where :func:`words_apply`); ``full``: every warp has a step (only where
     :func:`full_apply`), so the step loop does not test it; ``D`` (steps of loads in flight
-    ahead), ``min_blocks`` (blocks per SM), ``xslot`` (False: x from L1/L2 at each step, as M > 1 does) and ``il``
-    (with the x slot: each mma issued right after its lookups), ``warps`` (per block) and ``cross`` (where ``full``: a
-    warp's steps stride on into the next tile instead of restarting at its warp index) and ``mix`` (the codes of
-    pieces h < mix of the second word set decoded from registers, :func:`warp_ops.decode_word`) are lab/gemv_mma.py's
-    knobs."""
-    W, THREADS = warps, 32 * warps
+    ahead), ``min_blocks`` (blocks per SM) and ``xslot`` (False: x from L1/L2 at each step, as M > 1 does) are
+    lab/gemv_mma.py's knobs."""
     NT, WIDE, WORDS = (M + 1) // 2, M > 1, words and nested  # n-tiles of 8 columns (2 batch rows x 4 blocks)
     SW = FBW if WORDS else FB         # words per step in a lane's buffer
     NACC, NCF, NB = 2 * NT, 4 * NT, SW * (D + 1)
@@ -78,8 +73,6 @@ def make_kernel(is_bf16, M, base, nested=True, D=1, min_blocks=BLOCKS_PER_SM, xs
     look, half_bits, fetch = step_ops(is_bf16, M, base, nested, WORDS)
     XS = xslot and M == 1 and D == 1  # x through a shared slot per warp, a step ahead (warp_ops.x_slot_ops)
     LEAN = XS and WORDS               # K % 256 == 0: step1_ops' loads, rows once a tile, x untested
-    IL = il and XS                    # lab's knob: 4 A registers live instead of 32 (lab/README.md)
-    CROSS = cross and LEAN and full
     slot_at, x_quad, x_put, x_get = x_slot_ops(base)
     rows, fetch1 = step1_ops()
     store4 = table_vec4(base)[1]
@@ -115,28 +108,21 @@ def make_kernel(is_bf16, M, base, nested=True, D=1, min_blocks=BLOCKS_PER_SM, xs
                  steps, ash)
             cp = uint32(cp + uint32(W))
             if cp >= steps:
-                cp, tp = (uint32(cp - steps) if CROSS else warp), uint32(tp + grid)
+                cp, tp = warp, uint32(tp + grid)
                 if LEAN:
                     rows(rb, tp, g, q, lane, n, kw, tiles)
-        if nested and (THREADS == 256 or tid < uint32(256)):
+        if nested:
             sm[code2_word(tid)] = ops.float_bits(code2[tid])
         # The used half of each row: 16-byte stores of four lanes' copies of entry e = p >> 3 (p = tid + 256 j), whose
         # halves lut[e >> 4] and lut[e & 15] come from lut itself, so no barrier and no read back come before them.
         hi = half_bits(lut[(tid >> uint32(3)) & uint32(15)]) << uint32(16)
         for j in range(32 * 256 // (4 * THREADS)):
-            e = (tid >> uint32(7)) + uint32(THREADS // 128 * j)
-            p, v = uint32(tid + uint32(THREADS * j)), half_bits(lut[e]) | hi
+            p, v = uint32(tid + uint32(THREADS * j)), half_bits(lut[(tid >> uint32(7)) + uint32(2 * j)]) | hi
             store4(sm, ((p >> uint32(3)) << uint32(8)) | ((p & uint32(7)) << uint32(4)), v, v, v, v)
         cuda.syncthreads()
         lane4, parity = lane << uint32(2), uint32(0)
         acc, cf, s = cuda.local.array(NACC, float32), cuda.local.array(NCF, float32), cuda.local.array(4, float32)
         A, xr = cuda.local.array(32, uint32), cuda.local.array(32, uint32)
-        tr = cuda.local.array(8, uint32)
-        for i in range(8 if mix else 0):   # the register table: byte j of tr[i] is byte i // 4 of value 4 (i % 4) + j
-            tr[i] = uint32(0)
-            for j in range(4):
-                v = (half_bits(lut[4 * (i & 3) + j]) >> uint32(8 * (i >> 2))) & uint32(0xFF)
-                tr[i] |= v << uint32(8 * j)
         if XS:  # lanes that hold no x keep zeros; the others' x arrives through the slot
             for j in range(16):
                 xr[j] = uint32(0)
@@ -158,7 +144,7 @@ def make_kernel(is_bf16, M, base, nested=True, D=1, min_blocks=BLOCKS_PER_SM, xs
                 cp = uint32(cp + uint32(W))
                 if LEAN:   # the wrap to the next tile by selects and its rows every step: no branch (1.5-2.5% faster)
                     wrap = cp >= steps
-                    cp, tp = ((uint32(cp - steps) if CROSS else warp) if wrap else cp), (uint32(tp + grid) if wrap else tp)
+                    cp, tp = (warp if wrap else cp), (uint32(tp + grid) if wrap else tp)
                     rows(rb, tp, g, q, lane, n, kw, tiles)
                 elif cp >= steps:
                     cp, tp = warp, uint32(tp + grid)
@@ -172,24 +158,13 @@ def make_kernel(is_bf16, M, base, nested=True, D=1, min_blocks=BLOCKS_PER_SM, xs
                             blk = uint32(2 * h) + (q >> uint32(1))
                         else:
                             blk = q
-                        if IL and g == q:              # IL: x first, then each mma right after its 4 lookups
-                            x_get(xr, sm, xa, h)
                         for i in range(8):
                             wa, wb = buf[4 * h + (i >> 1)], buf[8 + 4 * h + (i >> 1)]
                             sel0, sel1 = uint32(0x5504 | (2 * (i & 1)) << 4), uint32(0x5504 | (2 * (i & 1) + 1) << 4)
                             A[4 * i] = look(sm, prmt(wa, lane4, sel0))
-                            if h >= mix:
-                                A[4 * i + 1] = look(sm, prmt(wb, lane4, sel0))
+                            A[4 * i + 1] = look(sm, prmt(wb, lane4, sel0))
                             A[4 * i + 2] = look(sm, prmt(wa, lane4, sel1))
-                            if h >= mix:
-                                A[4 * i + 3] = look(sm, prmt(wb, lane4, sel1))
-                            elif i % 2 == 0:
-                                A[4 * i + 1], A[4 * i + 3], A[4 * i + 5], A[4 * i + 7] = decode_word(wb, tr)
-                            if IL:
-                                cf[0], cf[1], cf[2], cf[3] = mma(A[4 * i], A[4 * i + 1], A[4 * i + 2], A[4 * i + 3],
-                                                                 xr[2 * i], xr[2 * i + 1], cf[0], cf[1], cf[2], cf[3])
-                        if IL:
-                            continue
+                            A[4 * i + 3] = look(sm, prmt(wb, lane4, sel1))
                         for nt in range(NT):
                             # B: lane (g, q) holds column g = 4 mm + b: x of batch row 2 nt + mm where b is its block
                             m = uint32(2 * nt) + (g >> uint32(2))
