@@ -214,6 +214,9 @@ plots.progress("03_packed_u32");
 # the margin is also printed with its size and direction, since within noise is not the same as
 # zero. To show the margin's scale, the cell first prints how far 01's and 02's kernels, timed
 # again in this run, lie from their own notebooks' records: the same kernel in two runs.
+# The margin is for kernels timed in one run. Records of other runs, other days above all, can
+# lie further apart than it (a GPU's clocks and temperature differ from day to day), so every
+# verdict below compares kernels of this run, and the run-to-run lines only show the scale.
 
 # %%
 NOISE_PCT = bench.NOISE_PCT

@@ -448,7 +448,9 @@ nf4lab.verify_versions(VERSIONS, case);
 # `bench.NOISE_PCT` (printed with the verdict): twice the largest spread the book's records show
 # for one kernel timed again in another run (its comment in `nf4lab/measure/bench.py` names them),
 # and used by every notebook that calls a change "a gain" or "none". A change of speed inside it
-# counts as nothing; beyond it, the verdict says which way. The verdict's line compares A with the
+# counts as nothing; beyond it, the verdict says which way. It judges kernels of one run: the
+# run-to-run lines (03's kernels here against 03's own record) may lie further apart, since
+# records of different days differ by more than kernels of one run do. The verdict's line compares A with the
 # faster of 03's two kernels, the line after it A with B, each as a ratio of times from this run;
 # the last line says which comparison A's scattered stores lost.
 
