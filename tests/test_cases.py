@@ -80,3 +80,29 @@ def test_quant_state_round_trip_through_bitsandbytes():
     packed, qs = case.quant_state("cpu")
     out = F.dequantize_4bit(packed, qs)
     assert np.array_equal(out.reshape(-1).view(__import__("torch").int16).numpy().view(np.uint16), case.expected)
+
+
+def test_heavy_fp16_weights_past_its_range_are_scaled_into_it(monkeypatch):
+    """fp16's largest finite value is 65504. The 16384x16384 heavy case's tail reached 100153: in fp16 those weights
+    were inf, bitsandbytes' offset inf and every output NaN, so that case compared NaN with NaN (notebook 06 printed
+    "0 infinities" of an all-NaN output). Weights past half the range are scaled into it: finite, still near the top."""
+    real = cases._weights
+    monkeypatch.setattr(cases, "_weights", lambda *a: real(*a) * 1e3)   # this small case's tail then passes 65504
+    assert float(real((31, 67), "heavy", 0, 64).abs().max()) * 1e3 > 65504
+    out = cases.generate((31, 67), "fp16", "heavy", seed=0).expected.view(np.float16).astype(np.float64)
+    assert np.isfinite(out).all() and np.abs(out).max() > 1e4
+    bf = cases.generate((31, 67), "bf16", "heavy", seed=0)               # bf16's range holds it: not scaled
+    w = real((31, 67), "heavy", 0, 64) * 1e3
+    assert np.abs(reference.bits_to_f32(bf.expected, "bf16")).max() > 0.5 * float(w.abs().max())
+
+
+def test_a_cached_case_with_nan_outputs_is_made_again(tmp_path, monkeypatch):
+    """A cache written before the scaling above may hold the all-NaN case: make_case makes it again."""
+    monkeypatch.setattr(cases, "CACHE_DIR", tmp_path)
+    monkeypatch.setattr(cases, "COMMITTED_DIR", tmp_path / "none")
+    good = cases.make_case((5, 77), "fp16", "heavy", seed=9)
+    bad = cases._load(tmp_path / f"{good.name}.npz")
+    bad.expected = np.full_like(bad.expected, 0x7E00)                    # fp16 NaN everywhere
+    cases._save_atomic(bad, tmp_path / f"{good.name}.npz")
+    again = cases.make_case((5, 77), "fp16", "heavy", seed=9)
+    assert np.array_equal(again.expected, good.expected)
