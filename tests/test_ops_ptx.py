@@ -143,3 +143,15 @@ def test_no_two_device_ops_share_a_twin():
         for name in mod.DEVICE_OPS:
             seen[id(getattr(mod, name))].append(f"{mod.__name__}.{name}")
     assert [v for v in seen.values() if len(v) > 1] == []
+
+
+def test_ptx_summary_counts_16_byte_loads_with_cache_hints():
+    """09's PTX evidence printed 'ld.global.v4: 2' for a step of 4 weight loads: the summary missed the GEMV's
+    streaming loads, which carry an L1 cache hint (ld.global.nc.L1::no_allocate.v4)."""
+    from nf4lab.measure import ptx
+
+    code = "\n".join(["ld.global.nc.L1::no_allocate.v4.u32 {%r1, %r2, %r3, %r4}, [%rd1];",
+                      "ld.global.nc.v4.u32 {%r5, %r6, %r7, %r8}, [%rd2];", "ld.global.v4.u32 {%r9, %r10, %r11, %r12}, [%rd3];",
+                      "ld.global.nc.L1::evict_last.L2::256B.v4.u32 {%r1, %r2, %r3, %r4}, [%rd4];", "ld.global.u32 %r13, [%rd5];"])
+    s = ptx.summary(code)
+    assert s["ld.global.v4"] == 4 and s["ld.global (any)"] == 5

@@ -199,7 +199,7 @@ def summary(ptx: str) -> dict:
     """Counts of the instruction kinds the series talks about."""
     pats = {
         "ld.global (any)": r"^ld\.global",
-        "ld.global.v4": r"^ld\.global(\.nc)?\.v4",
+        "ld.global.v4": r"^ld\.global(\.nc)?(\.L[12]::\w+)*\.v4",   # cache hints too (the GEMV's streaming loads)
         "ld.global.u8": r"^ld\.global(\.nc)?\.u8",
         "st.global (any)": r"^st\.global",
         "st.global.u16": r"^st\.global\.(u16|b16)",

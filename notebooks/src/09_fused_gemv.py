@@ -2,20 +2,18 @@
 # %% [markdown]
 # # 09 · Capstone: fuse NF4 dequantization into a tensor-core GEMV
 #
-# **Goal.** Generating a token multiplies each layer's weight by a few rows of activations: `y = x @ W.T`, `x` (M, K),
-# M = 1..8 (a GEMV: matrix times vector), `W` (N, K) in NF4. We read the kernel `nf4lab` ships (`nf4lab.kernels.gemv`):
-# each packed byte read once, made two bf16/fp16 weights by one shared-memory load, multiplied on the tensor cores by
-# `mma.sync` (a warp-wide matrix multiply-add); we check it against float64 and time it against bitsandbytes and a
-# kernel that only reads the weight. **You will learn** how `mma.sync.m16n8k16` spreads its operands over a warp, how to
-# feed it from a lookup table, split-K over warps, and the read bound every GEMV is measured against.
+# **Goal.** Generating a token multiplies each layer's weight by a few rows of activations: `y = x @ W.T`, `x` (M, K), M = 1..8 (a GEMV: matrix times
+# vector), `W` (N, K) in NF4. We read the kernel `nf4lab` ships (`nf4lab.kernels.gemv`): each packed byte read once, made two bf16/fp16 weights by one
+# shared-memory load, multiplied on the tensor cores by `mma.sync` (a warp-wide matrix multiply-add); we check it against float64 and time it against
+# bitsandbytes and a kernel that only reads the weight (the read bound). **You will learn** how `mma.sync.m16n8k16` spreads its operands over a warp,
+# how to feed it from a lookup table, how warps share a row's K (split-K), and why the read bound is the target.
 #
 # **Contents:** 1. [Bytes: a prediction](#bytes) · 2. [The mma and its fragments](#mma) · 3. [Tiles, steps, split-K](#work) ·
 # 4. [The kernel](#kernel) · 5. [PTX evidence](#evidence) · 6. [Check: a tolerance, not bits](#check) · 7. [Benchmark](#benchmark) ·
 # 8. [Batch: M = 2..8](#batch) · 9. [What we learned](#learned) · 10. [Exercise: one mma by hand](#exercise) · [Appendix](#road)
 # %%
 import nf4lab  # first: may switch numba to its simulator
-import functools, itertools  # noqa: E401
-import numpy as np
+import functools, itertools, numpy as np  # noqa: E401
 import matplotlib.pyplot as plt
 from numba import cuda, float32, uint32, uint64
 from nf4lab import arch
@@ -95,12 +93,11 @@ _ = fig.suptitle("mma.sync.m16n8k16 in this kernel: mma i = 0 of a step at M = 1
 # <a id="kernel"></a>
 # ## 4. The kernel
 #
-# **The per-lane table.** Entry e (a code byte) is (lut[e >> 4], lut[e & 15]) as bf16x2 (or f16x2), the high nibble (the
-# first column) in the low half: an A register. Reads of different words of one shared-memory **bank** are serialized
-# (32 banks, successive 32-bit words in successive banks: bank = word mod 32; CUDA C++ Programming Guide, "Shared Memory"),
-# so each lane has its own copy: lane l's entry e is word `(e << 6) | l`, bank l. 256 rows of 64 words, 64 KB;
-# words 32-63 are spare: code2 (rows 0-7), x slots (16-47: defined with the step below), sums (128-255). Each block
-# builds it once, with 16-byte stores of 4 lanes' copies (lab/README.md times the 4-byte stores it replaced).
+# **The per-lane table.** Entry e (a code byte) is (lut[e >> 4], lut[e & 15]) as bf16x2 (or f16x2), the high nibble (the first column) in the low
+# half: an A register. Reads of different words of one shared-memory **bank** are serialized (32 banks, successive 32-bit words in successive banks:
+# bank = word mod 32; CUDA C++ Programming Guide, "Shared Memory"), so each lane has its own copy: lane l's entry e is word `(e << 6) | l`, bank l.
+# 256 rows of 64 words, 64 KB; words 32-63 are spare: code2 (rows 0-7), x slots (rows 16-47: defined with the step below), sums (rows 128-255). Each
+# block builds it once, with 16-byte stores of 4 lanes' copies (lab/README.md times, on an H200, the 4-byte stores before).
 #
 # **`prmt` makes the table address.** `prmt.b32 d, a, b, sel`: d's byte j is byte `(sel >> 4j) & 7` of the 8 bytes
 # b:a (bytes 0-3 are a's). With a = the code word, b = `lane << 2`, sel = `0x5504 | p << 4`, the **selectors** are:
@@ -116,7 +113,7 @@ from nf4lab.device.warp_ops import (f32_from_bits, mma_bf16, mma_f16, prmt, shfl
                                     table_lookup, table_vec4, x_slot_ops)   # instruction each, with a plain-Python twin for the simulator
 from nf4lab.kernels import gemv
 
-THREADS, W, BLOCKS_PER_SM = 256, 8, 2   # 8 warps a block, at most 2 blocks per SM (the launch bounds)
+THREADS, W, BLOCKS_PER_SM = 256, 8, 2   # 8 warps a block; launch bounds: ptxas caps registers so that 2 blocks fit an SM
 
 def make_build_table(half_bits, store4):
     @cuda.jit(device=True, inline="always")
@@ -197,21 +194,21 @@ def make_step(M, is_bf16, look, x_get):
                 acc[2 * nt + 1] += cf[4 * nt + 2] * s[2] + cf[4 * nt + 3] * s[3]
     return step
 # %% [markdown]
-# **The kernel.** A lane's loads of a step (4 x 16 bytes of codes, the statistics word: 17 words) are imported: `fetch`
-# (`gemv.step_ops`) does section 3's loads, clamped at the last row and step; at M = 1 `fetch1` also loads x, and `rows`
-# puts a tile's row offsets in `rb`, every step, by selects (a branch in this loop costs more than that arithmetic:
-# lab/README.md). The first step's loads go out before the table is built; each trip fetches the next step, across tiles
-# too. Local arrays indexed by unrolled loops live in registers. **The tile's sum:** lanes q and q ^ 1 hold a batch row's
-# blocks 0-1 and 2-3 (a `shfl.xor` adds them); each warp writes its 16 M sums to spare words (`gemv.spare`), and after a
-# barrier 16 M threads add the 8 warps' and write y (`parity`: two sets of words). The launcher validates (a misaligned
-# 128-bit load is fatal: CUDA Runtime API, `cudaErrorMisalignedAddress`) and allows 64 KB (`gemv.prepare`).
+# **The kernel.** A lane's loads of a step (4 x 16 bytes of codes, the statistics word: 17 words) are imported: `fetch` (`gemv.step_ops`) does section
+# 3's loads, clamped at the last row and step; at M = 1 `fetch1` also loads x, and `rows` puts a tile's row offsets in `rb`, every step, by selects
+# (on an H200 a branch in this loop cost more than that arithmetic: lab/README.md). The first step's loads go out before the table is built; each trip
+# fetches the next step, across tiles too. Local arrays indexed by unrolled loops live in registers. **The tile's sum:** lanes q and q ^ 1 hold a
+# batch row's blocks 0-1 and 2-3 (a `shfl.xor` adds them); each warp writes its 16 M sums to spare words (`gemv.spare`), and after a barrier 16 M
+# threads add the 8 warps' and write y (`parity`: two sets of words, so that the next tile's sums cannot overwrite words still being read, with no
+# second barrier). The launcher validates (a misaligned 128-bit load is fatal: CUDA Runtime API, `cudaErrorMisalignedAddress`) and allows 64 KB
+# (`gemv.prepare`).
 # %% tags=["kernel"]
 @functools.cache
-def make_kernel(is_bf16, M, base, full=False):   # full: every warp has a step (gemv.full_apply), left untested
+def make_kernel(is_bf16, M, base, full=False):   # full: every warp has a step (gemv.full_apply): its test skipped
     NT = (M + 1) // 2
     NACC, NCF, FB, NB = 2 * NT, 4 * NT, 17, 34   # per step in buf: 16 code words, 1 statistics word; 2 steps
     _, half_bits, fetch = gemv.step_ops(is_bf16, M, base, True, True)   # the shipped loads (see above)
-    rows, fetch1 = gemv.step1_ops()                                     # M = 1's, rows once a tile
+    rows, fetch1 = gemv.step1_ops()                                     # M = 1's; rows every step, by selects
     look, (slot_at, _, x_put, x_get) = table_lookup(base), x_slot_ops(base)
     build_table, step = make_build_table(half_bits, table_vec4(base)[1]), make_step(M, is_bf16, look, x_get)
     @cuda.jit(launch_bounds=(THREADS, BLOCKS_PER_SM))
@@ -309,9 +306,10 @@ def launch(g):
 # <a id="evidence"></a>
 # ## 5. PTX evidence
 #
-# Per step at M = 1: 16 `mma.sync` (2 pieces x 8), 64 `prmt`, 64 lookups with the base in the immediate; no `ld.local`
-# (a spill), no float64. Registers: the driver's build, or `ptxas` (SASS). Below sm_80 (a T4): fp16's, 2 m16n8k8 an mma
-# (m16n8k8: the half-depth shape, K = 8, that sm_75 has; PTX ISA, mma's "Matrix Shape" and target notes).
+# Per step at M = 1: 16 `mma.sync` (2 pieces x 8), 64 `prmt`, 64 lookups with the base in the immediate; the codes' 16-byte loads as
+# `ld.global.nc.L1::no_allocate.v4` (read once: kept out of L1, which holds x and the scales); no `ld.local` (a spill), no float64. Registers: the
+# driver's build, or `ptxas` (SASS). Below sm_80 (a T4): fp16's, 2 m16n8k8 an mma (m16n8k8: the half-depth shape, K = 8, that sm_75 has; PTX ISA,
+# mma's "Matrix Shape" and target notes).
 # %%
 cc = nf4lab.runtime.target_cc(); T4 = cc < (8, 0)  # noqa: E702
 kern = make_kernel(not T4, 1, gemv.probe_base() if nf4lab.ON_GPU else gemv.default_base(cc))
@@ -325,10 +323,10 @@ print(ptx.resources(kern, gemv.signature(), code, cc))   # the driver's build on
 # <a id="check"></a>
 # ## 6. Check: a tolerance, not bits
 #
-# Each GEMV adds in its own order, so none agree bit for bit. We check a bound against the float64 `y64 = x @ W.T`: a
-# float32 sum's error `K * eps32 * sum|x w|` (Higham §3.1; eps32 = 2^-23), the output's rounding `u * |y|` (u = 2^-8
-# bf16, 2^-11 fp16), and `u * sum|x w|` as the table holds NF4 values *rounded* (`rounded_table=True`). bitsandbytes'
-# error is beside: unrounded values, another order of sums: either may have the larger worst error on a given case.
+# Each GEMV adds in its own order, so none agree bit for bit. We check a bound against the float64 `y64 = x @ W.T`: a float32 sum's error `K * eps32 *
+# sum|x w|` (eps32 = 2^-23, twice float32's unit roundoff: Higham §3.1's bound, with room for the tensor core's own order and rounding of its sums),
+# the output's rounding `u * |y|` (u = 2^-8 bf16, 2^-11 fp16), and `u * sum|x w|` as the table holds NF4 values *rounded* (`rounded_table=True`).
+# bitsandbytes' error is beside: unrounded values, another order of sums: either may have the larger worst error on a given case.
 # %%
 SHAPES = ([((20, 256), "bf16", 1), ((9, 256), "fp16", 3)] if nf4lab.SIMULATOR else
           [((512, 4096), "bf16", 1), ((255, 14336), "fp16", 1), ((100, 4352), "bf16", 4), ((64, 4096), "fp16", 8)])
@@ -343,10 +341,10 @@ for (N, K), dtype, M in SHAPES:
 # <a id="benchmark"></a>
 # ## 7. Benchmark: against bitsandbytes and the read bound
 #
-# One GPU run times per shape and dtype: ours, bitsandbytes `matmul_4bit`, dequantize + matmul, the copy ceiling and the
-# **read bound**, a kernel that only reads the weight's bytes (best of 4 grid sizes). GPU time of CUDA-graph replays, each
-# launch on another copy of the weight (> 4x L2 in all: from DRAM, as in decoding). x bnb = bnb's time / ours; % copy =
-# our bandwidth / the copy's; % of read = the bound's time / ours. Without a GPU: this notebook's last GPU run.
+# One GPU run times per shape and dtype: ours, bitsandbytes `matmul_4bit`, dequantize + matmul, the copy ceiling and the **read bound**, a kernel that
+# only reads the weight's bytes (best of 4 grid sizes). GPU time of CUDA-graph replays, each launch on another copy of the weight (> 4x L2 in all:
+# from DRAM, as in decoding). x bnb = bnb's time / ours; % copy = our bandwidth / the copy's; % of read = the bound's time / ours. Without a GPU: this
+# notebook's last GPU run.
 # %%
 @cuda.jit
 def read_only(src, nvec, out):           # every 16 bytes of the weight once; the XOR keeps the loads alive
@@ -395,10 +393,12 @@ if BATCH:   # % of read: section 7's read bound (the weight's bytes, read once a
 # <a id="learned"></a>
 # ## 9. What we learned
 #
-# - Bytes bound a GEMV: section 1 estimates a lower bound at copy speed, section 7 times the read bound (a read-only
-#   kernel); how close ours gets depends on the shape. A table of A registers makes dequantization a `prmt` and a load.
-# - The mma sums over k in any order: we pick k so that each lane reads contiguous bytes, and B's columns keep the
-#   absmax blocks apart so that each is scaled once, in float32, as bitsandbytes scales it. Further reading: [Marlin](https://github.com/IST-DASLab/marlin) and [FLUTE](https://github.com/HanGuo97/flute).
+# - Bytes bound a GEMV: section 1 estimates a lower bound at copy speed, section 7 times the read bound (a read-only kernel); how close ours gets
+#   depends on the shape. A table of A registers makes dequantization a `prmt` and a load.
+# - The mma sums over k in any order: we pick k so that each lane reads contiguous bytes, and B's columns keep the absmax blocks apart so that each
+#   is scaled once, in float32, as bitsandbytes scales it; section 1's bound is a floor, and section 7 prints how far above it each shape lands.
+# - A batch reads the weight once but is not free: each pair of x rows adds an n-tile of mmas on the same A registers, and at M > 1 x comes from L1
+#   at each step, not the slot; section 8 prints how its share of the read bound falls with M. [Marlin](https://github.com/IST-DASLab/marlin), [FLUTE](https://github.com/HanGuo97/flute): further reading.
 #
 # <a id="exercise"></a>
 # ## 10. Exercise: one mma by hand
@@ -431,10 +431,11 @@ assert result
 # <a id="road"></a>
 # ## Appendix: other designs the lab timed
 #
-# Designs timed by the lab (`lab/README.md` tells each story), bf16, M = 1: this GPU's record, else another GPU's (the
-# run column names GPU and date). A design's time is shown only beside the tensor-core kernel's ("TC") of the same run
-# ("design / TC us: ratio", where `provenance.compare` finds both); else why not, under the row. FFMA: no tensor
-# cores, a byte's two weights by one pair lookup, then two float32 FMAs; the cp.async ring copies weights ahead into smem.
+# Designs timed by the lab (`lab/README.md` tells each story), bf16, M = 1: this GPU's record, else another GPU's (the run column names GPU and date).
+# A design's time is shown only beside the tensor-core kernel's ("TC") of the same run ("design / TC us: ratio", where `provenance.compare` finds
+# both); else why not, under the row. Each row's TC is the kernel shipped on that row's date, not today's (section 7 times today's; lab/README.md says
+# what changed since). FFMA: no tensor cores, a byte's two weights by one pair lookup, then two float32 FMAs; the cp.async ring copies weights ahead
+# into smem.
 # %%
 ROAD = [("FFMA design (pair lookup + 2 FFMA a byte)", "09_fused_gemv", "auto"), ("2 chains of mmas", "09_gemv_chains", "TC C2"),
         ("cp.async ring of 2 stages for weights", "09_gemv_ring", "TC R2"), ("3 blocks per SM", "09_gemv_b3", "TC B3 D1"),
