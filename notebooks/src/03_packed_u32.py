@@ -214,9 +214,10 @@ plots.progress("03_packed_u32");
 # the margin is also printed with its size and direction, since within noise is not the same as
 # zero. To show the margin's scale, the cell first prints how far 01's and 02's kernels, timed
 # again in this run, lie from their own notebooks' records: the same kernel in two runs.
-# The margin is for kernels timed in one run. Records of other runs, other days above all, can
-# lie further apart than it (a GPU's clocks and temperature differ from day to day), so every
-# verdict below compares kernels of this run, and the run-to-run lines only show the scale.
+# The margin is for kernels timed in one run. Records of other runs can lie further apart than
+# it, even on the same day (another run may get another card of the same model, at its own clocks
+# and temperature), so every verdict below compares kernels of this run, and the run-to-run lines
+# only show the scale.
 
 # %%
 NOISE_PCT = bench.NOISE_PCT
@@ -257,7 +258,9 @@ if not changes:
     print("no recorded runs of 01, 02 and 03 to compare yet")
 elif gains and losses:
     print(f"mixed {where}: the packed store gained up to {max(gains):.1f}% in one comparison and lost up to "
-          f"{-min(losses):.1f}% in another: the store alone does not decide the speed here.")
+          f"{-min(losses):.1f}% in another, which the prediction (some gain, or none) did not foresee: the same "
+          "change of store pays with one loop and costs with the other. Why was not measured here; one "
+          "candidate is the pack (cvt.rn.bf16x2) on the path of every store of the unrolled grid-stride loop.")
 elif losses:
     print(f"no gain from the packed store {where}: {len(losses)} of {len(changes)} comparisons slower by "
           f"more than {NOISE_PCT}% (up to {-min(losses):.1f}%)"

@@ -335,7 +335,7 @@ warp_store_pattern(lambda t: [16 * t], "B (lane t stores at 16 t)     ")
 #   (`t + 32 j`) stay conflict-free.
 # * **Synchronisation.** A lane reads words another lane wrote, so all writes must be done first.
 #   `cuda.syncwarp()` would be enough (the exchange stays inside a warp) but numba's simulator
-#   lacks it; `cuda.syncthreads()` is correct too, and cheap with 128-thread blocks. No thread
+#   lacks it; `cuda.syncthreads()` is correct too (what it costs here is not measured separately). No thread
 #   may return before it: lanes past the end load nothing but still reach the barrier.
 #
 # The scale is now computed per word (8 weights) rather than per chunk: 4 lookups per thread,
@@ -492,9 +492,10 @@ if run is not None:
             lost_to_b = fix > bench.NOISE_PCT
             print("-> " + ("A's scattered stores cost speed against B, " if lost_to_b else
                            "A is not measurably slower than B, ")
-                  + ("and A still beat 03: the 16-byte load gained more than the scattered stores lost"
-                     if gain > bench.NOISE_PCT else
-                     "and A lost to 03: the scattered stores cost more than the 16-byte load gained"
+                  + ("and A still beat 03: what A changed besides its stores (the 16-byte load, one scale per "
+                     "32 weights, no grid-stride loop) gained more than its scattered stores lost; which of those "
+                     "gained is not separated here" if gain > bench.NOISE_PCT else
+                     "and A lost to 03: its scattered stores cost more than its other changes gained"
                      if gain < -bench.NOISE_PCT else "and A is within the margin of 03"))
 
 # %%
@@ -514,8 +515,9 @@ plots.progress("04_vector_loads");
 #   cost on this run's GPU, with B's stores as the measure.
 # * A prediction is a claim to test: the verdict line above says whether "A gains little or
 #   nothing over 03" held on this run, and the last line says against which kernel A's scattered
-#   stores were a loss: against B, against 03, or both. Where A beat 03, the wider load gained more
-#   than the scattered stores lost, and the fix of section 5 is what the stores were still worth.
+#   stores were a loss: against B, against 03, or both. Where A beat 03, A's other changes (the
+#   wider load among them; this run does not separate them) gained more than the scattered stores
+#   lost, and the fix of section 5 is what the stores were still worth.
 # * Shared memory is the exchange: load in the order that makes loads contiguous, store in the
 #   order that makes stores contiguous. Pad to avoid bank conflicts; synchronise before reading.
 #
