@@ -153,6 +153,8 @@ def execute_notebook(path: Path, out: Path, timeout: int = 1800) -> float:
         for line in nbclean.clean(nb):
             print(f"  {path.name}: {line.strip()}", file=sys.stderr)
         nb.metadata.setdefault("nf4lab", {})["executed_on"] = runtime.describe()
+        # when: tools/book_order.py finds the notebooks that quote a record replaced after they ran
+        nb.metadata["nf4lab"]["executed_at"] = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
         nbclean.record(nb)   # what makes these outputs current: their code, numbers in prose, loaded kernels
         out.parent.mkdir(parents=True, exist_ok=True)
         nbformat.write(nb, out)

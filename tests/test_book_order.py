@@ -1,0 +1,29 @@
+"""tools/book_order.py: a notebook that ran before a notebook it quotes is planned again, and so is every notebook
+downstream of one planned."""
+import datetime
+import importlib.util
+from pathlib import Path
+
+spec = importlib.util.spec_from_file_location("book_order", Path(__file__).parent.parent / "tools" / "book_order.py")
+book_order = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(book_order)
+
+
+def _at(hour):
+    return datetime.datetime(2026, 11, 29, hour)
+
+
+def test_a_notebook_older_than_a_record_it_quotes_is_planned_with_everything_after_it():
+    dates = {nn: _at(1 + i) for i, nn in enumerate(book_order.ORDER)}   # every notebook after the ones it quotes
+    assert book_order.plan(dates) == []
+    dates["00"] = _at(23)                                               # 00 ran again last: everything quotes 00
+    planned = [nn for nn, _ in book_order.plan(dates)]
+    assert planned == ["01", "02", "03", "04", "05", "06", "07", "08"]  # 09 quotes no other notebook
+    dates["00"], dates["05"] = _at(1), _at(23)                          # 05 ran again: 06, then 07, then 08
+    assert book_order.plan(dates) == [("06", ["05"]), ("07", ["05", "06"]), ("08", ["07"])]
+
+
+def test_every_quoted_notebook_comes_earlier_in_the_order():
+    pos = {nn: i for i, nn in enumerate(book_order.ORDER)}
+    assert sorted(pos) == sorted(book_order.QUOTES)
+    assert all(pos[q] < pos[nn] for nn, qs in book_order.QUOTES.items() for q in qs)
