@@ -143,3 +143,15 @@ def test_fma_in_fp32_is_not_called_a_wrong_block():
     assert not r.ok and r.max_ulp <= 2, r.max_ulp
     assert any("FMA" in h for h in r.hints), r.hints
     assert not any("wrong block" in h for h in r.hints), r.hints
+
+
+def test_nan_in_the_reference_is_said_beside_bit_exact():
+    """06's heavy fp16 case once had bitsandbytes' output all NaN: 'bit-exact' then compared NaN with NaN, and the
+    report said nothing about it. It now counts them."""
+    from nf4lab.harness.verification import compare
+
+    exp = np.array([0x3C00, 0x7E00, 0x7E00, 0x0000], np.uint16)   # 1.0, NaN, NaN, 0.0 in fp16
+    rep = compare(exp.copy(), exp, "fp16", name="k")
+    assert rep.ok and rep.n_nan == 2
+    assert "2 of them NaN" in str(rep)
+    assert "NaN" not in str(compare(exp[[0, 3]].copy(), exp[[0, 3]], "fp16", name="k"))
