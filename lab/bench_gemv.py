@@ -75,6 +75,10 @@ def variant_launches(mod, names=None, policies=None) -> dict:
             for dd in (0, 1, 2, 3):
                 out[f"TC B{bps} D{dd}"] = (lambda g, b=bps, dd=dd: gemv_mma.launch(g, blocks_per_sm=b, D=dd))
         out["TC B2 D1 carve"] = (lambda g: gemv_mma.launch(g, carveout=True))
+        # M = 1: G warps a tile, W // G tiles a block at once, each group's own barrier (14336x4096: one tile end a warp
+        # instead of 4, the same 8 steps; lab/README "Where 14336x4096 stands")
+        out["TC G2"] = (lambda g: gemv_mma.launch(g, G=2))
+        out["TC G4"] = (lambda g: gemv_mma.launch(g, G=4))
         out["TC x-global"] = (lambda g: gemv_mma.launch(g, xslot=False))  # M = 1: x from L1/L2 at each step (former)
         from lab import gemv_ablate
 

@@ -25,18 +25,21 @@ def _max_carveout(kern):
     kern._nf4lab_carveout = True
 
 
-def kernel(is_bf16, M, blocks_per_sm=gemv.BLOCKS_PER_SM, D=1, xslot=True, nested=True, words=True, full=False):
-    return gemv.make_kernel(is_bf16, M, gemv.probe_base(), nested, D, max(blocks_per_sm, 1), xslot, words, full)
+def kernel(is_bf16, M, blocks_per_sm=gemv.BLOCKS_PER_SM, D=1, xslot=True, nested=True, words=True, full=False, G=gemv.W):
+    return gemv.make_kernel(is_bf16, M, gemv.probe_base(), nested, D, max(blocks_per_sm, 1), xslot, words, full, G)
 
 
-def launch(g, blocks_per_sm=gemv.BLOCKS_PER_SM, D=1, carveout=False, xslot=True, words=True):
-    """``words``: the statistics as one word per lane where gemv.words_apply (False: byte by byte everywhere)."""
+def launch(g, blocks_per_sm=gemv.BLOCKS_PER_SM, D=1, carveout=False, xslot=True, words=True, G=gemv.W):
+    """``words``: the statistics as one word per lane where gemv.words_apply (False: byte by byte everywhere); ``G``:
+    warps a tile (W // G tiles a block at once, each group with its own barrier; M = 1 only)."""
     gemv.validate(g)
+    if G != gemv.W and (g.M != 1 or gemv.W % G):
+        raise ValueError(f"G={G}: groups of warps take M = 1 and a divisor of {gemv.W}")
     args = (g.packed_u32, g.absmax_q, g.absmax2, g.code2, g.lut, g.offset, g.x_u32, g.y, g.N, g.K, g.bs_shift)
     nbytes = gemv.SMEM
     words = words and gemv.words_apply(g.nested, g.bs_shift, g.K, gemv.address(g.absmax_q))
-    full = gemv.full_apply(words, g.M, g.K)   # as gemv.launch decides
-    kern = gemv.prepare(kernel(g.dtype == "bf16", g.M, blocks_per_sm, D, xslot, g.nested, words, full), args, nbytes)
+    full = words and g.M == 1 and g.K >= 256 * G   # as gemv.full_apply decides, for G warps a tile
+    kern = gemv.prepare(kernel(g.dtype == "bf16", g.M, blocks_per_sm, D, xslot, g.nested, words, full, G), args, nbytes)
     if carveout:
         _max_carveout(kern)
     grid = g.grid or min(-(-g.N // 16), blocks_per_sm * gemv.sms())

@@ -284,3 +284,15 @@ def test_grid(monkeypatch):
         assert gemv.grid_size(4096) == 256 and gemv.grid_size(14336) == 2 * 132 and gemv.grid_size(20) == 2
     finally:
         gemv._sm_count.cache_clear()
+
+
+@pytest.mark.parametrize("N,K,dtype,G", [(40, 1024, "bf16", 2), (100, 512, "fp16", 4)])
+def test_groups_of_warps_a_tile_sum_right(N, K, dtype, G):
+    """lab's G knob: W // G tiles a block at once, each group of G warps with its own named barrier; one group idle
+    (40 rows: 3 tiles for 4 groups) or groups with unequal tile counts (7 tiles for 2 groups) must still meet."""
+    from lab import gemv_mma
+
+    gc, g = _case_buffers(N, K, dtype, dist="heavy" if G == 2 else "codes")
+    g.grid = 1
+    gemv_mma.launch(g, G=G)
+    assert gemv_check.check(g.result(), gc, rounded_table=True).ok

@@ -83,6 +83,18 @@ def _py_syncwarp():
     _py_warp_exchange(0, None, "syncwarp")
 
 
+def _py_bar_sync(bid, n):
+    """``bar.sync bid, n`` in the simulator: n threads of the block meet at barrier ``bid`` (reused, as on a GPU)."""
+    import threading
+
+    t = threading.current_thread()
+    bar = _WARPS.setdefault((id(t._manager), tuple(t.blockIdx), "bar", int(bid)), threading.Barrier(int(n), timeout=60))
+    try:
+        bar.wait()
+    except threading.BrokenBarrierError:
+        raise RuntimeError(f"bar_sync({int(bid)}, {int(n)}): not every thread of the group reached it") from None
+
+
 def _py_shfl_idx(value, src):
     return _py_warp_exchange(value, lambda lane: int(src), "shfl_idx")
 
@@ -218,6 +230,18 @@ if not runtime.SIMULATOR:
         return types.uint32(arr, i), codegen
 
     @intrinsic
+    def bar_sync(typingctx, bid, n):
+        """``bar.sync bid, n``: a barrier of n threads (a multiple of 32) of the block, id 1-15 (0 is syncthreads')."""
+        def codegen(context, builder, sig, args):
+            vals = [context.cast(builder, v, t, types.uint32) for v, t in zip(args, sig.args)]
+            asm = ir.InlineAsm(ir.FunctionType(ir.VoidType(), [i32, i32]), "bar.sync $0, $1;", "r,r,~{memory}",
+                               side_effect=True)
+            builder.call(asm, vals)
+            return context.get_dummy_value()
+
+        return types.none(types.uint32, types.uint32), codegen
+
+    @intrinsic
     def dyn_base(typingctx):
         """The shared-window address where the block's dynamic shared memory starts."""
         def codegen(context, builder, sig, args):
@@ -255,13 +279,13 @@ def _lookup_at(base):
 
 # nf4lab.measure.ptx pickles these by name, so that a PTX subprocess (compile mode) gets the device versions.
 DEVICE_OPS = ("mma_bf16", "mma_f16", "prmt", "lookup", "shfl_xor_sync", "f32_from_bits", "load_stream_u32x4", "syncwarp",
-              "shared_load4", "shared_store4", "shfl_idx", "load_u32_of_bytes")
+              "shared_load4", "shared_store4", "shfl_idx", "load_u32_of_bytes", "bar_sync")
 if runtime.SIMULATOR:
     mma_bf16, mma_f16 = functools.partial(_py_mma, True), functools.partial(_py_mma, False)
     prmt, lookup, shfl_xor_sync, dyn_base, syncwarp = _py_prmt, _py_lookup, _py_shfl_xor_sync, None, _py_syncwarp
     shared_load4, shared_store4 = _py_load4, _py_store4
     f32_from_bits, load_stream_u32x4 = _py_f32_from_bits, _py_load_stream_u32x4
-    shfl_idx, load_u32_of_bytes = _py_shfl_idx, _py_load_u32_of_bytes
+    shfl_idx, load_u32_of_bytes, bar_sync = _py_shfl_idx, _py_load_u32_of_bytes, _py_bar_sync
 else:
     _lds_stand_in = _lookup_at(0x400)
 

@@ -20,9 +20,9 @@ from ..device import ops
 from ..device.gemv_loads import step1_ops, step_ops  # noqa: F401  (notebook 09 and the lab use them as gemv's)
 from . import qweight
 from .fastkernel import address
-from ..device.warp_ops import (_lookup_at, default_base, f32_from_bits, load_stream_u32x4, load_u32_of_bytes,  # noqa: F401
-                       lookup, mma_bf16, mma_f16, prmt, probe_base, shfl_idx, shfl_xor_sync, syncwarp, table_lookup,
-                       table_vec4, x_slot_ops)
+from ..device.warp_ops import (_lookup_at, bar_sync, default_base, f32_from_bits, load_stream_u32x4,  # noqa: F401
+                       load_u32_of_bytes, lookup, mma_bf16, mma_f16, prmt, probe_base, shfl_idx, shfl_xor_sync, syncwarp,
+                       table_lookup, table_vec4, x_slot_ops)
 from numba import cuda, float32, types, uint32, uint64  # noqa: E402  (globals the simulator swaps in kernels)
 
 LLM_SHAPES = ((4096, 4096), (4096, 14336), (14336, 4096), (8192, 28672))  # (N, K) = W.shape
@@ -60,12 +60,13 @@ def full_apply(words, M, K) -> bool:
 
 
 @functools.cache
-def make_kernel(is_bf16, M, base, nested=True, D=1, min_blocks=BLOCKS_PER_SM, xslot=True, words=True, full=False):
+def make_kernel(is_bf16, M, base, nested=True, D=1, min_blocks=BLOCKS_PER_SM, xslot=True, words=True, full=False, G=W):
     """The kernel for a dtype, batch M (1..8), table base (``probe_base()``) and kind of statistics; ``words``: the
     statistics as one word per lane a step (only where :func:`words_apply`); ``full``: every warp has a step (only where
     :func:`full_apply`), so the step loop does not test it; ``D`` (steps of loads in flight
-    ahead), ``min_blocks`` (blocks per SM) and ``xslot`` (False: x from L1/L2 at each step, as M > 1 does) are
-    lab/gemv_mma.py's knobs."""
+    ahead), ``min_blocks`` (blocks per SM), ``xslot`` (False: x from L1/L2 at each step, as M > 1 does) and ``G`` (warps
+    a tile, W // G tiles a block at once, each group's own barrier; M = 1) are lab/gemv_mma.py's knobs."""
+    SPLIT, P = G < W, W // G
     NT, WIDE, WORDS = (M + 1) // 2, M > 1, words and nested  # n-tiles of 8 columns (2 batch rows x 4 blocks)
     SW = FBW if WORDS else FB         # words per step in a lane's buffer
     NACC, NCF, NB = 2 * NT, 4 * NT, SW * (D + 1)
@@ -95,9 +96,12 @@ def make_kernel(is_bf16, M, base, nested=True, D=1, min_blocks=BLOCKS_PER_SM, xs
         n, k = uint32(N), uint32(K)
         kw, kx = k >> uint32(3), k >> uint32(1)
         steps, tiles = (k + uint32(255)) >> uint32(8), (n + uint32(15)) >> uint32(4)
-        ash, grid = uint32(uint32(bs_shift) - uint32(3)), uint32(cuda.gridDim.x)
+        ash, grid = uint32(uint32(bs_shift) - uint32(3)), uint32(cuda.gridDim.x) * uint32(P)   # P groups a block
         buf = cuda.local.array(NB, uint32)
         t, c = uint32(cuda.blockIdx.x), warp
+        if SPLIT:
+            t, c = t * uint32(P) + warp // uint32(G), warp % uint32(G)
+        c0 = c                         # a warp's first step of every tile
         tp, cp = t, c                  # the step whose loads go out next: the first D before the table is built
         xq, rb = cuda.local.array(4, uint32), cuda.local.array(3, uint32)   # step cp's x; LEAN: tile tp's rows
         xs, xa = slot_at(warp, lane)
@@ -106,9 +110,9 @@ def make_kernel(is_bf16, M, base, nested=True, D=1, min_blocks=BLOCKS_PER_SM, xs
         for d in range(D):
             load(buf, SW * (d + 1), xq, rb, packed_u32, absmax_q, absmax2, x_u32, tp, cp, g, q, lane, n, k, kw, tiles,
                  steps, ash)
-            cp = uint32(cp + uint32(W))
+            cp = uint32(cp + uint32(G))
             if cp >= steps:
-                cp, tp = warp, uint32(tp + grid)
+                cp, tp = c0, uint32(tp + grid)
                 if LEAN:
                     rows(rb, tp, g, q, lane, n, kw, tiles)
         if nested:
@@ -138,17 +142,17 @@ def make_kernel(is_bf16, M, base, nested=True, D=1, min_blocks=BLOCKS_PER_SM, xs
                      steps, ash)
                 cn, tn = cp, tp            # D = 1: the step just fetched comes next
                 if not LEAN:
-                    cn, tn = uint32(c + uint32(W)), t
+                    cn, tn = uint32(c + uint32(G)), t
                     if cn >= steps:
-                        cn, tn = warp, uint32(t + grid)
-                cp = uint32(cp + uint32(W))
+                        cn, tn = c0, uint32(t + grid)
+                cp = uint32(cp + uint32(G))
                 if LEAN:   # the wrap to the next tile by selects and its rows every step: no branch (1.5-2.5% faster)
                     wrap = cp >= steps
-                    cp, tp = (warp if wrap else cp), (uint32(tp + grid) if wrap else tp)
+                    cp, tp = (c0 if wrap else cp), (uint32(tp + grid) if wrap else tp)
                     rows(rb, tp, g, q, lane, n, kw, tiles)
                 elif cp >= steps:
-                    cp, tp = warp, uint32(tp + grid)
-                if (LEAN and full) or (warp if LEAN else c) < steps:   # a warp's steps: warp, warp + W, ... (or warp alone)
+                    cp, tp = c0, uint32(tp + grid)
+                if (LEAN and full) or (c0 if LEAN else c) < steps:   # a warp's steps: warp, warp + W, ... (or warp alone)
                     for i in range(NCF):
                         cf[i] = float32(0.0)
                     xcol = uint32(c * uint32(256) + uint32(64) * q)   # lane q's 64 columns: block q of the step
@@ -217,14 +221,18 @@ def make_kernel(is_bf16, M, base, nested=True, D=1, min_blocks=BLOCKS_PER_SM, xs
                 if m < uint32(M) and (q & uint32(1)) == uint32(0):
                     sm[spare(base + m * uint32(16) + g)] = ops.float_bits(a0)
                     sm[spare(base + m * uint32(16) + g + uint32(8))] = ops.float_bits(a1)
-            cuda.syncthreads()
-            if tid < uint32(16 * M):
-                first, v = uint32(parity * uint32(W * 16 * M) + tid), float32(0.0)
-                for w in range(W):
+            if SPLIT:   # the group's barrier (id 1 + group), its threads' own index lt, its first warp's sums
+                bar_sync(uint32(1) + warp // uint32(G), uint32(32 * G))
+            else:
+                cuda.syncthreads()
+            lt, gb = (tid & uint32(32 * G - 1), (warp - c0) * uint32(16 * M)) if SPLIT else (tid, uint32(0))
+            if lt < uint32(16 * M):
+                first, v = uint32(parity * uint32(W * 16 * M) + gb + lt), float32(0.0)
+                for w in range(G):
                     v += f32_from_bits(sm[spare(first + uint32(w * 16 * M))])
-                row = uint32(t * uint32(16) + (tid & uint32(15)))
+                row = uint32(t * uint32(16) + (lt & uint32(15)))
                 if row < n:
-                    y[uint32((tid >> uint32(4)) * n + row)] = half_bits(v)
+                    y[uint32((lt >> uint32(4)) * n + row)] = half_bits(v)
             parity, t = parity ^ uint32(1), tn
 
     return gemv_tc
