@@ -38,7 +38,7 @@ def launch(g, blocks_per_sm=gemv.BLOCKS_PER_SM, D=1, carveout=False, xslot=True,
     args = (g.packed_u32, g.absmax_q, g.absmax2, g.code2, g.lut, g.offset, g.x_u32, g.y, g.N, g.K, g.bs_shift)
     nbytes = gemv.SMEM
     words = words and gemv.words_apply(g.nested, g.bs_shift, g.K, gemv.address(g.absmax_q))
-    full = words and g.M == 1 and g.K >= 256 * G   # as gemv.full_apply decides, for G warps a tile
+    full = gemv.full_apply(words, g.M, g.K, G)   # as gemv.launch decides, for G warps a tile
     kern = gemv.prepare(kernel(g.dtype == "bf16", g.M, blocks_per_sm, D, xslot, g.nested, words, full, G), args, nbytes)
     if carveout:
         _max_carveout(kern)

@@ -45,11 +45,13 @@ def _notebook(nn: str) -> Path:
 def run_dates(gpu: str) -> dict:
     """{notebook: when it last ran on ``gpu``}: its record's date; a notebook without a record (08) by the
     ``executed_at`` stamp of its executed copy, else the time of the commit that last changed it."""
+    from nf4lab.measure import results
+
     out = {}
     for nn, stem in RECORDS.items():
-        rec = ROOT / "data" / "results" / gpu / f"{stem}.json" if stem else None
-        if rec is not None and rec.exists():
-            out[nn] = _date(json.loads(rec.read_text()).get("meta", {}).get("date"))
+        rec = results.load(stem, gpu) if stem else None
+        if rec is not None:
+            out[nn] = _date(rec.get("meta", {}).get("date"))
             continue
         meta = json.loads(_notebook(nn).read_text()).get("metadata", {}).get("nf4lab", {})
         when = _date(meta.get("executed_at"))
@@ -78,19 +80,14 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--gpu", help="results folder under data/results (default: the book's GPU)")
     args = ap.parse_args(argv)
-    if args.gpu:
-        gpu = args.gpu
-    else:
-        from nf4lab.measure import results
-        gpu = results.default_gpu()
+    from nf4lab.measure import results
+
+    gpu = args.gpu or results.default_gpu()
     if not (ROOT / "data" / "results" / gpu).is_dir():
         print(f"no results for {gpu!r} under data/results/", file=sys.stderr)
         return 2
     dates = run_dates(gpu)
-    times = {}
-    tpath = ROOT / "data" / "results" / gpu / "notebook_times.json"
-    if tpath.exists():
-        times = {r["name"]: r["seconds"] for r in json.loads(tpath.read_text())["records"]}
+    times = {r["name"]: r["seconds"] for r in (results.load("notebook_times", gpu) or {}).get("records", [])}
     print(f"{gpu}: when each notebook last ran there")
     for nn in ORDER:
         print(f"  {nn}  {dates[nn].strftime('%Y-%m-%d %H:%M UTC') if dates.get(nn) else 'never (no record)'}")

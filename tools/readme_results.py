@@ -192,12 +192,17 @@ def exactness_runs(gpu):
 CASES_FINITE_SINCE = "2026-11-29 07:00 UTC"
 
 
+def nan_case_then(meta: dict) -> bool:
+    """Whether an exactness record predates CASES_FINITE_SINCE (one of 06's checks compared NaN with NaN)."""
+    return meta.get("date", "") < CASES_FINITE_SINCE
+
+
 def exactness_lines(gpu) -> list:
     out = [f"- bit-exactness {long}: {ok} of {total} checks (conversions over "
            f"{data['records'][0].get('inputs', 0):,} float32 inputs, every notebook 01-06 kernel, nf4lab.dequantize's "
            f"matrix), {stamp(name, data['meta'])}; `{data['path']}`"
            + ("; among 06's cases, the heavy fp16 one was all NaN in bitsandbytes' output then (NaN against NaN; "
-              "fixed since, lab/review_findings_2026-11-29.md)" if data["meta"].get("date", "") < CASES_FINITE_SINCE else "")
+              "fixed since, lab/review_findings_2026-11-29.md)" if nan_case_then(data["meta"]) else "")
            for _, long, data, ok, total, name in exactness_runs(gpu)]
     return ([""] + out) if out else []
 
@@ -508,7 +513,7 @@ def summary_rows(gpu: str) -> list:
         rows.append(("bit-exactness: every kernel of 01-06 and `nf4lab.dequantize`",
                      ", ".join(f"{ok} of {total} checks ({short})" for short, _, _, ok, total, _ in ex)
                      + ("; one of 06's cases compared NaN with NaN then ([results](docs/results.md))"
-                        if any(d["meta"].get("date", "") < CASES_FINITE_SINCE for *_, d, _, _, _ in ex) else ""), "",
+                        if any(nan_case_then(d["meta"]) for *_, d, _, _, _ in ex) else ""), "",
                      "; ".join(stamp(n, d["meta"]) for *_, d, _, _, n in ex), ex[0][2]["meta"]))
     tc, bound = results.load("09_gemv_tc", gpu), results.load("09_read_bound", gpu)
     nb09 = results.load("09_fused_gemv_notebook", gpu)

@@ -170,10 +170,10 @@ def generate(shape, dtype="bf16", dist="randn", seed=0, blocksize=64, quant_type
     device = _bnb_device(device)
     tdtype = reference.torch_dtype(dtype)
     w = _weights(shape, dist, seed, blocksize)
-    top = torch.finfo(tdtype).max / 2   # room for the scale's own 8-bit rounding above the largest weight
-    if float(w.abs().max()) > top:
+    top, peak = torch.finfo(tdtype).max / 2, float(w.abs().max())   # half: room for the scale's 8-bit rounding
+    if peak > top:
         # fp16 (65504): a heavy tail past it is inf in fp16, bitsandbytes' offset inf and every output NaN
-        w = w * (top / float(w.abs().max()))
+        w = w * (top / peak)
     w = w.to(tdtype).to(device)
     packed, qs = F.quantize_4bit(w, blocksize=blocksize, quant_type=quant_type, compress_statistics=True)
     out = F.dequantize_4bit(packed, qs)

@@ -54,9 +54,10 @@ def words_apply(nested, bs_shift, K, absmax_ptr) -> bool:
     return bool(nested) and bs_shift == 6 and K % 256 == 0 and absmax_ptr % 4 == 0
 
 
-def full_apply(words, M, K) -> bool:
-    """Where the M = 1 step loop may skip its test that a warp has a step: K >= 256 W gives each of W warps one."""
-    return bool(words) and M == 1 and K >= 256 * W
+def full_apply(words, M, K, warps=W) -> bool:
+    """Where the M = 1 step loop may skip its test that a warp has a step: K >= 256 warps gives each of the warps on
+    a tile one (``warps``: W, or the lab's G)."""
+    return bool(words) and M == 1 and K >= 256 * warps
 
 
 @functools.cache
