@@ -286,6 +286,30 @@ def test_grid(monkeypatch):
         gemv._sm_count.cache_clear()
 
 
+def test_warps_a_tile_where_rounds_are_fewest(monkeypatch):
+    """G warps a tile: fewer than W only where the grid's warps then take the tiles in no more time, and then the
+    fewest (14336 rows: 896 tiles fill 264 blocks of 4 pairs of warps once, G = 2; 8192 rows: G = 4); never at M > 1."""
+    monkeypatch.setattr(nf4lab.runtime, "device_info", lambda: {"sms": 132})
+    gemv._sm_count.cache_clear()
+    try:
+        picks = {N: gemv.warps_a_tile(N, 1, gemv.grid_size(N)) for N in (1024, 4096, 8192, 14336, 128256)}
+        assert picks == {1024: 8, 4096: 8, 8192: 4, 14336: 2, 128256: 8}
+        assert gemv.warps_a_tile(14336, 2, gemv.grid_size(14336)) == gemv.W
+        assert (gemv.warps_a_tile(256, 1, 2), gemv.warps_a_tile(192, 1, 2), gemv.warps_a_tile(40, 1, 1)) == (2, 4, 8)
+    finally:
+        gemv._sm_count.cache_clear()
+
+
+@pytest.mark.parametrize("N,K,dtype,grid,G", [(256, 1024, "bf16", 2, 2), (192, 1024, "fp16", 2, 4)])
+def test_shipped_launch_with_fewer_warps_a_tile(N, K, dtype, grid, G):
+    """gemv.launch where warps_a_tile picks G < W (every group has a step: the "full" loop), as at 14336x4096."""
+    gc, g = _case_buffers(N, K, dtype, dist="heavy")
+    g.grid = grid
+    assert gemv.warps_a_tile(N, 1, grid) == G and gemv.full_apply(True, 1, K, G)
+    gemv.launch(g)
+    assert gemv_check.check(g.result(), gc, rounded_table=True).ok
+
+
 @pytest.mark.parametrize("N,K,dtype,G", [(40, 1024, "bf16", 2), (100, 512, "fp16", 4)])
 def test_groups_of_warps_a_tile_sum_right(N, K, dtype, G):
     """lab's G knob: W // G tiles a block at once, each group of G warps with its own named barrier; one group idle

@@ -185,18 +185,18 @@ class _Block:
             raise RuntimeError(f"cuLaunchKernel failed: CUresult {err}")
 
 
-_GEMV_LEAN: dict = {}  # (M, dtype, device, words, full) -> _GemvLean, or False once it disagreed with the dispatcher
+_GEMV_LEAN: dict = {}  # (M, dtype, device, words, full, G) -> _GemvLean, or False once it disagreed with the dispatcher
 
 
 def _first_launch(key, grid, w, x, M, packed, absmax_q, absmax2, code2, blocksize, out):
-    """A kernel's first call on a device (key: M, dtype, device, words, full): numba's launch (it compiles there), then once the lean
+    """A kernel's first call on a device (key: M, dtype, device, words, full, G): numba's launch (it compiles there), then once the lean
     launcher into a scratch tensor, compared bit for bit (same kernel, same grid: the same summation
     order); from then on the lean launcher serves alone. Under stream capture nothing is checked: an
     unchecked kernel keeps numba's launch."""
     import warnings
 
     _gemv.launch_torch(x, packed, w.shape, absmax_q, absmax2, code2, w.prefix[-1], blocksize, out)
-    kern = _gemv.kernel(key[1], key[0], words=key[3], full=key[4])
+    kern = _gemv.kernel(key[1], key[0], words=key[3], full=key[4], G=key[5])
     if key in _GEMV_LEAN or len(kern.overloads) != 1 or torch.cuda.is_current_stream_capturing():
         return
     try:
@@ -288,7 +288,8 @@ def gemv_call(x, packed, shape, absmax_q, absmax2, code2, offset, blocksize):
     blk = w.launches.get((M, dt))
     if blk is None:
         grid = _gemv.grid_size(w.N)   # once per weight, M and dtype: w.launches keeps it
-        key = (M, _TDTYPE[dt], idx, w.words, _gemv.full_apply(w.words, M, K))   # the kernel _gemv.launch picks
+        G = _gemv.warps_a_tile(w.N, M, grid)
+        key = (M, _TDTYPE[dt], idx, w.words, _gemv.full_apply(w.words, M, K, G), G)   # the kernel _gemv.launch picks
         lean = _GEMV_LEAN.get(key)
         if not isinstance(lean, _GemvLean):
             _first_launch(key, grid, w, x, M, packed, absmax_q, absmax2, code2, blocksize, out)

@@ -55,8 +55,8 @@ def words_apply(nested, bs_shift, K, absmax_ptr) -> bool:
 
 
 def full_apply(words, M, K, warps=W) -> bool:
-    """Where the M = 1 step loop may skip its test that a warp has a step: K >= 256 warps gives each of the warps on
-    a tile one (``warps``: W, or the lab's G)."""
+    """Where the M = 1 step loop may skip its test that a warp has a step: K >= 256 warps gives each of the ``warps``
+    on a tile one."""
     return bool(words) and M == 1 and K >= 256 * warps
 
 
@@ -65,8 +65,9 @@ def make_kernel(is_bf16, M, base, nested=True, D=1, min_blocks=BLOCKS_PER_SM, xs
     """The kernel for a dtype, batch M (1..8), table base (``probe_base()``) and kind of statistics; ``words``: the
     statistics as one word per lane a step (only where :func:`words_apply`); ``full``: every warp has a step (only where
     :func:`full_apply`), so the step loop does not test it; ``D`` (steps of loads in flight
-    ahead), ``min_blocks`` (blocks per SM), ``xslot`` (False: x from L1/L2 at each step, as M > 1 does) and ``G`` (warps
-    a tile, W // G tiles a block at once, each group's own barrier; M = 1) are lab/gemv_mma.py's knobs."""
+    ahead), ``min_blocks`` (blocks per SM) and ``xslot`` (False: x from L1/L2 at each step, as M > 1 does) are
+    lab/gemv_mma.py's knobs; ``G``: warps a tile (:func:`warps_a_tile`), W // G tiles a block at once, each group of
+    G warps at its own barrier (M = 1)."""
     SPLIT, P = G < W, W // G
     NT, WIDE, WORDS = (M + 1) // 2, M > 1, words and nested  # n-tiles of 8 columns (2 batch rows x 4 blocks)
     SW = FBW if WORDS else FB         # words per step in a lane's buffer
@@ -249,16 +250,26 @@ def sms():
     return _sm_count(cuda.get_current_device().id if runtime.ON_GPU else None)
 
 
-def kernel(dtype, M=1, nested=True, words=True, full=False):
+def kernel(dtype, M=1, nested=True, words=True, full=False, G=W):
     """The shipped kernel for a dtype, batch and kind of statistics (compiled at its first launch); ``words`` only
-    where :func:`words_apply`, ``full`` only where :func:`full_apply`."""
+    where :func:`words_apply`, ``full`` only where :func:`full_apply`, ``G`` as :func:`warps_a_tile` picks."""
     return make_kernel(dtype == "bf16", M, probe_base() if runtime.ON_GPU else default_base(runtime.target_cc()), nested,
-                       words=words, full=full)
+                       words=words, full=full, G=G)
 
 
 def grid_size(N) -> int:
     """Persistent blocks: one per 16-row tile, up to BLOCKS_PER_SM per SM."""
     return min(-(-N // 16), BLOCKS_PER_SM * sms())
+
+
+def warps_a_tile(N, M, grid) -> int:
+    """G, the warps that share a tile's K (M = 1; W at M > 1): the grid's warps take tiles in rounds of grid W // G
+    tiles, a round a warp's K / G columns long, so G minimises rounds x W // G; on a tie the fewest warps a tile, whose
+    partial sums are fewer and whose steps run longer (lab/README.md: G = 2 at 14336x4096 on an H200, -6%)."""
+    if M != 1:
+        return W
+    tiles = -(-N // 16)
+    return min((W // 4, W // 2, W), key=lambda G: (-(-tiles * G // (grid * W)) * (W // G), G))
 
 
 def prepare(kern, args, nbytes=SMEM):
@@ -281,9 +292,10 @@ def launch(g):
     """Run the fused GEMV on a :class:`GemvBuffers` on g.stream (``g.grid``, if set, replaces grid_size)."""
     validate(g)  # raises before anything is launched
     args = (g.packed_u32, g.absmax_q, g.absmax2, g.code2, g.lut, g.offset, g.x_u32, g.y, g.N, g.K, g.bs_shift)
-    words = words_apply(g.nested, g.bs_shift, g.K, address(g.absmax_q))
-    kern = prepare(kernel(g.dtype, g.M, g.nested, words, full_apply(words, g.M, g.K)), args)
-    kern[g.grid or grid_size(g.N), THREADS, g.stream, SMEM](*args)
+    words, grid = words_apply(g.nested, g.bs_shift, g.K, address(g.absmax_q)), g.grid or grid_size(g.N)
+    G = warps_a_tile(g.N, g.M, grid)
+    kern = prepare(kernel(g.dtype, g.M, g.nested, words, full_apply(words, g.M, g.K, G), G), args)
+    kern[grid, THREADS, g.stream, SMEM](*args)
 
 
 def signature():

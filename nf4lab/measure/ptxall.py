@@ -353,13 +353,15 @@ def collect_package() -> tuple[list, list]:
 
     # The fused GEMV for every batch size and dtype (below sm_80 its mma takes the older paths), plain statistics
     # at M = 1, and the byte-wise statistics loads (where gemv.words_apply is False) at M = 1 and 8.
-    # M = 1 with the word also as gemv.launch builds it where K >= 256 W ("full": no per-step test).
-    for m, nested, words, full in ([(m, True, True, False) for m in range(1, gemv.MAX_M + 1)] + [(1, True, True, True)]
-                                   + [(1, False, False, False), (1, True, False, False), (8, True, False, False)]):
+    # M = 1 with the word also as gemv.launch builds it where K >= 256 G ("full": no per-step test), with G warps a tile.
+    for m, nested, words, full, G in ([(m, True, True, False, gemv.W) for m in range(1, gemv.MAX_M + 1)]
+                                      + [(1, True, True, True, G) for G in (gemv.W, gemv.W // 2, gemv.W // 4)]
+                                      + [(1, False, False, False, gemv.W), (1, True, False, False, gemv.W),
+                                         (8, True, False, False, gemv.W)]):
         for dtype in ("bf16", "fp16"):
             label = (f"nf4lab.gemv M{m} {dtype}" + ("" if nested else " plain") + (" bytes" if nested and not words else "")
-                     + (" full" if full else ""))
-            rows.append((label, gemv.kernel(dtype, m, nested, words, full), tuple(gemv.signature()), {}))
+                     + (" full" if full else "") + (f" G{G}" if G != gemv.W else ""))
+            rows.append((label, gemv.kernel(dtype, m, nested, words, full, G), tuple(gemv.signature()), {}))
     from .ptx import _kernel_fn
 
     return [(label, _kernel_fn(k), sig, dict(getattr(k, "_nf4lab_jit_kwargs", {}) or {}))
