@@ -24,7 +24,8 @@ def _norm_ptx(p):
     return [line.rstrip() for line in p.splitlines() if line.strip()]
 
 
-PAIRS = [("bf16", 1, False), ("fp16", 1, False), ("bf16", 1, True), ("fp16", 1, True), ("bf16", 8, False), ("fp16", 8, False)]
+PAIRS = [("bf16", 1, False, 8), ("fp16", 1, False, 8), ("bf16", 1, True, 8), ("fp16", 1, True, 8), ("bf16", 1, True, 2),
+         ("fp16", 1, True, 4), ("bf16", 8, False, 8), ("fp16", 8, False, 8)]
 
 
 @pytest.fixture(scope="module")
@@ -45,8 +46,8 @@ def ptx_pairs():
         f"from {compile_ptx.__module__} import compile_ptx",
         "nb09 = versions.load_module('09_fused_gemv')",
         f"base, out = gemv.default_base({cc!r}), []",
-        f"for dtype, M, full in {PAIRS!r}:",
-        f"    out.append([compile_ptx(make(dtype == 'bf16', M, base, full=full), gemv.signature(), cc={cc!r})",
+        f"for dtype, M, full, G in {PAIRS!r}:",
+        f"    out.append([compile_ptx(make(dtype == 'bf16', M, base, full=full, G=G), gemv.signature(), cc={cc!r})",
         "                for make in (nb09.make_kernel, gemv.make_kernel)])",
         "print(json.dumps(out))"])
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=1200, cwd=ROOT,
@@ -55,12 +56,12 @@ def ptx_pairs():
     return dict(zip(PAIRS, json.loads(p.stdout.strip().splitlines()[-1])))
 
 
-@pytest.mark.parametrize("dtype,M,full", PAIRS)
-def test_notebook_kernel_is_the_shipped_kernel(ptx_pairs, dtype, M, full):
+@pytest.mark.parametrize("dtype,M,full,G", PAIRS)
+def test_notebook_kernel_is_the_shipped_kernel(ptx_pairs, dtype, M, full, G):
     """The kernel the notebook builds cell by cell is the package's at its defaults (D=1, min_blocks=2,
-    nested=True), with and without the per-step test (``full``), instruction for instruction, so the recorded times
+    nested=True), with and without the per-step test (``full``), with groups of G warps a tile, instruction for instruction, so the recorded times
     it prints are its own."""
-    ours, shipped = ptx_pairs[(dtype, M, full)]
+    ours, shipped = ptx_pairs[(dtype, M, full, G)]
     assert re.search(r"\.maxntid 256, 1, 1\s+\.minnctapersm 2", shipped), "the launch bounds are part of the kernel"
     assert _norm_ptx(ours) == _norm_ptx(shipped)
 

@@ -180,8 +180,10 @@ for shape in [(4096, 4096), SHAPE]:
 #   kernel should beat it by much, so it is the target the series measures against.
 #
 # And the **baseline**: bitsandbytes `dequantize_4bit` on the same data, with a
-# preallocated `out=` (GPU time), and end to end as a user calls it (host time, allocation
-# and launch overhead included).
+# preallocated `out=` (GPU time), and end to end as a user calls it: host time per call, calls
+# back to back with one synchronisation at the end, allocation and launch included. Back to back,
+# each call's host work overlaps the kernels already queued, so this time comes out close to the
+# GPU time and does not show the launch cost on its own (the launch is timed below).
 #
 # ### The traffic-matched bound, written out
 #
@@ -212,7 +214,7 @@ def bound_bf16(packed_u32, absmax_q, out_u32, nwords):
             words[k] = packed_u32[u] ^ uint32(absmax_q[u >> uint64(3)])   # 8 words per block of 64
     for k in range(UNITS):
         u = base + uint64(k * THREADS)
-        if u < nwords:         # a warp's store: 32 x 16 = 512 contiguous bytes
+        if u < nwords:         # a warp's store (a warp: 32 threads issued together): 32 x 16 = 512 contiguous bytes
             w = words[k]
             ops.store_u32x4(out_u32, u << uint64(2), w, w ^ uint32(1), w ^ uint32(2), w ^ uint32(3))
 
@@ -286,10 +288,10 @@ if nf4lab.ON_GPU:                                # the bound at 16384 x 16384 ->
     # to back from Python; the GPU finishes each long before the next launch arrives.
     d_ps, d_aqs = cuda.to_device(p), cuda.to_device(aq)
     host = sorted(bench.wall_time_ms(lambda: bound_bf16[-(-nw // (THREADS * UNITS)), THREADS](d_ps, d_aqs, d_out,
-                                                                                              uint64(nw))) for _ in range(5))
-    print(f"one numba launch of a small kernel from Python, back to back: {host[2] * 1e3:.1f} us of host time "
-          f"per launch (median of 5 repeats of 200 launches and a synchronize; the repeats span "
-          f"{host[0] * 1e3:.1f}-{host[-1] * 1e3:.1f} us), measured now on the {nf4lab.device_info()['gpu']}")
+                                                                                              uint64(nw))) for _ in range(9))
+    print(f"one numba launch of a small kernel from Python, back to back: {host[4] * 1e3:.1f} us of host time "
+          f"per launch (median of 9 repeats of 200 launches and a synchronize; fastest {host[0] * 1e3:.1f} us, "
+          f"slowest {host[-1] * 1e3:.1f} us: the host's own noise), measured now on the {nf4lab.device_info()['gpu']}")
 else:
     print("no GPU here: nothing to time; the recorded run below was timed with this loop")
 # A recorded host cost per call (tools/bench_launch.py): nf4lab.dequantize, one kernel launch with its
@@ -349,7 +351,8 @@ if run is not None:
           + f"; bit-exact with the case: "
           f"{bnb['bit_exact']}")
     if e2e:
-        print(f"end to end from Python (allocation + launch): {e2e['host_ms']:.3f} ms per call")
+        print(f"end to end from Python, calls back to back (allocation + launch, overlapping the queued "
+              f"kernels): {e2e['host_ms']:.3f} ms per call")
     if mine is not None and tb and tb.get("alternatives"):
         print(f"the same shape inside bench.bound, this session: "
               f"{tb['alternatives'].get(f'{THREADS} threads x {UNITS}', float('nan')):.0f} GB/s "

@@ -246,8 +246,8 @@ else:
 # ## 3. PTX evidence: what a `range` loop compiles to
 #
 # Three things to see: the body is still free of `fma` and float64, still two 16-bit stores
-# per byte; the loop is **unrolled four times** (eight 16-bit stores in the main loop plus the
-# remainder); and numba computes the trip count of `range(start, stop, step)` with a **64-bit
+# per byte; the loop is **unrolled** (the count of 16-bit stores printed below, two a byte, says
+# how many times with this numba and LLVM: the main loop's plus the remainder's); and numba computes the trip count of `range(start, stop, step)` with a **64-bit
 # division** (`div.s64`, beside a `div.u32` that LLVM adds as a fast path for operands that fit
 # in 32 bits), once per thread before the loop. One division per thread is cheap
 # here (a thread runs hundreds of iterations or more on 16384 x 16384, printed above); a
@@ -319,9 +319,10 @@ if base and full and one:
           f"({full['pct_copy']:.0f}% vs {base['pct_copy']:.0f}% of copy)")
     if change > NOISE_PCT:
         verdict = "the small gain we predicted" if change < 10 else "more than the small gain we predicted"
-        print(f"  a gain of {change:.1f}%, {verdict}: most likely the fixed costs of 01's one-byte threads "
-              "(setup, launching and retiring blocks) were not negligible on this GPU; the loop pays them "
-              "once per thread.")
+        print(f"  a gain of {change:.1f}%, {verdict}. Two causes fit, and this run does not separate them: the "
+              "fixed costs of 01's one-byte threads (setup, launching and retiring blocks), which the loop pays "
+              "once per thread, and the unrolled loop's later loads going out before earlier ones return "
+              "(more bytes in flight at the same occupancy). 08's profiles are where to tell them apart.")
     elif change < -NOISE_PCT:
         print(f"  a loss of {-change:.1f}% (we predicted a small gain or none): most likely the loop's own work "
               "(the trip count, the counter) cost more on this GPU than the block scheduling it saved.")
@@ -349,8 +350,8 @@ else:
 # * Occupancy is not optional: one block per SM leaves too few bytes in flight to cover DRAM
 #   latency. Bytes in flight, not threads, is what a memory-bound kernel needs; the next steps
 #   get them by moving more bytes per instruction instead of running more threads.
-# * numba's `range` with a runtime step costs a 64-bit division per thread and is unrolled four
-#   times; read the PTX before you trust a loop.
+# * numba's `range` with a runtime step costs a 64-bit division per thread and is unrolled (how
+#   many times depends on the compiler: section 3 counts it); read the PTX before you trust a loop.
 #
 # Next, [03 · packed u32 stores](03_packed_u32.ipynb).
 

@@ -183,7 +183,7 @@ for s in lines[min(store16, store32) - 4: max(store16, store32) + 2]:
 # guard* (a value no correct kernel writes) and checks them after every launch.
 
 # %%
-nf4lab.verify_versions(VERSIONS, case, extra_shapes=[(1, 64)]);   # exactly one block: no tail at all
+nf4lab.verify_versions(VERSIONS, case, extra_shapes=[(1, 64)]);   # exactly one quantization block: no tail at all
 
 # %% [markdown]
 # <a id="bench"></a>

@@ -364,7 +364,9 @@ plots.progress("05_shared_lut");
 #   by the data streaming through L1 (a kernel with more traffic or a different cache split may
 #   see misses), and 16 entries in 16 banks with same-address broadcast are conflict-free by
 #   construction. Measuring the baseline
-#   is the lesson: an optimization that wins nothing on the GPU in hand is named as such.
+#   is the lesson: an optimization that wins nothing on the GPU in hand is named as such. Where
+#   the shared table came out measurably slower, its per-block fill and `syncthreads` (third
+#   bullet) are the likely cost: an expectation, not measured here.
 # * **Constant memory** is for uniform access: the constant cache serves the distinct addresses
 #   of a warp's request one after another. A LUT indexed by data is the worst case for it; the
 #   benchmark above shows what that cost on the GPU whose results it prints.
@@ -376,8 +378,9 @@ plots.progress("05_shared_lut");
 #   The benchmark above prints the select tree's time against the global table's: where it is
 #   well above 1x, the selects (and, for constant memory, the replays) are likely not hidden: the
 #   kernel's time is then set by issuing instructions rather than by DRAM.
-#   (`data/results/<gpu>/05_shared_lut.json` holds the runs of each GPU recorded; compare their
-#   times, not their GB/s shares, if you want to test that on two GPUs.)
+#   (`data/results/<gpu>/05_shared_lut.json` holds the runs of each GPU recorded: records of two
+#   GPUs are two runs, so compare each GPU's select tree with its own global table, then the two
+#   ratios, not the times across GPUs.)
 # * In numba, constant memory is `cuda.const.array_like(a_global_numpy_array)`, shared memory
 #   `cuda.shared.array(shape, dtype)` plus an explicit barrier, and values in registers are
 #   Python constants (`float32(...)` globals) frozen into the code.

@@ -87,6 +87,9 @@ _ = fig.suptitle("mma.sync.m16n8k16 in this kernel: mma i = 0 of a step at M = 1
 # - Lane (g, q) loads a step's 2 pieces of row g and 2 of row g + 8 (M = 1: columns 64q..64q + 63).
 # - **Split-K**: the 8 warps of a thread block (CUDA's block, not an absmax block) share a tile's K columns: warp w
 #   takes steps w, w + 8, ... and keeps its own float32 sums of the 16 rows; at the tile's end the sums meet in shared memory.
+#   Where tiles outnumber blocks (14336 rows: 896 tiles, 264 blocks on 132 SMs), **groups** of G = 2 or 4 warps take a tile
+#   each, at a barrier of their own (`bar.sync id, 32 G`): `gemv.warps_a_tile` picks the G whose rounds of tiles, a warp's
+#   K / G columns each, take least time, the fewest warps on a tie (fewer sums to add); lab/README.md has the measurement.
 # - **Persistent blocks**: at most 2 per SM (`gemv.grid_size`); block t takes tiles t, t + grid, ...: one lookup table
 #   (section 4) a block. **Steps in flight**: a warp issues its next step's loads before it computes the current one.
 #
@@ -109,8 +112,8 @@ import nf4lab  # noqa: F811  (this cell runs on its own in nf4lab.harness.versio
 import functools
 from numba import cuda, float32, uint32, uint64
 from nf4lab.device import ops
-from nf4lab.device.warp_ops import (f32_from_bits, mma_bf16, mma_f16, prmt, shfl_idx, shfl_xor_sync, syncwarp,  # one
-                                    table_lookup, table_vec4, x_slot_ops)   # instruction each, with a plain-Python twin for the simulator
+from nf4lab.device.warp_ops import (bar_sync, f32_from_bits, mma_bf16, mma_f16, prmt, shfl_idx, shfl_xor_sync,  # one
+                                    syncwarp, table_lookup, table_vec4, x_slot_ops)   # instruction each, with a Python twin
 from nf4lab.kernels import gemv
 
 THREADS, W, BLOCKS_PER_SM = 256, 8, 2   # 8 warps a block; launch bounds: ptxas caps registers so that 2 blocks fit an SM
@@ -199,12 +202,15 @@ def make_step(M, is_bf16, look, x_get):
 # (on an H200 a branch in this loop cost more than that arithmetic: lab/README.md). The first step's loads go out before the table is built; each trip
 # fetches the next step, across tiles too. Local arrays indexed by unrolled loops live in registers. **The tile's sum:** lanes q and q ^ 1 hold a
 # batch row's blocks 0-1 and 2-3 (a `shfl.xor` adds them); each warp writes its 16 M sums to spare words (`gemv.spare`), and after a barrier 16 M
-# threads add the 8 warps' and write y (`parity`: two sets of words, so that the next tile's sums cannot overwrite words still being read, with no
+# threads add the G warps' and write y (`parity`: two sets of words, so that the next tile's sums cannot overwrite words still being read, with no
 # second barrier). The launcher validates (a misaligned 128-bit load is fatal: CUDA Runtime API, `cudaErrorMisalignedAddress`) and allows 64 KB
 # (`gemv.prepare`).
+# %%
+import inspect   # M = 1's loads as the kernel imports them; put: a 16-byte load kept out of L1 (read once)
+print(inspect.getsource(gemv.step1_ops))
 # %% tags=["kernel"]
 @functools.cache
-def make_kernel(is_bf16, M, base, full=False):   # full: every warp has a step (gemv.full_apply): its test skipped
+def make_kernel(is_bf16, M, base, full=False, G=W):   # full: every warp has a step (gemv.full_apply); G: warps a tile
     NT = (M + 1) // 2
     NACC, NCF, FB, NB = 2 * NT, 4 * NT, 17, 34   # per step in buf: 16 code words, 1 statistics word; 2 steps
     _, half_bits, fetch = gemv.step_ops(is_bf16, M, base, True, True)   # the shipped loads (see above)
@@ -219,10 +225,12 @@ def make_kernel(is_bf16, M, base, full=False):   # full: every warp has a step (
         n, k = uint32(N), uint32(K)
         kw, kx = k >> uint32(3), k >> uint32(1)
         steps, tiles = (k + uint32(255)) >> uint32(8), (n + uint32(15)) >> uint32(4)
-        ash, grid = uint32(uint32(bs_shift) - uint32(3)), uint32(cuda.gridDim.x)
+        ash, grid = uint32(uint32(bs_shift) - uint32(3)), uint32(cuda.gridDim.x) * uint32(W // G)   # tiles at once
         buf = cuda.local.array(NB, uint32)          # this step's loads and the next one's
         t, c = uint32(cuda.blockIdx.x), warp       # split-K: warp w starts at step w of the block's first tile
-        tp, cp = t, c                              # the step whose loads go out next
+        if G < W:                                  # W // G groups of G warps, a tile each: warp w at step w % G
+            t, c = t * uint32(W // G) + warp // uint32(G), warp % uint32(G)
+        c0, tp, cp = c, t, c                       # a warp's first step of every tile; the step whose loads go out next
         xq, rb, (xs, xa) = cuda.local.array(4, uint32), cuda.local.array(3, uint32), slot_at(warp, lane)   # M = 1
         if M == 1:
             rows(rb, tp, g, q, lane, n, kw, tiles)
@@ -231,9 +239,9 @@ def make_kernel(is_bf16, M, base, full=False):   # full: every warp has a step (
                 fetch1(buf, FB * (d + 1), xq, packed_u32, absmax_q, absmax2, x_u32, rb, cp, lane, steps)
             else:
                 fetch(buf, FB * (d + 1), packed_u32, absmax_q, absmax2, tp, cp, g, q, n, kw, tiles, steps, ash)
-            cp = uint32(cp + uint32(W))
+            cp = uint32(cp + uint32(G))
             if cp >= steps:
-                cp, tp = warp, uint32(tp + grid)
+                cp, tp = c0, uint32(tp + grid)
                 if M == 1:
                     rows(rb, tp, g, q, lane, n, kw, tiles)
         build_table(sm, lut, code2, tid)
@@ -248,7 +256,7 @@ def make_kernel(is_bf16, M, base, full=False):   # full: every warp has a step (
         while t < tiles:                           # persistent: tiles t, t + grid, ...
             for i in range(NACC):
                 acc[i] = float32(0.0)
-            while True:                            # steps c, c + W, ... of tile t
+            while True:                            # steps c, c + G, ... of tile t
                 for i in range(FB):
                     buf[i] = buf[i + FB]
                 if M == 1:                         # the next step's x rides with its weights
@@ -257,17 +265,17 @@ def make_kernel(is_bf16, M, base, full=False):   # full: every warp has a step (
                     fetch(buf, FB, packed_u32, absmax_q, absmax2, tp, cp, g, q, n, kw, tiles, steps, ash)
                 cn, tn = cp, tp                    # the step just fetched comes next (M > 1: counted apart)
                 if M > 1:
-                    cn, tn = uint32(c + uint32(W)), t
+                    cn, tn = uint32(c + uint32(G)), t
                     if cn >= steps:
-                        cn, tn = warp, uint32(t + grid)
-                cp = uint32(cp + uint32(W))
+                        cn, tn = c0, uint32(t + grid)
+                cp = uint32(cp + uint32(G))
                 if M == 1:                         # the wrap by selects, the rows every step: no branch in the loop
                     wrap = cp >= steps
-                    cp, tp = (warp if wrap else cp), (uint32(tp + grid) if wrap else tp)
+                    cp, tp = (c0 if wrap else cp), (uint32(tp + grid) if wrap else tp)
                     rows(rb, tp, g, q, lane, n, kw, tiles)
                 elif cp >= steps:
-                    cp, tp = warp, uint32(tp + grid)
-                if (M == 1 and full) or (warp if M == 1 else c) < steps:   # a warp's steps: warp, warp + 8, ...
+                    cp, tp = c0, uint32(tp + grid)
+                if (M == 1 and full) or (c0 if M == 1 else c) < steps:   # a warp's steps: c0, c0 + G, ...
                     step(acc, cf, s, A, xr, buf, sm, x_u32, offset, c, g, q, k, kx, lane4, xa)
                 if M == 1:                         # into the slot once every lane has read this step's x
                     syncwarp()
@@ -284,14 +292,18 @@ def make_kernel(is_bf16, M, base, full=False):   # full: every warp has a step (
                 if m < uint32(M) and (q & uint32(1)) == uint32(0):
                     sm[gemv.spare(base + m * uint32(16) + g)] = ops.float_bits(a0)
                     sm[gemv.spare(base + m * uint32(16) + g + uint32(8))] = ops.float_bits(a1)
-            cuda.syncthreads()
-            if tid < uint32(16 * M):
-                first, v = uint32(parity * uint32(W * 16 * M) + tid), float32(0.0)
-                for w in range(W):
+            if G < W:   # the group's own barrier (id 1 + group, 32 G threads); lt: a thread's index in its group
+                bar_sync(uint32(1) + warp // uint32(G), uint32(32 * G))
+            else:
+                cuda.syncthreads()
+            lt, gb = (tid & uint32(32 * G - 1), (warp - c0) * uint32(16 * M)) if G < W else (tid, uint32(0))
+            if lt < uint32(16 * M):                # 16 M threads of the group add its G warps' sums
+                first, v = uint32(parity * uint32(W * 16 * M) + gb + lt), float32(0.0)
+                for w in range(G):
                     v += f32_from_bits(sm[gemv.spare(first + uint32(w * 16 * M))])
-                row = uint32(t * uint32(16) + (tid & uint32(15)))
+                row = uint32(t * uint32(16) + (lt & uint32(15)))
                 if row < n:
-                    y[uint32((tid >> uint32(4)) * n + row)] = half_bits(v)
+                    y[uint32((lt >> uint32(4)) * n + row)] = half_bits(v)
             parity, t = parity ^ uint32(1), tn
     return gemv_tc
 
@@ -299,9 +311,11 @@ def launch(g):
     gemv.validate(g)
     if not gemv.words_apply(g.nested, g.bs_shift, g.K, gemv.address(g.absmax_q)):
         return gemv.launch(g)              # no statistics word (see gemv.words_apply): the package's byte-wise loads
-    kern = make_kernel(g.dtype == "bf16", g.M, gemv.probe_base() if nf4lab.ON_GPU else 0, gemv.full_apply(True, g.M, g.K))
+    grid = g.grid or gemv.grid_size(g.N)
+    G = gemv.warps_a_tile(g.N, g.M, grid)   # W, or fewer where the tiles outnumber the blocks (section 3)
+    kern = make_kernel(g.dtype == "bf16", g.M, gemv.probe_base() if nf4lab.ON_GPU else 0, gemv.full_apply(True, g.M, g.K, G), G)
     args = (g.packed_u32, g.absmax_q, g.absmax2, g.code2, g.lut, g.offset, g.x_u32, g.y, g.N, g.K, g.bs_shift)
-    gemv.prepare(kern, args, gemv.SMEM)[g.grid or gemv.grid_size(g.N), THREADS, g.stream, gemv.SMEM](*args)
+    gemv.prepare(kern, args, gemv.SMEM)[grid, THREADS, g.stream, gemv.SMEM](*args)
 # %% [markdown]
 # <a id="evidence"></a>
 # ## 5. PTX evidence
@@ -431,25 +445,6 @@ assert result
 # <a id="road"></a>
 # ## Appendix: other designs the lab timed
 #
-# Designs timed by the lab (`lab/README.md` tells each story), bf16, M = 1: this GPU's record, else another GPU's (the run column names GPU and date).
-# A design's time is shown only beside the tensor-core kernel's ("TC") of the same run ("design / TC us: ratio", where `provenance.compare` finds
-# both); else why not, under the row. Each row's TC is the kernel shipped on that row's date, not today's (section 7 times today's; lab/README.md says
-# what changed since). FFMA: no tensor cores, a byte's two weights by one pair lookup, then two float32 FMAs; the cp.async ring copies weights ahead
-# into smem.
-# %%
-ROAD = [("FFMA design (pair lookup + 2 FFMA a byte)", "09_fused_gemv", "auto"), ("2 chains of mmas", "09_gemv_chains", "TC C2"),
-        ("cp.async ring of 2 stages for weights", "09_gemv_ring", "TC R2"), ("3 blocks per SM", "09_gemv_b3", "TC B3 D1"),
-        ("x from L1/L2, no slot", "09_gemv_tc", "TC x-global"), ("statistics loaded in pairs", "09_gemv_stats2", "TC stats2"),
-        ("weights into L2, 2 steps ahead", "09_gemv_l2prefetch", "TC PF2"), ("stream-K: tiles split over blocks", "09_gemv_streamk", "TC stream-K"),
-        ("only the last round of tiles split", "09_gemv_splitlast", "TC split-last"), ("one 16-warp block per SM", "09_gemv_w16", "TC W16 B1 D1"),
-        ("step loop unrolled by two (ping-pong)", "09_gemv_lean", "TC pp")]
-print(f"{'design':<44}{'run':>22}{'4096x14336':>26}{'8192x28672':>26}"); SH = ((4096, 14336), (8192, 28672))  # noqa: E702
-for label, stem, v in ROAD:
-    runs, cells, whys = [bench.Run.load(stem)] + [bench.Run.load(stem, g) for g in results.gpus()], "", {}
-    f = next((f for f in runs if f and any(gemv_bench.find_record(f, gemv_bench.kernel_name(v), s, "bf16") for s in SH)), None)
-    for shape in SH:
-        r, ref = (f and gemv_bench.find_record(f, gemv_bench.kernel_name(x), shape, "bf16") for x in (v, "TC"))
-        ratio, why = provenance.compare(f.meta, ref, f.meta, r) if r and ref else (None, "no TC record in this run: not compared")
-        t = "-" if not r else f"{r['ms'] * 1e3:.1f} / {ref['ms'] * 1e3:.1f} us: {ratio:.2f}x" if ratio else "not compared"
-        cells, whys = cells + f"{t:>26}", {**whys, **({why: 1} if r and not ratio else {})}
-    print(f"{label:<44}{f.meta['gpu'].split()[1] + ' ' + f.meta['date'][:16] if f else '-':>22}{cells}" + "".join(f"\n      ({w})" for w in whys))
+# The lab timed a dozen other designs against the tensor-core kernel of the same run (an FFMA kernel with a pair
+# lookup, a `cp.async` ring, more blocks per SM, stream-K, L2 prefetch, ...): `python -m lab.gemv_road` prints each
+# one's time beside that run's kernel, bf16, M = 1, and `lab/README.md` tells why each lost.
