@@ -12,10 +12,14 @@ set -uo pipefail
 tag=$1; which=$2; shift 2
 case $which in solutions|lessons) ;; *) echo "usage: bash tools/gpu_book.sh TAG solutions|lessons NN ..." >&2; exit 2 ;; esac
 source tools/gpu_env.sh
-python3 -m ipykernel install --user --name python3 >/dev/null 2>&1 || true
 log="$OUT/$tag.log"
-gpu_versions | tee -a "$log"
-nvidia-smi --query-gpu=name,driver_version,clocks.max.sm,clocks.max.mem --format=csv,noheader | tee -a "$log"
+# Once per machine and call of tools/gpu_book_seq.sh (which sets NF4LAB_BOOK_PREPARED after its first notebook):
+# the kernel spec, and the versions (importing torch and bitsandbytes takes seconds; every record carries them too).
+if [ -z "${NF4LAB_BOOK_PREPARED:-}" ]; then
+  python3 -m ipykernel install --user --name python3 >/dev/null 2>&1 || true
+  gpu_versions | tee -a "$log"
+  nvidia-smi --query-gpu=name,driver_version,clocks.max.sm,clocks.max.mem --format=csv,noheader | tee -a "$log"
+fi
 done_nbs=""
 for p in "$@"; do
   if [ "$which" = solutions ]; then nb=$(ls notebooks/solutions/${p}_*_SOLUTION.ipynb); else nb=$(ls notebooks/${p}_*.ipynb); fi
