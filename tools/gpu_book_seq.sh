@@ -7,7 +7,8 @@
 # 07 after all of 00-06 and 09, 08 after 07. Device time on an H200 (2026-11-29), lesson + solution and the gaps between
 # them: about 2 min for 00, 01, 02, 03, 05 and 09 each, 3 min for 04, 06 about 7 min (its NF4LAB_ARCH=sm_75 pass alone
 # 189 s), 07 about 6: 06 alone in one call, 07 and 08 in the next. Everything comes back as $OUT/TAG.tgz (packed again after each
-# notebook, so a call stopped at its limit keeps what finished) and $OUT/TAG.log.
+# notebook, so a call stopped at its limit keeps what finished) and $OUT/TAG.log. Between calls, here:
+# bash tools/book_carry.sh <the previous call's TAG.tgz>, so the next call's notebooks quote the records that stay.
 set -uo pipefail
 tag=$1; shift
 source tools/gpu_env.sh
