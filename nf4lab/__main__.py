@@ -132,12 +132,20 @@ def notebook_client(nb, cwd: Path, timeout: int = 1800):
     return client
 
 
+def notebook_kind(path: Path) -> str:
+    """NF4LAB_NOTEBOOK_KIND for a notebook's kernel: a solution's records are saved apart (results.save)."""
+    from nf4lab.measure import results
+
+    return results.SOLUTION_KIND if path.stem.endswith("_SOLUTION") else "lesson"
+
+
 def execute_notebook(path: Path, out: Path, timeout: int = 1800) -> float:
     import nbformat
 
     nb = nbformat.read(path, as_version=4)
     t0 = time.perf_counter()
     client = notebook_client(nb, path.parent, timeout)
+    os.environ["NF4LAB_NOTEBOOK_KIND"] = notebook_kind(path)   # the kernel starts with this process's environment
     try:
         # nbclient keeps alive a kernel whose manager it was handed (km=): shut it down here, or
         # every kernel lives until this process exits and then prints "Parent appears to have exited".
@@ -146,6 +154,8 @@ def execute_notebook(path: Path, out: Path, timeout: int = 1800) -> float:
         import shutil
 
         from nf4lab.measure import nbclean
+
+        os.environ.pop("NF4LAB_NOTEBOOK_KIND", None)
 
         shutil.rmtree(client.sockets, ignore_errors=True)
         # What is committed is what a reader should see: no colour codes, bar frames or warnings.

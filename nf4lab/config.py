@@ -32,6 +32,8 @@ VARIABLES = (
              "sets it), so that their numbers may be compared", "a fresh id per process"),
     Variable("NF4LAB_LINEINFO", "0: profile without line info (set by the profiler for a kernel NVVM cannot "
              "compile with it)", "1"),
+    Variable("NF4LAB_NOTEBOOK_KIND", "solution: the notebook's results records go to data/results/<gpu>/solutions/ "
+             "(set by `python -m nf4lab notebooks` for a solution's kernel)", "unset: data/results/<gpu>/"),
 )
 
 
@@ -67,6 +69,11 @@ def ptxas() -> str:
 def run_id() -> str:
     """NF4LAB_RUN_ID, or '' for a fresh id per process."""
     return _get("NF4LAB_RUN_ID")
+
+
+def notebook_kind() -> str:
+    """NF4LAB_NOTEBOOK_KIND: 'solution' in a solution notebook's kernel, else ''."""
+    return _get("NF4LAB_NOTEBOOK_KIND")
 
 
 def lineinfo() -> bool:

@@ -1,5 +1,7 @@
 """Comparable or refused: a printed comparison of two records gives a ratio only when they can be
 compared, and otherwise says what differs."""
+from pathlib import Path
+
 from nf4lab.measure import provenance
 
 META = {"run": "r1", "gpu": "NVIDIA H100 80GB HBM3", "driver": "580", "numba_cuda": "0.30.4", "torch": "2.11.0",
@@ -67,3 +69,23 @@ def test_module_hash_is_the_shipped_source():
 
     assert provenance.module_hash(dequant, fastkernel) == provenance.module_hash(dequant, fastkernel)
     assert provenance.module_hash(dequant) != provenance.module_hash(fastkernel)
+
+
+def test_a_solution_notebooks_run_is_saved_apart_from_the_lessons(monkeypatch, tmp_path):
+    """The book runs a notebook's solution, then its lesson: both save the same record name. The lesson's record is
+    the one other notebooks quote; the solution's goes to solutions/, so the file its output names stays its own."""
+    from nf4lab.__main__ import notebook_kind
+    from nf4lab.measure import results
+
+    monkeypatch.setattr(results, "RESULTS_DIR", tmp_path)
+    monkeypatch.setattr(results, "ROOT", tmp_path)
+    assert notebook_kind(Path("notebooks/solutions/02_grid_stride_SOLUTION.ipynb")) == results.SOLUTION_KIND
+    assert notebook_kind(Path("notebooks/02_grid_stride.ipynb")) != results.SOLUTION_KIND
+    monkeypatch.setenv("NF4LAB_NOTEBOOK_KIND", results.SOLUTION_KIND)
+    sol = results.save({"meta": {"gpu": "NVIDIA Fake 1", "date": "d0"}, "records": []}, "02_grid_stride")
+    monkeypatch.setenv("NF4LAB_NOTEBOOK_KIND", "lesson")
+    les = results.save({"meta": {"gpu": "NVIDIA Fake 1", "date": "d1"}, "records": []}, "02_grid_stride")
+    assert sol == tmp_path / "NVIDIA_Fake_1" / "solutions" / "02_grid_stride.json" and sol.exists()
+    assert les == tmp_path / "NVIDIA_Fake_1" / "02_grid_stride.json"
+    assert results.load("02_grid_stride", "NVIDIA Fake 1")["meta"]["date"] == "d1"
+    assert results.gpus() == ["NVIDIA_Fake_1"]

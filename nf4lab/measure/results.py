@@ -58,10 +58,15 @@ def meta(method: str) -> dict:
     }
 
 
+SOLUTION_KIND = "solution"   # NF4LAB_NOTEBOOK_KIND of a solution notebook's kernel (nf4lab.__main__.execute_notebook)
+
+
 def save(data: dict, name: str, gpu: str | None = None) -> Path:
-    """Write one run atomically; also copy it under $OUT (the device tool's folder) if set."""
+    """Write one run atomically. A solution notebook's run goes to the GPU's ``solutions/`` folder: the record other
+    notebooks quote is the lesson's, and a solution executed first must not have its saved file replaced under it."""
     gpu = gpu or data["meta"]["gpu"]
-    path = RESULTS_DIR / gpu_slug(gpu) / f"{name}.json"
+    sub = ("solutions",) if config.notebook_kind() == SOLUTION_KIND else ()
+    path = RESULTS_DIR.joinpath(gpu_slug(gpu), *sub, f"{name}.json")
     path.parent.mkdir(parents=True, exist_ok=True)
     text = json.dumps(data, indent=1, default=_jsonable) + "\n"
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{name}.", suffix=".tmp")
