@@ -32,8 +32,8 @@ VARIABLES = (
              "sets it), so that their numbers may be compared", "a fresh id per process"),
     Variable("NF4LAB_LINEINFO", "0: profile without line info (set by the profiler for a kernel NVVM cannot "
              "compile with it)", "1"),
-    Variable("NF4LAB_NOTEBOOK_KIND", "solution: the notebook's results records go to data/results/<gpu>/solutions/ "
-             "(set by `python -m nf4lab notebooks` for a solution's kernel)", "unset: data/results/<gpu>/"),
+    Variable("NF4LAB_NOTEBOOK_KIND", "solution: the notebook's results records are saved to, and read first from, "
+             "data/results/<gpu>/solutions/ (set by the notebook runner for a solution's kernel)", "unset: data/results/<gpu>/"),
 )
 
 

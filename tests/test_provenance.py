@@ -88,4 +88,12 @@ def test_a_solution_notebooks_run_is_saved_apart_from_the_lessons(monkeypatch, t
     assert sol == tmp_path / "NVIDIA_Fake_1" / "solutions" / "02_grid_stride.json" and sol.exists()
     assert les == tmp_path / "NVIDIA_Fake_1" / "02_grid_stride.json"
     assert results.load("02_grid_stride", "NVIDIA Fake 1")["meta"]["date"] == "d1"
+    monkeypatch.setenv("NF4LAB_NOTEBOOK_KIND", results.SOLUTION_KIND)   # a solution reads its own chain, else the lessons'
+    assert results.load("02_grid_stride", "NVIDIA Fake 1")["meta"]["date"] == "d0"
+    results.save({"meta": {"gpu": "NVIDIA Fake 1", "date": "d2"}, "records": []}, "00_ceiling", gpu="NVIDIA Fake 1")
+    monkeypatch.delenv("NF4LAB_NOTEBOOK_KIND")
+    results.save({"meta": {"gpu": "NVIDIA Fake 1", "date": "d3"}, "records": []}, "01_naive", gpu="NVIDIA Fake 1")
+    assert results.load("00_ceiling", "NVIDIA Fake 1") is None
+    monkeypatch.setenv("NF4LAB_NOTEBOOK_KIND", results.SOLUTION_KIND)
+    assert results.load("01_naive", "NVIDIA Fake 1")["meta"]["date"] == "d3"
     assert results.gpus() == ["NVIDIA_Fake_1"]

@@ -145,10 +145,15 @@ def source_note(gpu: str | None = None) -> str:
 
 
 def load(name: str, gpu: str | None = None) -> dict | None:
+    """A GPU's record ``name``; in a solution notebook's kernel the solutions' own where one exists (see save), so a
+    solution's plots and quotes read the chain of solutions it was executed in, and a lesson's the lessons'."""
     gpu = gpu_slug(gpu) if gpu else default_gpu()
     if gpu is None:
         return None
     path = RESULTS_DIR / gpu / f"{name}.json"
+    own = RESULTS_DIR / gpu / "solutions" / f"{name}.json"
+    if config.notebook_kind() == SOLUTION_KIND and own.exists():
+        path = own
     if not path.exists():
         return None
     data = json.loads(path.read_text())
