@@ -198,6 +198,15 @@ def nan_case_then(meta: dict) -> bool:
     return meta.get("date", "") < CASES_FINITE_SINCE
 
 
+def batch_run(gpu) -> tuple:
+    """(record, name): the newer of the lab's batch run (09_gemv_tc_batch) and notebook 09's, or (None, lab's name)."""
+    from nf4lab.measure import results
+
+    runs = [(results.load(n, gpu), n) for n in ("09_gemv_tc_batch", "09_fused_gemv_notebook_batch")]
+    found = [(d, n) for d, n in runs if d is not None]
+    return max(found, key=lambda dn: dn[0]["meta"].get("date", "")) if found else (None, runs[0][1])
+
+
 def exactness_lines(gpu) -> list:
     out = [f"- bit-exactness {long}: {ok} of {total} checks (conversions over "
            f"{data['records'][0].get('inputs', 0):,} float32 inputs, every notebook 01-06 kernel, nf4lab.dequantize's "
@@ -239,10 +248,7 @@ def gemv_tc_lines(gpu) -> list:
             lines.append(f"| {'x'.join(map(str, b['shape']))} | {dt} | {o * 1e3:.1f} | {b['ms'] * 1e3:.1f} | "
                          f"{'-' if why else format(100 * b['ms'] / o, '.0f')} | {'-' if f is None else format(f * 1e3, '.1f')} | {n * 1e3:.1f} | "
                          f"{n / o:.2f} |")
-    batch, bname = results.load("09_gemv_tc_batch", gpu), "09_gemv_tc_batch"
-    nb09b = results.load("09_fused_gemv_notebook_batch", gpu)
-    if nb09b is not None and (batch is None or nb09b["meta"].get("date", "") > batch["meta"].get("date", "")):
-        batch, bname = nb09b, "09_fused_gemv_notebook_batch"   # notebook 09's batch run, the newer of the two
+    batch, bname = batch_run(gpu)
     if batch is not None:
         rs = batch["records"]
         lines += ["", "| W (N x K), batch | dtype | M = 2 | M = 4 | M = 8 (tensor-core us / bitsandbytes gemm_4bit us) |",
@@ -256,7 +262,7 @@ def gemv_tc_lines(gpu) -> list:
                     cells.append("" if o is None or n is None else f"{o * 1e3:.1f} / {n * 1e3:.1f}")
                 if any(cells):
                     lines.append(f"| {'x'.join(map(str, shape))} | {dt} | " + " | ".join(cells) + " |")
-    return lines + ["", f"Source: `{run['path']}`, `09_gemv_tc_batch.json`, `09_read_bound.json` "
+    return lines + ["", f"Source: `{run['path']}`, `{bname}.json`, `09_read_bound.json` "
                         "(`python lab/gemv_tc_report.py` prints the same)."]
 
 
@@ -549,10 +555,7 @@ def summary_rows(gpu: str) -> list:
                 where = ""
             rows.append((f"fused GEMV, one row of x (decode), {len(shapes)} shapes", where, _span(x, ".2f"),
                          stamp("09_gemv_tc", tc["meta"]), tc["meta"]))
-    batch, bname = results.load("09_gemv_tc_batch", gpu), "09_gemv_tc_batch"
-    nb09b = results.load("09_fused_gemv_notebook_batch", gpu)
-    if nb09b is not None and (batch is None or nb09b["meta"].get("date", "") > batch["meta"].get("date", "")):
-        batch, bname = nb09b, "09_fused_gemv_notebook_batch"   # notebook 09's batch run, the newer of the two
+    batch, bname = batch_run(gpu)
     if batch is not None:
         recs, ours = batch["records"], default_kernel(batch)
         pairs = [(r, b) for r in recs if r["name"] == ours and r.get("M") == 8 and r.get("ms")

@@ -154,7 +154,7 @@ def make_kernel(is_bf16, M, base, nested=True, D=1, min_blocks=BLOCKS_PER_SM, xs
                     rows(rb, tp, g, q, lane, n, kw, tiles)
                 elif cp >= steps:
                     cp, tp = c0, uint32(tp + grid)
-                if (LEAN and full) or (c0 if LEAN else c) < steps:   # a warp's steps: warp, warp + W, ... (or warp alone)
+                if (LEAN and full) or (c0 if LEAN else c) < steps:   # a warp's steps: c0, c0 + G, ... (or c0 alone)
                     for i in range(NCF):
                         cf[i] = float32(0.0)
                     xcol = uint32(c * uint32(256) + uint32(64) * q)   # lane q's 64 columns: block q of the step

@@ -61,12 +61,16 @@ def meta(method: str) -> dict:
 SOLUTION_KIND = "solution"   # NF4LAB_NOTEBOOK_KIND of a solution notebook's kernel (nf4lab.__main__.execute_notebook)
 
 
+def _path(folder: str, name: str, solution: bool) -> Path:
+    """Where record ``name`` of a GPU's folder lies: a solution notebook's in the folder's solutions/."""
+    return RESULTS_DIR.joinpath(folder, *(("solutions",) if solution else ()), f"{name}.json")
+
+
 def save(data: dict, name: str, gpu: str | None = None) -> Path:
     """Write one run atomically. A solution notebook's run goes to the GPU's ``solutions/`` folder: the record other
     notebooks quote is the lesson's, and a solution executed first must not have its saved file replaced under it."""
     gpu = gpu or data["meta"]["gpu"]
-    sub = ("solutions",) if config.notebook_kind() == SOLUTION_KIND else ()
-    path = RESULTS_DIR.joinpath(gpu_slug(gpu), *sub, f"{name}.json")
+    path = _path(gpu_slug(gpu), name, config.notebook_kind() == SOLUTION_KIND)
     path.parent.mkdir(parents=True, exist_ok=True)
     text = json.dumps(data, indent=1, default=_jsonable) + "\n"
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{name}.", suffix=".tmp")
@@ -150,9 +154,8 @@ def load(name: str, gpu: str | None = None) -> dict | None:
     gpu = gpu_slug(gpu) if gpu else default_gpu()
     if gpu is None:
         return None
-    path = RESULTS_DIR / gpu / f"{name}.json"
-    own = RESULTS_DIR / gpu / "solutions" / f"{name}.json"
-    if config.notebook_kind() == SOLUTION_KIND and own.exists():
+    path = _path(gpu, name, False)
+    if config.notebook_kind() == SOLUTION_KIND and (own := _path(gpu, name, True)).exists():
         path = own
     if not path.exists():
         return None
