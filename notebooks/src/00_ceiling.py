@@ -20,8 +20,9 @@
 # 5. [What we learned](#learned)
 # 6. [Exercise](#exercises)
 #
-# Every byte count and speed in this notebook is either computed from the byte model or
-# measured and recorded under `data/results/` (with GPU, date and versions). On a machine
+# Every byte count and speed in this notebook is computed from the byte model, measured (and,
+# for the ceilings, recorded under `data/results/` with GPU, date and versions), or cited with
+# its source (the datasheet peak). On a machine
 # without a GPU the notebook shows the recorded measurements and says where they come from.
 
 # %%
@@ -139,7 +140,7 @@ for name, nb in parts.items():
     print(f"{name:<10} {nb:>14,} {nb / n:>13.5f} {100 * nb / total:>6.2f}%")
 print(f"{'total':<10} {total:>14,} {total / n:>13.5f} {100:>6.2f}%")
 print(f"\n{total / 1e6:.0f} MB per call; the output alone is {100 * parts['output'] / total:.0f}% of it: "
-      "this is a write-bound kernel.")
+      "most of the bytes this kernel moves are writes.")
 
 # %% [markdown]
 # Two consequences:
@@ -381,7 +382,7 @@ if run is not None:
 #   64 weights, groups of 256 blocks.
 #
 # Next, [01 · naive](01_naive.ipynb): one thread per byte, and the first two traps of numba
-# (FMA contraction and signed indices).
+# (FMA contraction: a multiply and an add fused into one instruction; and signed indices).
 
 # %% [markdown]
 # <a id="exercises"></a>

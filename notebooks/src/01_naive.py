@@ -510,7 +510,8 @@ assert nf4lab.check(launch_any_blocksize, name="exercise 2: blocksize 32", block
 # ### BEGIN SOLUTION
 # *What to notice:* with blocks of 128 the hard-coded kernel uses block `i >> 5` where the
 # right one is `i >> 6`. Expect only the first 64 weights to be sure of the right scale: the
-# first wrong index that `nf4lab.check` lists should be 64 or more. On any shape of more than 64
+# first wrong index that `nf4lab.check` lists (run the lesson's launch with blocksize 128 to see
+# it) should be 64 or more. On any shape of more than 64
 # weights it also asks for blocks the case does not have: the largest block index it computes,
 # `(nbytes - 1) >> 5`, is at least the case's `nblocks` and up to about twice it. The buffers pad
 # `absmax_q` with zeros to a multiple of 16 entries, so up to 1024 weights that read lands in
@@ -520,8 +521,6 @@ assert nf4lab.check(launch_any_blocksize, name="exercise 2: blocksize 32", block
 # there, silently, and may even get the right value by luck. Bounds are the kernel's job, not
 # the hardware's.
 # ### STUDENT
-# *What to notice:* compare the index of the first wrong weight with the block size, and the
-# largest block index the kernel computes with the length of `absmax_q`. The simulator raises
-# `IndexError` when a kernel reads past an array; a GPU reads whatever lies there, silently.
-# Bounds are the kernel's job, not the hardware's.
+# *What to notice:* compare the index of the first wrong weight with the block size. Then
+# answer the question above by printing what the kernel computes beside what the case has.
 # ### END SOLUTION

@@ -69,8 +69,9 @@ SIG = "(uint8[::1], float32[::1], uint8[::1], float32[::1], float32[::1], float3
 # Which bytes count as "in flight per thread": here, all the DRAM bytes one iteration moves, the
 # code byte and the scale's bytes read and the four output bytes written (the byte model's bytes
 # per packed byte, printed below), as if they were all outstanding at once. That is a generous count: a
-# thread's load instructions carry one byte each (08 counts that width, a load's, against the
-# need instead), so by that count even less is in flight. And it assumes one iteration's bytes
+# thread's loads of the big arrays (the code and absmax_q bytes) carry one byte each, and its 4-byte
+# scale and table loads mostly hit in cache (08 counts a load's width against the need instead), so by
+# that count even less is in flight. And it assumes one iteration's bytes
 # per thread: whether the unrolled loop of section 3 has a later iteration's loads issued before
 # an earlier one's return is not measured here.
 
@@ -344,11 +345,11 @@ else:
 #
 # * A grid-stride loop decouples the grid from the data: the launch is sized from the GPU
 #   (SMs x resident blocks), and the kernel works for any n with any grid.
-# * Whether it is also a speed-up depends on how little work each thread of the naive kernel
-#   does: the comparison printed above says what it did on the GPU of this run, measured in
-#   one run against 01. Judge by the numbers, not by the folklore.
-# * Occupancy is not optional: one block per SM leaves too few bytes in flight to cover DRAM
-#   latency. Bytes in flight, not threads, is what a memory-bound kernel needs; the next steps
+# * Whether it is also a speed-up is measured, not assumed: the comparison printed above says
+#   what it did on the GPU of this run, in one run against 01, and which causes fit without
+#   being separated here (08's profiles can). Judge by the numbers, not by the folklore.
+# * Occupancy is not optional: one block per SM was far slower here, and by section 1's
+#   estimate (its latency assumed) it leaves too few bytes in flight to cover DRAM latency. Bytes in flight, not threads, is what a memory-bound kernel needs; the next steps
 #   get them by moving more bytes per instruction instead of running more threads.
 # * numba's `range` with a runtime step costs a 64-bit division per thread and is unrolled (how
 #   many times depends on the compiler: section 3 counts it); read the PTX before you trust a loop.

@@ -60,11 +60,13 @@ for name, width in (("01/02: two 16-bit stores per byte", 2), ("03: one 32-bit s
 # Practices Guide, "Coalesced Access to Global Memory") instead of 64 bytes in every other
 # 2-byte slot of the same 128. L2 should merge the two
 # 16-bit stores of 01 into the same lines before they reach DRAM, so the DRAM traffic should
-# be the same; what we save is instruction issue and load/store-unit work per byte. Our
+# be the same; what we save is instruction issue and load/store-unit work per byte (the
+# load/store unit: the part of an SM that issues memory instructions). Our
 # prediction: **some gain if those instructions were part of the limit, none if DRAM latency
 # was all of it**; and not the ceiling either way, because each thread still has a single
 # byte's loads in flight. The benchmark measures 01 and 02 in the same run, so that each
-# 03 version is compared with the kernel it differs from by the store alone.
+# 03 version is compared with the kernel it differs from by the store alone (and its conversion:
+# one bf16x2 pack instead of two bf16 conversions).
 #
 # Bit order: `out[2j]` (the high nibble) is at the lower address, and on a little-endian GPU the
 # lower address is the *low* half of the 32-bit word. `ops.pack_bf16x2(lo, hi)` puts `lo` in
@@ -259,8 +261,9 @@ if not changes:
 elif gains and losses:
     print(f"mixed {where}: the packed store gained up to {max(gains):.1f}% in one comparison and lost up to "
           f"{-min(losses):.1f}% in another, which the prediction (some gain, or none) did not foresee: the same "
-          "change of store pays with one loop and costs with the other. Why was not measured here; one "
-          "candidate is the pack (cvt.rn.bf16x2) on the path of every store of the unrolled grid-stride loop.")
+          "change of store pays with one loop and costs with the other. Why was not measured here: the "
+          "pack (cvt.rn.bf16x2) is in both versions, so it alone does not explain it; how the compiler "
+          "unrolled and scheduled each loop differs (compare their PTX), and 08's profiles are where to look.")
 elif losses:
     print(f"no gain from the packed store {where}: {len(losses)} of {len(changes)} comparisons slower by "
           f"more than {NOISE_PCT}% (up to {-min(losses):.1f}%)"

@@ -9,8 +9,9 @@
 # **Goal.** bitsandbytes dequantizes to bf16, fp16 or fp32, and our kernel must match it bit for
 # bit in each. We write **one kernel source** and let numba compile a specialised kernel per output
 # dtype, choosing the conversion at compile time: `cvt.rn.bf16x2.f32` for bf16, `cvt.rn.f16x2.f32`
-# for fp16, the float32 bits themselves for fp32. Bit-exactness is a property of that rounding
-# instruction, and the PTX shows which one each kernel carries. The kernel also changes the
+# for fp16, the float32 bits themselves for fp32. Given the same float32 value (each multiply and
+# add rounded on its own, never an FMA), that rounding instruction decides the output bits (fp32
+# has none), and the PTX shows which one each kernel carries. The kernel also changes the
 # access pattern of 04 and 05 (no shared-memory exchange); the benchmark times it beside 05's
 # kernel in the same run, kernel against kernel. A last section shows what a T4 (sm_75), which lacks the sm_80
 # conversion instructions, runs instead.
@@ -89,7 +90,9 @@ if copy is None:
 # each warp's stores stay contiguous. Here the unit of work is what one 16-byte store holds: the
 # 8 weights of one packed 32-bit word (bf16, fp16), or 4 weights, half a word (fp32). Lane `t`
 # of a block takes units `t`, `t + THREADS`, ... (`UNITS` of them): each warp store writes 512
-# contiguous bytes and each warp load reads 128 (64 for fp32), with no exchange. A thread issues
+# contiguous bytes and each warp load reads 128 (64 for fp32), with no exchange. So the code loads
+# are 32-bit again, not 04's 16-byte ones: the codes are a fifth of the bytes moved for bf16 (a
+# ninth for fp32), and this notebook does not measure what the narrower loads cost. A thread issues
 # all its global loads (its words, their scales, its share of the LUT and of `code2`) before the
 # block's one barrier, so a block waits for memory once; `code2` sits in shared memory beside the
 # LUT, so that `code2[absmax_q[b]]` is not a second trip to global memory. The scale is computed
@@ -565,7 +568,7 @@ else:
 #
 # * One source, three kernels: a factory closing over a constant lets numba compile a specialised
 #   kernel per dtype, and the PTX proves each one carries only its own conversion.
-# * Bit-exactness per dtype is a property of the *rounding instruction*: `cvt.rn.bf16x2.f32`,
+# * Given the same float32 value, bit-exactness per dtype is decided by the *rounding instruction*: `cvt.rn.bf16x2.f32`,
 #   `cvt.rn.f16x2.f32` (round to nearest even, both lanes at once, first operand to the upper
 #   half), or no rounding at all for fp32.
 # * 00 predicted that dequantization is memory-bound; section 6 tests it per dtype against the
@@ -607,7 +610,7 @@ def f16_pair(byte, table, s):
 # the PTX printed below (the clue), then fix the kernel (one line changes).
 @cuda.jit(device=True, inline="always")
 def f16_pair(byte, table, s):
-    """The two weights of one packed byte (high nibble first), as two fp16 in one uint32."""
+    """The two weights of one packed byte (high nibble first), packed in one uint32."""
     return ops.pack_bf16x2(ops.fmul_rn(table[(byte >> U4) & NIB], s), ops.fmul_rn(table[byte & NIB], s))
 ### END SOLUTION
 
@@ -658,8 +661,8 @@ ptx.check(ex_ptx, present=[r"^cvt\.rn\.f16x2\.f32"], absent=[r"^cvt\.rn\.bf16x2"
 # size round differently and place their bits differently (bf16: 8 exponent bits, fp16: 5), so
 # bit-exactness is decided by the instruction that rounds, and the PTX is where to look for it.
 # ### STUDENT
-# *What to notice:* the kernel writes its weights in two ways, whole words and a tail. Which of
-# them went through the wrong conversion, and which were right all along? Two 16-bit formats with
+# *What to notice:* the kernel writes its weights in two ways, whole words and a tail. Did the
+# check's message point at both, or at one? Two 16-bit formats with
 # the same size round differently and place their bits differently (bf16: 8 exponent bits, fp16:
 # 5), so bit-exactness is decided by the instruction that rounds, and the PTX is where to look for it.
 # ### END SOLUTION

@@ -213,7 +213,8 @@ if run is not None:
 # SMs can hold, the next ones as earlier ones finish; a last, partial wave leaves SMs idle.)
 #
 # Section 4's targets are checked at 16384x16384 only; the table's `% bound` column gives every other
-# shape. How 06's kernel was tuned for the LLM shapes is in `lab/README.md`.
+# shape. How 06's kernel was chosen at the LLM shapes (one launch shape ships for every shape and
+# GPU) is in `lab/README.md`.
 
 # %%
 from nf4lab.harness.buffers import quiet_small_grids
@@ -467,7 +468,7 @@ if ok:   # with own_share written: the share at every shape, and where it is lar
 # (section 5), so read the DRAM shapes; the last line names the one where the kernel's own share is
 # largest in this run. That is the shape to look at first. Where it is a smaller shape than
 # 16384x16384, a fixed cost per launch (the start, the last wave) is one hypothesis to test, since
-# it weighs more in a shorter kernel; how the launch shape was tuned per shape is in
+# it weighs more in a shorter kernel; how the one launch shape that ships was chosen is in
 # `lab/README.md`.
 # ### STUDENT
 # Once the check passes: at which shape outside the L2 is the kernel's own share largest in this

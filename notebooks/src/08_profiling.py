@@ -336,7 +336,9 @@ for name, s in summaries.items():
 # %% [markdown]
 # High occupancy does not make the per-byte kernel fast: its warps are resident, but each
 # holds only a few bytes of loads in flight. The vector kernels reach the wall with about the
-# same occupancy: what changed is the bytes each memory instruction carries. Achieved far
+# occupancy of 02's grid-stride kernel, which does not: what changed is the bytes each memory
+# instruction carries. (The estimate above is for the GPU it names; the rows here are the
+# profiles' own GPUs, so read it against them as an order of magnitude.) Achieved far
 # below theoretical means the launch did not supply the warps: a grid-stride launch with a
 # small, fixed grid (notebook 02) leaves most warp slots empty however few registers the
 # kernel uses. Even with a full grid, expect achieved to stay below theoretical, by an amount
@@ -637,14 +639,17 @@ for listing, what in ((prog04, "04's page"), (prog, "section 7's page")):
 # - **A global load** (`LDG`), with `long_scoreboard` on top: the warps wait for memory, and the
 #   load's line names the array. A 16-byte load (`LDG.E.128`) in 04's kernel is the word load of
 #   the packed codes. A one-byte load (`LDG.E.U8`) whose value becomes an address (`IMAD.WIDE
-#   ..., 0x4`: an index times 4 bytes) is most likely an `absmax_q` byte turned into the address
-#   of the `code2` float it indexes (`block_scale`): a load whose address needs another load.
+#   ..., 0x4`: an index times 4 bytes) is an `absmax_q` byte turned into the address of the
+#   `code2` float it indexes (`block_scale`): a load whose address needs another load. In 06's
+#   kernel (section 7's page) that path runs only in the tail (the one thread past the last whole unit), while the main
+#   path reads `code2` from shared memory: a walk that ends there has taken a false path, and the
+#   hot line's own word load (`w`, the packed codes) is the wait to read instead.
 # - **A shared-memory load** (`LDS`), or a hot shared store (`STS`, on a `stage[...]` line): the
 #   exchange through shared memory. Its waits are MIO ones (`short_scoreboard`, `mio_throttle`)
 #   or `barrier` at the `cuda.syncthreads()`. A hot `STS` waits for its data, a word of the
 #   16-byte load, even where the walk goes up the store's address arithmetic instead.
-# - **A special register** (`S2R SR_TID.X`, the thread index; the H200's live page of 2026-11-28
-#   ended there): there is no memory in the chain. The hot instruction is on the kernel's first
+# - **A special register** (`S2R SR_TID.X`, the thread index; this run's page above may end
+#   there): there is no memory in the chain. The hot instruction is on the kernel's first
 #   lines (`lane = ...threadIdx.x % 32`), and its operand is the thread index. Whether the warps
 #   waited for that read, or for something else (a busy pipe, `math_pipe_throttle`; other warps
 #   issuing, `not_selected`), the stall reasons printed with the instruction say. 04's kernel gives

@@ -87,10 +87,11 @@ _ = fig.suptitle("mma.sync.m16n8k16 in this kernel: mma i = 0 of a step at M = 1
 # - Lane (g, q) loads a step's 2 pieces of row g and 2 of row g + 8 (M = 1: columns 64q..64q + 63).
 # - **Split-K**: the 8 warps of a thread block (CUDA's block, not an absmax block) share a tile's K columns: warp w
 #   takes steps w, w + 8, ... and keeps its own float32 sums of the 16 rows; at the tile's end the sums meet in shared memory.
-#   Where tiles outnumber blocks (14336 rows: 896 tiles, 264 blocks on 132 SMs), **groups** of G = 2 or 4 warps take a tile
-#   each, at a barrier of their own (`bar.sync id, 32 G`): `gemv.warps_a_tile` picks the G whose rounds of tiles, a warp's
-#   K / G columns each, take least time, the fewest warps on a tie (fewer sums to add); lab/README.md has the measurement.
-# - **Persistent blocks**: at most 2 per SM (`gemv.grid_size`); block t takes tiles t, t + grid, ...: one lookup table
+#   At M = 1, where tiles outnumber blocks (14336 rows: 896 tiles; 264 blocks on a GPU of 132 SMs), **groups** of G = 2 or 4
+#   warps take a tile each, at a barrier of their own (`bar.sync id, 32 G`): `gemv.warps_a_tile` picks the G whose rounds of
+#   tiles, a warp's K / G columns each, take least time, the fewest warps on a tie (fewer sums to add); M > 1 keeps 8.
+# - **Persistent blocks**: at most 2 per SM (`gemv.grid_size`); block t takes tiles t, t + grid, ... (group j of W // G:
+#   tiles (W // G) t + j, then (W // G) grid further): one lookup table
 #   (section 4) a block. **Steps in flight**: a warp issues its next step's loads before it computes the current one.
 #
 # <a id="kernel"></a>
@@ -331,7 +332,10 @@ code = ptx.compile_ptx(kern, gemv.signature(), cc=cc, launch_bounds=(THREADS, BL
 LOOKUP, MMA = r"^ld\.shared\.u32 %r\d+, \[%r\d+\+\d+\]", r"^mma\.sync\.aligned\." + (r"m16n8k8\.row\.col\.f32\.f16" if T4 else r"m16n8k16\.row\.col\.f32\.bf16")
 ptx.show(code, [r"^prmt\.b32", LOOKUP, r"^mma\.sync"], limit=2)
 ptx.check(code, present=[MMA, r"^prmt\.b32", LOOKUP], absent=[r"^ld\.local", r"^st\.local", r"\.f64"])
-print(arch.name(cc), {w: ptx.count(code, p) for w, p in [("mma", r"^mma\.sync"), ("prmt", r"^prmt"), ("lookups", LOOKUP)]})
+print(arch.name(cc), {w: ptx.count(code, p) for w, p in [("mma", r"^mma\.sync"), ("prmt", r"^prmt"), ("lookups", LOOKUP),
+                                                        ("16-byte loads kept out of L1", r"^ld\.global\.nc\.L1::no_allocate\.v4")]})
+code2 = ptx.compile_ptx(make_kernel(not T4, 1, gemv.default_base(cc), True, 2), gemv.signature(), cc=cc)   # G = 2
+print("groups of 2 warps, each group's barrier (bar.sync id, threads):", ptx.count(code2, r"^bar\.sync\s+%r"), "; 8 warps:", ptx.count(code, r"^bar\.sync\s+%r"))
 print(ptx.resources(kern, gemv.signature(), code, cc))   # the driver's build on a GPU, else ptxas -v
 # %% [markdown]
 # <a id="check"></a>
@@ -381,6 +385,7 @@ if nf4lab.ON_GPU:   # a progress line per (shape, dtype): wall-clock seconds of 
     RUN.add([read_bound(N, K) for N, K in gemv.LLM_SHAPES])
     print(f"saved {RUN.save(gemv.NAME + '_notebook').relative_to(results.ROOT)}")
 if RUN is not None:
+    print("warps a tile at M = 1 on this GPU (gemv.warps_a_tile):", {f"{N}x{K}": gemv.warps_a_tile(N, 1, gemv.grid_size(N)) for N, K in gemv.LLM_SHAPES})
     print(f"{results.label(RUN.meta)}; kernel: {gemv_bench.default_kernel(RUN)}\n\n{gemv_bench.summary(RUN, RUN)}")
     if not any(r["kind"] == "bound" for r in RUN.records) and (other := bench.Run.load("09_read_bound")):
         print(f"(% of read: this run has no read bound; 09_read_bound.json: {provenance.why_not_comparable(other.meta, {}, RUN.meta, {})})")
@@ -412,7 +417,7 @@ if BATCH:   # % of read: section 7's read bound (the weight's bytes, read once a
 # - The mma sums over k in any order: we pick k so that each lane reads contiguous bytes, and B's columns keep the absmax blocks apart so that each
 #   is scaled once, in float32, as bitsandbytes scales it; section 1's bound is a floor, and section 7 prints how far above it each shape lands.
 # - A batch reads the weight once but is not free: each pair of x rows adds an n-tile of mmas on the same A registers, and at M > 1 x comes from L1
-#   at each step, not the slot; section 8 prints how its share of the read bound falls with M. [Marlin](https://github.com/IST-DASLab/marlin), [FLUTE](https://github.com/HanGuo97/flute): further reading.
+#   at each step, not the slot, and a tile has 8 warps (M = 1's groups of 2 at 14336x4096 are part of its fall at M = 2): section 8 prints the fall. [Marlin](https://github.com/IST-DASLab/marlin), [FLUTE](https://github.com/HanGuo97/flute): further reading.
 #
 # <a id="exercise"></a>
 # ## 10. Exercise: one mma by hand
