@@ -12,6 +12,7 @@ grid's blocks). The record comes from
     # then data/results/<gpu>/09_gemv_peers.json renamed 09_gemv_steps.json
 
     python -m lab.gemv_steps [GPU folder]      # prints the split; default: every GPU with a record
+    python -m lab.gemv_steps --peers data/results/<gpu>/09_gemv_peers.json   # its shapes at the shipped rule's steps
 """
 from __future__ import annotations
 
@@ -79,8 +80,35 @@ def report(path: Path) -> str:
     return "\n".join(lines)
 
 
+def shipped_steps(N, K, sms):
+    """Steps a warp of the shipped M = 1 kernel takes at (N, K) on ``sms`` SMs: its rounds of tiles (grid and G as
+    ``gemv.grid_size`` and ``gemv.warps_a_tile`` choose them) times a warp's steps a tile."""
+    from nf4lab.kernels import gemv
+
+    tiles = -(-N // 16)
+    grid = min(tiles, gemv.BLOCKS_PER_SM * sms)
+    G = gemv.warps_a_tile(N, 1, grid)
+    return -(-tiles * G // (grid * gemv.W)) * -(-(-(-K // 256)) // G)
+
+
+def peers_report(path: Path) -> str:
+    """The same split over a gemv_peers record's shapes (bf16, M = 1), each at the steps the shipped rule gives it."""
+    d = json.loads(path.read_text())
+    meta = d["meta"]
+    pts = sorted((shipped_steps(*r["shape"], meta.get("sms") or 132), r["ms"] * 1e3, tuple(r["shape"]))
+                 for r in d["records"] if r["name"] == OURS and r["dtype"] == "bf16" and r.get("M", 1) == 1)
+    a, b = line([(x, y) for x, y, _ in pts])
+    out = [f"{meta.get('gpu')}, {meta.get('date')}, run {meta.get('run')} ({path.name}): shipped rule's steps a warp",
+           f"  nf4lab fixed {a:.2f} us, per step {b:.3f} us (least squares)", "  shape        steps  us     line us"]
+    out += [f"  {n}x{k:<6} {x:5d} {y:7.2f} {a + b * x:7.2f}" for x, y, (n, k) in pts]
+    return "\n".join(out)
+
+
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["--peers"]:   # python -m lab.gemv_steps --peers data/results/<gpu>/09_gemv_peers.json
+        print(peers_report(Path(argv[1])))
+        return 0
     folders = [ROOT / "data" / "results" / g for g in argv] or sorted((ROOT / "data" / "results").iterdir())
     found = [f / NAME for f in folders if (f / NAME).exists()]
     if not found:

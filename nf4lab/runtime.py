@@ -249,6 +249,21 @@ SPEC_PEAK_SOURCES = {
 }
 
 
+# float32 FMA results per clock per SM (CUDA C++ Programming Guide, "Arithmetic Instructions", throughput of
+# 32-bit floating-point add, multiply, multiply-add): 64 on compute capability 7.5 and 8.0, 128 on 8.6, 8.9, 9.0.
+FP32_LANES_PER_SM = {"NVIDIA H100": 128, "NVIDIA H200": 128, "NVIDIA A100": 64, "NVIDIA L4": 128, "NVIDIA A10G": 128,
+                     "NVIDIA GeForce RTX 4090": 128, "NVIDIA GeForce RTX 3090": 128, "Tesla T4": 64}
+FP32_LANES_SOURCE = "CUDA C++ Programming Guide, arithmetic instruction throughput by compute capability"
+
+
+def fp32_flops(meta: dict) -> float | None:
+    """A record's GPU's float32 rate (an FMA counted as 2 operations): SMs x lanes per SM x 2 x the SM clock the
+    record names; None where the GPU or its clock is unknown."""
+    lanes = next((v for k, v in FP32_LANES_PER_SM.items() if str(meta.get("gpu", "")).startswith(k)), None)
+    mhz = (meta.get("clocks") or {}).get("sm_mhz")
+    return None if not (lanes and mhz and meta.get("sms")) else float(meta["sms"] * lanes * 2 * mhz * 1e6)
+
+
 def spec_peak_source(name: str) -> str:
     """The datasheet a SPEC_PEAK_GBPS row comes from, for a device name."""
     return next((v for k, v in SPEC_PEAK_SOURCES.items() if name.startswith(k)), "the product's datasheet or specification page")

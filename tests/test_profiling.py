@@ -271,3 +271,18 @@ def test_ceiling_record_is_the_named_gpus_own(monkeypatch, tmp_path):
     got = P.ceiling_record("NVIDIA_Fake_1")   # the folder's name works as well as the GPU's
     assert got["notebook"] == "07_summary" and got["bound_gbps"] == 2900.0 and got["date"] == "d1"
     assert P.ceiling_record("NVIDIA Fake 2") is None
+
+
+def test_where_to_look_names_another_gpus_profiles():
+    """02 and 03 send a student to 08 to explain a timing: a profile recorded on another GPU is named as such (on an
+    H200, 03's loss pointed to H100 profiles that show a gain), the same GPU's profiles are offered as they are."""
+    from nf4lab.measure import profiling
+
+    gpus = profiling.recorded_gpus()
+    assert gpus, "no profile recorded under data/ncu"
+    other = profiling.where_to_look("A GPU with no profiles")
+    assert "live profile" in other and "the recorded profiles are of the" in other
+    name = next(iter(profiling.load_recorded(gpus[0])["versions"]))
+    same = profiling.where_to_look(gpus[0].replace("_", " "), [name])
+    assert same.startswith("08's profiles of this GPU")
+    assert "live profile" in profiling.where_to_look(gpus[0].replace("_", " "), ["a version never profiled"])

@@ -513,6 +513,22 @@ def ceiling_record(gpu: str | None) -> dict | None:
     return None
 
 
+def where_to_look(gpu: str | None, names=()) -> str:
+    """Where a notebook sends a student to explain a timing of ``gpu`` (a run's meta["gpu"]) with Nsight Compute:
+    notebook 08's recorded profiles where they are of that GPU, else 08's live profile on it, naming the GPU and
+    date of the profiles that are recorded (another GPU's counters need not explain this one's times)."""
+    slug = None if gpu is None else gpu.replace(" ", "_")
+    prof = load_recorded(slug if slug in recorded_gpus() else None)
+    have = prof is not None and all(n in prof["versions"] for n in names)
+    if have and prof["gpu"] == slug:
+        return f"08's profiles of this GPU ({', '.join(prof['dates'])}) are where to look"
+    if prof is None:
+        return "08's live profile of these kernels on this GPU is where to look (no profile is recorded)"
+    return (f"08's live profile of these kernels on this GPU is where to look: the recorded profiles are of the "
+            f"{prof['meta'].get('gpu', prof['gpu'])} ({', '.join(prof['dates'])}), whose counters need not explain "
+            "this GPU's times")
+
+
 def load_fixture() -> dict:
     """The hand-made example CSV of the tests: the format, NOT a measurement."""
     kernels = parse_csv(FIXTURE.read_text())
