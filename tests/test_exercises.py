@@ -405,6 +405,7 @@ def test_own_share_check_fails_on_the_stub_and_passes_on_times_or_rates(capsys):
     run.finalize()
     assert exercises.own_share_want(run, K, (4, 4)) == pytest.approx(0.5)
     assert exercises.own_share_want(run, K, (8, 8)) is None
+    assert exercises.graded_shapes(run, K) == [(4, 4)]
     assert exercises.check_own_share(lambda s, shape: None, run, K) is False
     assert "NOT PASSED" in capsys.readouterr().out
 
