@@ -85,10 +85,10 @@ def shipped_steps(N, K, sms):
     ``gemv.grid_size`` and ``gemv.warps_a_tile`` choose them) times a warp's steps a tile."""
     from nf4lab.kernels import gemv
 
-    tiles = -(-N // 16)
-    grid = min(tiles, gemv.BLOCKS_PER_SM * sms)
+    tiles, steps, grid = -(-N // 16), -(-K // 256), gemv.grid_size(N, sms)
     G = gemv.warps_a_tile(N, 1, grid)
-    return -(-tiles * G // (grid * gemv.W)) * -(-(-(-K // 256)) // G)
+    rounds = -(-tiles * G // (grid * gemv.W))
+    return rounds * -(-steps // G)
 
 
 def peers_report(path: Path) -> str:

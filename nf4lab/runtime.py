@@ -259,21 +259,24 @@ FP32_LANES_SOURCE = "CUDA C++ Programming Guide, arithmetic instruction throughp
 def fp32_flops(meta: dict) -> float | None:
     """A record's GPU's float32 rate (an FMA counted as 2 operations): SMs x lanes per SM x 2 x the SM clock the
     record names; None where the GPU or its clock is unknown."""
-    lanes = next((v for k, v in FP32_LANES_PER_SM.items() if str(meta.get("gpu", "")).startswith(k)), None)
+    lanes = _by_prefix(FP32_LANES_PER_SM, str(meta.get("gpu", "")))
     mhz = (meta.get("clocks") or {}).get("sm_mhz")
     return None if not (lanes and mhz and meta.get("sms")) else float(meta["sms"] * lanes * 2 * mhz * 1e6)
 
 
+def _by_prefix(table: dict, name: str, default=None):
+    """The value of the first key of ``table`` that a device name starts with (the tables above), else ``default``."""
+    return next((v for k, v in table.items() if name.startswith(k)), default)
+
+
 def spec_peak_source(name: str) -> str:
     """The datasheet a SPEC_PEAK_GBPS row comes from, for a device name."""
-    return next((v for k, v in SPEC_PEAK_SOURCES.items() if name.startswith(k)), "the product's datasheet or specification page")
+    return _by_prefix(SPEC_PEAK_SOURCES, name, "the product's datasheet or specification page")
 
 
 def spec_peak_gbps(name: str) -> float | None:
-    for prefix, gbps in SPEC_PEAK_GBPS.items():
-        if name.startswith(prefix):
-            return float(gbps)
-    return None
+    gbps = _by_prefix(SPEC_PEAK_GBPS, name)
+    return None if gbps is None else float(gbps)
 
 
 # CUdevice_attribute names (without the CU_DEVICE_ATTRIBUTE_ prefix) read by device_info.

@@ -104,3 +104,17 @@ def test_device_attributes_exist_in_the_driver_api():
 
     for name in nf4lab.runtime.DEVICE_ATTRIBUTES:
         assert hasattr(driver.CUdevice_attribute, f"CU_DEVICE_ATTRIBUTE_{name}"), name
+
+
+def test_fp32_rate_from_a_records_gpu_and_clock():
+    """00 prints the float32 rate its prediction rests on: SMs x the guide's FMA lanes per SM x 2 x the recorded clock;
+    nothing where the GPU's lanes or the clock are not known."""
+    from nf4lab import runtime
+
+    meta = {"gpu": "NVIDIA H200", "sms": 132, "clocks": {"sm_mhz": 1980}}
+    assert runtime.fp32_flops(meta) == 132 * 128 * 2 * 1980e6
+    assert runtime.fp32_flops({**meta, "gpu": "Tesla T4", "sms": 40}) == 40 * 64 * 2 * 1980e6
+    assert runtime.fp32_flops({**meta, "gpu": "Some Other GPU"}) is None
+    assert runtime.fp32_flops({"gpu": "NVIDIA H200", "sms": 132}) is None
+    assert runtime.spec_peak_gbps("Some Other GPU") is None
+    assert runtime.spec_peak_source("Some Other GPU") == "the product's datasheet or specification page"
