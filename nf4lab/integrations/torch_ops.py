@@ -288,7 +288,8 @@ def gemv_call(x, packed, shape, absmax_q, absmax2, code2, offset, blocksize):
     blk = w.launches.get((M, dt))
     if blk is None:
         grid = _gemv.grid_size(w.N)   # once per weight, M and dtype: w.launches keeps it
-        key = (M, _TDTYPE[dt], idx, w.words, *_gemv.variant(w.words, w.N, M, K, grid))   # the kernel _gemv.launch picks
+        G = _gemv.warps_a_tile(w.N, M, grid)
+        key = (M, _TDTYPE[dt], idx, w.words, _gemv.full_apply(w.words, M, K, G), G)   # the kernel _gemv.launch picks
         lean = _GEMV_LEAN.get(key)
         if not isinstance(lean, _GemvLean):
             _first_launch(key, grid, w, x, M, packed, absmax_q, absmax2, code2, blocksize, out)

@@ -272,13 +272,6 @@ def warps_a_tile(N, M, grid) -> int:
     return min((W // 4, W // 2, W), key=lambda G: (-(-tiles * G // (grid * W)) * (W // G), G))
 
 
-def variant(words, N, M, K, grid) -> tuple[bool, int]:
-    """(full, G): the kernel :func:`launch` runs for W (N, K), batch M and a grid, given ``words``
-    (:func:`words_apply`); torch_ops' lean launcher keys on the same choice."""
-    G = warps_a_tile(N, M, grid)
-    return full_apply(words, M, K, G), G
-
-
 def prepare(kern, args, nbytes=SMEM):
     """Let ``kern`` use ``nbytes`` of dynamic shared memory with ``args``: past 48 KB, an attribute numba won't set."""
     if runtime.SIMULATOR:
@@ -300,8 +293,8 @@ def launch(g):
     validate(g)  # raises before anything is launched
     args = (g.packed_u32, g.absmax_q, g.absmax2, g.code2, g.lut, g.offset, g.x_u32, g.y, g.N, g.K, g.bs_shift)
     words, grid = words_apply(g.nested, g.bs_shift, g.K, address(g.absmax_q)), g.grid or grid_size(g.N)
-    full, G = variant(words, g.N, g.M, g.K, grid)
-    kern = prepare(kernel(g.dtype, g.M, g.nested, words, full, G), args)
+    G = warps_a_tile(g.N, g.M, grid)
+    kern = prepare(kernel(g.dtype, g.M, g.nested, words, full_apply(words, g.M, g.K, G), G), args)
     kern[grid, THREADS, g.stream, SMEM](*args)
 
 
