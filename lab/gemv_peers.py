@@ -368,7 +368,7 @@ def main(argv=None) -> int:
     relate(run.finalize())
     from nf4lab.measure import results
 
-    print(f"\n{results.label(run.meta)}; run {run.meta.get('run')}, code path {run.meta.get('code_path')}; "
+    print(f"\n{results.label(run.meta)}; code path {run.meta.get('code_path')}; "
           f"{run.meta['seconds']:.0f} s\nM = 1 (decode); x peer = the peer's time / nf4lab's\n")
     print(tables(run.records))
     for f in run.meta["failures"]:

@@ -124,3 +124,20 @@ def test_gemv_plot(batch):
 
 def test_every_recorded_gpu_has_its_name_on_the_plot():
     assert GPU in results.gpus()
+
+
+@pytest.mark.parametrize("gpu", ["NVIDIA_H100_80GB_HBM3", "NVIDIA_H200"])
+def test_progress_keeps_a_carried_bars_ratios_from_its_own_run(gpu):
+    """A bar carried from an earlier step's run shows that run's x bitsandbytes and % of copy: this
+    run's bitsandbytes over another run's time is a ratio of records that are not comparable."""
+    here = bench.Run.load("03_packed_u32", gpu)
+    shape = next(r["shape"] for r in here.kernels() if r["dtype"] == "bf16")
+    merged = plots.progress("03_packed_u32", gpu)
+    plt.close("all")
+    carried = [r for r in merged.kernels() if "'s run of" in r["name"]]
+    assert carried, "03's plot carries no bar from another run: the test needs one"
+    for r in carried:
+        step = r["name"].split("(")[-1][:2]
+        source = next(p.stem for p in (results.RESULTS_DIR / gpu).glob(f"{step}_*.json"))
+        own = bench.Run.load(source, gpu).get(r["name"].rsplit(" (", 1)[0], shape, "bf16")
+        assert r["speedup_vs_bnb"] == own["speedup_vs_bnb"] and r["pct_copy"] == own["pct_copy"], r["name"]

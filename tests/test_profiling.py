@@ -266,10 +266,13 @@ def test_ceiling_record_is_the_named_gpus_own(monkeypatch, tmp_path):
     results.save({"meta": {"gpu": "NVIDIA Fake 1", "date": "d0"}, "records": [rec(bench.COPY, 3000.0)]}, "00_ceiling")
     got = P.ceiling_record("NVIDIA Fake 1")
     assert got["notebook"] == "00_ceiling" and got["copy_gbps"] == 3000.0 and got["bound_gbps"] is None
-    results.save({"meta": {"gpu": "NVIDIA Fake 1", "date": "d1"}, "records": [rec(bench.COPY, 3010.0), rec(bench.BOUND, 2900.0)]},
+    assert got["spec_peak_gbps"] is None   # a record without the datasheet's peak
+    results.save({"meta": {"gpu": "NVIDIA Fake 1", "date": "d1"},
+                  "records": [rec(bench.COPY, 3010.0), rec(bench.BOUND, 2900.0), rec(P.SPEC_PEAK, 3350.0)]},
                  "07_summary")
     got = P.ceiling_record("NVIDIA_Fake_1")   # the folder's name works as well as the GPU's
     assert got["notebook"] == "07_summary" and got["bound_gbps"] == 2900.0 and got["date"] == "d1"
+    assert got["spec_peak_gbps"] == 3350.0
     assert P.ceiling_record("NVIDIA Fake 2") is None
 
 
@@ -286,3 +289,66 @@ def test_where_to_look_names_another_gpus_profiles():
     same = profiling.where_to_look(gpus[0].replace("_", " "), [name])
     assert same.startswith("08's profiles of this GPU")
     assert "live profile" in profiling.where_to_look(gpus[0].replace("_", " "), ["a version never profiled"])
+
+
+def test_hottest_is_the_most_sampled_instruction_with_its_share():
+    prog = [{"addr": 0x100, "sass": "LDG.E R1, [R2.64]", "samples": 1.0, "line": "3"},
+            {"addr": 0x110, "sass": "IADD3 R3, R1, R4", "samples": 3.0, "line": "4"},
+            {"addr": 0x120, "sass": "STG.E [R2.64], R3", "samples": 0.0, "line": "5"}]
+    hot = P.hottest(prog)
+    assert hot["sass"] == "IADD3 R3, R1, R4" and hot["line"] == "4"
+    assert hot["share"] == pytest.approx(0.75) and hot["offset"] == 0x10
+    assert "share" not in prog[1] and P.hottest([]) is None
+
+
+def _notebook_operands():
+    """Notebook 08's own ``operands`` (registers written and read by a SASS instruction), from its source."""
+    import collections
+    import csv
+    import re
+
+    src = (P.ROOT / "notebooks" / "src" / "08_profiling.py").read_text()
+    ns = {"profiling": P, "csv": csv, "re": re, "collections": collections}
+    exec(src[src.index("NO_DEST = "):src.index("prog = program(source_page)")], ns)
+    return ns["operands"]
+
+
+def test_show_hot_spot_splits_the_stalls_and_flags_an_address_writer(capsys):
+    """08's exercise, once solved, prints the hot instruction's share and the split of its stall reasons, and warns
+    where the walk's first writer computes an address for an instruction that uses the register as data."""
+    from nf4lab.lesson import exercises
+
+    operands = _notebook_operands()
+
+    def listing(rows):
+        return [{"addr": 16 * k, "sass": sass, "samples": n, "line": str(k), "source": "src", "stalls": st}
+                for k, (sass, n, st) in enumerate(rows)]
+
+    data = listing([("LDG.E.U8 R25, desc[UR8][R24.64]", 1.0, {}), ("IMAD.WIDE.U32 R22, R25, 0x4, R22", 1.0, {}),
+                    ("SHF.R.U32.HI R21, RZ, 0x10, R22", 8.0, {"long_scoreboard": 90.0, "not_selected": 10.0})])
+    exercises.show_hot_spot(data, 2, operands, "page")
+    out = capsys.readouterr().out
+    assert "80.0% of the page's stall samples" in out and "90% waits for an operand" in out
+    assert "10% ready warps or a busy pipe" in out and "the walk ends at: global load" in out
+    assert "if this is the path the operand took" in out and "another use of the same register" in out
+    address = listing([("LDG.E.U8 R25, desc[UR8][R24.64]", 1.0, {}), ("IMAD.WIDE.U32 R22, R25, 0x4, R22", 3.0,
+                                                                       {"long_scoreboard": 5.0})])
+    exercises.show_hot_spot(address, 1, operands, "page")
+    assert "another use of the same register" not in capsys.readouterr().out   # an address from a loaded byte
+    tid = listing([("S2R R8, SR_TID.X", 0.0, {}), ("SHF.R.S32.HI R9, RZ, 0x1f, R8", 4.0,
+                                                   {"not_selected": 3.0, "math_pipe_throttle": 1.0})])
+    exercises.show_hot_spot(tid, 1, operands, "page")
+    out = capsys.readouterr().out
+    assert "0% waits for an operand" in out and "100% ready warps or a busy pipe" in out
+    assert "the walk ends at: special register" in out
+
+
+def test_notebook_08_shows_no_recipe_of_its_exercise():
+    """The student's notebook must not show, outside the exercise, the lines that answer it: the hottest
+    instruction's index (a max over the samples) or the writer it waits for (the walk's first step)."""
+    import nbformat
+
+    nb = nbformat.read(P.ROOT / "notebooks" / "08_profiling.ipynb", as_version=4)
+    code = "\n".join(c.source for c in nb.cells if c.cell_type == "code")
+    for giveaway in ('["samples"])', "walk_to_load(", "_last_writer(", "chain[1]"):
+        assert giveaway not in code, giveaway

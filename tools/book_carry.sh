@@ -10,5 +10,7 @@ cd "$(dirname "$0")/.."
 for pack in "$@"; do tar xzf "$pack"; done
 rm -rf .book && mkdir .book
 git archive HEAD | tar -x -C .book
-git ls-files -m -o --exclude-standard -z | xargs -0 -r cp --parents -t .book
+# changed and new files go in; files deleted in the working tree go out
+git ls-files -d -z | (cd .book && xargs -0 -r rm -f)
+git ls-files -m -o --exclude-standard -z | while IFS= read -r -d '' f; do [ -e "$f" ] && cp --parents "$f" .book; done
 du -sh .book | cut -f1 | sed 's/^/.book: /'

@@ -533,11 +533,14 @@ def check_hot_spot(hot_spot, prog, operands) -> bool:
     return not problems
 
 
-# Where notebook 08's walk can end, and what each end means (the notebook prints the one its page gave).
+# Where notebook 08's walk can end, and what each end means (the notebook prints the one its page gave). The walk
+# follows registers by address order only, so a load it ends at is where one chain of writers ends, not necessarily
+# where the hot instruction's operand came from: the loads' texts say so.
 CHAIN_ENDS = {
-    "global load": "a load from global memory (LDG): the warps wait for L2 or DRAM (an L1TEX result: "
-                   "long_scoreboard)",
-    "shared-memory load": "a load from shared memory (LDS): an MIO result (short_scoreboard), not DRAM",
+    "global load": "a load from global memory (LDG); if this is the path the operand took: the warps wait for L2 "
+                   "or DRAM (an L1TEX result: long_scoreboard)",
+    "shared-memory load": "a load from shared memory (LDS); if this is the path the operand took: an MIO result "
+                          "(short_scoreboard), not DRAM",
     "constant load": "a load from the constant bank (LDC): a kernel parameter or a constant",
     "special register": "a special register (S2R: the thread or block index, or a clock): there is no "
                         "memory load in the chain",
@@ -557,6 +560,48 @@ def chain_end(prog, chain, operands) -> str:
             if op.startswith(prefixes):
                 return kind
     return "steps" if _last_writer(prog, chain[-1], operands) is not None else "no writer"
+
+
+# Stall reasons of a source page's instruction, in two groups: the warp waits for an operand of the instruction
+# (a scoreboard, or a fixed-latency result), or its operands are ready and the issue is held (another warp picked,
+# a busy pipe, the dispatcher). Other reasons (queues, barriers, ...) are in neither.
+OPERAND_WAITS = ("long_scoreboard", "short_scoreboard", "wait")
+READY_WAITS = ("not_selected", "math_pipe_throttle", "dispatch_stall")
+# Instructions that compute or use an address themselves: a writer of their register that computes an address is
+# the expected one, not a sign of a reused register.
+_ADDRESS_OPS = ("IMAD.WIDE", "LEA", "LD", "ST", "RED", "ATOM")
+
+
+def show_hot_spot(prog, hot, operands, what, steps=6):
+    """Notebook 08, once its exercise passes: for a listing ``prog`` (``program``'s dicts) and the index ``hot`` of its
+    hottest instruction, print the instruction with its share of the listing's samples, its stall samples by reason
+    split into waits for an operand and ready warps, the chain of writers ``walk_to_load`` finds behind it, a warning
+    where the chain's first step looks like a reused register, and where the chain ends."""
+    ins = prog[hot]
+    total = sum(x["samples"] for x in prog) or 1.0
+    print(f"\n{what}, hottest: {ins['sass']} (line {ins['line']}: {(ins.get('source') or '')[:60]}), "
+          f"{ins['samples'] / total:.1%} of the page's stall samples")
+    stalls = ins.get("stalls", {})
+    top = sorted(stalls.items(), key=lambda x: -x[1])[:3]
+    print("  its stall samples by reason: " + (", ".join(f"{r} {v:.0f}" for r, v in top) or "not on this page"))
+    if sum(stalls.values()):
+        share = lambda keep: sum(v for r, v in stalls.items() if keep(r)) / sum(stalls.values())
+        print(f"  of them: {share(lambda r: r in OPERAND_WAITS):.0%} waits for an operand ({', '.join(OPERAND_WAITS)}), "
+              f"{share(lambda r: r in READY_WAITS):.0%} ready warps or a busy pipe ({', '.join(READY_WAITS)}), "
+              f"{share(lambda r: r not in OPERAND_WAITS + READY_WAITS):.0%} other reasons")
+    op = operands(ins["sass"])[0]
+    if op.startswith(("LD", "ST", "ULDC")):
+        print("  it is itself a memory instruction: its samples are waits to issue it (the reasons above say for "
+              "what); the walk follows its address and data registers")
+    chain = walk_to_load(prog, hot, operands, steps)
+    for j in chain[1:]:
+        print(f"  waits for {prog[j]['sass']:<44} line {prog[j]['line']}: {(prog[j].get('source') or '')[:60]}")
+    end = chain_end(prog, chain, operands)
+    print(f"  the walk ends at: {end}: {CHAIN_ENDS[end]}")
+    if len(chain) > 1 and not op.startswith(_ADDRESS_OPS) and operands(prog[chain[1]]["sass"])[0].startswith("IMAD.WIDE"):
+        print("  but the first writer found computes an address (IMAD.WIDE: an index times the element size), while "
+              "the hot instruction uses the register as data: the walk may have followed another use of the same "
+              "register, not the value the hot instruction read")
 
 
 def own_share_want(sweep, name, shape, dtype="bf16"):

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import re
 
+from .. import config
 from ..measure import bench, results
 from ..measure.figures import finish
 
@@ -63,6 +64,9 @@ def _step_number(name: str) -> int:
     return int(m.group(1)) if m else 99
 
 
+RATIOS = ("pct_copy", "pct_fill", "pct_bound", "speedup_vs_bnb")
+
+
 def progress(notebook: str, gpu: str | None = None, *, shape=None, dtype="bf16"):
     """Bars of every step's kernels up to ``notebook``, from the recorded results files.
 
@@ -85,15 +89,20 @@ def progress(notebook: str, gpu: str | None = None, *, shape=None, dtype="bf16")
     # order the steps introduced them; only the step's own kernels are highlighted.
     mine = {r["name"] for r in here.kernels()}
     # A bar from another run is not this run's measurement: its label names the step whose run it
-    # comes from and that run's date, e.g. "(02's run of 11-28 17:47)".
+    # comes from and that run's date, e.g. "(02's run of 11-28 17:47)", and its ratios (% of copy,
+    # x bitsandbytes) stay those of its own run, never this run's ceilings over another run's time.
     latest: dict = {}
     for name in earlier:
         prev = bench.Run.load(name, gpu)
         same = prev.meta.get("run") and prev.meta.get("run") == here.meta.get("run")
-        when = f" ({name[:2]}'s run of {prev.meta.get('date', '?')[5:16]})"
+        # a solution notebook reading a lesson's record (no solutions/ copy of it yet) says so
+        whose = "'s" if config.notebook_kind() != results.SOLUTION_KIND or "/solutions/" in (prev.path or "") \
+            else " lesson's"
+        when = f" ({name[:2]}{whose} run of {prev.meta.get('date', '?')[5:16]})"
         for r in prev.kernels():
             if r["shape"] == shape and r["dtype"] == dtype:   # a re-measurement keeps the first one's place
-                latest[r["name"]] = r if same else dict(r, name=r["name"] + when)
+                latest[r["name"]] = r if same else dict(r, name=r["name"] + when,
+                                                        own_ratios={k: r.get(k) for k in RATIOS})
     seen = set(latest)
     ours = [r for r in here.records if r["shape"] == shape and r["dtype"] == dtype]
     own = {r["name"]: r for r in ours if r["kind"] == "kernel"}
@@ -102,6 +111,8 @@ def progress(notebook: str, gpu: str | None = None, *, shape=None, dtype="bf16")
     merged.add([r for r in ours if r["kind"] != "kernel"])        # ceilings, bound and baselines
     merged.add([own.get(n) or latest[n] for n in order])
     merged.finalize()
+    for r in merged.records:
+        r.update(r.pop("own_ratios", {}))
     highlight = mine - seen
     # Wider for long labels (a bar from another run names it), so that the bars keep room for their values.
     longest = max([len(r["name"]) for r in merged.records if r["kind"] in ("kernel", "baseline")] + [0])

@@ -363,6 +363,7 @@ class Run:
         self.meta = meta if meta is not None else (results.meta(method) if runtime.ON_GPU else {})
         self.records = list(records or [])
         self.recorded = False  # True when loaded from disk rather than measured now
+        self.path = None       # the file it was loaded from (results.load), None when measured now
 
     def add(self, recs):
         if isinstance(recs, dict):

@@ -488,13 +488,17 @@ def earlier_kernel_lines(rec: dict, indent: str = "  ") -> list[str]:
             for name, v in (rec or {}).get("versions", {}).items() if v.get("earlier_kernel")]
 
 
+SPEC_PEAK = "spec peak (datasheet)"   # the record nf4lab.measure.bench writes beside the measured ceilings
+
+
 def ceiling_record(gpu: str | None) -> dict | None:
     """The copy ceiling and the traffic-matched bound recorded for one GPU (a name or its folder under
     data/results/), at 16384x16384 bf16, from notebook 07's run, else notebook 00's; None when that GPU
     has neither. A profile's DRAM throughput may be set beside these only when both are of the same GPU.
 
-    Returns ``{"gpu", "notebook", "date", "label", "copy_gbps", "bound_gbps"}`` (``bound_gbps`` None
-    in a run recorded before the bound existed)."""
+    Returns ``{"gpu", "notebook", "date", "label", "copy_gbps", "bound_gbps", "spec_peak_gbps"}`` (``bound_gbps``
+    None in a run recorded before the bound existed; ``spec_peak_gbps``, the datasheet's DRAM peak the run recorded,
+    None where it has none)."""
     from . import results
     from .bench import BOUND, COPY
 
@@ -509,7 +513,8 @@ def ceiling_record(gpu: str | None) -> dict | None:
         if COPY in got:
             return {"gpu": data["meta"].get("gpu"), "notebook": nb, "date": data["meta"].get("date"),
                     "label": results.label(data["meta"]), "copy_gbps": got[COPY]["gbps"],
-                    "bound_gbps": (got.get(BOUND) or {}).get("gbps")}
+                    "bound_gbps": (got.get(BOUND) or {}).get("gbps"),
+                    "spec_peak_gbps": (got.get(SPEC_PEAK) or {}).get("gbps") or data["meta"].get("spec_peak_gbps")}
     return None
 
 
@@ -538,6 +543,19 @@ def load_fixture() -> dict:
 
 
 # ---------------------------------------------------------------- source-level stalls
+
+
+def hottest(prog: list) -> dict | None:
+    """The instruction of a SASS listing (dicts with "samples", one per instruction, as notebook 08's ``program``
+    reads them from a source page) with the most stall samples: a copy of it, with "share", its share of the
+    listing's samples, and "offset", its address minus the listing's first (the first of equals wins); None for an
+    empty listing."""
+    if not prog:
+        return None
+    top = max(prog, key=lambda x: x["samples"])
+    total = sum(x["samples"] for x in prog)
+    return {**top, "share": top["samples"] / total if total else 0.0,
+            "offset": top.get("addr", 0) - min(x.get("addr", 0) for x in prog)}
 
 
 def parse_source_csv(text: str, top: int = 8) -> list[dict]:

@@ -164,7 +164,11 @@ def load(name: str, gpu: str | None = None) -> dict | None:
     return data
 
 
-def label(meta: dict) -> str:
-    """One line saying where and when numbers were measured."""
+def label(meta: dict, path=None) -> str:
+    """One line saying where and when numbers were measured: the GPU, the date, the versions, the run id
+    (records of one run are comparable), and ``path`` when given: which file was read, e.g. the lesson's
+    record where a solution notebook found no solutions/ copy of its own."""
+    run = f", run {meta['run']}" if meta.get("run") else ""
+    where = f" [{path}]" if path else ""
     return (f"{meta.get('gpu')}, {meta.get('date')}, driver {meta.get('driver')}; numba-cuda "
-            f"{meta.get('numba_cuda')}, bitsandbytes {meta.get('bitsandbytes')}, torch {meta.get('torch')}")
+            f"{meta.get('numba_cuda')}, bitsandbytes {meta.get('bitsandbytes')}, torch {meta.get('torch')}{run}{where}")

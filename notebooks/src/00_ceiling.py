@@ -51,8 +51,8 @@ print(nf4lab.describe())
 # 16-entry table, multiplies by a scale and writes two bytes (bf16: bfloat16, a 16-bit float with
 # float32's 8-bit exponent and 7 mantissa bits, the dtype LLM weights are used in). That is about one
 # multiply per 2.5 bytes moved. Our prediction: **memory-bound**, because a data-center GPU's
-# float32 rate divided by its DRAM bandwidth (both figures as NVIDIA's datasheet for the GPU gives
-# them: cited, not measured here) should be many operations per byte, far more than 0.4. This notebook measures the ceiling that
+# float32 rate divided by its DRAM bandwidth (section 4 prints both for the GPU at hand, each with its
+# source: neither is measured here) should be many operations per byte, far more than 0.4. This notebook measures the ceiling that
 # prediction implies: section 4 times a kernel that moves the same bytes with no arithmetic at
 # all. Notebook 06 tests the prediction itself: a kernel that does the arithmetic and still runs
 # at that bound is limited by its bytes, not by its arithmetic. If the prediction holds, the only
@@ -292,18 +292,21 @@ if nf4lab.ON_GPU:                                # the bound at 16384 x 16384 ->
                                                                                               uint64(nw))) for _ in range(9))
     print(f"one numba launch of a small kernel from Python, back to back: {host[4] * 1e3:.1f} us of host time "
           f"per launch (median of 9 repeats of 200 launches and a synchronize; fastest {host[0] * 1e3:.1f} us, "
-          f"slowest {host[-1] * 1e3:.1f} us: the host's own noise), measured now on the {nf4lab.device_info()['gpu']}")
+          f"slowest {host[-1] * 1e3:.1f} us, the spread within this process: another process or the host's load can "
+          f"shift it by tens of percent), measured now on the {nf4lab.device_info()['gpu']}")
 else:
     print("no GPU here: nothing to time; the recorded run below was timed with this loop")
 # A recorded host cost per call (tools/bench_launch.py): nf4lab.dequantize, one kernel launch with its
-# argument handling, on a 4096 x 4096 weight. Measured another way (the call returns, no synchronize),
-# on another day: it is not comparable with the figure above, and the line says so.
+# argument handling, on a 4096 x 4096 weight, timed two ways: the call's return (no synchronize), and a loop
+# of calls ended by one synchronize, the loop above's method. Another run and another launch path
+# (nf4lab.dequantize calls cuLaunchKernel directly, past numba's dispatcher): it is shown, not compared.
 cost = results.load("launch_cost")
 call = next((r for r in cost["records"] if r.get("name") == "nf4lab.dequantize"), None) if cost else None
 if call is not None:
     print(f"recorded: one nf4lab.dequantize call ({'x'.join(map(str, call['shape']))}) returns after "
-          f"{call['host_us']:.1f} us of host time, without waiting for the GPU ({cost['path']}: "
-          f"{results.label(cost['meta'])}; another run measured another way: not compared with the line above)")
+          f"{call['host_us']:.1f} us of host time, without waiting for the GPU; {call['per_call_us']:.1f} us a call "
+          f"in a loop ended by one synchronize, the loop above's method ({cost['path']}: {results.label(cost['meta'])}). "
+          "It launches through cuLaunchKernel, not numba's dispatcher; another run: not compared with the line above")
 
 # %%
 if nf4lab.ON_GPU:
@@ -362,6 +365,11 @@ if run is not None:
     if spec:
         print(f"datasheet peak {spec['gbps']:.0f} GB/s (cited, not measured: {runtime.spec_peak_source(run.meta['gpu'])}): "
               f"copy reaches {100 * copy['gbps'] / spec['gbps']:.0f}% of it")
+        if flops := runtime.fp32_flops(run.meta):   # section 1's prediction, with this GPU's figures
+            sms, mhz = run.meta["sms"], run.meta["clocks"]["sm_mhz"]
+            print(f"float32: {flops / 1e12:.0f} TFLOP/s ({sms} SMs x {flops / sms / 2 / mhz / 1e6:.0f} FMA lanes x 2 x "
+                  f"{mhz} MHz; lanes per SM: {runtime.FP32_LANES_SOURCE}), {flops / (spec['gbps'] * 1e9):.0f} operations per byte "
+                  "at the datasheet peak, against the 0.4 this kernel needs: the prediction of section 1")
     print(f"({results.label(run.meta)})")
 
 # %% [markdown]
@@ -392,12 +400,13 @@ if run is not None:
 # being able to write it yourself. Write `bytes_needed(n, dtype, blocksize)`: the fewest bytes
 # that dequantizing `n` NF4 weights to `dtype` (`"bf16"`, `"fp16"` or `"fp32"`) must move,
 # with nested statistics, each input read once and each output written once. Use section 2's
-# layout and section 3's table, not `bytemodel`. Mind the partial byte, block and group at the
+# layout and section 3's table, not `bytemodel` (the `offset` is a kernel argument, not a byte in memory:
+# not counted). Mind the partial byte, block and group at the
 # end of an odd `n`. The check compares it with the series' byte model on six cases, from one
 # weight to 16384 x 16384 + 3, and at blocksizes 64, 128 and 256.
 #
 # *Then predict:* at the traffic-matched bound recorded above, how long should 16384 x 16384
-# -> **fp32** take at best? (06 measures it.)
+# -> **fp32** take if its bytes move as fast as bf16's? (06 measures it.)
 
 # %%
 ### BEGIN SOLUTION
@@ -434,6 +443,7 @@ tb = run.get(bench.BOUND) if run is not None else None
 if tb:
     nb32 = bytes_needed(16384 * 16384, "fp32", 64)
     print(f"fp32: {nb32 / 1e6:.0f} MB; at the bf16 bound's {tb['gbps']:.0f} GB/s ({results.label(run.meta)}): "
-          f"{nb32 / tb['gbps'] / 1e6:.3f} ms at best")
+          f"{nb32 / tb['gbps'] / 1e6:.3f} ms if fp32's bytes move as fast (a prediction: fp32 writes a larger "
+          "share of them, and writes alone ran faster than the copy above; 06 measures it)")
 ### STUDENT
 ### END SOLUTION

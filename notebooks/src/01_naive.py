@@ -371,7 +371,7 @@ nf4lab.verify_versions({"01 naive": launch}, case);
 # in one run against the copy and fill ceilings, the traffic-matched bound of 00 and bitsandbytes;
 # GB/s = bytemodel.bytes_moved(n, "bf16", 64) / GPU time (median of CUDA-graph replays, as in 00).
 run = bench.step("01_naive", VERSIONS)
-if run is not None and run.recorded:          # on a GPU, bench.step has printed the table
+if run is not None and run.recorded:          # loaded from disk (no GPU here); on a GPU bench.step printed it
     print(run.table())
 if run is not None:
     k = run.get("01 naive (per byte)")
@@ -472,6 +472,17 @@ assert result
 
 # %%
 ### BEGIN SOLUTION
+# The prediction, checked: 01's hard-coded kernel on blocksize-128 cases. nf4lab.check stops at
+# the first wrong shape, so it never launches on the shapes whose reads would leave absmax_q.
+hard = nf4lab.check(launch, name="01's kernel at blocksize 128", blocksize=128, shapes=SMALL, verbose=False)
+print(hard.report if hard.report is not None else hard.error or "bit-exact on every shape: not what we predicted")
+for rows, cols in SMALL:
+    n = rows * cols
+    nblocks = -(-n // 128)
+    print(f"{rows}x{cols}: largest block index (nbytes - 1) >> 5 = {(-(-n // 2) - 1) >> 5}, "
+          f"blocks in the case {nblocks}, absmax_q entries after padding to 16: {-(-nblocks // 16) * 16}")
+
+
 @cuda.jit
 def dequant_any_blocksize(packed, lut, absmax_q, absmax2, code2, offset, out, n, nbytes, block_shift):
     n = uint64(n)
@@ -499,26 +510,24 @@ def launch_any_blocksize(b):
 ### END SOLUTION
 
 
-result = nf4lab.check(launch_any_blocksize, name="exercise 2: blocksize 128", blocksize=128, shapes=SMALL)
+result = all([nf4lab.check(launch_any_blocksize, name="exercise 2: blocksize 128", blocksize=128, shapes=SMALL),
+              nf4lab.check(launch_any_blocksize, name="exercise 2: blocksize 32", blocksize=32, shapes=SMALL)])
 ### BEGIN SOLUTION
 assert result
-assert nf4lab.check(launch_any_blocksize, name="exercise 2: blocksize 32", blocksize=32, shapes=SMALL)
 ### STUDENT
 ### END SOLUTION
 
 # %% [markdown]
 # ### BEGIN SOLUTION
 # *What to notice:* with blocks of 128 the hard-coded kernel uses block `i >> 5` where the
-# right one is `i >> 6`. Expect only the first 64 weights to be sure of the right scale: the
-# first wrong index that `nf4lab.check` lists (run the lesson's launch with blocksize 128 to see
-# it) should be 64 or more. On any shape of more than 64
-# weights it also asks for blocks the case does not have: the largest block index it computes,
-# `(nbytes - 1) >> 5`, is at least the case's `nblocks` and up to about twice it. The buffers pad
-# `absmax_q` with zeros to a multiple of 16 entries, so up to 1024 weights that read lands in
-# the padding, beyond that past the array's end. To see it, print `(b.nbytes - 1) >> 5`,
-# `b.case.nblocks` and `b.absmax_q.size` in `launch_any_blocksize` before it calls `launch(b)`.
-# The simulator raises `IndexError` for a read past an array's end; a GPU reads whatever lies
-# there, silently, and may even get the right value by luck. Bounds are the kernel's job, not
+# right one is `i >> 6`. Only the first 64 weights are sure of the right scale: the first
+# wrong index that the cell's first check lists is 64 or more. On any shape of more than 64
+# weights the kernel also asks for blocks the case does not have: the largest block index it
+# computes, `(nbytes - 1) >> 5`, is at least the case's block count and up to about twice it (the
+# lines the cell prints). The buffers pad `absmax_q` with zeros to a multiple of 16 entries, so
+# where the printed index is below the padded count the read lands in the padding, and where it
+# is not, past the array's end. The simulator raises `IndexError` for a read past an array's
+# end; a GPU reads whatever lies there, silently, and may even get the right value by luck. Bounds are the kernel's job, not
 # the hardware's.
 # ### STUDENT
 # *What to notice:* compare the index of the first wrong weight with the block size. Then

@@ -239,7 +239,7 @@ else:
     if regs is not None:
         same = regs == [round(met.get("launch__registers_per_thread"))]
         print("  numba's count on this GPU " + ("equals" if same else "differs from") + " the profile's: "
-              + ("the recorded limits hold here where the compute capability is the profile GPU's too" if same else
+              + ("the recorded limits hold here if this GPU's compute capability is the profile GPU's (the profile does not record it)" if same else
                  "the recorded limits need not hold here; the driver's line above is this GPU's"))
 
 # %% [markdown]
@@ -248,7 +248,8 @@ else:
 #
 # Three things to see: the body is still free of `fma` and float64, still two 16-bit stores
 # per byte; the loop is **unrolled** (the count of 16-bit stores printed below, two a byte, says
-# how many times with this numba and LLVM: the main loop's plus the remainder's); and numba computes the trip count of `range(start, stop, step)` with a **64-bit
+# how many times with this numba and LLVM: the unrolled main loop's copies plus the remainder loop's, which runs the
+# iterations left over when their count is not a multiple of the unroll); and numba computes the trip count of `range(start, stop, step)` with a **64-bit
 # division** (`div.s64`, beside a `div.u32` that LLVM adds as a fast path for operands that fit
 # in 32 bits), once per thread before the loop. One division per thread is cheap
 # here (a thread runs hundreds of iterations or more on 16384 x 16384, printed above); a
@@ -259,7 +260,8 @@ gs_ptx = nf4lab.compile_ptx(dequant_grid_stride, SIG)
 ptx.show(gs_ptx, [r"^(div|rem)\.", r"^st\.global", r"^(mul|add)\.rn\.f32"], limit=4)
 ptx.check(gs_ptx, present=[r"^div\.s64", r"^mul\.rn\.f32", r"^add\.rn\.f32", r"^st\.global\.u16"],
           absent=[r"^fma", r"\.f64"])
-print("\n16-bit stores in the PTX:", ptx.count(gs_ptx, r"^st\.global\.u16"))
+n16 = ptx.count(gs_ptx, r"^st\.global\.u16")
+print(f"\n16-bit stores in the PTX: {n16} ({n16 // 2} copies of the loop body, 2 stores each)")
 assert ptx.count(gs_ptx, r"^st\.global\.u16") > 2, "expected the loop to be unrolled"
 
 # %% [markdown]
@@ -287,7 +289,7 @@ nf4lab.verify_versions(VERSIONS, case, extra_shapes=[(2, 16383)]);   # more weig
 # GB/s = bytemodel.bytes_moved(n, "bf16", 64) / GPU time (median of CUDA-graph replays, as in 00).
 BASELINE = versions.load("01_naive")          # {"01 naive (per byte)": launch}
 run = bench.step("02_grid_stride", {**BASELINE, **VERSIONS})
-if run is not None and run.recorded:          # on a GPU, bench.step has printed the table
+if run is not None and run.recorded:          # loaded from disk (no GPU here); on a GPU bench.step printed it
     print(run.table())
 
 # %%
@@ -323,7 +325,9 @@ if base and full and one:
         print(f"  a gain of {change:.1f}%, {verdict}. Two causes fit, and this run does not separate them: the "
               "fixed costs of 01's one-byte threads (setup, launching and retiring blocks), which the loop pays "
               "once per thread, and the unrolled loop's later loads going out before earlier ones return "
-              "(more bytes in flight at the same occupancy). 08's profiles are where to tell them apart.")
+              "(more bytes in flight at the same occupancy). To tell them apart, "
+              + profiling.where_to_look(run.meta.get("gpu"), ("01 naive (per byte)", "02 grid-stride (full occupancy)"))
+              + ".")
     elif change < -NOISE_PCT:
         print(f"  a loss of {-change:.1f}% (we predicted a small gain or none): most likely the loop's own work "
               "(the trip count, the counter) cost more on this GPU than the block scheduling it saved.")
@@ -347,8 +351,8 @@ else:
 #   (SMs x resident blocks), and the kernel works for any n with any grid.
 # * Whether it is also a speed-up is measured, not assumed: the comparison printed above says
 #   what it did on the GPU of this run, in one run against 01, and which causes fit without
-#   being separated here (08's profiles can). Judge by the numbers, not by the folklore.
-# * Occupancy is not optional: one block per SM was far slower here, and by section 1's
+#   being separated here (08 shows how to profile them). Judge by the numbers, not by the folklore.
+# * Occupancy is not optional: one block per SM was slower here (the table above says by how much), and by section 1's
 #   estimate (its latency assumed) it leaves too few bytes in flight to cover DRAM latency. Bytes in flight, not threads, is what a memory-bound kernel needs; the next steps
 #   get them by moving more bytes per instruction instead of running more threads.
 # * numba's `range` with a runtime step costs a 64-bit division per thread and is unrolled (how
@@ -401,6 +405,7 @@ result = nf4lab.check(launch_while, name="exercise 1: while loop", shapes=((3, 5
 if result:
     while_ptx = nf4lab.compile_ptx(dequant_while, SIG)
     print("64-bit divisions in the PTX:", ptx.count(while_ptx, r"^(div|rem)\.\w64"))
+    ptx.check(while_ptx, absent=[r"^(div|rem)\.\w64"])   # the goal: none (an AssertionError shows them)
 ### BEGIN SOLUTION
 assert result
 ptx.check(while_ptx, present=[r"^st\.global\.u16"], absent=[r"^(div|rem)\.\w64", r"^fma", r"\.f64"])
@@ -433,6 +438,11 @@ if result and nf4lab.ON_GPU:
     ex = bench.run_versions({"02 grid-stride, 256 threads": launch, "02 grid-stride, 128 threads": launch_128},
                             nf4lab.make_case(), baselines=False)
     print(ex.table())
+    a, b128 = ex.get("02 grid-stride, 256 threads"), ex.get("02 grid-stride, 128 threads")
+    change = round(100 * (b128["gbps"] / a["gbps"] - 1), 1)   # one run; judged as printed, one decimal
+    print(f"128 threads against 256: {change:+.1f}%: " + ("the same, within the series' noise margin of "
+          f"{bench.NOISE_PCT}%" if abs(change) <= bench.NOISE_PCT else ("faster" if change > 0 else "slower")
+          + f", by more than the {bench.NOISE_PCT}% noise margin"))
 ### BEGIN SOLUTION
 assert result
 ### STUDENT

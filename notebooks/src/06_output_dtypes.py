@@ -1,10 +1,10 @@
-# 06 -- One kernel for bf16, fp16 and fp32 output, each bit-exact, at the memory wall.
+# 06 -- One kernel for bf16, fp16 and fp32 output, each bit-exact, measured against the memory wall.
 #
 # Percent-format source of notebooks/06_output_dtypes.ipynb
 # (build: python tools/build_notebooks.py 06_output_dtypes).
 
 # %% [markdown]
-# # 06 · bf16, fp16 and fp32 output, at the memory wall
+# # 06 · bf16, fp16 and fp32 output, against the memory wall
 #
 # **Goal.** bitsandbytes dequantizes to bf16, fp16 or fp32, and our kernel must match it bit for
 # bit in each. We write **one kernel source** and let numba compile a specialised kernel per output
@@ -68,7 +68,7 @@ ceil = bench.Run.load("00_ceiling")
 copy = ceil.get(bench.COPY) if ceil is not None else None
 fill = ceil.get(bench.FILL) if ceil is not None else None
 if copy:
-    print(f"ceilings from notebook 00's run: {results.label(ceil.meta)}")
+    print(f"ceilings from notebook 00's run: {results.label(ceil.meta, ceil.path)}")
 for d in ("bf16", "fp16", "fp32"):
     nbytes = bytemodel.bytes_moved(N_BIG, d)
     line = f"16384 x 16384 -> {d}: {nbytes / 1e6:.0f} MB"
@@ -89,7 +89,7 @@ if copy is None:
 # 04 and 05 load 16 bytes of codes per thread and exchange them through shared memory, so that
 # each warp's stores stay contiguous. Here the unit of work is what one 16-byte store holds: the
 # 8 weights of one packed 32-bit word (bf16, fp16), or 4 weights, half a word (fp32). Lane `t`
-# of a block takes units `t`, `t + THREADS`, ... (`UNITS` of them): each warp store writes 512
+# of a block of `THREADS` threads takes units `t`, `t + THREADS`, ... (`UNITS` of them; both are set in the kernel cell): each warp store writes 512
 # contiguous bytes and each warp load reads 128 (64 for fp32), with no exchange. So the code loads
 # are 32-bit again, not 04's 16-byte ones: the codes are a fifth of the bytes moved for bf16 (a
 # ninth for fp32), and this notebook does not measure what the narrower loads cost. A thread issues
@@ -141,7 +141,8 @@ else:
                 verdict = (f"within the {bench.NOISE_PCT}% noise margin, no measurable effect"
                            if spread <= bench.NOISE_PCT else
                            f"beyond the {bench.NOISE_PCT}% noise margin: {sorted(set(g) - set(near))} {unit} "
-                           f"measurably slower, {near} within the margin of the fastest")
+                           f"measurably slower, {near} within the margin of the fastest (gaps judged as printed, "
+                           "to one decimal)")
                 print(f"  at {f} {label}, {vary} {sorted(g)}: {min(g.values()):.0f}-{max(g.values()):.0f} GB/s, "
                       f"a spread of {spread:.1f}%: {verdict}")
     best, used = max(gbps, key=gbps.get), (256, 2)   # used: the kernel cell's THREADS and UNITS, below
@@ -305,7 +306,8 @@ VERSIONS = {"06 best kernel (bf16/fp16/fp32)": launch}
 # sm_75 (a T4, or `NF4LAB_ARCH=sm_75`) the check prints which instructions stand in (section 7). All three: `UNITS`
 # 32-bit loads one after another at a stride of `THREADS` units, i.e. `THREADS` words (half that
 # for fp32, whose unit is half a word), the loop unrolled and the local arrays in registers (no
-# `ld.local`); 16-byte stores (one per unit), shared LUT, no FMA, no float64.
+# `ld.local`); 16-byte stores (one per unit), shared LUT, no FMA, no float64. The other loads and stores
+# the counts below include are the tail's (one thread, byte loads and 16-bit stores) and `block_scale`'s loads.
 
 # %%
 kernel_ptx = {}
@@ -432,7 +434,8 @@ if run is not None:
 # conclusion: where it says within the noise margin, neither kernel is the faster one on that GPU;
 # beyond it, one kernel is, for all its differences together (section 2), not for its access
 # pattern alone. The point of this notebook is the three output dtypes and their bit-exactness,
-# not speed; read the summary's lines about the access pattern with that verdict in mind.
+# not speed; read the summary's lines about the access pattern with that verdict in mind. In the plot
+# below, a bar that names another notebook's run is context from that run, not a comparison at the noise margin.
 
 # %%
 plots.progress("06_output_dtypes");
@@ -531,7 +534,8 @@ for d in ("bf16", "fp16"):
 
 # %% [markdown]
 # **Estimate, from these counts:** if the kernel were limited by issuing instructions, the T4 path
-# would cost up to the factor printed above; a kernel at the memory wall may have issue slots to
+# would cost up to the factor printed above (the cell below times the sm_75 code on this GPU, not on a T4, whose
+# bandwidth and SMs differ: its ratio is this GPU's, not a T4's cost); a kernel near the memory wall may have issue slots to
 # spare and hide part of the extra work behind memory time, so we predict a cost below that bound,
 # largest for bf16; how far below is for a measurement to say, and the cell below prints one where
 # an `NF4LAB_ARCH=sm_75` run is recorded for this GPU. The two timings come from two processes, so they
@@ -546,7 +550,7 @@ sm75 = run if SM75_RUN else bench.Run.load("sm_75_06_output_dtypes")
 if sm75 is None or sm80 is None:
     print("no NF4LAB_ARCH=sm_75 run recorded for this GPU: the cost above is an estimate only")
 else:
-    print(f"sm_75 paths: {results.label(sm75.meta)}\nsm_80 paths: {results.label(sm80.meta)}")
+    print(f"sm_75 paths: {results.label(sm75.meta, sm75.path)}\nsm_80 paths: {results.label(sm80.meta, sm80.path)}")
     # Two processes (NF4LAB_ARCH is read at import), hence two dates: are they one run, and what else differs?
     why = provenance.why_not_comparable(sm80.meta, {}, sm75.meta, {}, about="code_path")
     paths = (sm80.meta.get("code_path"), sm75.meta.get("code_path"))
@@ -661,8 +665,8 @@ ptx.check(ex_ptx, present=[r"^cvt\.rn\.f16x2\.f32"], absent=[r"^cvt\.rn\.bf16x2"
 # size round differently and place their bits differently (bf16: 8 exponent bits, fp16: 5), so
 # bit-exactness is decided by the instruction that rounds, and the PTX is where to look for it.
 # ### STUDENT
-# *What to notice:* the kernel writes its weights in two ways, whole words and a tail. Did the
-# check's message point at both, or at one? Two 16-bit formats with
+# *What to notice* (run the exercise cell first): the kernel writes its weights in two ways, whole words and a
+# tail. Did the check's message point at both, or at one? Two 16-bit formats with
 # the same size round differently and place their bits differently (bf16: 8 exponent bits, fp16:
 # 5), so bit-exactness is decided by the instruction that rounds, and the PTX is where to look for it.
 # ### END SOLUTION

@@ -165,11 +165,12 @@ print({k: rows[0][k] for k in ("version", "dram_pct", "achieved_occupancy", "ld_
 # duration as a share of what the memory can sustain. A memory-bound kernel is finished when
 # this is close to 100 %: there is nothing left to win but bytes. No real kernel gets to 100 %:
 # reads and writes share the bus, and DRAM has overheads of its own (refresh, switching between
-# rows; known causes in general, not measured here), so the device copy of notebook 00 sits below
-# the peak as well. A row's DRAM traffic may be set beside the copy ceiling and the
-# traffic-matched bound (notebooks 00 and 07) only where those were measured on the GPU that row
-# names: the cell prints, for each GPU in the table, whether a ceiling record of that GPU exists
-# (`data/results/<gpu>/`) and compares that GPU's rows with it only. Even then they are different
+# rows; known causes in general, not measured here), so expect the device copy of notebooks 00
+# and 07 below the datasheet peak too: the cell prints its share of the peak where the record
+# holds one. A row's DRAM traffic may be set beside the copy ceiling and the traffic-matched bound
+# (notebooks 00 and 07) only where those were measured on the GPU that row names: the cell prints,
+# for each GPU in the table, whether a ceiling record of that GPU exists (`data/results/<gpu>/`)
+# and compares that GPU's rows with it only. Even then they are different
 # runs and different metrics: the profiles (their GPU and date are printed with them) time one
 # launch with the caches flushed and count DRAM traffic as a share of the peak, while the
 # benchmark times many launches in CUDA graphs and divides the byte model by that time. Read the
@@ -205,6 +206,8 @@ if MEASURED:
                   "comparable with any ceiling this book prints")
             continue
         print(f"\n{gpu}: ceilings from notebook {c['notebook'][:2]}'s run ({c['label']}): copy {c['copy_gbps']:.0f} GB/s"
+              + (f" = {c['copy_gbps'] / c['spec_peak_gbps']:.0%} of the datasheet peak {c['spec_peak_gbps']:.0f} GB/s"
+                 if c["spec_peak_gbps"] else " (no datasheet peak in that record)")
               + (f", traffic-matched bound {c['bound_gbps']:.0f} GB/s" if c["bound_gbps"] else ""))
         for name in row_names:
             print(f"  {name:<{NW}} {dram_gbps[name]:>6.0f} GB/s of DRAM traffic under the profiler = "
@@ -284,15 +287,18 @@ for name, s in summaries.items():
 # number of resident warps per SM as a share of the maximum (ncu records the GPU's limits with
 # every profile; the cell prints them); theoretical occupancy is what registers, shared memory and block size allow. A memory-bound
 # kernel needs occupancy only as a means: by Little's law, the bytes in flight must equal
-# bandwidth times latency. The estimate below takes the copy ceiling measured on the GPU whose
-# results this notebook shows and the series' one assumed DRAM latency
+# bandwidth times latency. A warp waits for its loads, not for its stores (a store needs no answer
+# to go on), so the bytes that must be in flight are reads: a kernel that moves the byte model's
+# bytes at the copy ceiling's rate reads at that rate times the model's read share, which the cell
+# prints. The estimate below takes the copy ceiling measured on the GPU in hand (without one: the
+# recorded GPU; the cell prints which) and the series' one assumed DRAM latency
 # (`nf4lab.lesson.ASSUMED_DRAM_LATENCY_NS`): an order of magnitude, not a measurement.
 
 # %%
 LATENCY_NS = lesson.ASSUMED_DRAM_LATENCY_NS  # assumed, the same figure in every notebook
 ceil_from = next((nb for nb in ("07_summary", "00_ceiling") if bench.Run.load(nb) is not None), None)
 ceil = bench.Run.load(ceil_from) if ceil_from else None   # one run: its label is printed with its copy
-copy = ceil.get(bench.COPY) if ceil is not None else None
+copy = ceil.get(bench.COPY, (16384, 16384), "bf16") if ceil is not None else None   # section 3's case
 sms = ceil.meta.get("sms") if ceil is not None else None
 # The per-SM limits of the GPU whose ceiling is used: as ncu recorded them with a profile of that GPU
 # (the live one, else a recorded one), or, on a GPU without such a profile, numba's device attributes.
@@ -311,15 +317,20 @@ elif nf4lab.ON_GPU and nf4lab.device_info().get("max_threads_per_sm"):
     print(f"per SM, from numba's device attributes ({nf4lab.device_info()['gpu']}): "
           f"{attrs['max_warps_per_multiprocessor']} warps")
 warps = int(attrs.get("max_warps_per_multiprocessor") or 0)
+read_share = 1 - bytemodel.breakdown(n, "bf16", 64)["output"] / model   # all but the output is read
 if copy and sms and warps:
-    inflight = copy["gbps"] * LATENCY_NS  # GB/s * ns = bytes
-    print(f"{results.source_note(results.gpu_slug(ceil.meta['gpu']))}:")
+    inflight = copy["gbps"] * LATENCY_NS  # GB/s * ns = bytes, reads and writes together
+    reads = inflight * read_share
+    per_thread = reads / sms / warps / 32
+    print(f"copy ceiling of the GPU in hand, else of a recorded GPU: {results.source_note(results.gpu_slug(ceil.meta['gpu']))}")
     print(f"  copy ceiling from notebook {ceil_from[:2]}'s run: {results.label(ceil.meta)}")
     print(f"  copy ceiling {copy['gbps']:.0f} GB/s (measured) x {LATENCY_NS} ns (assumed) = {inflight / 1e6:.1f} MB "
-          f"in flight, {inflight / sms / 1024:.0f} KiB per SM ({sms} SMs)")
-    print(f"  with {warps} resident warps per SM that is {inflight / sms / warps:.0f} bytes per warp in flight,")
-    per_thread = inflight / sms / warps / 32
-    print(f"  i.e. {per_thread:.1f} bytes per thread: 1-byte loads "
+          "in flight, reads and writes together")
+    print(f"  the byte model reads {read_share:.1%} of its bytes (16384x16384 bf16): reads in flight "
+          f"{reads / 1e6:.2f} MB, {reads / sms / 1024:.1f} KiB per SM ({sms} SMs)")
+    print(f"  with {warps} resident warps per SM: {reads / sms / warps:.0f} bytes per warp, "
+          f"{per_thread:.1f} bytes per thread")
+    print("  with one load in flight per thread (each waits for its load before the next): 1-byte loads "
           + ("cannot get there" if per_thread > 1 else "can get there")
           + (", 16-byte ones can." if per_thread <= 16 else ", nor can one 16-byte load per thread."))
 else:
@@ -358,7 +369,8 @@ for name, s in summaries.items():
 #
 # Each cycle a warp scheduler picks one ready warp; the others are *stalled*, and ncu records
 # why (`smsp__average_warps_issue_stalled_<reason>_per_issue_active.ratio`: cycles spent in
-# each state per issued instruction). The ones that matter here:
+# each state per issued instruction). The ones that matter here (where a row is named, it is the recorded
+# profiles' ranking, on the GPU and date printed with them):
 #
 # | reason | the warp waits for | in these kernels |
 # | --- | --- | --- |
@@ -444,18 +456,26 @@ show_lines(lines) if lines else print("No source page with line info recorded: n
 # How to read it. The kernel's `def` line collects what line info maps to no other line of the
 # cell: the kernel's entry code (its parameters read from the constant bank, `LDC`/`ULDC ...
 # c[0x0][...]`, the thread and block indices, `S2R`) and instructions of helpers defined in other
-# files and inlined (`inline="always"`), such as the scale computed by `block_scale` (imported from
-# `nf4lab.lesson` by notebooks 02-05). The cell below counts what the `def` line holds on the page
-# shown, so a `def` line near the top is read from its instructions. A stall sample is
-# charged to the instruction that **cannot issue yet**: the one waiting for an operand. So the
-# hottest instruction is rarely slow itself; what it waits for is the instruction that wrote
-# its operand register. The cell below reads the whole SASS listing of the same source page in
-# address order, with the registers each instruction writes and reads, and finds the hottest
-# instruction. Walking back from it to the instruction that last wrote one of its source
-# registers, and on, writer by writer, is the exercise at the end of this notebook, on another
-# kernel's page; where the walk ends (a load, a kernel parameter, the thread index, ...) depends
-# on the page. It prints this page's chain too once you have written it. The listing also keeps
-# each instruction's stall samples by reason (the page's `stall_*` columns, named as in section 6).
+# files and inlined (`inline="always"`): `block_scale` (01 writes it, 02-06 import it from
+# `nf4lab.lesson`; it loads one byte of `absmax_q` and a float each of `code2` and `absmax2`) and the
+# helpers of `nf4lab.device.ops` (`fmul_rn`, `pack_bf16x2`, `load_u32x4`, `store_u32x4`, ...). The
+# cell below counts what the `def` line holds on the page shown, so a `def` line near the top is read
+# from its instructions. It also prints the `def` line's global loads with their offsets in the
+# kernel (the hottest instruction's offset is printed with it) and how many global loads each line
+# holds: where a line that reads global memory in the source holds none, line info charged its
+# load to another line, or the compiler merged it with another load; the load's width (`.U8`: 1
+# byte, no suffix: 4 bytes, `.128`: 16 bytes) narrows down which array it reads.
+#
+# A stall sample is charged to the instruction that **cannot issue yet**: the one waiting for an
+# operand. So the hottest instruction is rarely slow itself; what it waits for is the instruction
+# that wrote its operand register. The cell below reads the whole SASS listing of the same source
+# page in address order, with the registers each instruction writes and reads, and names the
+# hottest instruction (`profiling.hottest`). Walking back from it to the instruction that last
+# wrote one of its source registers, and on, writer by writer, is the exercise at the end of this
+# notebook, on another kernel's page; where the walk ends (a load, a kernel parameter, the thread
+# index, ...) depends on the page. The exercise prints this page's chain too once you have written
+# it. The listing also keeps each instruction's stall samples by reason (the page's `stall_*`
+# columns, named as in section 6).
 
 # %%
 import collections
@@ -503,18 +523,29 @@ def operands(sass):
 
 prog = program(source_page) if source_page and lines else None
 if prog:
-    hot_i = max(range(len(prog)), key=lambda k: prog[k]["samples"])
     total = sum(x["samples"] for x in prog)
-    shown = source_page.removeprefix(f"{profiling.ROOT}/") if live is None else f"{source_page.rsplit('/', 1)[-1]} (live, a temporary folder)"
-    print(f"source page: {shown}")
-    print(f"hottest instruction ({prog[hot_i]['samples'] / total:.1%} of the samples), line "
-          f"{prog[hot_i]['line']}: {prog[hot_i]['sass']}  (reads {sorted(operands(prog[hot_i]['sass'])[2])})")
+    start = prog[0]["addr"]   # short offsets from here; the page itself lists full addresses
+    print(f"source page: {source_page}" + (" (live: a temporary folder on this machine)" if live is not None else ""))
+    print(f"offsets below count from the kernel's first instruction, at address {start:#x} on that page")
+    hot = profiling.hottest(prog)
+    print(f"hottest instruction ({hot['share']:.1%} of the samples), at +{hot['offset']:#06x}, line "
+          f"{hot['line']}: {hot['sass']}  (reads {sorted(operands(hot['sass'])[2])})")
     defs = [x for x in prog if x["source"].startswith("def ")]
     if defs:
         ops = collections.Counter(operands(x["sass"])[0].split(".")[0] for x in defs)
         print(f"the def line (line {defs[0]['line']}): {len(defs)} instructions, {sum(x['samples'] for x in defs) / total:.1%} "
               f"of the samples; {sum('c[0x0]' in x['sass'] for x in defs)} read kernel parameters (c[0x0][...]); "
               f"most frequent opcodes: {', '.join(f'{o} {k}' for o, k in ops.most_common(8))}")
+        loads = collections.defaultdict(list)   # opcode with its width -> offsets of the def line's global loads
+        for x in defs:
+            if operands(x["sass"])[0].startswith("LDG"):
+                loads[operands(x["sass"])[0]].append(x["addr"] - start)
+        print(f"  its global loads: {sum(map(len, loads.values()))}" + ("" if loads else " (none)"))
+        for op, offs in loads.items():
+            print(f"  {op:<14} {len(offs):>3} at " + ", ".join(f"+{o:#06x}" for o in offs))
+    per_line = collections.Counter(x["line"] for x in prog if operands(x["sass"])[0].startswith("LDG"))
+    print("global loads per line: " + (", ".join(f"line {ln}: {k}" for ln, k in sorted(per_line.items(), key=lambda t: int(t[0] or 0)))
+                                       or "none on this page"))
 
 # %% [markdown]
 # <a id="own"></a>
@@ -550,8 +581,8 @@ if prog:
 # - Sectors per request measures coalescing: the access width in bytes for consecutive lanes,
 #   more when lanes stride; over a kernel it averages all its loads (or stores).
 # - Occupancy is a means: what a memory-bound kernel needs is bytes in flight. Wider accesses
-#   supply more bytes in flight per warp: section 5 shows the vector kernels at the wall with
-#   about the occupancy of the slow ones.
+#   supply more bytes in flight per warp: section 5 shows the vector kernels near the wall with
+#   about the occupancy of the slower full-occupancy kernels (02, 03 grid-stride): it is not what sets them apart.
 # - `long_scoreboard` comes first in the memory-bound versions: the warps wait on memory. Any
 #   other reason on top (`lg_throttle`, `mio_throttle`, `math_pipe_throttle`, or `not_selected`
 #   in an instruction-bound kernel) names what holds a version back before DRAM does.
@@ -570,7 +601,9 @@ if prog:
 # Python line it came from; and `"waits_for"`, the index of the last instruction before it that
 # **writes** a register it **reads** (`operands(sass)` gives both sets), or None. The check
 # verifies each against the listing. Once it passes, the cell prints, on this page and on section
-# 7's, the hot instruction's stall samples by reason, and walks back from it, writer by writer,
+# 7's, the hot instruction's share of the page's samples and its stall samples by reason (with the
+# share that waits for an operand, and the share of ready warps or a busy pipe), and walks back from
+# it, writer by writer,
 # until the walk reaches a load or an instruction with no writer to follow; it prints where the
 # walk ended: a load from global or shared memory, a kernel parameter (constant bank), a special
 # register such as the thread index, an instruction whose inputs it cannot follow, or none of
@@ -599,12 +632,14 @@ if nf4lab.ON_GPU and profiling.find_ncu() is not None:
         res04 = profiling.profile_version("04_vector_loads", EX, tempfile.mkdtemp(prefix="nf4lab_ncu_"))
         if res04["files"].get("source"):
             prog04 = program(res04["files"]["source"])
-            print(f"{EX}, profiled now on {nf4lab.device_info()['gpu']}, {when}: {len(prog04)} instructions")
+            print(f"{EX}, profiled now on {nf4lab.device_info()['gpu']}, {when}: {len(prog04)} instructions; "
+                  f"its page: {res04['files']['source']} (a temporary folder on this machine)")
     except profiling.NcuUnavailable as exc:
         print(f"ncu could not profile 04's kernel here ({exc.reason}): reading its recorded page")
 if prog04 is None and MEASURED and page:
     prog04 = program(f"{profiling.ROOT}/{rec['dir']}/{page}")
-    print(f"{EX}, recorded on {rec['meta'].get('gpu')}, {rec['versions'][EX].get('date')}: {len(prog04)} instructions")
+    print(f"{EX}, recorded on {rec['meta'].get('gpu')}, {rec['versions'][EX].get('date')}: {len(prog04)} instructions; "
+          f"its page: {profiling.ROOT}/{rec['dir']}/{page}")
 ok = exercises.check_hot_spot(hot_spot, prog04, operands) if prog04 else print("no source page of 04's kernel: nothing to check")
 ### BEGIN SOLUTION
 assert ok is not False
@@ -612,50 +647,49 @@ assert ok is not False
 ### END SOLUTION
 for listing, what in ((prog04, "04's page"), (prog, "section 7's page")):
     if ok and listing:   # with hot_spot written: the hot instruction, its stall reasons, the chain of writers behind it
-        h = hot_spot(listing)
-        hot = listing[h["hot"]]
-        print(f"\n{what}, hottest: {hot['sass']} (line {h['line']}: {hot['source'][:60]})")
-        top = sorted(hot.get("stalls", {}).items(), key=lambda x: -x[1])[:3]
-        print("  its stall samples by reason: " + (", ".join(f"{r} {v:.0f}" for r, v in top) or "not on this page"))
-        if operands(hot["sass"])[0].startswith(("LD", "ST", "ULDC")):
-            print("  it is itself a memory instruction: its samples are waits to issue it (the reasons above say for "
-                  "what); the walk follows its address and data registers")
-        chain = exercises.walk_to_load(listing, h["hot"], operands)
-        for j in chain[1:]:
-            print(f"  waits for {listing[j]['sass']:<44} line {listing[j]['line']}: {listing[j]['source'][:60]}")
-        end = exercises.chain_end(listing, chain, operands)
-        print(f"  the walk ends at: {end}: {exercises.CHAIN_ENDS[end]}")
+        exercises.show_hot_spot(listing, hot_spot(listing)["hot"], operands, what)
 
 # %% [markdown]
 # *What to notice:* read the printed instructions with their lines and the source text beside
 # them. Where did the walk end, and on which line? If it ended at a load: which array does the
 # load read, and how wide is it? If not: what is the hot instruction waiting for, and how often
 # does a warp pass its line? Then read the hot instruction's stall reasons (section 6's table says
-# what each means): do they agree with where the walk ended? Do the same for section 7's page.
+# what each means) and their split: do they agree with where the walk ended? Do the same for
+# section 7's page.
 # ### BEGIN SOLUTION
 # The page decides, and pages differ from run to run and from GPU to GPU: read the case that the
-# lines above print ("the walk ends at: ...") together with the hot instruction's stall reasons.
+# lines above print ("the walk ends at: ...") together with the hot instruction's stall reasons and
+# their split ("of them: ... waits for an operand, ... ready warps or a busy pipe").
 #
-# - **A global load** (`LDG`), with `long_scoreboard` on top: the warps wait for memory, and the
-#   load's line names the array. A 16-byte load (`LDG.E.128`) in 04's kernel is the word load of
-#   the packed codes. A one-byte load (`LDG.E.U8`) whose value becomes an address (`IMAD.WIDE
-#   ..., 0x4`: an index times 4 bytes) is an `absmax_q` byte turned into the address of the
-#   `code2` float it indexes (`block_scale`): a load whose address needs another load. In 06's
-#   kernel (section 7's page) that path runs only in the tail (the one thread past the last whole unit), while the main
-#   path reads `code2` from shared memory: a walk that ends there has taken a false path, and the
-#   hot line's own word load (`w`, the packed codes) is the wait to read instead.
+# - **A global load** (`LDG`), with `long_scoreboard` on top: if the walk followed the path of the
+#   hot instruction's operand, the warps wait for memory, and the load's line names the array. A
+#   16-byte load (`LDG.E.128`) in 04's kernel is the word load of the packed codes. A one-byte load
+#   (`LDG.E.U8`) whose value becomes an address (`IMAD.WIDE ..., 0x4`: an index times 4 bytes) is an
+#   `absmax_q` byte turned into the address of the `code2` float it indexes (`block_scale`): a load
+#   whose address needs another load. That reading holds where the hot instruction is that address
+#   computation or a load through it. Where the cell warns instead that the first writer computes an
+#   address while the hot instruction uses the register as data, the walk followed a reuse of the
+#   register (an address, `IMAD.WIDE`) rather than the word the hot instruction read. In 06's
+#   kernel that word is `w`, loaded on the `words[k] = packed_u32[...]` line, and the address is
+#   the `absmax_q` byte's, both charged to the `def` line when the compiler inlined them there. The
+#   end of such a walk says nothing about the wait; the hot instruction's own reasons do
+#   (where `long_scoreboard` is on top: a global load's result, which it reads as data).
 # - **A shared-memory load** (`LDS`), or a hot shared store (`STS`, on a `stage[...]` line): the
 #   exchange through shared memory. Its waits are MIO ones (`short_scoreboard`, `mio_throttle`)
 #   or `barrier` at the `cuda.syncthreads()`. A hot `STS` waits for its data, a word of the
 #   16-byte load, even where the walk goes up the store's address arithmetic instead.
-# - **A special register** (`S2R SR_TID.X`, the thread index; this run's page above may end
-#   there): there is no memory in the chain. The hot instruction is on the kernel's first
-#   lines (`lane = ...threadIdx.x % 32`), and its operand is the thread index. Whether the warps
-#   waited for that read, or for something else (a busy pipe, `math_pipe_throttle`; other warps
-#   issuing, `not_selected`), the stall reasons printed with the instruction say. 04's kernel gives
-#   each thread one 16-byte chunk, with no grid-stride loop, so each warp passes those lines once,
-#   at its start: the samples there are warps that have just started. Where the same warps waited
-#   for memory later, the next lines of the page (section 7's method, `hot_lines`) show.
+# - **A special register** (`S2R SR_TID.X`, the thread index): there is no memory in the chain.
+#   The hot instruction is on the kernel's first lines (`lane = ...threadIdx.x % 32`), and its
+#   operand is the thread index. Whether the warps waited for that read, the split of its samples
+#   says: where ready warps and a busy pipe (`not_selected`, `math_pipe_throttle`,
+#   `dispatch_stall`) hold most of them, the warps were not waiting for the thread index: they
+#   were ready, and other warps issued or the pipe was busy. Where waits for an
+#   operand hold most of them, the warps did wait at that instruction, for the thread index or, by
+#   a false path, for another writer. 04's kernel gives each thread one 16-byte chunk, with no
+#   grid-stride loop, so each warp passes those lines once, at its start: the samples there are
+#   warps that have just started, and the printed share of the page's samples says how much of
+#   the kernel's waiting that is. Where the same warps waited for memory later, the next lines of
+#   the page (section 7's method, `hot_lines`) show.
 # - **A kernel parameter** (`LDC`) or **no writer** (inputs in uniform registers, `UR...`): the
 #   kernel's entry code, or values the walk cannot follow; the stall reasons say what kind of wait
 #   it was (`barrier`, for instance, is a wait for the block's other warps, not for a load).
@@ -672,7 +706,7 @@ for listing, what in ((prog04, "04's page"), (prog, "section 7's page")):
 # register, other than the one the hot instruction's data came from. What you can conclude is
 # where one chain of writers behind the hot instruction ends, not which instruction the warps
 # waited for; the hot instruction's stall reasons, read from the same page, say what kind of wait
-# it was. To check by hand, open the source page (section 7 prints its path when it is recorded),
-# find the hottest instruction, take its source registers, and search upward for the instruction
-# that writes each of them; the stall samples on each load say which of them the warps really
-# waited for.
+# it was. To check by hand, open the source page (section 7 and the exercise cell print the full
+# path of each page they read), find the hottest instruction, take its source registers, and search
+# upward for the instruction that writes each of them; the stall samples on each load say which of
+# them the warps really waited for.

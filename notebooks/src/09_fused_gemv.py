@@ -30,15 +30,15 @@ RUN = bench.Run.load(gemv.NAME + "_notebook")   # this notebook's last GPU run (
 # A weight serves 2 flops per row of x and is read once: at M = 1 a GEMV is limited by how fast the weight is read,
 # if the instructions keep up. Dequantize-then-multiply reads 0.5 byte a weight, writes 2 and reads them again; the
 # fused kernel reads the 0.5 byte and the statistics (absmax codes, absmax2, code2). **Prediction:** at the copy
-# speed (a 1 GiB device copy, measured in the run named below) the fused kernel needs at least:
+# speed (notebook 00's device copy, in the run named below) the fused kernel needs at least:
 # %%
-copy = RUN and RUN.get(gemv_bench.COPY)
+copy = (CEIL := bench.Run.load("00_ceiling")) and CEIL.get(bench.COPY, dtype="bf16")   # no cell here replaces 00's record
 print(f"{'W (N x K)':>12} {'fused reads':>12} {'dequant + matmul':>17} {'ratio':>6} {'us at copy speed':>17}")
 for N, K in gemv.LLM_SHAPES:
     f, u = gemv_bench.weight_bytes(N, K), gemv_bench.unfused_bytes(N, K)
     print(f"{N:>5} x {K:<5} {f / 1e6:>9.1f} MB {u / 1e6:>14.1f} MB {u / f:>6.1f} {f / copy['gbps'] / 1e3 if copy else float('nan'):>17.1f}")
-print(f"(copy speed {copy['gbps']:.0f} GB/s: the latest run recorded before this execution, by this notebook or its solution: "
-      f"{results.label(RUN.meta)}; on a GPU, section 7 records a new one)" if copy else "(no run recorded: no copy speed)")
+print(f"(copy speed {copy['gbps']:.0f} GB/s: notebook 00's run, {results.label(CEIL.meta)}; section 7 measures its own)"
+      if copy else "(no run of notebook 00 recorded: no copy speed)")
 # %% [markdown]
 # <a id="mma"></a>
 # ## 2. The mma and its fragments
@@ -51,7 +51,7 @@ print(f"(copy speed {copy['gbps']:.0f} GB/s: the latest run recorded before this
 #
 # Our A is a **tile**, 16 consecutive rows of W. A sum does not care which W columns are called k, so lane q's k are
 # columns it reads cheaply: at M = 1, its bytes lie in absmax **block** q (64 columns, one scale) of each 256 columns.
-# Blocks are scaled before they are added, so B keeps them apart: its column b holds x only at lane q = b's k, and C's
+# Blocks are scaled before they are added, so B keeps them apart: its column b is nonzero only in the k of lanes q = b, and C's
 # column b is block b's sum. In the figure, a **step** is one warp's loop trip, a tile's 16 rows x 256 columns (2 KB of
 # codes); **mma i** (0-7) takes bytes 2i, 2i + 1 of each **piece** h = 0, 1 a lane loads (16 bytes: 32 codes of a row).
 # %%
@@ -78,30 +78,30 @@ _ = fig.suptitle("mma.sync.m16n8k16 in this kernel: mma i = 0 of a step at M = 1
              "its register.\nColour: the block q of the step (W columns 64q..64q+63) whose codes or x it holds; grey: zero.", fontsize=9)
 # %% [markdown]
 # Lane 5 is (g, q) = (1, 1); its a0 holds row 1, W columns 64, 65 of the step: one packed byte's two codes; a2 holds
-# columns 66, 67, the next byte. Only lanes (b, b) hold x. C's columns 4-7 are zero at M = 1; M > 1 takes (M + 1) // 2
+# columns 66, 67, the next byte. Only lanes with g = q (0, 5, 10, 15) hold x. C's columns 4-7 are zero at M = 1; M > 1 takes (M + 1) // 2
 # **n-tiles**: in n-tile nt, B's column 4 m + b is batch row 2 nt + m, block b.
 #
 # <a id="work"></a>
 # ## 3. Tiles, steps, split-K: who does what
 #
-# - Lane (g, q) loads a step's 2 pieces of row g and 2 of row g + 8 (M = 1: columns 64q..64q + 63).
+# - Lane (g, q) loads a step's 2 pieces of row g and 2 of row g + 8 (M = 1: columns 64q..64q + 63; M > 1: 32 columns at 128 h + 32 q of piece h, block 2 h + q // 2).
 # - **Split-K**: the 8 warps of a thread block (CUDA's block, not an absmax block) share a tile's K columns: warp w
 #   takes steps w, w + 8, ... and keeps its own float32 sums of the 16 rows; at the tile's end the sums meet in shared memory.
-#   At M = 1, where tiles outnumber blocks (14336 rows: 896 tiles; 264 blocks on a GPU of 132 SMs), **groups** of G = 2 or 4
-#   warps take a tile each, at a barrier of their own (`bar.sync id, 32 G`): `gemv.warps_a_tile` picks the G whose rounds of
-#   tiles, a warp's K / G columns each, take least time, the fewest warps on a tie (fewer sums to add); M > 1 keeps 8.
-# - **Persistent blocks**: at most 2 per SM (`gemv.grid_size`); block t takes tiles t, t + grid, ... (group j of W // G:
-#   tiles (W // G) t + j, then (W // G) grid further): one lookup table
+#   At M = 1, where tiles outnumber blocks (14336 rows: 896 tiles; 264 blocks on a GPU of 132 SMs), `gemv.warps_a_tile` may form
+#   **groups** of G = 2 or 4 warps that take a tile each, at a barrier of their own (`bar.sync id, 32 G`): it picks the G whose
+#   rounds (a round: every group of the grid, the blocks launched, takes one tile), a warp's K / G columns a tile, take least time, the fewest warps on a tie (fewer sums to add); M > 1 keeps 8.
+# - **Persistent blocks**: at most 2 per SM (`gemv.grid_size`); block t takes tiles t, t + grid, ... (with W = 8 warps a block,
+#   its group j of W // G takes tiles (W // G) t + j, then every (W // G) grid further): one lookup table
 #   (section 4) a block. **Steps in flight**: a warp issues its next step's loads before it computes the current one.
 #
 # <a id="kernel"></a>
 # ## 4. The kernel
 #
-# **The per-lane table.** Entry e (a code byte) is (lut[e >> 4], lut[e & 15]) as bf16x2 (or f16x2), the high nibble (the first column) in the low
+# **The per-lane table.** Entry e (a code byte) is (lut[e >> 4], lut[e & 15]) (lut: the 16 NF4 values, notebook 05) as bf16x2 (or f16x2), the high nibble (the first column) in the low
 # half: an A register. Reads of different words of one shared-memory **bank** are serialized (32 banks, successive 32-bit words in successive banks:
 # bank = word mod 32; CUDA C++ Programming Guide, "Shared Memory"), so each lane has its own copy: lane l's entry e is word `(e << 6) | l`, bank l.
 # 256 rows of 64 words, 64 KB; words 32-63 are spare: code2 (rows 0-7), x slots (rows 16-47: defined with the step below), sums (rows 128-255). Each
-# block builds it once, with 16-byte stores of 4 lanes' copies (lab/README.md times, on an H200, the 4-byte stores before).
+# block builds it once, with 16-byte stores of 4 lanes' copies (lab/README.md times it against the 4-byte stores before: H200, 2026-11-29 03:57 UTC).
 #
 # **`prmt` makes the table address.** `prmt.b32 d, a, b, sel`: d's byte j is byte `(sel >> 4j) & 7` of the 8 bytes
 # b:a (bytes 0-3 are a's). With a = the code word, b = `lane << 2`, sel = `0x5504 | p << 4`, the **selectors** are:
@@ -116,7 +116,6 @@ from nf4lab.device import ops
 from nf4lab.device.warp_ops import (bar_sync, f32_from_bits, mma_bf16, mma_f16, prmt, shfl_idx, shfl_xor_sync,  # one
                                     syncwarp, table_lookup, table_vec4, x_slot_ops)   # instruction each, with a Python twin
 from nf4lab.kernels import gemv
-
 THREADS, W, BLOCKS_PER_SM = 256, 8, 2   # 8 warps a block; launch bounds: ptxas caps registers so that 2 blocks fit an SM
 
 def make_build_table(half_bits, store4):
@@ -147,7 +146,7 @@ def make_a_fragments(look):
 # **A step.** Per piece: the A fragments of 8 mmas, then B and the mmas, n-tile by n-tile. At M = 1 B comes from the
 # **x slot**: with a step's weights each lane loads 16 of the next step's 512 bytes of x and, after the current step,
 # stores them in its warp's slot of spare table words (`x_put`); lanes g = q read their block's 64 bytes a piece
-# (`x_get`), the others keep zeros; `slot_at` gives a lane both addresses once. At M > 1 x comes from memory. Then the
+# (`x_get`), the others keep zeros; `slot_at` gives a lane both addresses once. At M > 1 x comes from global memory (L1/L2) at each step. Then the
 # scales. A step's loads end with one **statistics word** a lane: lanes 0-15 load the step's 4 absmax codes (a byte a
 # block) of row `lane`, lanes 16-31 its absmax2 (float32, one per 256 blocks); 4 shuffles (`shfl_idx`: another lane's
 # register) bring lane (g, q) those of rows g, g + 8. Its C columns 2q, 2q + 1 (batch row 2 nt + q // 2, blocks
@@ -200,7 +199,7 @@ def make_step(M, is_bf16, look, x_get):
 # %% [markdown]
 # **The kernel.** A lane's loads of a step (4 x 16 bytes of codes, the statistics word: 17 words) are imported: `fetch` (`gemv.step_ops`) does section
 # 3's loads, clamped at the last row and step; at M = 1 `fetch1` also loads x, and `rows` puts a tile's row offsets in `rb`, every step, by selects
-# (on an H200 a branch in this loop cost more than that arithmetic: lab/README.md). The first step's loads go out before the table is built; each trip
+# (a branch in this loop cost more than that arithmetic: H200, 2026-11-29 01:11 UTC, lab/README.md, `09_gemv_full.log`). The first step's loads go out before the table is built; each trip
 # fetches the next step, across tiles too. Local arrays indexed by unrolled loops live in registers. **The tile's sum:** lanes q and q ^ 1 hold a
 # batch row's blocks 0-1 and 2-3 (a `shfl.xor` adds them); each warp writes its 16 M sums to spare words (`gemv.spare`), and after a barrier 16 M
 # threads add the G warps' and write y (`parity`: two sets of words, so that the next tile's sums cannot overwrite words still being read, with no
@@ -322,9 +321,9 @@ def launch(g):
 # ## 5. PTX evidence
 #
 # Per step at M = 1: 16 `mma.sync` (2 pieces x 8), 64 `prmt`, 64 lookups with the base in the immediate; the codes' 16-byte loads as
-# `ld.global.nc.L1::no_allocate.v4` (read once: kept out of L1, which holds x and the scales); no `ld.local` (a spill), no float64. Registers: the
-# driver's build, or `ptxas` (SASS). Below sm_80 (a T4): fp16's, 2 m16n8k8 an mma (m16n8k8: the half-depth shape, K = 8, that sm_75 has; PTX ISA,
-# mma's "Matrix Shape" and target notes).
+# `ld.global.nc.L1::no_allocate.v4` (`.nc`: through the read-only path; read once: kept out of L1, which holds x and the scales); no `ld.local` (a spill), no float64. Registers: the
+# driver's build, or `ptxas` (the assembler from PTX to SASS, the GPU's own instructions). A T4 (sm_75) has no m16n8k16: fp16 runs each mma as two m16n8k8 (the K = 8 shape sm_75 has; PTX ISA,
+# mma's "Matrix Shape" and target notes), bf16 on the FP32 units (`warp_ops`, about 3x the instructions); the cell checks the fp16 kernel there.
 # %%
 cc = nf4lab.runtime.target_cc(); T4 = cc < (8, 0)  # noqa: E702
 kern = make_kernel(not T4, 1, gemv.probe_base() if nf4lab.ON_GPU else gemv.default_base(cc))
@@ -333,9 +332,9 @@ LOOKUP, MMA = r"^ld\.shared\.u32 %r\d+, \[%r\d+\+\d+\]", r"^mma\.sync\.aligned\.
 ptx.show(code, [r"^prmt\.b32", LOOKUP, r"^mma\.sync"], limit=2)
 ptx.check(code, present=[MMA, r"^prmt\.b32", LOOKUP], absent=[r"^ld\.local", r"^st\.local", r"\.f64"])
 print(arch.name(cc), {w: ptx.count(code, p) for w, p in [("mma", r"^mma\.sync"), ("prmt", r"^prmt"), ("lookups", LOOKUP),
-                                                        ("16-byte loads kept out of L1", r"^ld\.global\.nc\.L1::no_allocate\.v4")]})
-code2 = ptx.compile_ptx(make_kernel(not T4, 1, gemv.default_base(cc), True, 2), gemv.signature(), cc=cc)   # G = 2
-print("groups of 2 warps, each group's barrier (bar.sync id, threads):", ptx.count(code2, r"^bar\.sync\s+%r"), "; 8 warps:", ptx.count(code, r"^bar\.sync\s+%r"))
+                                                        ("16-byte loads kept out of L1 (4 a step, 2 call sites)", r"^ld\.global\.nc\.L1::no_allocate\.v4")]})
+ptx_g2 = ptx.compile_ptx(make_kernel(not T4, 1, gemv.default_base(cc), True, 2), gemv.signature(), cc=cc)   # G = 2
+print("barriers with a register id (bar.sync id, threads): G = 2", ptx.count(ptx_g2, r"^bar\.sync\s+%r"), "; G = 8 (bar.sync 0):", ptx.count(code, r"^bar\.sync\s+%r"))
 print(ptx.resources(kern, gemv.signature(), code, cc))   # the driver's build on a GPU, else ptxas -v
 # %% [markdown]
 # <a id="check"></a>
@@ -400,7 +399,7 @@ if RUN is not None:
 if nf4lab.ON_GPU:
     BATCH = gemv_bench.benchmark({"notebook 09": launch}, ms=(2, 4, 8))
     print(f"saved {BATCH.save(gemv.NAME + '_notebook_batch').relative_to(results.ROOT)}")
-else:   # this notebook's batch run, else the lab's run of the same kernel (lab/bench_gemv.py)
+else:   # this notebook's batch run, else an older lab kernel's (lab/bench_gemv.py; its label names kernel and date)
     BATCH = bench.Run.load(gemv.NAME + "_notebook_batch") or bench.Run.load("09_gemv_tc_batch")
 if BATCH:   # % of read: section 7's read bound (the weight's bytes, read once at every M), if of the same run
     why = "not recorded" if RUN is None else provenance.why_not_comparable(RUN.meta, {}, BATCH.meta, {})
@@ -415,9 +414,9 @@ if BATCH:   # % of read: section 7's read bound (the weight's bytes, read once a
 # - Bytes bound a GEMV: section 1 estimates a lower bound at copy speed, section 7 times the read bound (a read-only kernel); how close ours gets
 #   depends on the shape. A table of A registers makes dequantization a `prmt` and a load.
 # - The mma sums over k in any order: we pick k so that each lane reads contiguous bytes, and B's columns keep the absmax blocks apart so that each
-#   is scaled once, in float32, as bitsandbytes scales it; section 1's bound is a floor, and section 7 prints how far above it each shape lands.
+#   is scaled once, in float32, as bitsandbytes scales it; section 1's bound is a floor, and section 7 prints how far above its own run's read bound each shape lands.
 # - A batch reads the weight once but is not free: each pair of x rows adds an n-tile of mmas on the same A registers, and at M > 1 x comes from L1
-#   at each step, not the slot, and a tile has 8 warps (M = 1's groups of 2 at 14336x4096 are part of its fall at M = 2): section 8 prints the fall. [Marlin](https://github.com/IST-DASLab/marlin), [FLUTE](https://github.com/HanGuo97/flute): further reading.
+#   or L2 at each step, not the slot, and a tile has 8 warps (M = 1's groups are not used): section 8 prints the fall. [Marlin](https://github.com/IST-DASLab/marlin), [FLUTE](https://github.com/HanGuo97/flute): further reading.
 #
 # <a id="exercise"></a>
 # ## 10. Exercise: one mma by hand
@@ -425,7 +424,7 @@ if BATCH:   # % of read: section 7's read bound (the weight's bytes, read once a
 # Compute Y (16 x 8) = W (16 x 16) @ X (16 x 8) with one `mma_bf16` in one warp: write `fragments`, the six registers
 # lane (g, q) passes, a0-a3 from `w` and b0, b1 from `xt`, bf16 pairs in uint32 words: `w[8 r + j]` holds W's row r,
 # columns 2j (low half) and 2j + 1; `xt[8 n + j]` holds X's column n, rows 2j (low half) and 2j + 1. Use section 2
-# (here B has data in all 8 columns). Checked bit for bit: W and X are small integers, every sum exact in float32.
+# (here B has data in all 8 columns, and W's column k is A's column k: no permutation). Checked bit for bit: W and X are small integers, every sum exact in float32.
 # %%
 @cuda.jit(device=True, inline="always")
 def fragments(w, xt, g, q):
@@ -451,5 +450,6 @@ assert result
 # ## Appendix: other designs the lab timed
 #
 # The lab timed a dozen other designs against the tensor-core kernel of the same run (an FFMA kernel with a pair
-# lookup, a `cp.async` ring, more blocks per SM, stream-K, L2 prefetch, ...): `python -m lab.gemv_road` prints each
-# one's time beside that run's kernel, bf16, M = 1, and `lab/README.md` tells why each lost.
+# lookup: float32 multiply-adds instead of the mma; a `cp.async` ring: asynchronous copies into shared memory; more blocks per SM;
+# stream-K: tiles split across blocks; L2 prefetch, ...): `python -m lab.gemv_road` prints each one's time beside that run's
+# kernel, bf16, M = 1, and `lab/README.md` tells why each lost.
