@@ -128,14 +128,17 @@ def test_every_recorded_gpu_has_its_name_on_the_plot():
 
 @pytest.mark.parametrize("gpu", ["NVIDIA_H100_80GB_HBM3", "NVIDIA_H200"])
 def test_progress_keeps_a_carried_bars_ratios_from_its_own_run(gpu):
-    """A bar carried from an earlier step's run shows that run's x bitsandbytes and % of copy: this
-    run's bitsandbytes over another run's time is a ratio of records that are not comparable."""
+    """A bar carried from an earlier step's run shows that run's x bitsandbytes and % of copy (this
+    run's bitsandbytes over another run's time is a ratio of records that are not comparable), and is
+    hatched, so that it does not read as this run's measurement."""
     here = bench.Run.load("03_packed_u32", gpu)
     shape = next(r["shape"] for r in here.kernels() if r["dtype"] == "bf16")
     merged = plots.progress("03_packed_u32", gpu)
+    hatched = [p for p in plt.gca().patches if p.get_hatch() == "//" and p.get_width() > 0]
     plt.close("all")
     carried = [r for r in merged.kernels() if "'s run of" in r["name"]]
     assert carried, "03's plot carries no bar from another run: the test needs one"
+    assert len(hatched) == len(carried), "a bar from another run is drawn as this run's"
     for r in carried:
         step = r["name"].split("(")[-1][:2]
         source = next(p.stem for p in (results.RESULTS_DIR / gpu).glob(f"{step}_*.json"))

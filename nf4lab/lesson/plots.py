@@ -36,7 +36,17 @@ def bars(run, *, title=None, highlight=(), shape=None, dtype=None, ax=None):
     colors = ["tab:gray" if r["kind"] == "baseline" else
               ("tab:orange" if r["name"] in highlight else "tab:blue") for r in recs]
     y = range(len(recs))
-    ax.barh(list(y), [r["gbps"] for r in recs], color=colors)
+    drawn = ax.barh(list(y), [r["gbps"] for r in recs], color=colors)
+    # a bar carried from another run (progress) is context beside this run's bars, not compared with them
+    carried = [bar for bar, r in zip(drawn, recs) if r.get("carried")]
+    for bar in carried:
+        bar.set_hatch("//")
+        bar.set_alpha(0.55)
+    if carried:
+        from matplotlib.patches import Rectangle
+
+        ax.add_patch(Rectangle((0, 0), 0, 0, facecolor="tab:blue", alpha=0.55, hatch="//",
+                               label="hatched: another step's run (context)"))
     for i, r in enumerate(recs):
         txt = f"{r['gbps']:.0f} GB/s  ({r['ms'] * 1e3:.0f} us"
         txt += f", {r['speedup_vs_bnb']:.2f}x bnb)" if r.get("speedup_vs_bnb") and r["kind"] == "kernel" else ")"
@@ -101,7 +111,7 @@ def progress(notebook: str, gpu: str | None = None, *, shape=None, dtype="bf16")
         when = f" ({name[:2]}{whose} run of {prev.meta.get('date', '?')[5:16]})"
         for r in prev.kernels():
             if r["shape"] == shape and r["dtype"] == dtype:   # a re-measurement keeps the first one's place
-                latest[r["name"]] = r if same else dict(r, name=r["name"] + when,
+                latest[r["name"]] = r if same else dict(r, name=r["name"] + when, carried=True,
                                                         own_ratios={k: r.get(k) for k in RATIOS})
     seen = set(latest)
     ours = [r for r in here.records if r["shape"] == shape and r["dtype"] == dtype]
