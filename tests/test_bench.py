@@ -129,3 +129,17 @@ def test_readme_results_block_is_generated_from_the_results_files():
     p = subprocess.run([sys.executable, str(results.ROOT / "tools" / "readme_results.py"), "--check"],
                        capture_output=True, text=True, timeout=300)
     assert p.returncode == 0, p.stdout + p.stderr
+
+
+def test_noise_bands_judge_as_printed_with_a_near_band():
+    """One rule for every verdict against the noise margin: within it, past it by less than twice it
+    ("near": a pair this close can flip between executions), or beyond; a % of the bound likewise."""
+    m = bench.NOISE_PCT
+    assert bench.noise_band(m) == "within" and bench.noise_band(-m) == "within"
+    assert bench.noise_band(m + 0.3) == "near" and bench.noise_band(-(m + 0.3)) == "near"
+    assert bench.noise_band(2 * m) == "near" and bench.noise_band(2 * m + 0.1) == "beyond"
+    assert bench.bound_band(100 - m) == "at" and bench.bound_band(101.5) == "at"
+    assert bench.bound_band(100 - m - 0.2) == "near" and bench.bound_band(100 - 2 * m) == "near"
+    assert bench.bound_band(100 - 2 * m - 0.1) == "below"
+    # 99.0 and 98.8 (one session's two processes) no longer land on opposite sides of a verdict's ends
+    assert {bench.bound_band(99.0), bench.bound_band(98.8)} <= {"at", "near"}

@@ -144,3 +144,14 @@ def test_progress_keeps_a_carried_bars_ratios_from_its_own_run(gpu):
         source = next(p.stem for p in (results.RESULTS_DIR / gpu).glob(f"{step}_*.json"))
         own = bench.Run.load(source, gpu).get(r["name"].rsplit(" (", 1)[0], shape, "bf16")
         assert r["speedup_vs_bnb"] == own["speedup_vs_bnb"] and r["pct_copy"] == own["pct_copy"], r["name"]
+
+
+def test_the_caption_says_the_spread_is_not_drawn():
+    """The method names a p10-p90 spread; no bar draws one, so the caption says where it is."""
+    from nf4lab.measure import figures
+
+    run = bench.Run.load("04_vector_loads", GPU)
+    plots.progress("04_vector_loads", GPU)
+    text = " ".join(" ".join(t.get_text().split()) for t in plt.gcf().findobj(Text))
+    plt.close("all")
+    assert "spread = p10-p90" in run.meta["method"] and figures.SPREAD_NOTE in text

@@ -4,6 +4,7 @@ The parser is tested on hand-made fixtures in ncu's documented CSV format
 (tests/fixtures/, invented values) and, once they are committed, on the real
 CSVs measured by tools/profile_all.py under data/ncu/<gpu>/.
 """
+import re
 import subprocess
 import sys
 
@@ -79,6 +80,23 @@ def test_command_line():
     assert "--export" in exp and "--csv" not in exp
     with pytest.raises(ValueError):
         P.ncu_command(["p"], page="source")
+
+
+def test_shell_lines_keep_every_token_of_the_command():
+    """The terminal recipe notebook 08 prints is ncu_command's own list: every section and metric, in order."""
+    cmd = P.ncu_command(["python", "my_script.py"], profile_from_start=True, kernel_regex="k", launch_skip=2,
+                        launch_count=1)
+    text = P.shell_lines(cmd, "> my.csv")
+    assert text.endswith("python my_script.py > my.csv") and "--launch-skip 2" in text
+    assert re.sub(r"\\\n\s*", "", text).split() == cmd + [">", "my.csv"]   # the line breaks add nothing
+    assert all(f"--section {s}" in text for s in P.SECTIONS) and all(m in text for m in P.METRICS)
+
+
+def test_full_warps_register_limit_reads_the_recorded_attributes():
+    m = {"device__attribute_max_registers_per_multiprocessor": {"value": 65536.0},
+         "device__attribute_max_threads_per_multiprocessor": {"value": 2048.0}}
+    assert P.full_warps_register_limit({"metrics": m}) == 32
+    assert P.full_warps_register_limit({"metrics": {}}) is None and P.full_warps_register_limit(None) is None
 
 
 def test_failures_are_classified():

@@ -37,6 +37,29 @@ REPLAYS = 15
 # same H200 ran 01's naive kernel 1.7-2.1% faster than on 2026-11-28 (the run-to-run lines of 02-04).
 # Every notebook that calls a change "a gain", "a loss" or "none" uses this name and prints it.
 NOISE_PCT = 1
+# A pair of kernels just past the margin is not yet a settled result: one such gap came out on both sides of
+# it in two processes of one session (06's fp16 kernel at 99.0% and 98.8% of its bound, H200, 2026-11-29).
+# Between one and two margins a verdict says "near" and asks for a re-run instead of deciding (noise_band).
+NEAR_FACTOR = 2
+
+
+def noise_band(change_pct: float, margin: float = NOISE_PCT) -> str:
+    """Where a signed change in percent stands against the series' noise margin, judged to one decimal as
+    printed: "within" (|change| <= margin), "near" (past the margin by less than NEAR_FACTOR margins: one
+    pair this close can fall either side of it in another execution) or "beyond"."""
+    c = abs(round(float(change_pct), 1))
+    return "within" if c <= margin else "near" if c <= NEAR_FACTOR * margin else "beyond"
+
+
+def bound_band(pct_bound: float, margin: float = NOISE_PCT) -> str:
+    """A kernel's percent of the traffic-matched bound, judged by the same rule as :func:`noise_band`:
+    "at" (no more than the margin below it, or above it), "near" (below by more than the margin, up to
+    NEAR_FACTOR margins: memory-bound for practical purposes, and a gap this small can flip between
+    executions) or "below"."""
+    gap = round(100 - round(float(pct_bound), 1), 1)
+    return "at" if gap <= margin else "near" if gap <= NEAR_FACTOR * margin else "below"
+
+
 METHOD = (f"GPU time: median of {REPLAYS} CUDA-graph replays of {LAUNCHES} captured launches each "
           "(torch.cuda.graph + numba external_stream), after a warm-up launch; spread = p10-p90")
 

@@ -122,6 +122,29 @@ def ncu_command(target: list, *, ncu: str = "ncu", sections=SECTIONS, metrics=ME
     return cmd + list(extra) + [str(t) for t in target]
 
 
+def shell_lines(cmd: list, tail: str = "") -> str:
+    """A command line (a list, as ``ncu_command`` builds it) as a reader types it in a terminal: one option, or the
+    target program from its ``python`` on, a line; a comma-separated value (the ``--metrics`` list) one item a line;
+    lines continued with backslashes; ``tail`` (a redirection such as ``"> my.csv"``) after the last token."""
+    parts, cur = [], [str(cmd[0])]
+    for tok in map(str, cmd[1:]):
+        if tok.startswith("--") or tok == "python":
+            parts.append(" ".join(cur))
+            cur = []
+        cur.append(tok)
+    text = " \\\n    ".join(parts + [" ".join(cur + ([tail] if tail else []))])
+    return text.replace(",", ",\\\n      ")
+
+
+def full_warps_register_limit(kernel: dict | None) -> float | None:
+    """Registers per thread that still let every warp slot of an SM fill: the SM's register file over its thread
+    limit, both as ncu records them with a profiled kernel (``device__attribute_*``); None where they are missing."""
+    m = (kernel or {}).get("metrics") or {}
+    regs, threads = (m.get(f"device__attribute_max_{k}_per_multiprocessor", {}).get("value")
+                     for k in ("registers", "threads"))
+    return regs / threads if regs and threads else None
+
+
 def import_command(report: str, *, ncu: str = "ncu", page: str = "raw", extra=()) -> list:
     """Read a saved report (.ncu-rep) back as CSV."""
     cmd = [ncu, "--import", str(report), "--csv", "--page", page]
