@@ -27,7 +27,7 @@ pack() {   # one writer at a time: both chains pack after each notebook
 chain() {   # chain lessons|solutions GPU NN ...
   local which=$1 gpu=$2; shift 2
   export CUDA_VISIBLE_DEVICES=$gpu OUT=/tmp/book_twins_$which
-  mkdir -p "$OUT"
+  rm -rf "$OUT" && mkdir -p "$OUT"   # this call's logs only
   for n in "$@"; do
     if [ "$n" = 06 ]; then
       export NF4LAB_RUN_ID=$(python3 -c "import uuid; print(uuid.uuid4().hex[:12])")
