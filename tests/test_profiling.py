@@ -286,7 +286,7 @@ def test_ceiling_record_is_the_named_gpus_own(monkeypatch, tmp_path):
     assert got["notebook"] == "00_ceiling" and got["copy_gbps"] == 3000.0 and got["bound_gbps"] is None
     assert got["spec_peak_gbps"] is None   # a record without the datasheet's peak
     results.save({"meta": {"gpu": "NVIDIA Fake 1", "date": "d1"},
-                  "records": [rec(bench.COPY, 3010.0), rec(bench.BOUND, 2900.0), rec(P.SPEC_PEAK, 3350.0)]},
+                  "records": [rec(bench.COPY, 3010.0), rec(bench.BOUND, 2900.0), rec(bench.SPEC_PEAK, 3350.0)]},
                  "07_summary")
     got = P.ceiling_record("NVIDIA_Fake_1")   # the folder's name works as well as the GPU's
     assert got["notebook"] == "07_summary" and got["bound_gbps"] == 2900.0 and got["date"] == "d1"

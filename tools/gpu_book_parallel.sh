@@ -24,16 +24,6 @@ for group in "$@"; do
 done
 wait
 for j in $(seq 0 $((i - 1))); do cat /tmp/book_$j/"${tag}_$j".log; done > "$final_out/$tag.log"
-python3 - "$final_out/$tag.log" <<'PY'
-import re
-import sys
-
-from nf4lab.__main__ import record_time   # one writer at a time now: each call reads, changes and writes the file
-
-times = {m.group(1): float(m.group(2)) for m in re.finditer(r"^ok\s+\S*/(\S+)\.ipynb \((\d+) s\)", open(sys.argv[1]).read(), re.M)}
-for name, secs in times.items():
-    record_time(name, secs)
-print(f"notebook_times: {len(times)} notebooks of this call")
-PY
+python3 tools/notebook_times.py "$final_out/$tag.log"
 tar czf "$final_out/$tag.tgz" $(find notebooks -name "*.ipynb" -newer "$stamp") $(find data/results -type f -newer "$stamp")
 grep -h "^ok\|^FAILED\|^== " "$final_out/$tag.log"

@@ -54,17 +54,6 @@ else
 fi
 # notebook_times.json is read, changed and written by each notebook's run: two chains at once can drop each other's
 # entries, so it is written again from the "ok ... (N s)" lines of both logs.
-python3 - "$final_out/${tag}_lessons.log" "$final_out/${tag}_solutions.log" <<'PY'
-import re
-import sys
-
-from nf4lab.__main__ import record_time
-
-text = "".join(open(p).read() for p in sys.argv[1:])
-times = {m.group(1): float(m.group(2)) for m in re.finditer(r"^ok\s+\S*/(\S+)\.ipynb \((\d+) s\)", text, re.M)}
-for name, secs in times.items():
-    record_time(name, secs)
-print(f"notebook_times: {len(times)} notebooks of this call")
-PY
+python3 tools/notebook_times.py "$final_out/${tag}_lessons.log" "$final_out/${tag}_solutions.log"
 pack
 grep -h "^ok\|^FAILED\|^== " "$final_out/${tag}_lessons.log" "$final_out/${tag}_solutions.log"

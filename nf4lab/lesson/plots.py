@@ -13,7 +13,7 @@ from ..measure.figures import finish
 
 CEILING_STYLE = {bench.COPY: ("tab:red", "--"), bench.FILL: ("tab:purple", ":"),
                  bench.BOUND: ("tab:green", "-"),
-                 "spec peak (datasheet)": ("black", "-.")}
+                 bench.SPEC_PEAK: ("black", "-.")}
 
 
 def bars(run, *, title=None, highlight=(), shape=None, dtype=None, ax=None):
@@ -74,9 +74,6 @@ def _step_number(name: str) -> int:
     return int(m.group(1)) if m else 99
 
 
-RATIOS = ("pct_copy", "pct_fill", "pct_bound", "speedup_vs_bnb")
-
-
 def progress(notebook: str, gpu: str | None = None, *, shape=None, dtype="bf16"):
     """Bars of every step's kernels up to ``notebook``, from the recorded results files.
 
@@ -100,7 +97,8 @@ def progress(notebook: str, gpu: str | None = None, *, shape=None, dtype="bf16")
     mine = {r["name"] for r in here.kernels()}
     # A bar from another run is not this run's measurement: its label names the step whose run it
     # comes from and that run's date, e.g. "(02's run of 11-28 17:47)", and its ratios (% of copy,
-    # x bitsandbytes) stay those of its own run, never this run's ceilings over another run's time.
+    # x bitsandbytes) stay those its own run's save computed, never this run's ceilings over another run's time:
+    # every record here is loaded, so none is finalized again.
     latest: dict = {}
     for name in earlier:
         prev = bench.Run.load(name, gpu)
@@ -111,8 +109,7 @@ def progress(notebook: str, gpu: str | None = None, *, shape=None, dtype="bf16")
         when = f" ({name[:2]}{whose} run of {prev.meta.get('date', '?')[5:16]})"
         for r in prev.kernels():
             if r["shape"] == shape and r["dtype"] == dtype:   # a re-measurement keeps the first one's place
-                latest[r["name"]] = r if same else dict(r, name=r["name"] + when, carried=True,
-                                                        own_ratios={k: r.get(k) for k in RATIOS})
+                latest[r["name"]] = r if same else dict(r, name=r["name"] + when, carried=True)
     seen = set(latest)
     ours = [r for r in here.records if r["shape"] == shape and r["dtype"] == dtype]
     own = {r["name"]: r for r in ours if r["kind"] == "kernel"}
@@ -120,9 +117,6 @@ def progress(notebook: str, gpu: str | None = None, *, shape=None, dtype="bf16")
     order = list(latest) + [n for n in own if n not in latest]
     merged.add([r for r in ours if r["kind"] != "kernel"])        # ceilings, bound and baselines
     merged.add([own.get(n) or latest[n] for n in order])
-    merged.finalize()
-    for r in merged.records:
-        r.update(r.pop("own_ratios", {}))
     highlight = mine - seen
     # Wider for long labels (a bar from another run names it), so that the bars keep room for their values.
     longest = max([len(r["name"]) for r in merged.records if r["kind"] in ("kernel", "baseline")] + [0])

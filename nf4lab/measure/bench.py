@@ -70,6 +70,7 @@ FILL = "write-only fill"
 # The same bytes as NF4 dequantization (codes and absmax_q read, the output written, in the
 # kernels' access pattern) with no arithmetic: what any dequantization kernel can reach at best.
 BOUND = "traffic-matched bound (NF4 bytes, no arithmetic)"
+SPEC_PEAK = "spec peak (datasheet)"   # the datasheet's DRAM peak, recorded beside the measured ceilings
 # Launch shapes the bound and the fill are timed at; the best is the ceiling (a bound timed at one
 # shape would be a property of that shape, not of the memory system).
 SHAPES = ((128, 1), (128, 2), (256, 1), (256, 2), (512, 2))
@@ -299,7 +300,7 @@ def ceilings(nbytes: int, shape=None, dtype=None, n: int | None = None) -> list[
         recs.append(bound(n, dtype, shape))
     peak = runtime.device_info().get("spec_peak_gbps")
     if peak:
-        recs.append({"kind": "ceiling", "name": "spec peak (datasheet)", "shape": list(shape or []),
+        recs.append({"kind": "ceiling", "name": SPEC_PEAK, "shape": list(shape or []),
                      "dtype": dtype, "ms": None, "gbps": peak, "bytes": None, "pct_copy": None,
                      "pct_fill": None, "speedup_vs_bnb": None, "bit_exact": None, "fits_l2": False,
                      "timing": "datasheet"})

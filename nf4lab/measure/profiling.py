@@ -511,9 +511,6 @@ def earlier_kernel_lines(rec: dict, indent: str = "  ") -> list[str]:
             for name, v in (rec or {}).get("versions", {}).items() if v.get("earlier_kernel")]
 
 
-SPEC_PEAK = "spec peak (datasheet)"   # the record nf4lab.measure.bench writes beside the measured ceilings
-
-
 def ceiling_record(gpu: str | None) -> dict | None:
     """The copy ceiling and the traffic-matched bound recorded for one GPU (a name or its folder under
     data/results/), at 16384x16384 bf16, from notebook 07's run, else notebook 00's; None when that GPU
@@ -523,7 +520,7 @@ def ceiling_record(gpu: str | None) -> dict | None:
     None in a run recorded before the bound existed; ``spec_peak_gbps``, the datasheet's DRAM peak the run recorded,
     None where it has none)."""
     from . import results
-    from .bench import BOUND, COPY
+    from .bench import BOUND, COPY, SPEC_PEAK
 
     if not gpu:
         return None
@@ -545,7 +542,9 @@ def where_to_look(gpu: str | None, names=()) -> str:
     """Where a notebook sends a student to explain a timing of ``gpu`` (a run's meta["gpu"]) with Nsight Compute:
     notebook 08's recorded profiles where they are of that GPU, else 08's live profile on it, naming the GPU and
     date of the profiles that are recorded (another GPU's counters need not explain this one's times)."""
-    slug = None if gpu is None else gpu.replace(" ", "_")
+    from . import results
+
+    slug = None if gpu is None else results.gpu_slug(gpu)
     prof = load_recorded(slug if slug in recorded_gpus() else None)
     have = prof is not None and all(n in prof["versions"] for n in names)
     if have and prof["gpu"] == slug:
