@@ -320,6 +320,9 @@ if base and full and one:
     change = round(100 * (full["gbps"] / base["gbps"] - 1), 1)   # judged as printed: one decimal
     print(f"full occupancy: {full['gbps']:.0f} GB/s vs 01's {base['gbps']:.0f} GB/s: {change:+.1f}% "
           f"({full['pct_copy']:.0f}% vs {base['pct_copy']:.0f}% of copy)")
+    if bench.noise_band(change) == "near":    # past the margin by little: one pair this close can flip
+        print(f"  ({abs(change):.1f}% is past the {NOISE_PCT}% margin by less than twice it: re-run to confirm "
+              "the verdict below)")
     if change > NOISE_PCT:
         verdict = "the small gain we predicted" if change < 10 else "more than the small gain we predicted"
         print(f"  a gain of {change:.1f}%, {verdict}. Two causes fit, and this run does not separate them: the "
@@ -409,6 +412,14 @@ if result:
 ### BEGIN SOLUTION
 assert result
 ptx.check(while_ptx, present=[r"^st\.global\.u16"], absent=[r"^(div|rem)\.\w64", r"^fma", r"\.f64"])
+# The two questions. Skipping the count: a while loop tests its condition before each iteration and never
+# needs to know how many there are, where numba lowers range() by computing its length first (the division
+# of section 3). Unrolling: a compiler may still unroll it (copies of the body, each keeping the test, or a
+# count it computes itself); whether this numba and LLVM did, the store count says.
+n16w = ptx.count(while_ptx, r"^st\.global\.u16")
+print(f"16-bit stores in the while loop's PTX: {n16w} ({n16w // 2} cop{'ies' if n16w > 3 else 'y'} of the body; "
+      f"section 3's range loop: {n16 // 2}): " + ("unrolled, with no 64-bit division" if n16w > 2 else
+                          "not unrolled by this numba and LLVM: one copy of the body, the test before each iteration"))
 ### STUDENT
 ### END SOLUTION
 
@@ -442,7 +453,9 @@ if result and nf4lab.ON_GPU:
     change = round(100 * (b128["gbps"] / a["gbps"] - 1), 1)   # one run; judged as printed, one decimal
     print(f"128 threads against 256: {change:+.1f}%: " + ("the same, within the series' noise margin of "
           f"{bench.NOISE_PCT}%" if abs(change) <= bench.NOISE_PCT else ("faster" if change > 0 else "slower")
-          + f", by more than the {bench.NOISE_PCT}% noise margin"))
+          + f", by more than the {bench.NOISE_PCT}% noise margin"
+          + (" (a small margin, under twice it: one pair this close can flip in another execution; re-run to confirm)"
+             if bench.noise_band(change) == "near" else "")))
 ### BEGIN SOLUTION
 assert result
 ### STUDENT

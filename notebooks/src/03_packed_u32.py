@@ -293,6 +293,9 @@ for name, c in leaning.items():
     print(f"  {name}: {abs(c):.1f}% {'slower' if c < 0 else 'faster'}, within the {NOISE_PCT}% margin: not a "
           f"measured difference, but the direction is {'a loss' if c < 0 else 'a gain'}, not "
           f"{'a gain' if c < 0 else 'a loss'}")
+for name, c in changes.items():       # past the margin by little: one pair this close can flip in another execution
+    if bench.noise_band(c) == "near":
+        print(f"  {name}: {c:+.1f}% is past the {NOISE_PCT}% margin by less than twice it: re-run to confirm")
 
 # %% [markdown]
 # <a id="learned"></a>
@@ -379,6 +382,32 @@ def launch_u64(b):
 result = exercises.check_u64_store(launch_u64, u64_store, SIG64)
 ### BEGIN SOLUTION
 assert result
+
+
+# The prediction's answer: the starting point (a 64-bit store in every thread), checked on the two shapes asked about.
+@cuda.jit
+def u64_as_given(packed, lut, absmax_q, absmax2, code2, offset, out, out_u32, out_u64, n, nbytes):
+    t = uint64(cuda.grid(1))
+    i = uint64(2) * t
+    if i < uint64(nbytes):
+        b0, b1 = packed[i], packed[i + uint64(1)]
+        s = block_scale(absmax_q, absmax2, code2, offset, i >> uint64(BLOCK_SHIFT))
+        lo = ops.pack_bf16x2(lut[b0 >> 4] * s, lut[b0 & 15] * s)
+        hi = ops.pack_bf16x2(lut[b1 >> 4] * s, lut[b1 & 15] * s)
+        out_u64[t] = uint64(lo) | (uint64(hi) << uint64(32))
+
+
+def launch_as_given(b):
+    pairs = (b.nbytes + 1) // 2
+    u64_as_given[(pairs + THREADS - 1) // THREADS, THREADS, b.stream](*_args(b)[:8], b.out.view(np.uint64),
+                                                                      b.n, b.nbytes)
+
+
+for shape in ((3, 5), (1, 66)):
+    given = nf4lab.check(launch_as_given, name="the starting point", shapes=(shape,),
+                         verbose=False)
+    print(f"n = {shape[0] * shape[1]} (n mod 4 = {shape[0] * shape[1] % 4}): "
+          + str(given.report if given.report is not None else given.error or "bit-exact"))
 ### STUDENT
 ### END SOLUTION
 

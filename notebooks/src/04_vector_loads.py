@@ -446,7 +446,8 @@ nf4lab.verify_versions(VERSIONS, case);
 #
 # "Little or nothing" needs a cut-off. The verdict uses the series' one noise margin,
 # `bench.NOISE_PCT` (printed with the verdict): twice the largest spread the book's records show
-# for one kernel timed again in another run (its comment in `nf4lab/measure/bench.py` names them),
+# for one kernel timed again in another run of the same day (its comment in `nf4lab/measure/bench.py`
+# names them; records of different days differ by more, which is why it is not a margin for them),
 # and used by every notebook that calls a change "a gain" or "none". A change of speed inside it
 # counts as nothing; beyond it, the verdict says which way. It judges kernels of one run: the
 # run-to-run lines (03's kernels here against 03's own record) may lie further apart, since
@@ -481,6 +482,8 @@ if run is not None:
         verdict = ("within noise: as predicted" if abs(gain) <= bench.NOISE_PCT else
                    "a loss beyond the noise margin: worse than predicted" if gain < 0 else
                    "a gain beyond the noise margin: more than the 'little or nothing' predicted")
+        if bench.noise_band(gain) == "near":     # one pair just past the margin can flip in another execution
+            verdict += f" (by less than twice the {bench.NOISE_PCT}% margin: re-run to confirm)"
         print(f"the prediction (A gains little or nothing over 03): A takes {a['ms'] / best03['ms']:.3f}x the time "
               f"of {best03['name']!r} in this run ({gain:+.1f}% speed, noise margin {bench.NOISE_PCT}%): {verdict}")
         if b_:
@@ -525,8 +528,9 @@ plots.progress("04_vector_loads");
 # global memory 32 times per thread. Those loads are plain `ld.global.f32` with no cache operator
 # (section 6 prints how many carry one), and the PTX ISA makes a load without one `.ca`, "cache
 # at all levels" ("Cache Operators"), L1 included: L1 is the SM's own cache for global loads, which
-# shares its on-chip storage with shared memory. So we expect L1 to serve most of the table's
-# loads; nothing here measured its hit rate.
+# from compute capability 7.0 (Volta) on shares its on-chip storage with shared memory (CUDA C++
+# Programming Guide, "Compute Capabilities", the shared-memory sections for 7.x, 8.x and 9.0). So we
+# expect L1 to serve most of the table's loads; nothing here measured its hit rate.
 
 # %% [markdown]
 # <a id="exercises"></a>

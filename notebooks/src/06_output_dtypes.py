@@ -383,7 +383,10 @@ else:
 # 2), so a difference is not the access pattern's alone. The cell ends with two verdicts read
 # against the noise margin: whether each dtype reaches the traffic-matched bound, which moves the
 # same bytes with no arithmetic (00's prediction that dequantization is memory-bound, tested), and
-# whether the two kernels differ.
+# whether the two kernels differ. A kernel past the margin by less than twice it is called *near* the
+# bound: one such gap can land on either side of the margin in another execution (`bench.bound_band`).
+# Between the two verdicts, fp32's time is printed beside the prediction of 00's exercise: 00's run
+# and this one are two runs, so that line says which way it went without a verdict at the margin.
 
 # %%
 # Under NF4LAB_ARCH=sm_75 (section 7) these kernels carry the T4 paths: their results get a file of their own.
@@ -408,10 +411,34 @@ if run is not None:
     for r in run.kernels():             # the prediction of 00: the arithmetic hides behind the bytes
         if r["name"].startswith("06") and r.get("pct_bound"):
             pb = round(r["pct_bound"], 1)     # judged as printed, to one decimal (as 05 judges its change)
+            band = bench.bound_band(pb)       # the series' rule: at, near (up to twice the margin) or below
             print(f"-> {r['dtype']}: {pb:.1f}% of the bound that does no arithmetic, " + (
-                f"within the {bench.NOISE_PCT}% noise margin: memory-bound {where}, as 00 predicted"
-                if pb >= 100 - bench.NOISE_PCT else f"{100 - pb:.1f}% below it, past the {bench.NOISE_PCT}% noise "
-                f"margin: {where} this run puts it near the bound, not at it"))
+                f"within the {bench.NOISE_PCT}% noise margin: at the bound, memory-bound {where}, as 00 predicted"
+                if band == "at" else
+                f"{100 - pb:.1f}% below it, within twice the {bench.NOISE_PCT}% noise margin: near the bound, "
+                f"memory-bound for practical purposes {where}, as 00 predicted (a gap this small can fall on either "
+                "side of the margin in another execution: one result with 'at the bound')" if band == "near" else
+                f"{100 - pb:.1f}% below it, more than twice the {bench.NOISE_PCT}% noise margin: {where} the "
+                "arithmetic costs measurable time, not the memory-bound result 00 predicted"))
+    # 00's exercise predicted fp32's time from 00's bf16 bound; this run measured it: two runs, two dates
+    base = bench.Run.load("00_ceiling", results.gpu_slug(run.meta["gpu"])) if run.meta.get("gpu") else None
+    tb00 = base.get(bench.BOUND) if base is not None else None
+    f32, tb32, tb16 = (run.get("06 best kernel -> fp32"), run.get(bench.BOUND, dtype="fp32"),
+                       run.get(bench.BOUND, dtype="bf16"))
+    if tb00 and f32 and tb32 and tb16:
+        pred = bytemodel.bytes_moved(f32["shape"][0] * f32["shape"][1], "fp32") / tb00["gbps"] / 1e6
+        late = 100 * (f32["ms"] / pred - 1)
+        print(f"00's prediction for fp32 at the bf16 bound's speed ({results.label(base.meta)}): {pred:.4f} ms; "
+              f"this run: the fp32 kernel {f32['ms']:.4f} ms, fp32's bound {tb32['ms']:.4f} ms. The kernel took "
+              f"{abs(late):.1f}% {'longer' if late > 0 else 'less time'} than predicted (00's run and this one: two runs, "
+              "not judged at the noise margin, which is for kernels timed in one run)")
+        gap = 100 * (tb32["gbps"] / tb16["gbps"] - 1)     # one run: comparable
+        print(f"   within this run, fp32's bound moved its bytes {abs(gap):.1f}% "
+              f"{'faster' if gap > 0 else 'slower'} than bf16's ({tb32['gbps']:.0f} against {tb16['gbps']:.0f} GB/s): "
+              + {"within": f"within the {bench.NOISE_PCT}% noise margin, as fast, as 00 assumed",
+                 "near": f"just past the {bench.NOISE_PCT}% noise margin: near as fast (re-run to confirm)",
+                 "beyond": f"beyond twice the {bench.NOISE_PCT}% noise margin: fp32's bytes move "
+                           + ("faster" if gap > 0 else "slower") + ", not as fast as 00 assumed"}[bench.noise_band(gap)])
     bf, prev = run.get("06 best kernel -> bf16"), run.get(PREV, dtype="bf16")
     if bf and prev:
         ratio, why = provenance.compare(run.meta, bf, run.meta, prev)   # one run: comparable
@@ -423,7 +450,9 @@ if run is not None:
             print(f"-> within the {bench.NOISE_PCT}% noise margin: {where} neither kernel is measurably "
                   "faster" if abs(change) <= bench.NOISE_PCT else
                   f"-> beyond the {bench.NOISE_PCT}% noise margin: {where} "
-                  f"{'this kernel' if change > 0 else repr(PREV)} is the faster one")
+                  f"{'this kernel' if change > 0 else repr(PREV)} is the faster one"
+                  + (" (by less than twice the margin: re-run to confirm)"
+                     if bench.noise_band(change) == "near" else ""))
     else:
         print(f"this run ({results.label(run.meta)}) did not time {PREV!r} beside this kernel: "
               "no comparison (run the notebook on a GPU to measure both)")
@@ -542,7 +571,9 @@ for d in ("bf16", "fp16"):
 # are compared only when both belong to one run (started with the same `NF4LAB_RUN_ID`) and
 # nothing but the code path differs: the same GPU, driver, versions and kernel source
 # (`nf4lab.measure.provenance`); otherwise the cell says what differs. fp32 converts nothing: its
-# ratio should differ from 1 only by run-to-run noise.
+# ratio should differ from 1 only by run-to-run noise. A run id names a session, not one process:
+# every process started with the same `NF4LAB_RUN_ID` prints it (a lesson, its solution and the sm_75
+# process may all share one), while the noise margin is defined for kernels timed in one process.
 
 # %%
 sm80 = bench.Run.load("06_output_dtypes") if SM75_RUN else run
@@ -555,7 +586,7 @@ else:
     why = provenance.why_not_comparable(sm80.meta, {}, sm75.meta, {}, about="code_path")
     paths = (sm80.meta.get("code_path"), sm75.meta.get("code_path"))
     print(f"the two records: {why}" if why is not None else
-          f"both records are of run {sm80.meta['run']} (two processes given one NF4LAB_RUN_ID), with the same "
+          f"both records are of run {sm80.meta['run']} (at least two processes given one NF4LAB_RUN_ID), with the same "
           + ", ".join(k for k in provenance.SAME_SETUP if k != "code_path") + "; "
           + (f"only the code path differs ({paths[0]} / {paths[1]})" if paths[0] != paths[1] else
              f"the code path is the same too ({paths[0]})") + "; each line below also compares the kernel's source")
@@ -577,8 +608,10 @@ else:
 #   half), or no rounding at all for fp32.
 # * 00 predicted that dequantization is memory-bound; section 6 tests it per dtype against the
 #   traffic-matched bound, which moves the same bytes with no arithmetic. Where the verdict says
-#   within the noise margin, the arithmetic costs no measurable time and the bytes set the pace
-#   (fp32 writes twice the output bytes, and its bound counts them).
+#   at the bound (within the noise margin) or near it (within twice the margin), the arithmetic costs
+#   no time that matters and the bytes set the pace (fp32 writes twice the output bytes, and its bound
+#   counts them). "At" and "near" are one result: a gap a few tenths of a percent past the margin can
+#   land on either side of it in another execution of the same code.
 # * Two kernels (16-byte loads with an exchange in 05, u32 words here) are compared by
 #   measurement, in one run on the same data: section 6's verdict says whether they differ beyond
 #   the noise margin on the GPU whose results it shows. They differ in more than the access
@@ -660,9 +693,9 @@ ptx.check(ex_ptx, present=[r"^cvt\.rn\.f16x2\.f32"], absent=[r"^cvt\.rn\.bf16x2"
 
 # %% [markdown]
 # ### BEGIN SOLUTION
-# *What to notice:* the tail (written one weight at a time with `ops.to_f16_bits`) was right all
-# along; only the packed pairs went through the wrong conversion. Two 16-bit formats with the same
-# size round differently and place their bits differently (bf16: 8 exponent bits, fp16: 5), so
+# *What to notice:* by the code, the tail (written one weight at a time with `ops.to_f16_bits`, never
+# through `f16_pair`) was right all along; only the packed pairs went through the wrong conversion.
+# Two 16-bit formats with the same size round differently and place their bits differently (bf16: 8 exponent bits, fp16: 5), so
 # bit-exactness is decided by the instruction that rounds, and the PTX is where to look for it.
 # ### STUDENT
 # *What to notice* (run the exercise cell first): the kernel writes its weights in two ways, whole words and a

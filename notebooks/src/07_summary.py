@@ -86,8 +86,13 @@ if run is not None:
     print(bench.METHOD)
     mb = run.get(BEST, dtype="bf16")["bytes"] / 1e6
     l2 = run.meta.get("l2_bytes")
-    print(f"16384x16384 -> bf16 moves {mb:.0f} MB per call; L2 of the {GPU}: "
-          + (f"{l2 / 2**20:.0f} MiB (as the setup cell prints it), so this is DRAM bandwidth" if l2 else "not recorded"))
+    print(f"16384x16384 -> bf16 moves {mb:.0f} MB per call; L2 of the {GPU}: " + (
+        f"{l2 / 2**20:.0f} MiB (as the setup cell prints it), so " + ("this is DRAM bandwidth (more than 4x the L2)"
+        if mb * 1e6 > 4 * l2 else "not 4x the L2: part of it may be served from the L2, not a pure DRAM measurement")
+        if l2 else "not recorded"))
+    spec = next((r for r in run.records if r.get("timing") == "datasheet" and r["dtype"] == "bf16"), None)
+    if spec:   # the plot's datasheet bar is a cited figure, not a measurement: where it is printed
+        print(f"the plot's {spec['name']}: {spec['gbps']:.0f} GB/s, cited: {nf4lab.runtime.spec_peak_source(GPU)}")
     plots.bars(run, title=f"NF4 dequantization, 16384x16384 -> bf16, {GPU}: every version, ceilings, bitsandbytes",
                highlight={k["name"] for k in run.kernels()}, dtype="bf16");
 else:
@@ -162,14 +167,16 @@ def verdict(ok):
 if run is not None:
     print(f"{results.source_note(results.gpu_slug(GPU))}, 16384x16384:")
     rec = {(n, d): run.get(n, dtype=d) for n in (BEST, DROP_IN) for d in ("bf16", "fp16")}
-    bound, copy = run.get(BOUND, dtype="bf16"), run.get(bench.COPY, dtype="bf16")
-    print("  traffic-matched bound: " + (f"{bound['gbps']:.0f} GB/s, {bound['gbps'] / copy['gbps']:.0%} of the "
-          f"copy ({copy['gbps']:.0f} GB/s)" if bound else "not recorded in this run"))
+    for d in ("bf16", "fp16"):   # each dtype's rows below are read against that dtype's own bound and copy
+        b_d, c_d = run.get(BOUND, dtype=d), run.get(bench.COPY, dtype=d)
+        print(f"  {d} run: traffic-matched bound " + (f"{b_d['gbps']:.0f} GB/s, " if b_d else "not recorded, ")
+              + (f"device copy {c_d['gbps']:.0f} GB/s" if c_d else "no copy recorded")
+              + (f" (the bound {b_d['gbps'] / c_d['gbps']:.0%} of the copy)" if b_d and c_d else ""))
     for (n, d), r in rec.items():
         if r:
             p = r.get("pct_bound")
-            print(f"  {n:<32} {d}: {r['gbps']:5.0f} GB/s, " + (f"{p:.1f}% of the bound, " if p else "")
-                  + f"{r['pct_copy']:.0f}% of copy, {r['speedup_vs_bnb']:.2f}x bitsandbytes")
+            print(f"  {n:<32} {d}: {r['gbps']:5.0f} GB/s, " + (f"{p:.1f}% of the {d} bound, " if p else "")
+                  + f"{r['pct_copy']:.0f}% of the {d} copy, {r['speedup_vs_bnb']:.2f}x bitsandbytes ({d})")
     checks = {}
     for n in (BEST, DROP_IN):
         p = (rec[n, "bf16"] or {}).get("pct_bound")
@@ -269,7 +276,8 @@ if sweep is not None:
 # ## 6. Where the rest of the time goes
 #
 # The best kernel's distance from the device copy splits in two: the bound's distance from the
-# copy (the read/write mix in the bound's access pattern: no variant tried, section 6's rounds, closed it) and the kernel's distance
+# copy (the read/write mix in the bound's access pattern; whether any variant tried in the tuning rounds below
+# closed it, the rounds' cell prints from the rounds that timed a bound, for the GPU they were recorded on, and whether that is this run's GPU) and the kernel's distance
 # from the bound (its own work: what is ours to win). The first cell prints both from this run.
 # Two kinds of older evidence follow; each line says on which GPU it was recorded:
 #
@@ -294,8 +302,9 @@ if sweep is not None:
 #    bytes around the address, not only the sectors asked for), bulk (TMA) stores (the Tensor
 #    Memory Accelerator of sm_90 GPUs copies a whole tile from shared to global memory in one
 #    asynchronous instruction, `cp.async.bulk`), each variant verified, and bounds of several
-#    access styles (`kind: "bound"`: the same traffic, no arithmetic), all timed in one run per
-#    round, on the GPU the cell names. In the variants' names, `wKxT` is K packed 32-bit words
+#    access styles (`kind: "bound"`: the same traffic, no arithmetic) in some rounds only (in the
+#    H100 rounds of 2026-11-22, rounds 3, 4 and 6; the cell prints the rounds that have none),
+#    each round timed in one run, on the GPU the cell names. In the variants' names, `wKxT` is K packed 32-bit words
 #    per thread at a stride of T threads per block, `cs` the streaming stores, `chunked ..., P/SM`
 #    P persistent blocks per SM each over one contiguous run of tiles, `L2::256B loads` the
 #    prefetch hint, and `bound: ...` a bound in that access style; the lab files define the rest.
@@ -368,7 +377,8 @@ if kernels:
     print(f"{len(kernels)} verified variants in {len(names)} runs: {min(gb):.0f} to {max(gb):.0f} GB/s")
     for r, name in sorted(kernels, key=lambda x: -x[0]["gbps"])[:5]:
         print(f"   {r['gbps']:6.0f} GB/s  {r['pct_copy']:4.0f}% of its round's copy  {tag(r, name)}  ({name})")
-    print("bounds (same traffic, no arithmetic):")
+    none = [n[len("tuning_"):] for n in names if not any(m == n for _, m in bounds)]
+    print("bounds (same traffic, no arithmetic)" + (f"; rounds with no bound: {', '.join(none)}" if none else "") + ":")
     for r, name in sorted(bounds, key=lambda x: -x[0]["gbps"]):
         print(f"   {r['gbps']:6.0f} GB/s  {r['pct_copy']:4.0f}% of its round's copy  {r['name']}  ({name})")
     print(f"within each round (one run on {tgpu}): its copy, its fastest bound, its fastest variant")
@@ -387,6 +397,15 @@ if kernels:
     if kb:
         print(f"on {tgpu}, over these rounds: fastest variant {min(kb):.1%} to {max(kb):.1%} of its round's fastest "
               "bound" + (f"; fastest bound {min(bc):.1%} to {max(bc):.1%} of its round's copy" if bc else ""))
+    # Whether any variant closed the bound's distance from the copy: it would reach its own round's copy. Only the
+    # rounds that timed a bound measured that distance, so only their variants are read against it.
+    closest, at = max(((r, n) for r, n in kernels if n in copies and any(m == n for _, m in bounds)),
+                      key=lambda x: x[0]["pct_copy"], default=(None, None))
+    if closest:
+        print(f"on {tgpu}, in the rounds with a bound, closest to its round's copy: {closest['name']} at "
+              f"{closest['pct_copy']:.1f}% ({at}): "
+              + ("no variant of these rounds reached its round's copy" if closest["pct_copy"] < 100 else "a variant reached its round's copy")
+              + ("" if same or run is None else f"; {GPU}, section 2's GPU, is another GPU: this run does not test it there"))
 else:
     print("no tuning rounds recorded for any GPU")
 if run is not None and best and bound:
@@ -479,6 +498,12 @@ if ok:   # with own_share written: the share at every shape, and where it is lar
               f"{dram[top]:.0%} of its time beyond the copy; the rest, {1 - dram[top]:.0%}, is the bound's distance "
               "from the copy" + (f"; its p10-p90 span overlaps that of {', '.join('x'.join(map(str, s)) for s in close)}"
                                  ": this run does not separate them" if close else ""))
+    by_size = [dram[s] for s in sorted(dram, key=lambda s: s[0] * s[1])]   # the DRAM shapes, smallest first
+    if len(by_size) > 2:   # a fixed cost per launch weighs less in a longer kernel: shares that fall with size
+        falls = all(x > y for x, y in zip(by_size, by_size[1:]))
+        print("by the medians, the DRAM shares " + ("fall with every larger shape in this run: consistent with a fixed "
+              "cost per launch" if falls else "do not fall with every larger shape in this run: it does not support a "
+              "fixed cost per launch alone"))
 
 # %% [markdown]
 # ### BEGIN SOLUTION
@@ -487,11 +512,12 @@ if ok:   # with own_share written: the share at every shape, and where it is lar
 # printed above: a share near 0 means the time left beyond the copy is the bound's (the read/write
 # mix, which no dequantization kernel can win back); a share near 1 means it is the kernel's own,
 # the part worth working on. Inside the L2 neither the copy nor the bound is a DRAM measurement
-# (section 5), so read the DRAM shapes; the last line names the one where the kernel's own share is
-# largest in this run by the medians, and whether the timings' spread separates it from the others. Only a
+# (section 5), so read the DRAM shapes; the line "outside the L2 the kernel's own share is largest at ..."
+# names the one where it is largest in this run by the medians, and whether the timings' spread separates it from the others. Only a
 # separated shape is the one to look at first. A fixed cost per launch (the start, the last wave) would
-# weigh more in a shorter kernel: if the shares fall as the shapes grow, that is the hypothesis to test; if
-# they do not, this run does not support it. How the one launch shape that ships was chosen is in
+# weigh more in a shorter kernel: the line "by the medians, the DRAM shares ..." says whether the shares
+# fall with every larger DRAM shape in this run. Where it says they fall, that hypothesis is consistent
+# with this run and is the one to test first; where it says they do not, this run does not support it. How the one launch shape that ships was chosen is in
 # `lab/README.md`.
 # ### STUDENT
 # Once the check passes: at which shape outside the L2 is the kernel's own share largest in this

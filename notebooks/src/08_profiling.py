@@ -56,13 +56,7 @@ print(nf4lab.describe())
 # %%
 cmd = profiling.ncu_command(["python", "-m", "nf4lab.measure.profiling", "drive", "--notebook", "NN_topic",
                              "--version", "NAME"], export="NAME.ncu-rep")
-parts, cur = [], [cmd[0]]
-for tok in cmd[1:]:
-    if tok.startswith("--") or tok == "python":  # one option (or the target program) per line
-        parts.append(" ".join(cur))
-        cur = []
-    cur.append(tok)
-print(" \\\n    ".join(parts + [" ".join(cur)]).replace(",", ",\\\n      "))
+print(profiling.shell_lines(cmd))   # one option (or the target program) a line, as typed in a terminal
 
 # %% [markdown]
 # The sections collected are the smallest set that gives our table: `SpeedOfLight` (DRAM and SM
@@ -206,8 +200,8 @@ if MEASURED:
                   "comparable with any ceiling this book prints")
             continue
         print(f"\n{gpu}: ceilings from notebook {c['notebook'][:2]}'s run ({c['label']}): copy {c['copy_gbps']:.0f} GB/s"
-              + (f" = {c['copy_gbps'] / c['spec_peak_gbps']:.0%} of the datasheet peak {c['spec_peak_gbps']:.0f} GB/s"
-                 if c["spec_peak_gbps"] else " (no datasheet peak in that record)")
+              + (f" = {c['copy_gbps'] / c['spec_peak_gbps']:.0%} of the datasheet peak {c['spec_peak_gbps']:.0f} GB/s "
+                 f"(cited: {nf4lab.runtime.spec_peak_source(gpu)})" if c["spec_peak_gbps"] else " (no datasheet peak in that record)")
               + (f", traffic-matched bound {c['bound_gbps']:.0f} GB/s" if c["bound_gbps"] else ""))
         for name in row_names:
             print(f"  {name:<{NW}} {dram_gbps[name]:>6.0f} GB/s of DRAM traffic under the profiler = "
@@ -335,9 +329,14 @@ if copy and sms and warps:
           + (", 16-byte ones can." if per_thread <= 16 else ", nor can one 16-byte load per thread."))
 else:
     print("no copy ceiling or per-SM limits recorded for this GPU (run notebook 00 or 07 on it): no estimate")
-if attrs.get("max_registers_per_multiprocessor") and attrs.get("max_threads_per_multiprocessor"):
-    print(f"registers per thread that still let every warp slot fill: "
-          f"{attrs['max_registers_per_multiprocessor'] / attrs['max_threads_per_multiprocessor']:.0f}")
+# The register limit of each GPU the occupancy rows below come from: the live profile's and the recorded ones'.
+profiled_on = ([(f"live, {live['gpu']}", live)] if live is not None else []) + (
+    [(f"the recorded profiles, {rec['meta'].get('gpu')}", next((v for v in rec["versions"].values() if v.get("kernels")), None))]
+    if MEASURED else [])
+for who, v in profiled_on:
+    limit = profiling.full_warps_register_limit(profiling.main_kernel(v["kernels"])) if v else None
+    if limit:
+        print(f"registers per thread that still let every warp slot fill ({who}, as ncu recorded it): {limit:.0f}")
 print(f"\noccupancy ({WHERE}):")
 for name, s in summaries.items():
     if s:
@@ -360,8 +359,8 @@ for name, s in summaries.items():
 # in *waves*: as many at once as its SMs can hold, the next ones as earlier ones finish, so the
 # last wave may be partial), and blocks that take time to start and end. The table above shows
 # how far below theoretical each version lands on the GPU it was profiled on. Theoretical below 100 % comes from the registers: an SM's register
-# file, shared by all its resident threads, allows as many registers per thread as the line
-# above prints; a kernel that needs more cannot fill every warp slot.
+# file, shared by all its resident threads, allows as many registers per thread as the lines
+# above print for the GPU each names (compare a row with its own GPU's line); a kernel that needs more cannot fill every warp slot.
 
 # %% [markdown]
 # <a id="stalls"></a>
@@ -369,19 +368,19 @@ for name, s in summaries.items():
 #
 # Each cycle a warp scheduler picks one ready warp; the others are *stalled*, and ncu records
 # why (`smsp__average_warps_issue_stalled_<reason>_per_issue_active.ratio`: cycles spent in
-# each state per issued instruction). The ones that matter here (where a row is named, it is the recorded
-# profiles' ranking, on the GPU and date printed with them):
+# each state per issued instruction). The ones that matter here (the last column says which code
+# causes each; which version shows it most, in the profiles shown, the cells below print):
 #
 # | reason | the warp waits for | in these kernels |
 # | --- | --- | --- |
 # | `long_scoreboard` | a result from global (or local) memory | the loads of the packed codes and of the scales |
 # | `lg_throttle` | room in the queue of global memory instructions | a thread issuing several memory instructions back to back, e.g. four 16-byte stores in a row |
-# | `mio_throttle`, `short_scoreboard` | the MIO unit (memory input/output: by Nsight Compute's Profiling Guide, the queue and pipes of shared-memory, special-math and dynamic-branch instructions): here shared memory, and constant-cache accesses whose lanes read different addresses | the LUT in constant memory (05, on top); third in 04's scattered-stores version; elsewhere below the top three or small |
+# | `mio_throttle`, `short_scoreboard` | the MIO unit (memory input/output: by Nsight Compute's Profiling Guide, the queue and pipes of shared-memory, special-math and dynamic-branch instructions): here shared memory, and constant-cache accesses whose lanes read different addresses | table lookups in constant memory whose lanes read different entries (05's LUT in constant memory) |
 # | `barrier` | the other warps of the block at `cuda.syncthreads()` | kernels that stage data in shared memory |
 # | `math_pipe_throttle` | a busy arithmetic pipe | many instructions per weight, e.g. the LUT as a tree of selects (05) |
 # | `drain` | its stores to leave, at exit | store-heavy kernels: 4 bytes out for every byte in |
 # | `wait` | a fixed-latency dependency | plain arithmetic |
-# | `not_selected` | nothing: it was ready but another warp issued | more ready warps than the scheduler needs: harmless beside memory waits; on top (the select tree, 05), the schedulers issue every cycle they can and instructions are the limit |
+# | `not_selected` | nothing: it was ready but another warp issued | more ready warps than the scheduler needs: harmless beside memory waits; where it is on top, the schedulers issue every cycle they can and instructions are the limit |
 #
 # Which version shows each reason most:
 
@@ -559,15 +558,17 @@ if prog:
 # print(profiling.table({"mine": profiling.summarize(profiling.main_kernel(res["kernels"]))}))
 # ```
 #
-# or from a terminal, for your own script, with the same sections:
-#
-# ```
-# ncu --section SpeedOfLight --section MemoryWorkloadAnalysis --section Occupancy \
-#     --section WarpStateStats --section SourceCounters --csv --page raw \
-#     --kernel-name regex:my_kernel --launch-skip 2 --launch-count 1 python my_script.py > my.csv
-# python -m nf4lab.measure.profiling table my.csv
-# ```
-#
+# or from a terminal, for your own script, with the same sections and metrics as section 1's command
+# (the cell builds it with the same `profiling.ncu_command`). Your script need not call
+# `cuda.profile_start()`: this command profiles from the start and picks one launch by kernel name
+# instead; then the second line prints the table of its CSV.
+
+# %%
+print(profiling.shell_lines(profiling.ncu_command(["python", "my_script.py"], profile_from_start=True,
+                                                  kernel_regex="my_kernel", launch_skip=2, launch_count=1), "> my.csv"))
+print("python -m nf4lab.measure.profiling table my.csv")
+
+# %% [markdown]
 # (`--launch-skip 2` skips the compiling and a warm-up launch.) `ERR_NVGPUCTRPERM` means the
 # driver only lets administrators read the counters; `ncu` cannot help there, and the recorded
 # profiles are what this notebook shows instead.
@@ -670,8 +671,9 @@ for listing, what in ((prog04, "04's page"), (prog, "section 7's page")):
 #   computation or a load through it. Where the cell warns instead that the first writer computes an
 #   address while the hot instruction uses the register as data, the walk followed a reuse of the
 #   register (an address, `IMAD.WIDE`) rather than the word the hot instruction read. In 06's
-#   kernel that word is `w`, loaded on the `words[k] = packed_u32[...]` line, and the address is
-#   the `absmax_q` byte's, both charged to the `def` line when the compiler inlined them there. The
+#   kernel that word is `w`, loaded on the `words[k] = packed_u32[...]` line (section 7 prints how
+#   many global loads each line holds), while the address (the `IMAD.WIDE`) and the `absmax_q` byte
+#   load behind it are both charged to the `def` line when the compiler inlined them there. The
 #   end of such a walk says nothing about the wait; the hot instruction's own reasons do
 #   (where `long_scoreboard` is on top: a global load's result, which it reads as data).
 # - **A shared-memory load** (`LDS`), or a hot shared store (`STS`, on a `stage[...]` line): the
