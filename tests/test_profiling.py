@@ -4,6 +4,7 @@ The parser is tested on hand-made fixtures in ncu's documented CSV format
 (tests/fixtures/, invented values) and, once they are committed, on the real
 CSVs measured by tools/profile_all.py under data/ncu/<gpu>/.
 """
+import json
 import re
 import subprocess
 import sys
@@ -370,3 +371,34 @@ def test_notebook_08_shows_no_recipe_of_its_exercise():
     code = "\n".join(c.source for c in nb.cells if c.cell_type == "code")
     for giveaway in ('["samples"])', "walk_to_load(", "_last_writer(", "chain[1]"):
         assert giveaway not in code, giveaway
+
+
+def _planted(tmp_path, monkeypatch, entries):
+    d = tmp_path / "Some_GPU"
+    d.mkdir(exist_ok=True)
+    (d / "a.csv").write_text("")
+    (d / "index.json").write_text(json.dumps({"meta": {"date": "2026-11-29 15:00 UTC"}, "versions": entries}))
+    monkeypatch.setattr(P, "NCU_DIR", tmp_path)
+    monkeypatch.setattr(P, "ROOT", tmp_path)
+    return P.load_recorded("Some_GPU")
+
+
+def test_a_profile_whose_kernel_source_changed_is_labelled_earlier(tmp_path, monkeypatch):
+    """The profiler stores each version's source hash (the one the notebooks' result records carry); a recorded
+    profile whose hash is not the notebook's kernel now is an EARLIER kernel, with no note kept by hand."""
+    name = "01 naive (per byte)"
+    now = P.source_hashes("01_naive")[name]
+    assert len(now) == 16
+    rec = _planted(tmp_path, monkeypatch, [
+        {"name": name, "notebook": "01_naive", "file": "a.csv", "source_sha256": now},
+        {"name": "gone", "notebook": "01_naive", "file": "a.csv", "source_sha256": "0" * 16},
+        {"name": "before hashes", "notebook": "01_naive", "file": "a.csv"}])
+    v = rec["versions"]
+    assert "earlier_kernel" not in v[name] and "kernel taught now" in P.row_label(name, v[name])
+    assert "no longer defines" in v["gone"]["earlier_kernel"] and "EARLIER" in P.row_label("gone", v["gone"])
+    assert "earlier_kernel" not in v["before hashes"]      # older profiles keep index.json's own notes
+    assert len(P.earlier_kernel_lines(rec)) == 1
+
+    changed = _planted(tmp_path, monkeypatch, [
+        {"name": name, "notebook": "01_naive", "file": "a.csv", "source_sha256": "1" * 16}])["versions"][name]
+    assert changed["earlier_kernel"] == f"01_naive's kernel source changed since (profiled {'1' * 16}, now {now})"

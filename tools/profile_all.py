@@ -16,7 +16,9 @@ Written, per version (slug of its name):
     data/ncu/<gpu>/<slug>.csv          raw page (one column per metric; the notebook reads it)
     data/ncu/<gpu>/<slug>.details.csv  details page (ncu's own section tables and rule text)
     data/ncu/<gpu>/<slug>.source.csv   source page (stall samples per source/SASS line), if ncu gives it
-    data/ncu/<gpu>/index.json          which file is which version, GPU, date, ncu and package versions
+    data/ncu/<gpu>/index.json          which file is which version, GPU (and its compute capability), date, ncu
+                                       and package versions, and each version's kernel source hash: a profile
+                                       whose hash is not its notebook's kernel now is shown as an EARLIER kernel
 
 and, when $OUT is set, $OUT/ncu_<gpu>.tar.gz holding those files (paths relative to the
 repository root: extract there), $OUT/ncu_<gpu>_reports.tar.gz with the .ncu-rep reports
@@ -136,11 +138,14 @@ def main(argv=None) -> int:
         entries[name] = {"name": name, "notebook": nb, "file": files.get("raw"), "details": files.get("details"),
                          "source": files.get("source"), "kernels": [x["kernel"] for x in res["kernels"]],
                          "seconds": round(time.perf_counter() - t0, 1), "lineinfo": res.get("lineinfo", True),
+                         # what was profiled, so that a reader can tell when the notebook's kernel changed
+                         "source_sha256": profiling.source_hashes(nb).get(name) if nb != "demo" else None,
                          # per entry: a later run with --only refreshes some versions, not all
                          "date": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")}
         print(f"  {name}: {len(res['kernels'])} kernel(s) profiled in {time.perf_counter() - t0:.0f} s")
     meta = {
-        "gpu": info.get("gpu"), "driver": info.get("driver"), "sms": info.get("sms"), "l2_bytes": info.get("l2_bytes"),
+        "gpu": info.get("gpu"), "cc": info.get("cc"), "driver": info.get("driver"), "sms": info.get("sms"),
+        "l2_bytes": info.get("l2_bytes"),
         "date": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"), "ncu": _ncu_version(ncu),
         "numba_cuda": info.get("numba_cuda"), "numba": info.get("numba"), "bitsandbytes": info.get("bitsandbytes"),
         "shape": list(shape), "dtype": args.dtype, "sections": list(profiling.SECTIONS),

@@ -491,9 +491,46 @@ def load_recorded(gpu: str | None = None) -> dict | None:
         k = main_kernel(kernels)
         versions[e["name"]] = {**e, "path": str(p.relative_to(ROOT)), "kernels": kernels,
                                "summary": summarize(k) if k else None}
+    _mark_changed_sources(versions)
     meta = index.get("meta", {})
     dates = sorted({v.get("date") or meta.get("date") for v in versions.values()} - {None})
     return {"gpu": gpu, "meta": meta, "versions": versions, "dir": str(d.relative_to(ROOT)), "dates": dates}
+
+
+def source_hashes(notebook: str) -> dict:
+    """{version: provenance.source_hash(its launch)} for one step notebook as it is now: the hash that
+    tools/profile_all.py stores beside each profile (``source_sha256``), so that a profile whose kernel the
+    notebook has since changed is found by comparison, not by a note kept by hand. Empty when the
+    notebook's kernel cells do not load."""
+    import tempfile
+
+    from . import provenance
+
+    if notebook not in _HASHES:
+        try:
+            with tempfile.TemporaryDirectory(prefix="nf4lab_src_") as tmp:
+                _HASHES[notebook] = {n: provenance.source_hash(f)
+                                     for n, f in load_versions_with_source(notebook, Path(tmp)).items()}
+        except Exception:
+            _HASHES[notebook] = {}
+    return _HASHES[notebook]
+
+
+_HASHES: dict = {}
+
+
+def _mark_changed_sources(versions: dict) -> None:
+    """Give ``earlier_kernel`` to each recorded profile whose stored ``source_sha256`` differs from its
+    notebook's kernel now (profiles recorded before hashes were stored keep index.json's own notes)."""
+    for name, v in versions.items():
+        want, nb = v.get("source_sha256"), v.get("notebook")
+        if not want or not nb or v.get("earlier_kernel") or nb == "demo":
+            continue
+        now = source_hashes(nb).get(name)
+        if now is None:
+            v["earlier_kernel"] = f"its notebook ({nb}) no longer defines this version"
+        elif now != want:
+            v["earlier_kernel"] = f"{nb}'s kernel source changed since (profiled {want}, now {now})"
 
 
 def row_label(name: str, entry: dict, meta: dict | None = None) -> str:
