@@ -45,7 +45,7 @@ print(f"(copy speed {copy['gbps']:.0f} GB/s: notebook 00's run, {results.label(C
 #
 # `mma.sync.m16n8k16` is one warp's instruction: D (16 x 8) = A (16 x 16) B (16 x 8) + C, A and B in bf16 (or fp16),
 # C and D in float32. Each lane holds a **fragment** of each, a few 32-bit registers. Lane l is (g, q) = (l >> 2,
-# l & 3): its A registers a0, a1 hold rows g, g + 8 at columns 2q, 2q + 1, and a2, a3 the same rows at 2q + 8, 2q + 9
+# l & 3) (PTX's groupID and threadID_in_group): its A registers a0, a1 hold rows g, g + 8 at columns 2q, 2q + 1, and a2, a3 the same rows at 2q + 8, 2q + 9
 # (two bf16 values a register); b0 holds B's rows 2q, 2q + 1 and b1 rows 2q + 8, 2q + 9 of column g; c0-c3 C's rows
 # g, g + 8 at columns 2q, 2q + 1 (float32). (PTX ISA, "Matrix Fragments for mma.m16n8k16", whose a0-a7 name values.)
 #
@@ -78,8 +78,8 @@ _ = fig.suptitle("mma.sync.m16n8k16 in this kernel: mma i = 0 of a step at M = 1
              "its register.\nColour: the block q of the step (W columns 64q..64q+63) whose codes or x it holds; grey: zero.", fontsize=9)
 # %% [markdown]
 # Lane 5 is (g, q) = (1, 1); its a0 holds row 1, W columns 64, 65 of the step: one packed byte's two codes; a2 holds
-# columns 66, 67, the next byte. Only lanes with g = q (0, 5, 10, 15) hold x. C's columns 4-7 are zero at M = 1; M > 1 takes (M + 1) // 2
-# **n-tiles**: in n-tile nt, B's column 4 m + b is batch row 2 nt + m, block b.
+# columns 66, 67, the next byte. Only lanes with g = q (0, 5, 10, 15) hold x. C's columns 4-7 are zero at M = 1; M > 1 needs more B columns than
+# one mma's 8: it runs (M + 1) // 2 **n-tiles**, each one mma's N = 8 columns of B and C (2 batch rows x 4 blocks), on the same A fragments; in n-tile nt, B's column 4 m + b is batch row 2 nt + m, block b.
 #
 # <a id="work"></a>
 # ## 3. Tiles, steps, split-K: who does what
@@ -88,10 +88,10 @@ _ = fig.suptitle("mma.sync.m16n8k16 in this kernel: mma i = 0 of a step at M = 1
 # - **Split-K**: the 8 warps of a thread block (CUDA's block, not an absmax block) share a tile's K columns: warp w
 #   takes steps w, w + 8, ... and keeps its own float32 sums of the 16 rows; at the tile's end the sums meet in shared memory.
 #   At M = 1, where tiles outnumber blocks (14336 rows: 896 tiles; 264 blocks on a GPU of 132 SMs), `gemv.warps_a_tile` may form
-#   **groups** of G = 2 or 4 warps that take a tile each, at a barrier of their own (`bar.sync id, 32 G`): it picks the G whose
+#   **warp groups** (not the lane's g) of G = 2 or 4 warps that take a tile each, at a barrier of their own (`bar.sync id, 32 G`): it picks the G whose
 #   rounds (a round: every group of the grid, the blocks launched, takes one tile), a warp's K / G columns a tile, take least time, the fewest warps on a tie (fewer sums to add); M > 1 keeps 8.
 # - **Persistent blocks**: at most 2 per SM (`gemv.grid_size`); block t takes tiles t, t + grid, ... (with W = 8 warps a block,
-#   its group j of W // G takes tiles (W // G) t + j, then every (W // G) grid further): one lookup table
+#   its warp group j of W // G takes tiles (W // G) t + j, then every (W // G) grid further): one lookup table
 #   (section 4) a block. **Steps in flight**: a warp issues its next step's loads before it computes the current one.
 #
 # <a id="kernel"></a>
@@ -199,7 +199,7 @@ def make_step(M, is_bf16, look, x_get):
 # %% [markdown]
 # **The kernel.** A lane's loads of a step (4 x 16 bytes of codes, the statistics word: 17 words) are imported: `fetch` (`gemv.step_ops`) does section
 # 3's loads, clamped at the last row and step; at M = 1 `fetch1` also loads x, and `rows` puts a tile's row offsets in `rb`, every step, by selects
-# (a branch in this loop cost more than that arithmetic: H200, 2026-11-29 01:11 UTC, lab/README.md, `09_gemv_full.log`). The first step's loads go out before the table is built; each trip
+# (against a branch there, the selects were 0.2 us faster at 4096x4096 and within 0.1 us at the three larger shapes: H200, 2026-11-29 01:11 UTC, lab/README.md, `09_gemv_full.log`). The first step's loads go out before the table is built; each trip
 # fetches the next step, across tiles too. Local arrays indexed by unrolled loops live in registers. **The tile's sum:** lanes q and q ^ 1 hold a
 # batch row's blocks 0-1 and 2-3 (a `shfl.xor` adds them); each warp writes its 16 M sums to spare words (`gemv.spare`), and after a barrier 16 M
 # threads add the G warps' and write y (`parity`: two sets of words, so that the next tile's sums cannot overwrite words still being read, with no
@@ -323,7 +323,7 @@ def launch(g):
 # Per step at M = 1: 16 `mma.sync` (2 pieces x 8), 64 `prmt`, 64 lookups with the base in the immediate; the codes' 16-byte loads as
 # `ld.global.nc.L1::no_allocate.v4` (`.nc`: through the read-only path; read once: kept out of L1, which holds x and the scales); no `ld.local` (a spill), no float64. Registers: the
 # driver's build, or `ptxas` (the assembler from PTX to SASS, the GPU's own instructions). A T4 (sm_75) has no m16n8k16: fp16 runs each mma as two m16n8k8 (the K = 8 shape sm_75 has; PTX ISA,
-# mma's "Matrix Shape" and target notes), bf16 on the FP32 units (`warp_ops`, about 3x the instructions); the cell checks the fp16 kernel there.
+# mma's "Matrix Shape" and target notes), bf16 on the FP32 units (`warp_ops._soft_mma`: by its source, 32 shuffles, 64 FMAs and their operand moves a lane in place of one mma); the cell checks the fp16 kernel there.
 # %%
 cc = nf4lab.runtime.target_cc(); T4 = cc < (8, 0)  # noqa: E702
 kern = make_kernel(not T4, 1, gemv.probe_base() if nf4lab.ON_GPU else gemv.default_base(cc))
