@@ -18,9 +18,11 @@ def test_a_notebook_older_than_a_record_it_quotes_is_planned_with_everything_aft
     assert book_order.plan(dates) == []
     dates["00"] = _at(23)                                               # 00 ran again last: everything quotes 00
     planned = [nn for nn, _ in book_order.plan(dates)]
-    assert planned == ["01", "02", "03", "04", "05", "06", "07", "08"]  # 09 quotes no other notebook
-    dates["00"], dates["05"] = _at(1), _at(23)                          # 05 ran again: 06, then 07, then 08
-    assert book_order.plan(dates) == [("06", ["05"]), ("07", ["05", "06"]), ("08", ["07"])]
+    assert planned == ["01", "02", "03", "04", "05", "06"]   # 07 and 09 quote no other notebook (07 times its own)
+    dates["00"], dates["05"] = _at(1), _at(23)                          # 05 ran again: 06
+    assert book_order.plan(dates) == [("06", ["05"])]
+    dates["05"], dates["07"] = _at(6), _at(23)                          # 07 ran again: 08
+    assert book_order.plan(dates) == [("08", ["07"])]
 
 
 def test_every_quoted_notebook_comes_earlier_in_the_order():

@@ -420,6 +420,11 @@ def test_own_share_check_fails_on_the_stub_and_passes_on_times_or_rates(capsys):
     assert exercises.check_own_share(by_times, run, K) is True
     assert exercises.check_own_share(by_percents, run, K) is True
     assert "PASSED: exercise" in capsys.readouterr().out
+    # the span over the p10/p90 ends: without spreads it is the median share twice; with them, its extremes
+    assert exercises.own_share_span(run, K, (4, 4)) == pytest.approx((0.5, 0.5))
+    run.get(K, shape=(4, 4))["spread_ms"] = [1.08, 1.12]
+    lo, hi = exercises.own_share_span(run, K, (4, 4))
+    assert lo == pytest.approx((1.08 - 1.05) / 0.08) and hi == pytest.approx((1.12 - 1.05) / 0.12)
 
 
 def _last_vector(kind):

@@ -4,7 +4,7 @@
 #   bash tools/gpu_book_seq.sh TAG 00 01 02 03
 # 06 is run first with NF4LAB_ARCH=sm_75 (the T4's paths): it prints that record beside its native one.
 # Order across calls (docs/DEVELOPING.md): 00 first (every notebook quotes its ceilings), 04 after 03, 06 after 05,
-# 07 after all of 00-06 and 09, 08 after 07. Device time on an H200 (2026-11-29), lesson + solution and the gaps between
+# 07 after a change to a kernel of 01-06, 08 after 07. Device time on an H200 (2026-11-29), lesson + solution and the gaps between
 # them: about 2 min for 00, 01, 02, 03, 05 and 09 each, 3 min for 04, 06 about 7 min (its NF4LAB_ARCH=sm_75 pass alone
 # 189 s), 07 about 6: 06 alone in one call, 07 and 08 in the next. Everything comes back as $OUT/TAG.tgz (packed again after each
 # notebook, so a call stopped at its limit keeps what finished) and $OUT/TAG.log. Between calls, here:

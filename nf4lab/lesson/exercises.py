@@ -617,6 +617,18 @@ def own_share_want(sweep, name, shape, dtype="bf16"):
     return (1 / k["gbps"] - 1 / b["gbps"]) / (1 / k["gbps"] - 1 / c["gbps"])
 
 
+def own_share_span(sweep, name, shape, dtype="bf16") -> tuple:
+    """Notebook 07, after its exercise: the lowest and highest own share that the three records' p10 and p90 ends
+    (``spread_ms``) allow at one shape, so that two shapes whose spans overlap are not ranked. Kept here, not in
+    the notebook, because it computes the exercise's answer."""
+    from ..measure.bench import BOUND, COPY
+
+    t, b, c = ((r := sweep.get(n, shape=shape, dtype=dtype)).get("spread_ms") or [r["ms"]] * 2
+               for n in (name, BOUND, COPY))
+    ends = [(x - y) / (x - z) for x in t for y in b for z in c if x > z]
+    return (min(ends), max(ends)) if ends else (float("nan"), float("nan"))
+
+
 def graded_shapes(sweep, name, dtype="bf16") -> list:
     """The shapes of ``sweep`` where notebook 07's exercise is graded (``name`` slower than the copy there)."""
     shapes = dict.fromkeys(tuple(r["shape"]) for r in sweep.records if r["name"] == name and r["dtype"] == dtype)
