@@ -155,3 +155,20 @@ def test_nan_in_the_reference_is_said_beside_bit_exact():
     assert rep.ok and rep.n_nan == 2
     assert "2 of them NaN" in str(rep)
     assert "NaN" not in str(compare(exp[[0, 3]].copy(), exp[[0, 3]], "fp16", name="k"))
+
+
+@pytest.mark.parametrize("dtype", ["bf16", "fp16", "fp32"])
+def test_nan_count_from_bits_matches_the_values(dtype):
+    """compare() counts the reference's NaNs from their bits (no float copy of a 268M-element output on the pass
+    path): for every 16-bit pattern, and fp32's patterns around each special value, the count is the float one."""
+    from nf4lab.format import reference
+
+    if dtype == "fp32":
+        edges = np.array([0x7F800000, 0xFF800000, 0x7FC00000, 0x00000000, 0x80000000], np.int64)
+        bits = (edges[:, None] + np.arange(-3, 4)).reshape(-1).astype(np.uint32)
+    else:
+        bits = np.arange(1 << 16, dtype=np.uint16)
+    want = int(np.isnan(reference.bits_to_f32(bits, dtype)).sum())
+    assert nf4lab.harness.verification.nan_count(bits, dtype) == want
+    rep = compare(bits, bits, dtype)
+    assert rep.ok and rep.n_nan == want
