@@ -156,26 +156,24 @@ def summary(run, bound=None) -> str:
 
 def plot(run, batch=False):
     """Effective weight bandwidth (weight bytes / time) per shape and dtype: bars at batch 1 (ours, matmul_4bit,
-    dequantize + matmul) or, ``batch``, lines against M (ours solid, matmul_4bit dashed); the copy ceiling red."""
+    dequantize + matmul) or, ``batch``, bf16 lines against M (ours solid, matmul_4bit dashed); the copy ceiling red."""
     import matplotlib.pyplot as plt
 
     ours, recs = default_kernel(run), [r for r in run.records if r["kind"] in ("kernel", "baseline")]
-    keys = list(dict.fromkeys((tuple(r["shape"]), r["dtype"]) for r in recs))
+    keys = list(dict.fromkeys((tuple(r["shape"]), r["dtype"]) for r in recs if not batch or r["dtype"] == "bf16"))
     fig, ax = plt.subplots(figsize=(10, 4.8))
     if batch:
         for i, (shape, dtype) in enumerate(keys):
             for names, style, who in (((ours,), "-o", "ours"), ((BNB_GEMV, BNB_GEMM), "--s", "bitsandbytes matmul_4bit")):
                 pts = sorted((r.get("M", 1), r["gbps"]) for r in recs
                              if tuple(r["shape"]) == shape and r["dtype"] == dtype and r["name"] in names)
-                if pts:   # fp16 nudged right, hollow: its times are often bf16's, and one line would hide the other
-                    f = 1.04 if dtype == "fp16" else 1.0
-                    ax.plot([m * f for m, _ in pts], [v for _, v in pts], style, color=f"C{i % 10}",
-                            mfc="none" if f > 1 else None, label=f"{shape[0]}x{shape[1]} {dtype}: {who}")
+                if pts:   # bf16 only: fp16's lines lie on them (the table has both)
+                    ax.plot(*zip(*pts), style, color=f"C{i % 10}", label=f"{shape[0]}x{shape[1]} {dtype}: {who}")
         ms = sorted({r.get("M", 1) for r in recs})
         ax.set_xscale("log", base=2)
         ax.set_xticks(ms, [str(m) for m in ms])
         ax.minorticks_off()
-        ax.set_xlabel("batch M (rows of x)")
+        ax.set_xlabel("batch M (rows of x); bf16 (fp16 in the table above)")
     else:
         for j, name in enumerate([BNB_DQ_MM, BNB_GEMV, ours]):
             pts = [(i + (j - 1) * 0.27, r["gbps"]) for i, k in enumerate(keys) if (r := find_record(run, name, *k))]
@@ -191,7 +189,7 @@ def plot(run, batch=False):
     copy = next((r for r in run.records if r["name"] == COPY), None)
     if copy:
         ax.axhline(copy["gbps"], color="tab:red", ls="--", lw=1, label=f"copy ceiling {copy['gbps']:.0f} GB/s")
-    ax.set(ylabel="effective weight bandwidth, GB/s",
+    ax.set(ylabel="effective weight bandwidth, GB/s", ylim=(0, None),
            title=f"Fused NF4 GEMV: weight bytes read per second ({run.meta.get('gpu', '?')}, {run.meta.get('date', '?')})")
     finish(fig, run.meta, legend_from=ax)
     return ax
