@@ -38,12 +38,13 @@ else
     # A GPU: numba-cuda's NVRTC/NVVM must match the driver's CUDA major version.
     cuda_major=$(nvidia-smi | sed -n 's/.*CUDA Version: \([0-9]*\).*/\1/p' | head -n1)
     cu=$([ "${cuda_major:-13}" -ge 13 ] && echo cu13 || echo cu12)
-    "$PY" -m pip install -q -e ".[$cu,$extras]"
+    # -qq: setuptools' notice about editable installs is not for a student (pip's errors still print)
+    "$PY" -m pip install -qq -e ".[$cu,$extras]"
   else
     # No GPU: a CPU build of torch is enough (bitsandbytes quantizes on CPU tensors).
     # NF4LAB_TORCH overrides the pin, e.g. NF4LAB_TORCH="torch --index-url https://download.pytorch.org/whl/cpu"
     "$PY" -m pip install -q ${NF4LAB_TORCH:-torch==2.13.0}
-    "$PY" -m pip install -q -e ".[cu13,$extras]"
+    "$PY" -m pip install -qq -e ".[cu13,$extras]"
   fi
   "$PY" -m ipykernel install --prefix "$VENV" --name python3 >/dev/null
 fi
