@@ -29,3 +29,16 @@ def test_every_quoted_notebook_comes_earlier_in_the_order():
     pos = {nn: i for i, nn in enumerate(book_order.ORDER)}
     assert sorted(pos) == sorted(book_order.QUOTES)
     assert all(pos[q] < pos[nn] for nn, qs in book_order.QUOTES.items() for q in qs)
+
+
+def test_a_stale_notebook_is_planned_with_what_quotes_it_and_packed_into_calls():
+    dates = {nn: _at(1 + i) for i, nn in enumerate(book_order.ORDER)}
+    assert book_order.plan(dates, stale={"09"}) == [("09", ["stale"])]          # nothing quotes 09
+    assert book_order.plan(dates, stale={"07"}) == [("07", ["stale"]), ("08", ["07"])]
+    assert [nn for nn, _ in book_order.plan(dates, stale={"04"})] == ["04", "05", "06"]
+    secs = {"02": 300, "03": 200, "04": 100, "06": 700, "07": 50}
+    assert book_order.calls(["02", "03", "04", "06", "07"], secs) == [["02", "03"], ["04"], ["06"], ["07"]]
+
+
+def test_the_committed_book_shows_no_stale_outputs():
+    assert book_order.stale_notebooks() == set()

@@ -64,15 +64,45 @@ def run_dates(gpu: str) -> dict:
     return out
 
 
-def plan(dates: dict) -> list[tuple[str, list[str]]]:
-    """[(notebook, the quoted notebooks that ran after it)], in book order, counting a notebook run again as new:
-    once one is planned, everything that quotes it is too."""
+def plan(dates: dict, stale=()) -> list[tuple[str, list[str]]]:
+    """[(notebook, why)], in book order: ``why`` lists the quoted notebooks that ran after it (or ``["stale"]``, a
+    notebook in ``stale``: its outputs no longer come from its code), counting a notebook run again as new: once
+    one is planned, everything that quotes it is too."""
     redo, out = set(), []
     for nn in ORDER:
         newer = [q for q in QUOTES[nn] if q in redo or (dates.get(q) and dates.get(nn) and dates[q] > dates[nn])]
-        if newer:
+        if nn in stale or newer:
             redo.add(nn)
-            out.append((nn, newer))
+            out.append((nn, (["stale"] if nn in stale else []) + newer))
+    return out
+
+
+def stale_notebooks() -> set:
+    """Notebooks whose lesson or solution shows outputs that its code no longer gives (nbclean.stale): after
+    ``git apply`` of source edits and tools/build_notebooks.py, these must run again."""
+    import nbformat
+
+    from nf4lab.measure import nbclean
+
+    out = set()
+    for nn in ORDER:
+        stem = _notebook(nn).stem
+        for path in (ROOT / "notebooks" / f"{stem}.ipynb", ROOT / "notebooks" / "solutions" / f"{stem}_SOLUTION.ipynb"):
+            if path.exists() and nbclean.stale(nbformat.read(path, as_version=4)) is not None:
+                out.add(nn)
+    return out
+
+
+def calls(todo: list, seconds: dict, limit: float = 540) -> list[list[str]]:
+    """The planned notebooks in book order, packed into device calls of at most ``limit`` seconds by their recorded
+    times (a notebook longer than that gets a call of its own)."""
+    out, used = [], limit
+    for nn in todo:
+        if used + seconds.get(nn, 0) > limit:
+            out.append([])
+            used = 0.0
+        out[-1].append(nn)
+        used += seconds.get(nn, 0)
     return out
 
 
@@ -91,18 +121,22 @@ def main(argv=None) -> int:
     print(f"{gpu}: when each notebook last ran there")
     for nn in ORDER:
         print(f"  {nn}  {dates[nn].strftime('%Y-%m-%d %H:%M UTC') if dates.get(nn) else 'never (no record)'}")
-    todo = plan(dates)
+    todo = plan(dates, stale_notebooks())
     if not todo:
-        print("every notebook ran after the notebooks it quotes: nothing to execute again")
+        print("every notebook ran after the notebooks it quotes, and none shows stale outputs: nothing to execute again")
         return 0
-    total = 0.0
-    print("to execute again, in this order (each quotes a record replaced after it ran):")
-    for nn, newer in todo:
+    secs = {}
+    print("to execute again, in this order (stale outputs, or a quoted record replaced after it ran):")
+    for nn, why in todo:
         stem = _notebook(nn).stem
-        secs = times.get(stem, 0) + times.get(stem + "_SOLUTION", 0)
-        total += secs
-        print(f"  {nn}  quotes {', '.join(newer)}" + (f"  (lesson + solution {secs:.0f} s here)" if secs else ""))
-    print(f"about {total / 60:.0f} min of notebooks on {gpu} (tools/gpu_book_seq.sh TAG {' '.join(n for n, _ in todo)})")
+        # 06 runs once more under NF4LAB_ARCH=sm_75 before its native runs (tools/gpu_book_seq.sh)
+        secs[nn] = times.get(stem, 0) * (2 if nn == "06" else 1) + times.get(stem + "_SOLUTION", 0)
+        said = ", ".join("its outputs are stale" if w == "stale" else f"quotes {w}" for w in why)
+        print(f"  {nn}  {said}" + (f"  (about {secs[nn]:.0f} s here)" if secs[nn] else ""))
+    print(f"about {sum(secs.values()) / 60:.0f} min of notebooks on {gpu}; as device calls of at most 540 s each:")
+    for k, group in enumerate(calls([nn for nn, _ in todo], secs)):
+        print(f"  bash tools/gpu_book_seq.sh {chr(65 + k)} {' '.join(group)}   # about "
+              f"{sum(secs.get(nn, 0) for nn in group):.0f} s; then tools/book_carry.sh with its pack")
     return 0
 
 
