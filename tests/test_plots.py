@@ -100,7 +100,7 @@ def test_bars(name):
     ax = plots.bars(run, dtype="bf16", shape=[r for r in run.records if r["kind"] == "baseline"][0]["shape"])
     _check(ax.figure, run.meta)
     # bitsandbytes end to end is host time per call, not GPU time: the axis says so where that bar is drawn
-    wall = any(r.get("timing") == "wall clock" and r["dtype"] == "bf16" for r in run.records)
+    wall = any(r.get("timing") == bench.WALL_CLOCK and r["dtype"] == "bf16" for r in run.records)
     assert ("host time per call" in ax.get_xlabel()) == wall, ax.get_xlabel()
 
 

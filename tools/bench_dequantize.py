@@ -116,8 +116,8 @@ def speed(quick: bool, ceilings: dict) -> list[dict]:
                 gpu_ours = bench.gpu_time_ms(lambda s: nf4lab.dequantize(packed, qs, out=out))
                 gpu_bnb = bench.gpu_time_ms(lambda s: F.dequantize_4bit(packed, qs, out=out))
                 for name, t, other, kind in (
-                        ("nf4lab.dequantize (end to end)", {"ms": e2e_ours, "method": "wall clock"}, e2e_bnb, "kernel"),
-                        ("bitsandbytes dequantize_4bit (end to end)", {"ms": e2e_bnb, "method": "wall clock"}, None,
+                        ("nf4lab.dequantize (end to end)", {"ms": e2e_ours, "method": bench.WALL_CLOCK}, e2e_bnb, "kernel"),
+                        ("bitsandbytes dequantize_4bit (end to end)", {"ms": e2e_bnb, "method": bench.WALL_CLOCK}, None,
                          "baseline"),
                         ("nf4lab.dequantize (out=, GPU time)", gpu_ours, gpu_bnb["ms"], "kernel"),
                         ("bitsandbytes dequantize_4bit (out=, GPU time)", gpu_bnb, None, "baseline")):

@@ -60,9 +60,9 @@ def bars(run, *, title=None, highlight=(), shape=None, dtype=None, ax=None):
         ax.axvline(c["gbps"], color=color, ls=ls, lw=1.2, label=f"{c['name']}: {c['gbps']:.0f} GB/s")
     top = max([r["gbps"] for r in recs] + [c["gbps"] for c in ceil])
     ax.set_xlim(0, top * 1.35)  # room on the right for the bars' labels
-    wall = any(r.get("timing") == "wall clock" for r in recs)   # bitsandbytes end to end: host time per call
+    wall = any(r.get("timing") == bench.WALL_CLOCK for r in recs)   # end to end: host time per call
     ax.set_xlabel("effective bandwidth, GB/s (bytes of the NF4 byte model / GPU time"
-                  + (";\nthe end-to-end bar: / host time per call)" if wall else ")"))
+                  + (";\nend to end: / host time per call)" if wall else ")"))
     l2 = " (fits in L2)" if recs[0].get("fits_l2") else ""
     gpu = f"\non the {run.meta['gpu']}" if run.meta.get("gpu") else ""
     ax.set_title(title or f"NF4 dequantization, {'x'.join(map(str, shape))} -> {dtype}{l2}{gpu}")
