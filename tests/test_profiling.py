@@ -402,3 +402,12 @@ def test_a_profile_whose_kernel_source_changed_is_labelled_earlier(tmp_path, mon
     changed = _planted(tmp_path, monkeypatch, [
         {"name": name, "notebook": "01_naive", "file": "a.csv", "source_sha256": "1" * 16}])["versions"][name]
     assert changed["earlier_kernel"] == f"01_naive's kernel source changed since (profiled {'1' * 16}, now {now})"
+
+
+def test_a_notebook_whose_kernel_cells_do_not_load_marks_no_profile(tmp_path, monkeypatch):
+    """When a notebook's kernel cells fail to load here, nothing is known about its kernels now: its profiles keep
+    their label instead of being called versions the notebook no longer defines."""
+    assert P.source_hashes("99_no_such_notebook") is None
+    rec = _planted(tmp_path, monkeypatch, [{"name": "v", "notebook": "99_no_such_notebook", "file": "a.csv",
+                                            "source_sha256": "2" * 16}])
+    assert "earlier_kernel" not in rec["versions"]["v"]

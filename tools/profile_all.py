@@ -139,7 +139,7 @@ def main(argv=None) -> int:
                          "source": files.get("source"), "kernels": [x["kernel"] for x in res["kernels"]],
                          "seconds": round(time.perf_counter() - t0, 1), "lineinfo": res.get("lineinfo", True),
                          # what was profiled, so that a reader can tell when the notebook's kernel changed
-                         "source_sha256": profiling.source_hashes(nb).get(name) if nb != "demo" else None,
+                         "source_sha256": (profiling.source_hashes(nb) or {}).get(name) if nb != "demo" else None,
                          # per entry: a later run with --only refreshes some versions, not all
                          "date": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")}
         print(f"  {name}: {len(res['kernels'])} kernel(s) profiled in {time.perf_counter() - t0:.0f} s")

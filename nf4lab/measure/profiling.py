@@ -29,6 +29,7 @@ the profiled program's own output may be mixed in, and are skipped. pandas is no
 from __future__ import annotations
 
 import csv
+import functools
 import glob
 import io
 import json
@@ -497,26 +498,21 @@ def load_recorded(gpu: str | None = None) -> dict | None:
     return {"gpu": gpu, "meta": meta, "versions": versions, "dir": str(d.relative_to(ROOT)), "dates": dates}
 
 
-def source_hashes(notebook: str) -> dict:
+@functools.cache
+def source_hashes(notebook: str) -> dict | None:
     """{version: provenance.source_hash(its launch)} for one step notebook as it is now: the hash that
     tools/profile_all.py stores beside each profile (``source_sha256``), so that a profile whose kernel the
-    notebook has since changed is found by comparison, not by a note kept by hand. Empty when the
-    notebook's kernel cells do not load."""
+    notebook has since changed is found by comparison, not by a note kept by hand. None when the notebook's
+    kernel cells do not load here (nothing is then known about its kernels)."""
     import tempfile
 
     from . import provenance
 
-    if notebook not in _HASHES:
-        try:
-            with tempfile.TemporaryDirectory(prefix="nf4lab_src_") as tmp:
-                _HASHES[notebook] = {n: provenance.source_hash(f)
-                                     for n, f in load_versions_with_source(notebook, Path(tmp)).items()}
-        except Exception:
-            _HASHES[notebook] = {}
-    return _HASHES[notebook]
-
-
-_HASHES: dict = {}
+    try:
+        with tempfile.TemporaryDirectory(prefix="nf4lab_src_") as tmp:
+            return {n: provenance.source_hash(f) for n, f in load_versions_with_source(notebook, Path(tmp)).items()}
+    except Exception:
+        return None
 
 
 def _mark_changed_sources(versions: dict) -> None:
@@ -526,7 +522,10 @@ def _mark_changed_sources(versions: dict) -> None:
         want, nb = v.get("source_sha256"), v.get("notebook")
         if not want or not nb or v.get("earlier_kernel") or nb == "demo":
             continue
-        now = source_hashes(nb).get(name)
+        hashes = source_hashes(nb)
+        if hashes is None:
+            continue
+        now = hashes.get(name)
         if now is None:
             v["earlier_kernel"] = f"its notebook ({nb}) no longer defines this version"
         elif now != want:
