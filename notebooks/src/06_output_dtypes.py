@@ -111,9 +111,10 @@ if copy is None:
 # `if OUT == FP32:` is decided at compile time and each kernel contains only its own conversion
 # (the PTX below shows it). `launch(b)` picks the kernel for `b.dtype`.
 #
-# **The launch shape.** `THREADS` and `UNITS` were chosen from a record of this kernel timed at
-# several launch shapes (`tools/launch_shapes.py`); the cell prints that record with its GPU and
-# date, and says for each parameter whether its spread is beyond the noise margin.
+# **The launch shape.** `THREADS` and `UNITS` are one shape for every GPU. The cell prints a record
+# of this kernel timed at several launch shapes (`tools/launch_shapes.py`), with its GPU and date,
+# says for each parameter whether its spread is beyond the noise margin, and where the shape the
+# kernel uses stands against the fastest.
 
 # %%
 import re
@@ -380,13 +381,15 @@ else:
 # times 05's shared-LUT kernel (16-byte loads and an exchange, loaded from notebook 05's `kernel`
 # cell), on the same data, in one process. That compares the two kernels as a whole: their access
 # patterns, but also their loads per thread, where `code2` lives and their launch shapes (section
-# 2), so a difference is not the access pattern's alone. The cell ends with two verdicts read
+# 2), so a difference is not the access pattern's alone. The cell ends with verdicts read
 # against the noise margin: whether each dtype reaches the traffic-matched bound, which moves the
 # same bytes with no arithmetic (00's prediction that dequantization is memory-bound, tested), and
 # whether the two kernels differ. A kernel past the margin by less than twice it is called *near* the
 # bound: one such gap can land on either side of the margin in another execution (`bench.bound_band`).
-# Between the two verdicts, fp32's time is printed beside the prediction of 00's exercise: 00's run
+# Between those two, fp32's time is printed beside the prediction of 00's exercise: 00's run
 # and this one are two runs, so that line says which way it went without a verdict at the margin.
+# A third verdict follows it, from this run alone: whether fp32's bound moves its bytes as fast as
+# bf16's.
 
 # %%
 # Under NF4LAB_ARCH=sm_75 (section 7) these kernels carry the T4 paths: their results get a file of their own.

@@ -215,7 +215,7 @@ if run is not None:
 # L2 size printed in section 2, drawn on the plot's MB axis) the whole working set fits in L2 and repeated
 # calls are partly served from it: those points are not a DRAM measurement (they are marked
 # `fits_l2` in the results), and whether the L2 lifts them above DRAM bandwidth or the launch cost
-# below holds them under it, the plot shows beside the copy's dashed line (the table after it lists the kernels). Copy and fill (dashed) and the traffic-matched bound are measured at each size.
+# below holds them under it, the plot shows beside the copy's dashed line (the table after it lists the best kernel against bitsandbytes at each size). Copy and fill (dashed) and the traffic-matched bound are measured at each size.
 # At the smallest sizes the fixed cost of a launch (start, ramp-up, the last wave) is a large
 # share of a short kernel. (A GPU runs a grid's blocks in *waves*: as many blocks at once as its
 # SMs can hold, the next ones as earlier ones finish; a last, partial wave leaves SMs idle.)
@@ -426,8 +426,8 @@ if run is not None and best and bound:
 # day. If within a round the fastest variant lands close to the fastest bound, and the bounds
 # themselves stay below that round's copy, then on that GPU neither our arithmetic nor the size of
 # our reads is what is left; it is the mix of one byte read for four written, which the memory
-# system serves at its own speed. The last two lines put that reading side by side for the rounds'
-# GPU and for the GPU of section 2's run; where they are two GPUs, each line speaks for its own GPU
+# system serves at its own speed. The last three lines put that reading side by side: the first two
+# for the rounds' GPU, the last for the GPU of section 2's run; where they are two GPUs, each line speaks for its own GPU
 # only (a variant at a larger share of another GPU's copy does not show that it would beat 06's
 # kernel here: it was not timed here). Round 6's "16B load + 4 coalesced 16B stores" is the device
 # copy's own access style (one 16-byte load, 16-byte stores, each warp store 512 contiguous bytes)
@@ -472,17 +472,11 @@ assert ok
 if ok:   # with own_share written: the share at every shape, and where it is largest outside the L2
     print(f"\n{SWEEP_GPU}, bf16: of the best kernel's time beyond a copy, the share beyond the bound (its own work)")
     dram, span, graded = {}, {}, exercises.graded_shapes(sweep, BEST)
-
-    def share_span(shape):   # the share at the p10 and p90 ends of the three times: its lowest and highest
-        t, b, c = ((r := sweep.get(n, shape=shape, dtype="bf16")).get("spread_ms") or [r["ms"]] * 2
-                   for n in (BEST, BOUND, bench.COPY))
-        ends = [(x - y) / (x - z) for x in t for y in b for z in c if x > z]
-        return (min(ends), max(ends)) if ends else (float("nan"), float("nan"))
-
     for shape in SWEEP:
         k = sweep.get(BEST, shape=shape, dtype="bf16")
         if k and shape in graded:
-            share, span[shape] = own_share(sweep, shape), share_span(shape)
+            # the share at the p10 and p90 ends of the three times: its lowest and highest
+            share, span[shape] = own_share(sweep, shape), exercises.own_share_span(sweep, BEST, shape)
             print(f"  {'x'.join(map(str, shape)):>12}  {'in L2' if k['fits_l2'] else 'DRAM':>5}  {share:6.0%}  "
                   f"(p10-p90 ends: {span[shape][0]:.0%} to {span[shape][1]:.0%})")
             if not k["fits_l2"]:

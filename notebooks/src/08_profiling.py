@@ -9,9 +9,9 @@
 # inside the kernels with NVIDIA Nsight Compute (`ncu`): how much of the DRAM bandwidth each
 # version uses, how many 32-byte *sectors* each warp-wide memory instruction touches, how many
 # warps were resident, and what the warps were waiting for, down to the Python source line.
-# Every profiler number is read from a profile; none is typed in. Section 5 also uses the copy
-# ceiling of notebook 07's benchmark and an assumed DRAM latency, each labelled as such where it
-# is printed.
+# Every profiler number is read from a profile; none is typed in. Sections 3 and 5 also use the
+# ceilings of notebook 07's benchmark (the copy, and in section 3 the traffic-matched bound), and
+# section 5 an assumed DRAM latency, each labelled as such where it is printed.
 #
 # Most machines cannot profile: `ncu` is often not installed, and cloud GPUs usually refuse
 # access to the performance counters (`ERR_NVGPUCTRPERM`). So the profiles of every version,

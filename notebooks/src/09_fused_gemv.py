@@ -26,7 +26,6 @@ RUN = bench.Run.load(gemv.NAME + "_notebook")   # this notebook's last GPU run (
 # %% [markdown]
 # <a id="bytes"></a>
 # ## 1. Bytes: a prediction
-#
 # A weight serves 2 flops per row of x and is read once: at M = 1 a GEMV is limited by how fast the weight is read,
 # if the instructions keep up. Dequantize-then-multiply reads 0.5 byte a weight, writes 2 and reads them again; the
 # fused kernel reads the 0.5 byte and the statistics (absmax codes, absmax2, code2). **Prediction:** at the copy
@@ -42,7 +41,6 @@ print(f"(copy speed {copy['gbps']:.0f} GB/s: notebook 00's run, {results.label(C
 # %% [markdown]
 # <a id="mma"></a>
 # ## 2. The mma and its fragments
-#
 # `mma.sync.m16n8k16` is one warp's instruction: D (16 x 8) = A (16 x 16) B (16 x 8) + C, A and B in bf16 (or fp16),
 # C and D in float32. Each lane holds a **fragment** of each, a few 32-bit registers. Lane l is (g, q) = (l >> 2,
 # l & 3) (PTX's groupID and threadID_in_group): its A registers a0, a1 hold rows g, g + 8 at columns 2q, 2q + 1, and a2, a3 the same rows at 2q + 8, 2q + 9
@@ -78,16 +76,15 @@ _ = fig.suptitle("mma.sync.m16n8k16 in this kernel: mma i = 0 of a step at M = 1
              "its register.\nColour: the block q of the step (W columns 64q..64q+63) whose codes or x it holds; grey: zero.", fontsize=9)
 # %% [markdown]
 # Lane 5 is (g, q) = (1, 1); its a0 holds row 1, W columns 64, 65 of the step: one packed byte's two codes; a2 holds
-# columns 66, 67, the next byte. Only lanes with g = q (0, 5, 10, 15) hold x. C's columns 4-7 are zero at M = 1; M > 1 needs more B columns than
-# one mma's 8: it runs (M + 1) // 2 **n-tiles**, each one mma's N = 8 columns of B and C (2 batch rows x 4 blocks), on the same A fragments; in n-tile nt, B's column 4 m + b is batch row 2 nt + m, block b.
+# columns 66, 67, the next byte. Only lanes with g = q (0, 5, 10, 15) hold x. C's columns 4-7 are zero at M = 1 and hold batch row 1 at M = 2;
+# past M = 2, B needs more columns than one mma's 8: the kernel runs (M + 1) // 2 **n-tiles**, each one mma's N = 8 columns of B and C (2 batch rows x 4 blocks), on the same A fragments; in n-tile nt, B's column 4 m + b is batch row 2 nt + m, block b.
 #
 # <a id="work"></a>
 # ## 3. Tiles, steps, split-K: who does what
-#
 # - Lane (g, q) loads a step's 2 pieces of row g and 2 of row g + 8 (M = 1: columns 64q..64q + 63; M > 1: 32 columns at 128 h + 32 q of piece h, block 2 h + q // 2).
 # - **Split-K**: the 8 warps of a thread block (CUDA's block, not an absmax block) share a tile's K columns: warp w
 #   takes steps w, w + 8, ... and keeps its own float32 sums of the 16 rows; at the tile's end the sums meet in shared memory.
-#   At M = 1, where tiles outnumber blocks (14336 rows: 896 tiles; 264 blocks on a GPU of 132 SMs), `gemv.warps_a_tile` may form
+#   At M = 1, where tiles outnumber blocks (14336 rows: 896 tiles; 264 blocks, 2 per SM as below, on a GPU of 132 SMs), `gemv.warps_a_tile` may form
 #   **warp groups** (not the lane's g) of G = 2 or 4 warps that take a tile each, at a barrier of their own (`bar.sync id, 32 G`): it picks the G whose
 #   rounds (a round: every group of the grid, the blocks launched, takes one tile), a warp's K / G columns a tile, take least time, the fewest warps on a tie (fewer sums to add); M > 1 keeps 8.
 # - **Persistent blocks**: at most 2 per SM (`gemv.grid_size`); block t takes tiles t, t + grid, ... (with W = 8 warps a block,
@@ -96,7 +93,6 @@ _ = fig.suptitle("mma.sync.m16n8k16 in this kernel: mma i = 0 of a step at M = 1
 #
 # <a id="kernel"></a>
 # ## 4. The kernel
-#
 # **The per-lane table.** Entry e (a code byte) is (lut[e >> 4], lut[e & 15]) (lut: the 16 NF4 values, notebook 05) as bf16x2 (or f16x2), the high nibble (the first column) in the low
 # half: an A register. Reads of different words of one shared-memory **bank** are serialized (32 banks, successive 32-bit words in successive banks:
 # bank = word mod 32; CUDA C++ Programming Guide, "Shared Memory"), so each lane has its own copy: lane l's entry e is word `(e << 6) | l`, bank l.
@@ -107,7 +103,7 @@ _ = fig.suptitle("mma.sync.m16n8k16 in this kernel: mma i = 0 of a step at M = 1
 # b:a (bytes 0-3 are a's). With a = the code word, b = `lane << 2`, sel = `0x5504 | p << 4`, the **selectors** are:
 # byte 0 = 4 (b's byte 0: the lane's offset), byte 1 = p (a's byte p: the code byte e), bytes 2, 3 = 5 (zero). So
 # d = `e << 8 | lane << 2`, the byte offset of word `(e << 6) | l`, in one instruction. Dynamic shared memory starts
-# at a `base` (`probe_base()` asks the GPU once) that rides in the load's immediate, `ld.shared.u32 d, [off + base]`.
+# at a `base` (`probe_base()` asks the GPU once) that rides in the load's immediate (a constant offset encoded in the instruction itself), `ld.shared.u32 d, [off + base]`.
 # %% tags=["kernel"]
 import nf4lab  # noqa: F811  (this cell runs on its own in nf4lab.harness.versions)
 import functools
@@ -319,14 +315,13 @@ def launch(g):
 # %% [markdown]
 # <a id="evidence"></a>
 # ## 5. PTX evidence
-#
 # Per step at M = 1: 16 `mma.sync` (2 pieces x 8), 64 `prmt`, 64 lookups with the base in the immediate; the codes' 16-byte loads as
 # `ld.global.nc.L1::no_allocate.v4` (`.nc`: through the read-only path; read once: kept out of L1, which holds x and the scales); no `ld.local` (a spill), no float64. Registers: the
 # driver's build, or `ptxas` (the assembler from PTX to SASS, the GPU's own instructions). A T4 (sm_75) has no m16n8k16: fp16 runs each mma as two m16n8k8 (the K = 8 shape sm_75 has; PTX ISA,
 # mma's "Matrix Shape" and target notes), bf16 on the FP32 units (`warp_ops._soft_mma`: by its source, 32 shuffles, 64 FMAs and their operand moves a lane in place of one mma); the cell checks the fp16 kernel there.
 # %%
 cc = nf4lab.runtime.target_cc(); T4 = cc < (8, 0)  # noqa: E702
-kern = make_kernel(not T4, 1, gemv.probe_base() if nf4lab.ON_GPU else gemv.default_base(cc))
+kern = make_kernel(not T4, 1, base := gemv.probe_base() if nf4lab.ON_GPU else gemv.default_base(cc))
 code = ptx.compile_ptx(kern, gemv.signature(), cc=cc, launch_bounds=(THREADS, BLOCKS_PER_SM))
 LOOKUP, MMA = r"^ld\.shared\.u32 %r\d+, \[%r\d+\+\d+\]", r"^mma\.sync\.aligned\." + (r"m16n8k8\.row\.col\.f32\.f16" if T4 else r"m16n8k16\.row\.col\.f32\.bf16")
 ptx.show(code, [r"^prmt\.b32", LOOKUP, r"^mma\.sync"], limit=2)
@@ -335,11 +330,11 @@ print(arch.name(cc), {w: ptx.count(code, p) for w, p in [("mma", r"^mma\.sync"),
                                                         ("16-byte loads kept out of L1 (4 a step, 2 call sites)", r"^ld\.global\.nc\.L1::no_allocate\.v4")]})
 ptx_g2 = ptx.compile_ptx(make_kernel(not T4, 1, gemv.default_base(cc), True, 2), gemv.signature(), cc=cc)   # G = 2
 print("barriers with a register id (bar.sync id, threads): G = 2", ptx.count(ptx_g2, r"^bar\.sync\s+%r"), "; G = 8 (bar.sync 0):", ptx.count(code, r"^bar\.sync\s+%r"))
-print(ptx.resources(kern, gemv.signature(), code, cc))   # the driver's build on a GPU, else ptxas -v
+for M, k in ((M, make_kernel(not T4, M, base)) for M in (1, 2, 4, 8)):   # M > 1: fetch's longer step loop; the driver's build, else ptxas -v
+    print(f"M = {M}:", ptx.resources(k, gemv.signature(), code if M == 1 else ptx.compile_ptx(k, gemv.signature(), cc=cc, launch_bounds=(THREADS, BLOCKS_PER_SM)), cc))
 # %% [markdown]
 # <a id="check"></a>
 # ## 6. Check: a tolerance, not bits
-#
 # Each GEMV adds in its own order, so none agree bit for bit. We check a bound against the float64 `y64 = x @ W.T`: a float32 sum's error `K * eps32 *
 # sum|x w|` (eps32 = 2^-23, twice float32's unit roundoff: Higham §3.1's bound, with room for the tensor core's own order and rounding of its sums),
 # the output's rounding `u * |y|` (u = 2^-8 bf16, 2^-11 fp16), and `u * sum|x w|` as the table holds NF4 values *rounded* (`rounded_table=True`).
@@ -358,9 +353,9 @@ for (N, K), dtype, M in SHAPES:
 # <a id="benchmark"></a>
 # ## 7. Benchmark: against bitsandbytes and the read bound
 #
-# One GPU run times per shape and dtype: ours, bitsandbytes `matmul_4bit`, dequantize + matmul, the copy ceiling and the **read bound**, a kernel that
+# One GPU run times, per shape and dtype, ours, bitsandbytes `matmul_4bit`, dequantize + matmul and the **read bound**, a kernel that
 # only reads the weight's bytes (best of 4 grid sizes). GPU time of CUDA-graph replays, each launch on another copy of the weight (> 4x L2 in all:
-# from DRAM, as in decoding). x bnb = bnb's time / ours; % copy = our bandwidth / the copy's; % of read = the bound's time / ours. Without a GPU: this
+# from DRAM, as in decoding); and once a 1 GiB copy, the copy ceiling (section 8's call times its own). x bnb = bnb's time / ours; % copy = our bandwidth / the copy's; % of read = the bound's time / ours. Without a GPU: this
 # notebook's last GPU run.
 # %%
 @cuda.jit
@@ -394,10 +389,14 @@ if RUN is not None:
 # ## 8. Batch: M = 2..8
 #
 # M rows of x cost (M + 1) // 2 n-tiles of mmas on the same A fragments; the weight is still read once. bitsandbytes 0.50.2's
-# `gemm_4bit` takes its fused kernel at M <= 4, above that by a rule per M and GPU (`backends/cuda/ops.py`): not shown here.
+# `gemm_4bit` takes its fused kernel at M <= 4; above, a rule per M, N, K and GPU (`backends/cuda/ops.py`) picks it or dequantize
+# + `F.linear`: the cell prints which, per shape, at M = 8.
 # %%
 if nf4lab.ON_GPU:
     BATCH = gemv_bench.benchmark({"notebook 09": launch}, ms=(2, 4, 8))
+    import torch, bitsandbytes.backends.cuda.ops as bnb_ops  # noqa: E401  (private: the rule bitsandbytes 0.50.2 applies past M = 4)
+    fused = getattr(bnb_ops, "_gemm_4bit_use_custom_cuda", None)
+    print("bitsandbytes at M = 8 here:", {f"{N}x{K}": "?" if fused is None else "fused" if fused(torch.cuda.current_device(), torch.bfloat16, 8, N, K) else "dequantize + F.linear" for N, K in gemv.LLM_SHAPES})
     print(f"saved {BATCH.save(gemv.NAME + '_notebook_batch').relative_to(results.ROOT)}")
 else:   # this notebook's batch run, else an older lab kernel's (lab/bench_gemv.py; its label names kernel and date)
     BATCH = bench.Run.load(gemv.NAME + "_notebook_batch") or bench.Run.load("09_gemv_tc_batch")
@@ -415,8 +414,9 @@ if BATCH:   # % of read: section 7's read bound (the weight's bytes, read once a
 #   depends on the shape. A table of A registers makes dequantization a `prmt` and a load.
 # - The mma sums over k in any order: we pick k so that each lane reads contiguous bytes, and B's columns keep the absmax blocks apart so that each
 #   is scaled once, in float32, as bitsandbytes scales it; section 1's bound is a floor, and section 7 prints how far above its own run's read bound each shape lands.
-# - A batch reads the weight once but is not free: each pair of x rows adds an n-tile of mmas on the same A registers, and at M > 1 x comes from L1
-#   or L2 at each step, not the slot, and a tile has 8 warps (M = 1's groups are not used): section 8 prints the fall. [Marlin](https://github.com/IST-DASLab/marlin), [FLUTE](https://github.com/HanGuo97/flute): further reading.
+# - A batch reads the weight once but is not free: past M = 2 more n-tiles of mmas on the same A registers; at M > 1 x comes from L1 or L2 at each
+#   step, not the slot; a tile has 8 warps (M = 1's groups are not used); the step loop is `fetch`'s longer one (section 5 prints its registers
+#   and spills). Section 8 prints the fall, not how it splits among these. [Marlin](https://github.com/IST-DASLab/marlin), [FLUTE](https://github.com/HanGuo97/flute): further reading.
 #
 # <a id="exercise"></a>
 # ## 10. Exercise: one mma by hand
@@ -449,7 +449,7 @@ assert result
 # <a id="road"></a>
 # ## Appendix: other designs the lab timed
 #
-# The lab timed a dozen other designs against the tensor-core kernel of the same run (an FFMA kernel with a pair
-# lookup: float32 multiply-adds instead of the mma; a `cp.async` ring: asynchronous copies into shared memory; more blocks per SM;
-# stream-K: tiles split across blocks; L2 prefetch, ...): `python -m lab.gemv_road` prints each one's time beside that run's
-# kernel, bf16, M = 1, and `lab/README.md` tells why each lost.
+# The lab timed other designs (an FFMA kernel with a pair lookup: float32 multiply-adds instead of the mma; a `cp.async` ring:
+# asynchronous copies into shared memory; more blocks per SM; stream-K: tiles split across blocks; L2 prefetch, ...): `python -m
+# lab.gemv_road` prints each one's time, bf16, M = 1, beside the tensor-core kernel where the same run timed one, and for older
+# records (before records named their run) says why they are not compared; `lab/README.md` tells why none shipped.
