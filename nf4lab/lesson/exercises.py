@@ -619,14 +619,17 @@ def own_share_want(sweep, name, shape, dtype="bf16"):
 
 def own_share_span(sweep, name, shape, dtype="bf16") -> tuple:
     """Notebook 07, after its exercise: the lowest and highest own share that the three records' p10 and p90 ends
-    (``spread_ms``) allow at one shape, so that two shapes whose spans overlap are not ranked. Kept here, not in
+    (``spread_ms``) allow at one shape, so that two shapes whose spans overlap are not ranked; the highest is
+    ``math.inf`` where a copy's end reaches a kernel's end (the share has no upper end there). Kept here, not in
     the notebook, because it computes the exercise's answer."""
     from ..measure.bench import BOUND, COPY
 
     t, b, c = ((r := sweep.get(n, shape=shape, dtype=dtype)).get("spread_ms") or [r["ms"]] * 2
                for n in (name, BOUND, COPY))
     ends = [(x - y) / (x - z) for x in t for y in b for z in c if x > z]
-    return (min(ends), max(ends)) if ends else (float("nan"), float("nan"))
+    if len(ends) < len(t) * len(b) * len(c):   # the copy's slow end reaches the kernel's fast end: no upper end
+        return (min(ends, default=-math.inf), math.inf)
+    return (min(ends), max(ends))
 
 
 def graded_shapes(sweep, name, dtype="bf16") -> list:

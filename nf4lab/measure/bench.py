@@ -29,13 +29,12 @@ LAUNCHES = 20
 REPLAYS = 15
 # One noise margin for the whole series, in percent: a change between two kernels timed in one run
 # counts only when it is larger than this. Why 1: it lies above every difference the book's records
-# show between two runs of one kernel on the same day (the H200 book of 2026-11-28: 01's naive kernel
-# 1496-1501 GB/s in the runs of 01, 02, 03 and 07, 0.3%; 04's coalesced kernel 3557-3567, 0.3%; that of
-# 2026-11-29 14:16-14:30 UTC: 0.2-0.7% in the run-to-run lines of 02-04, 0.8% in 05's), and a change
-# less than twice it is printed "near" (noise_band). A wider margin (it was 3) called losses that every
-# run repeated "not a measured difference". Each record's spread_ms says how much one run varies.
-# It is a margin for two kernels timed in one run, not for records of two days: the same H200 ran 01's
-# naive kernel 1.7-2.1% faster on 2026-11-29 (morning runs) than on 2026-11-28.
+# show between two runs of one kernel in one device call, minutes apart (the H200 book of 2026-11-29
+# 16:23-16:42 UTC: 0.0-0.3% in the run-to-run lines of 04 and 05; 14:16-14:30 UTC: 0.2-0.8% in 02-05's),
+# and a change less than twice it is printed "near" (noise_band). A wider margin (it was 3) called losses
+# that every run repeated "not a measured difference". Each record's spread_ms says how much one run varies.
+# It is a margin for two kernels timed in one run, not for records of two calls, which may get two cards
+# of one model: 03's run of 16:24 UTC timed 01's naive kernel 2.2% faster than 01's record of 12:26 UTC.
 # Every notebook that calls a change "a gain", "a loss" or "none" uses this name and prints it.
 NOISE_PCT = 1
 # A pair of kernels just past the margin is not yet a settled result: one such gap came out on both sides of

@@ -302,8 +302,8 @@ if sweep is not None:
 #    bytes around the address, not only the sectors asked for), bulk (TMA) stores (the Tensor
 #    Memory Accelerator of sm_90 GPUs copies a whole tile from shared to global memory in one
 #    asynchronous instruction, `cp.async.bulk`), each variant verified, and bounds of several
-#    access styles (`kind: "bound"`: the same traffic, no arithmetic) in some rounds only (in the
-#    H100 rounds of 2026-11-22, rounds 3, 4 and 6; the cell prints the rounds that have none),
+#    access styles (`kind: "bound"`: the same traffic, no arithmetic) in some rounds only (the
+#    cell prints the rounds that have none),
 #    each round timed in one run, on the GPU the cell names. In the variants' names, `wKxT` is K packed 32-bit words
 #    per thread at a stride of T threads per block, `cs` the streaming stores, `chunked ..., P/SM`
 #    P persistent blocks per SM each over one contiguous run of tiles, `L2::256B loads` the
@@ -416,7 +416,7 @@ if run is not None and best and bound:
 # %% [markdown]
 # **Reading it.** Each GPU's numbers are read against that GPU's own: the profiles, the tuning
 # rounds and section 2's run each name their GPU. In the recorded profiles (the header names their
-# GPU and date, and a row of a replaced kernel says EARLIER: 08 profiles today's 06 live), the best versions move data at a large share of the DRAM peak with every
+# GPU and date, and a row of a replaced kernel says EARLIER: 08 profiles today's 06 live where Nsight Compute may read the GPU's counters), the best versions move data at a large share of the DRAM peak with every
 # store fully coalesced (16 sectors per request; the loads' column averages the word loads with the
 # scale and table loads, which touch 1-2 sectors, so it does not show the word loads alone:
 # notebook 08, section 4), and their warps wait mostly on memory (`long_scoreboard`: a load not back
@@ -475,10 +475,14 @@ if ok:   # with own_share written: the share at every shape, and where it is lar
     for shape in SWEEP:
         k = sweep.get(BEST, shape=shape, dtype="bf16")
         if k and shape in graded:
-            # the share at the p10 and p90 ends of the three times: its lowest and highest
-            share, span[shape] = own_share(sweep, shape), exercises.own_share_span(sweep, BEST, shape)
-            print(f"  {'x'.join(map(str, shape)):>12}  {'in L2' if k['fits_l2'] else 'DRAM':>5}  {share:6.0%}  "
-                  f"(p10-p90 ends: {span[shape][0]:.0%} to {span[shape][1]:.0%})")
+            # the share at the p10 and p90 ends of the three times: its lowest and highest (no highest where
+            # the copy's slow end reaches the kernel's fast end); where the bytes lie, by section 2's 4x rule
+            share, (lo, hi) = own_share(sweep, shape), exercises.own_share_span(sweep, BEST, shape)
+            span[shape] = (lo, hi)
+            l2 = sweep.meta.get("l2_bytes")
+            where = "in L2" if k["fits_l2"] else "DRAM" if l2 and k["bytes"] > 4 * l2 else "<4x L2" if l2 else "past L2"
+            print(f"  {'x'.join(map(str, shape)):>12}  {where:>6}  {share:6.0%}  (p10-p90 ends: {lo:.0%} to "
+                  + ("no upper end: the copy's p90 reaches the kernel's p10)" if hi == float("inf") else f"{hi:.0%})"))
             if not k["fits_l2"]:
                 dram[shape] = share
     top = max(dram, key=dram.get) if dram else None

@@ -223,7 +223,8 @@ if MEASURED:
 # <a id="sectors"></a>
 # ## 4. Sectors per request: coalescing, measured
 #
-# One warp-wide load or store instruction is one *request* to the L1/TEX unit; memory is
+# One warp-wide load or store instruction is one *request* to the L1/TEX unit (the unit that serves
+# global loads and stores, through the L1 cache); memory is
 # served in 32-byte *sectors*. `l1tex__t_sectors_pipe_lsu_mem_global_op_ld.sum` divided by
 # `l1tex__t_requests_pipe_lsu_mem_global_op_ld.sum` tells how many sectors a warp's
 # instruction touches. For 32 lanes reading consecutive elements of `w` bytes, that is

@@ -6,11 +6,11 @@
 # vector), `W` (N, K) in NF4. We read the kernel `nf4lab` ships (`nf4lab.kernels.gemv`): each packed byte read once, made two bf16/fp16 weights by one
 # shared-memory load, multiplied on the tensor cores by `mma.sync` (a warp-wide matrix multiply-add); we check it against float64 and time it against
 # bitsandbytes and a kernel that only reads the weight (the read bound). **You will learn** how `mma.sync.m16n8k16` spreads its operands over a warp,
-# how to feed it from a lookup table, how warps share a row's K (split-K), and why the read bound is the target.
+# how to feed it from a lookup table, how warps of a block share a row's K (split-K within a block; CUTLASS calls it sliced-K), and why the read bound is the target.
 #
 # **Contents:** 1. [Bytes: a prediction](#bytes) · 2. [The mma and its fragments](#mma) · 3. [Tiles, steps, split-K](#work) ·
 # 4. [The kernel](#kernel) · 5. [PTX evidence](#evidence) · 6. [Check: a tolerance, not bits](#check) · 7. [Benchmark](#benchmark) ·
-# 8. [Batch: M = 2..8](#batch) · 9. [What we learned](#learned) · 10. [Exercise: one mma by hand](#exercise) · [Appendix](#road)
+# 8. [Batch: M = 2, 4, 8](#batch) · 9. [What we learned](#learned) · 10. [Exercise: one mma by hand](#exercise) · [Appendix](#road)
 # %%
 import nf4lab  # first: may switch numba to its simulator
 import functools, itertools, numpy as np  # noqa: E401
@@ -84,7 +84,7 @@ _ = fig.suptitle("mma.sync.m16n8k16 in this kernel: mma i = 0 of a step at M = 1
 # - Lane (g, q) loads a step's 2 pieces of row g and 2 of row g + 8 (M = 1: columns 64q..64q + 63; M > 1: 32 columns at 128 h + 32 q of piece h, block 2 h + q // 2).
 # - **Split-K**: the 8 warps of a thread block (CUDA's block, not an absmax block) share a tile's K columns: warp w
 #   takes steps w, w + 8, ... and keeps its own float32 sums of the 16 rows; at the tile's end the sums meet in shared memory.
-#   At M = 1, where tiles outnumber blocks (14336 rows: 896 tiles; 264 blocks, 2 per SM as below, on a GPU of 132 SMs), `gemv.warps_a_tile` may form
+#   At M = 1, where tiles outnumber blocks (e.g. 14336 rows: 896 tiles; 264 blocks, 2 per SM as below, on a GPU of 132 SMs such as this H200), `gemv.warps_a_tile` may form
 #   **warp groups** (not the lane's g) of G = 2 or 4 warps that take a tile each, at a barrier of their own (`bar.sync id, 32 G`): it picks the G whose
 #   rounds (a round: every group of the grid, the blocks launched, takes one tile), a warp's K / G columns a tile, take least time, the fewest warps on a tie (fewer sums to add); M > 1 keeps 8.
 # - **Persistent blocks**: at most 2 per SM (`gemv.grid_size`); block t takes tiles t, t + grid, ... (with W = 8 warps a block,
@@ -140,7 +140,7 @@ def make_a_fragments(look):
     return a_fragments
 # %% [markdown]
 # **A step.** Per piece: the A fragments of 8 mmas, then B and the mmas, n-tile by n-tile. At M = 1 B comes from the
-# **x slot**: with a step's weights each lane loads 16 of the next step's 512 bytes of x and, after the current step,
+# **x slot**: with the next step's weights each lane loads 16 of that step's 512 bytes of x and, after the current step,
 # stores them in its warp's slot of spare table words (`x_put`); lanes g = q read their block's 64 bytes a piece
 # (`x_get`), the others keep zeros; `slot_at` gives a lane both addresses once. At M > 1 x comes from global memory (L1/L2) at each step. Then the
 # scales. A step's loads end with one **statistics word** a lane: lanes 0-15 load the step's 4 absmax codes (a byte a
@@ -195,8 +195,8 @@ def make_step(M, is_bf16, look, x_get):
 # %% [markdown]
 # **The kernel.** A lane's loads of a step (4 x 16 bytes of codes, the statistics word: 17 words) are imported: `fetch` (`gemv.step_ops`) does section
 # 3's loads, clamped at the last row and step; at M = 1 `fetch1` also loads x, and `rows` puts a tile's row offsets in `rb`, every step, by selects
-# (against a branch there, the selects were 0.2 us faster at 4096x4096 and within 0.1 us at the three larger shapes: H200, 2026-11-29 01:11 UTC, lab/README.md, `09_gemv_full.log`). The first step's loads go out before the table is built; each trip
-# fetches the next step, across tiles too. Local arrays indexed by unrolled loops live in registers. **The tile's sum:** lanes q and q ^ 1 hold a
+# (`selp`: both values computed, one kept, no jump; in another run, against a branch there, the selects were 0.2 us faster at 4096x4096 and within 0.1 us at the three larger shapes: H200, 2026-11-29 01:11 UTC, lab/README.md, `09_gemv_full.log`). The first step's loads go out before the table is built; each trip
+# fetches the next step, across tiles too. Local arrays indexed by unrolled loops live in registers (up to the register cap: section 5 prints the spills). **The tile's sum:** lanes q and q ^ 1 hold a
 # batch row's blocks 0-1 and 2-3 (a `shfl.xor` adds them); each warp writes its 16 M sums to spare words (`gemv.spare`), and after a barrier 16 M
 # threads add the G warps' and write y (`parity`: two sets of words, so that the next tile's sums cannot overwrite words still being read, with no
 # second barrier). The launcher validates (a misaligned 128-bit load is fatal: CUDA Runtime API, `cudaErrorMisalignedAddress`) and allows 64 KB
@@ -316,7 +316,7 @@ def launch(g):
 # <a id="evidence"></a>
 # ## 5. PTX evidence
 # Per step at M = 1: 16 `mma.sync` (2 pieces x 8), 64 `prmt`, 64 lookups with the base in the immediate; the codes' 16-byte loads as
-# `ld.global.nc.L1::no_allocate.v4` (`.nc`: through the read-only path; read once: kept out of L1, which holds x and the scales); no `ld.local` (a spill), no float64. Registers: the
+# `ld.global.nc.L1::no_allocate.v4` (`.nc`: through the read-only path; read once: kept out of L1, which holds x and the scales); no `ld.local` (the local arrays are in registers; ptxas's spills are printed below), no float64. Registers: the
 # driver's build, or `ptxas` (the assembler from PTX to SASS, the GPU's own instructions). A T4 (sm_75) has no m16n8k16: fp16 runs each mma as two m16n8k8 (the K = 8 shape sm_75 has; PTX ISA,
 # mma's "Matrix Shape" and target notes), bf16 on the FP32 units (`warp_ops._soft_mma`: by its source, 32 shuffles, 64 FMAs and their operand moves a lane in place of one mma); the cell checks the fp16 kernel there.
 # %%
@@ -329,7 +329,7 @@ ptx.check(code, present=[MMA, r"^prmt\.b32", LOOKUP], absent=[r"^ld\.local", r"^
 print(arch.name(cc), {w: ptx.count(code, p) for w, p in [("mma", r"^mma\.sync"), ("prmt", r"^prmt"), ("lookups", LOOKUP),
                                                         ("16-byte loads kept out of L1 (4 a step, 2 call sites)", r"^ld\.global\.nc\.L1::no_allocate\.v4")]})
 ptx_g2 = ptx.compile_ptx(make_kernel(not T4, 1, gemv.default_base(cc), True, 2), gemv.signature(), cc=cc)   # G = 2
-print("barriers with a register id (bar.sync id, threads): G = 2", ptx.count(ptx_g2, r"^bar\.sync\s+%r"), "; G = 8 (bar.sync 0):", ptx.count(code, r"^bar\.sync\s+%r"))
+print("barriers with a register id (bar.sync id, threads): G = 2", ptx.count(ptx_g2, r"^bar\.sync\s+%r"), "; G = 8:", ptx.count(code, r"^bar\.sync\s+%r"), "(it uses bar.sync 0)")
 for M, k in ((M, make_kernel(not T4, M, base)) for M in (1, 2, 4, 8)):   # M > 1: fetch's longer step loop; the driver's build, else ptxas -v
     print(f"M = {M}:", ptx.resources(k, gemv.signature(), code if M == 1 else ptx.compile_ptx(k, gemv.signature(), cc=cc, launch_bounds=(THREADS, BLOCKS_PER_SM)), cc))
 # %% [markdown]
@@ -338,7 +338,7 @@ for M, k in ((M, make_kernel(not T4, M, base)) for M in (1, 2, 4, 8)):   # M > 1
 # Each GEMV adds in its own order, so none agree bit for bit. We check a bound against the float64 `y64 = x @ W.T`: a float32 sum's error `K * eps32 *
 # sum|x w|` (eps32 = 2^-23, twice float32's unit roundoff: Higham §3.1's bound, with room for the tensor core's own order and rounding of its sums),
 # the output's rounding `u * |y|` (u = 2^-8 bf16, 2^-11 fp16), and `u * sum|x w|` as the table holds NF4 values *rounded* (`rounded_table=True`).
-# bitsandbytes' error is beside: unrounded values, another order of sums: either may have the larger worst error on a given case.
+# bitsandbytes' error is beside (its own rounding and order of sums): either may have the larger worst error on a given case.
 # %%
 SHAPES = ([((20, 256), "bf16", 1), ((9, 256), "fp16", 3)] if nf4lab.SIMULATOR else
           [((512, 4096), "bf16", 1), ((255, 14336), "fp16", 1), ((100, 4352), "bf16", 4), ((64, 4096), "fp16", 8)])
@@ -386,7 +386,7 @@ if RUN is not None:
     gemv_bench.plot(RUN)
 # %% [markdown]
 # <a id="batch"></a>
-# ## 8. Batch: M = 2..8
+# ## 8. Batch: M = 2, 4, 8
 #
 # M rows of x cost (M + 1) // 2 n-tiles of mmas on the same A fragments; the weight is still read once. bitsandbytes 0.50.2's
 # `gemm_4bit` takes its fused kernel at M <= 4; above, a rule per M, N, K and GPU (`backends/cuda/ops.py`) picks it or dequantize
@@ -396,7 +396,7 @@ if nf4lab.ON_GPU:
     BATCH = gemv_bench.benchmark({"notebook 09": launch}, ms=(2, 4, 8))
     import torch, bitsandbytes.backends.cuda.ops as bnb_ops  # noqa: E401  (private: the rule bitsandbytes 0.50.2 applies past M = 4)
     fused = getattr(bnb_ops, "_gemm_4bit_use_custom_cuda", None)
-    print("bitsandbytes at M = 8 here:", {f"{N}x{K}": "?" if fused is None else "fused" if fused(torch.cuda.current_device(), torch.bfloat16, 8, N, K) else "dequantize + F.linear" for N, K in gemv.LLM_SHAPES})
+    print("bitsandbytes at M = 8 here (bf16; its rule reads the dtype too):", {f"{N}x{K}": "?" if fused is None else "fused" if fused(torch.cuda.current_device(), torch.bfloat16, 8, N, K) else "dequantize + F.linear" for N, K in gemv.LLM_SHAPES})
     print(f"saved {BATCH.save(gemv.NAME + '_notebook_batch').relative_to(results.ROOT)}")
 else:   # this notebook's batch run, else an older lab kernel's (lab/bench_gemv.py; its label names kernel and date)
     BATCH = bench.Run.load(gemv.NAME + "_notebook_batch") or bench.Run.load("09_gemv_tc_batch")
@@ -413,7 +413,7 @@ if BATCH:   # % of read: section 7's read bound (the weight's bytes, read once a
 # - Bytes bound a GEMV: section 1 estimates a lower bound at copy speed, section 7 times the read bound (a read-only kernel); how close ours gets
 #   depends on the shape. A table of A registers makes dequantization a `prmt` and a load.
 # - The mma sums over k in any order: we pick k so that each lane reads contiguous bytes, and B's columns keep the absmax blocks apart so that each
-#   is scaled once, in float32, as bitsandbytes scales it; section 1's bound is a floor, and section 7 prints how far above its own run's read bound each shape lands.
+#   is scaled once, in float32, by the scale bitsandbytes computes; section 1's bound is a floor, and section 7 prints how far above its own run's read bound each shape lands.
 # - A batch reads the weight once but is not free: past M = 2 more n-tiles of mmas on the same A registers; at M > 1 x comes from L1 or L2 at each
 #   step, not the slot; a tile has 8 warps (M = 1's groups are not used); the step loop is `fetch`'s longer one (section 5 prints its registers
 #   and spills). Section 8 prints the fall, not how it splits among these. [Marlin](https://github.com/IST-DASLab/marlin), [FLUTE](https://github.com/HanGuo97/flute): further reading.
