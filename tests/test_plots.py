@@ -158,3 +158,14 @@ def test_the_caption_says_the_spread_is_not_drawn():
     text = " ".join(" ".join(t.get_text().split()) for t in plt.gcf().findobj(Text))
     plt.close("all")
     assert "spread = p10-p90" in run.meta["method"] and figures.SPREAD_NOTE in text
+
+
+def test_progress_legend_names_every_kind_of_bar():
+    """06's progress plot draws 05's kernel, timed in 06's run, as a solid blue bar beside 06's orange one:
+    the legend says what solid blue is, as it says what hatched is."""
+    plots.progress("06_output_dtypes", GPU)
+    fig = plt.gcf()
+    texts = [t.get_text() for lg in fig.legends + [a.get_legend() for a in fig.axes if a.get_legend()]
+             for t in lg.get_texts()]
+    plt.close("all")
+    assert any(t.startswith("solid blue") for t in texts), texts

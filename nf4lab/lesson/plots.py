@@ -42,9 +42,11 @@ def bars(run, *, title=None, highlight=(), shape=None, dtype=None, ax=None):
     for bar in carried:
         bar.set_hatch("//")
         bar.set_alpha(0.55)
-    if carried:
-        from matplotlib.patches import Rectangle
+    from matplotlib.patches import Rectangle
 
+    if highlight and any(c == "tab:blue" and not r.get("carried") for c, r in zip(colors, recs)):
+        ax.add_patch(Rectangle((0, 0), 0, 0, facecolor="tab:blue", label="solid blue: an earlier step, timed in this run"))
+    if carried:
         ax.add_patch(Rectangle((0, 0), 0, 0, facecolor="tab:blue", alpha=0.55, hatch="//",
                                label="hatched: another step's run (context)"))
     for i, r in enumerate(recs):
@@ -52,7 +54,7 @@ def bars(run, *, title=None, highlight=(), shape=None, dtype=None, ax=None):
         txt += f", {r['speedup_vs_bnb']:.2f}x bnb)" if r.get("speedup_vs_bnb") and r["kind"] == "kernel" else ")"
         # on a white ground: a ceiling line may run through the label
         ax.text(r["gbps"], i, " " + txt, va="center", fontsize=8, zorder=3,
-                bbox=dict(facecolor="white", edgecolor="none", pad=0.3, alpha=0.85))
+                bbox=dict(facecolor="white", edgecolor="none", pad=0.3))
     ax.set_yticks(list(y), names, fontsize=8)
     ax.invert_yaxis()
     for c in ceil:
