@@ -124,6 +124,7 @@ def gpu_section(gpu: str) -> str:
                              f"{b['ms'] / r['ms']:.2f} |")
         lines += ["", f"Source: `{deq['path']}`."]
     lines += gemv_peers_lines(gpu)
+    lines += gemv_notebook_lines(gpu)
     lines += gemv_lines(gpu)
     lines += gemv_tc_lines(gpu)
     return "\n".join(lines)
@@ -251,7 +252,9 @@ def gemv_tc_lines(gpu) -> list:
     batch, bname = batch_run(gpu)
     if batch is not None:
         rs = batch["records"]
-        lines += ["", "| W (N x K), batch | dtype | M = 2 | M = 4 | M = 8 (tensor-core us / bitsandbytes gemm_4bit us) |",
+        # the batch run is its own record (the newer of the lab's and notebook 09's), with its own date and label
+        lines += ["", f"Batch, {labelled(bname, batch['meta'])}:", "",
+                  "| W (N x K), batch | dtype | M = 2 | M = 4 | M = 8 (tensor-core us / bitsandbytes gemm_4bit us) |",
                   "| --- | --- | ---: | ---: | ---: |"]
         for shape in sorted({tuple(q["shape"]) for q in rs}):
             for dt in ("bf16", "fp16"):
@@ -264,6 +267,33 @@ def gemv_tc_lines(gpu) -> list:
                     lines.append(f"| {'x'.join(map(str, shape))} | {dt} | " + " | ".join(cells) + " |")
     return lines + ["", f"Source: `{run['path']}`, `{bname}.json`, `09_read_bound.json` "
                         "(`python lab/gemv_tc_report.py` prints the same)."]
+
+
+def gemv_notebook_lines(gpu) -> list:
+    """Notebook 09's own benchmark, M = 1 (09_fused_gemv_notebook.json): the kernel, bitsandbytes and the read
+    bound of one run, so every ratio compares records of that run (the README's GEMV rows come from it)."""
+    from nf4lab.measure import results
+    from nf4lab.measure.gemv_bench import default_kernel
+
+    run = results.load("09_fused_gemv_notebook", gpu)
+    if run is None:
+        return []
+    recs, ours = run["records"], default_kernel(run)
+    bound = {tuple(q["shape"]): q for q in recs if q["kind"] == "bound"}
+    lines = ["", f"Notebook 09's benchmark, M = 1 (decode), {labelled('09_fused_gemv_notebook', run['meta'])}; "
+             "CUDA-graph GPU time, weights cycled past L2; the read bound is timed in the same run:", "",
+             "| W (N x K) | dtype | nf4lab us | read bound us | % of read bound | bitsandbytes matmul_4bit us | "
+             "x bitsandbytes | within tolerance |", "| --- | --- | ---: | ---: | ---: | ---: | ---: | :---: |"]
+    for r in (r for r in recs if r["name"] == ours and r.get("ms") and r.get("M", 1) == 1):
+        b = bound.get(tuple(r["shape"]))
+        n = next((q for q in recs if q["kind"] == "baseline" and "matmul_4bit" in q["name"] and q.get("ms")
+                  and q["shape"] == r["shape"] and q["dtype"] == r["dtype"] and q.get("M", 1) == 1), None)
+        lines.append(f"| {'x'.join(map(str, r['shape']))} | {r['dtype']} | {r['ms'] * 1e3:.2f} | "
+                     f"{'' if not b else format(b['ms'] * 1e3, '.2f')} | "
+                     f"{'' if not b else format(100 * b['ms'] / r['ms'], '.0f') + '%'} | "
+                     f"{'' if not n else format(n['ms'] * 1e3, '.2f')} | {'' if not n else format(n['ms'] / r['ms'], '.2f')} | "
+                     f"{'yes' if r.get('within_tol') else 'no'} |")
+    return lines + ["", f"Source: `{run['path']}` (batch M = 2, 4, 8: `09_fused_gemv_notebook_batch.json`)."]
 
 
 def gemv_lines(gpu) -> list:
