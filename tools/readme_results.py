@@ -365,7 +365,11 @@ def guide_block() -> str:
                   "| --- |" + " ---: |" * len(timed)]
         for nb in sorted(rows):
             lines.append(f"| {nb} | " + " | ".join(f"{rows[nb][g]:.0f}" if g in rows[nb] else "" for g in timed) + " |")
-        lines.append("| total | " + " | ".join(f"{sum(v.get(g, 0) for v in rows.values()):.0f}" for g in timed) + " |")
+        # a column with notebooks missing says how many its total covers: two totals of different sets differ
+        lines.append("| total | " + " | ".join(
+            f"{sum(v.get(g, 0) for v in rows.values()):.0f}" + (f" ({n} of {len(rows)} notebooks)"
+                                                                 if (n := sum(g in v for v in rows.values())) < len(rows) else "")
+            for g in timed) + " |")
     return "\n".join(lines)
 
 
