@@ -272,28 +272,26 @@ def gemv_tc_lines(gpu) -> list:
 def gemv_notebook_lines(gpu) -> list:
     """Notebook 09's own benchmark, M = 1 (09_fused_gemv_notebook.json): the kernel, bitsandbytes and the read
     bound of one run, so every ratio compares records of that run (the README's GEMV rows come from it)."""
-    from nf4lab.measure import results
-    from nf4lab.measure.gemv_bench import default_kernel
+    from nf4lab.measure import bench
+    from nf4lab.measure.gemv_bench import bnb_name, default_kernel, find_record
 
-    run = results.load("09_fused_gemv_notebook", gpu)
+    run = bench.Run.load("09_fused_gemv_notebook", gpu)
     if run is None:
         return []
-    recs, ours = run["records"], default_kernel(run)
-    bound = {tuple(q["shape"]): q for q in recs if q["kind"] == "bound"}
-    lines = ["", f"Notebook 09's benchmark, M = 1 (decode), {labelled('09_fused_gemv_notebook', run['meta'])}; "
+    ours = default_kernel(run)
+    bound = {tuple(q["shape"]): q for q in run.records if q["kind"] == "bound"}
+    lines = ["", f"Notebook 09's benchmark, M = 1 (decode), {labelled('09_fused_gemv_notebook', run.meta)}; "
              "CUDA-graph GPU time, weights cycled past L2; the read bound is timed in the same run:", "",
              "| W (N x K) | dtype | nf4lab us | read bound us | % of read bound | bitsandbytes matmul_4bit us | "
              "x bitsandbytes | within tolerance |", "| --- | --- | ---: | ---: | ---: | ---: | ---: | :---: |"]
-    for r in (r for r in recs if r["name"] == ours and r.get("ms") and r.get("M", 1) == 1):
-        b = bound.get(tuple(r["shape"]))
-        n = next((q for q in recs if q["kind"] == "baseline" and "matmul_4bit" in q["name"] and q.get("ms")
-                  and q["shape"] == r["shape"] and q["dtype"] == r["dtype"] and q.get("M", 1) == 1), None)
+    for r in (r for r in run.records if r["name"] == ours and r.get("ms") and r.get("M", 1) == 1):
+        b, n = bound.get(tuple(r["shape"])), find_record(run, bnb_name(1), r["shape"], r["dtype"])
         lines.append(f"| {'x'.join(map(str, r['shape']))} | {r['dtype']} | {r['ms'] * 1e3:.2f} | "
                      f"{'' if not b else format(b['ms'] * 1e3, '.2f')} | "
                      f"{'' if not b else format(100 * b['ms'] / r['ms'], '.0f') + '%'} | "
                      f"{'' if not n else format(n['ms'] * 1e3, '.2f')} | {'' if not n else format(n['ms'] / r['ms'], '.2f')} | "
                      f"{'yes' if r.get('within_tol') else 'no'} |")
-    return lines + ["", f"Source: `{run['path']}` (batch M = 2, 4, 8: `09_fused_gemv_notebook_batch.json`)."]
+    return lines + ["", f"Source: `{run.path}` (batch M = 2, 4, 8: `09_fused_gemv_notebook_batch.json`)."]
 
 
 def gemv_lines(gpu) -> list:
