@@ -53,7 +53,8 @@ SIG = "(uint8[::1], float32[::1], uint8[::1], float32[::1], float32[::1], float3
 # `absmax_q`, two float32 loads of `code2` and `absmax2` (the same addresses for the 32 threads
 # of a quantization block of 64 weights, so most likely served by the cache), two loads from the 16-entry
 # LUT, two 16-bit stores. The byte model only counts the bytes DRAM must move; the question for this
-# kernel is whether such *narrow* accesses can keep enough bytes in flight. A warp (32 threads
+# kernel is whether such *narrow* accesses can keep enough bytes in flight (requested from DRAM
+# and not yet returned; 02 sizes it). A warp (32 threads
 # that execute one instruction together; CUDA C++ Programming Guide, "SIMT Architecture") writes
 # 64 bytes with one 16-bit store instruction; a warp of 16-byte stores would write 512.
 
@@ -78,7 +79,8 @@ if ceil is not None:
 
 # %% [markdown]
 # Our prediction: **correct, but far from the ceiling**, because 8 memory instructions move
-# only about 5 bytes of DRAM traffic per thread. Notebooks 02-06 attack exactly that.
+# only about 5 bytes of DRAM traffic per thread. Notebooks 03-06 attack exactly that (02 first
+# sizes the grid to the GPU).
 
 # %% [markdown]
 # <a id="draft"></a>
@@ -194,14 +196,15 @@ codes = (case.packed[idx // 2] >> np.where(idx % 2 == 0, 4, 0).astype(np.uint8))
 w_fma = (reference.NF4_LUT[codes] * fused[idx // case.blocksize]).astype(np.float32)
 n_bf16 = int(np.count_nonzero(reference.f32_to_bf16_bits(w_fma) != case.expected[idx]))
 print(f"FMA scales on the main case ({case.n:,} weights), bf16 output: {n_bf16:,} outputs differ "
-      f"(from the {idx.size:,} weights of the {bad.size:,} blocks whose scale changed)")
+      f"(from the {idx.size:,} weights of the {bad.size:,} blocks whose scale changed; "
+      f"{np.unique(fused[bad]).size:,} distinct changed scales, so at most 16 x that many distinct products)")
 
 # %% [markdown]
 # With float32 output the weights of an affected block are off by an ulp or two. With bf16 output
 # the 16 low bits are rounded away, so most or all of the damage hides: a scale that is one
 # float32 ulp off changes a bf16 result only when the product lands within that ulp of a bf16
-# rounding boundary. A case has few distinct scales (`absmax_q` takes at most 256 values per
-# group), so there are few distinct products to land there: on a small case that may be no
+# rounding boundary. Only distinct products count (16 per distinct changed scale; the line above
+# prints how many scales), and each lands near a boundary or not: on a small case that may be no
 # output at all, and the last line above counts it on the main case (268 million weights on a
 # GPU, a small case in the simulator), where it can be none as well. A bf16 test alone, small
 # or large, can let this bug through: that is why the series checks the PTX. For these bf16-only
@@ -527,8 +530,9 @@ assert result
 # lines the cell prints). The buffers pad `absmax_q` with zeros to a multiple of 16 entries, so
 # where the printed index is below the padded count the read lands in the padding, and where it
 # is not, past the array's end. The simulator raises `IndexError` for a read past an array's
-# end; a GPU reads whatever lies there, silently, and may even get the right value by luck. Bounds are the kernel's job, not
-# the hardware's.
+# end; a GPU reads whatever lies there, silently, and may even get the right value by luck (a shape
+# can pass while reading the padding, where the `absmax_q` it should have read is 0 too).
+# Bounds are the kernel's job, not the hardware's.
 # ### STUDENT
 # *What to notice:* compare the index of the first wrong weight with the block size. Then
 # answer the question above by printing what the kernel computes beside what the case has.

@@ -70,7 +70,7 @@ SIG = "(uint8[::1], float32[::1], uint8[::1], float32[::1], float32[::1], float3
 # code byte and the scale's bytes read and the four output bytes written (the byte model's bytes
 # per packed byte, printed below), as if they were all outstanding at once. That is a generous count: a
 # thread's loads of the big arrays (the code and absmax_q bytes) carry one byte each, and its 4-byte
-# scale and table loads mostly hit in cache (08 counts a load's width against the need instead), so by
+# scale and table loads, we expect, mostly hit in cache (not measured here; 08 counts a load's width against the need), so by
 # that count even less is in flight. And it assumes one iteration's bytes
 # per thread: whether the unrolled loop of section 3 has a later iteration's loads issued before
 # an earlier one's return is not measured here.
@@ -298,8 +298,9 @@ plots.progress("02_grid_stride");
 # %% [markdown]
 # Against the prediction, from this run's numbers. A change no larger than `bench.NOISE_PCT`
 # (the series' one noise margin, printed below) counts as none. The margin is for two kernels timed
-# in one run: the run-to-run line compares records of two runs, which on different days can lie
-# further apart than it (another state of the same machine), so no verdict compares across runs.
+# in one run: the run-to-run line compares records of two runs, which can lie further apart than
+# it when they come from different device calls, even on one day (03 prints two such lines), so no
+# verdict compares across runs.
 
 # %%
 NOISE_PCT = bench.NOISE_PCT

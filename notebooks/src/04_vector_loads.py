@@ -56,7 +56,8 @@ SIG = ("(uint8[::1], uint32[::1], float32[::1], uint8[::1], float32[::1], float3
 #
 # The bytes to move do not change (the byte model counts each input and output once); what
 # changes is how many memory *instructions* carry them. In step 03 a thread loads 1 byte and
-# stores 4; a warp's store instruction writes 128 bytes. With a 16-byte load a thread owns 32
+# stores its 4 output bytes in one instruction (the grid-stride kernel does the same, a byte per
+# iteration); a warp's store instruction writes 128 bytes. With a 16-byte load a thread owns 32
 # weights, so per 32 weights we issue one load and four stores instead of 16 + 16, and a warp's
 # store instruction writes 512 bytes. Fewer, wider instructions keep more bytes in flight per
 # instruction issued: that is what should help. The cell also prints the time these bytes take at
@@ -67,7 +68,7 @@ SIG = ("(uint8[::1], uint32[::1], float32[::1], uint8[::1], float32[::1], float3
 N_BIG = 16384 * 16384
 moved = bytemodel.bytes_moved(N_BIG)
 print(f"16384 x 16384 -> bf16: {moved / 1e6:.0f} MB to move")
-print(f"  step 03: {N_BIG // 2:,} threads, 1 code load + 1 store each -> {N_BIG // 2 * 2 / 1e6:.0f} M "
+print(f"  step 03 (per byte): {N_BIG // 2:,} threads, 1 code load + 1 store each -> {N_BIG // 2 * 2 / 1e6:.0f} M "
       f"instructions for codes and outputs (thread level), {moved / (N_BIG // 2):.1f} bytes moved per thread")
 print(f"  step 04: {N_BIG // 32:,} threads, 1 code load + 4 stores each -> {N_BIG // 32 * 5 / 1e6:.0f} M, "
       f"{moved / (N_BIG // 32):.1f} bytes moved per thread")
@@ -104,7 +105,7 @@ if best:
 # ## 2. Lesson: 128-bit accesses in numba
 #
 # CUDA C++ writes `*(uint4*)p`. Numba has no such cast: four adjacent `uint32` loads stay four
-# 32-bit loads (numba passes no alignment to LLVM, so LLVM may not merge them), and numba's
+# 32-bit loads (numba passes no alignment to LLVM, so LLVM may not merge them; not shown here), and numba's
 # vector type `cuda.uint32x4` cannot index an array. `nf4lab.device.ops.load_u32x4(arr, i)` and
 # `ops.store_u32x4(arr, i, a, b, c, d)` are small `@intrinsic`s that build an aligned `<4 x i32>`
 # load/store in LLVM IR, which NVVM turns into `ld.global.v4.u32` / `st.global.v4.u32`.
@@ -415,7 +416,7 @@ assert ptx.count(ptx_a, r"^ld\.global\.v4") == 1 and ptx.count(ptx_a, r"^st\.glo
 ptx_b = nf4lab.compile_ptx(dequant_16b_coalesced, SIG)
 ptx.show(ptx_b, [r"^ld\.global\.v4", r"^st\.global\.v4", r"^(ld|st)\.shared", r"^bar"])
 ptx.check(ptx_b, present=[r"^ld\.global\.v4\.u32", r"^st\.global\.v4\.u32", r"^cvt\.rn\.bf16x2\.f32",
-                          r"^st\.shared\.u32", r"^ld\.shared\.u32", r"^bar\.sync"],
+                          r"^mul\.rn\.f32", r"^add\.rn\.f32", r"^st\.shared\.u32", r"^ld\.shared\.u32", r"^bar\.sync"],
           absent=[r"^fma", r"\.f64\b", r"^(div|rem)\.", r"^ld\.local"])
 # The table's lookups (and the scale's two float loads) are float loads from global memory; a cache
 # operator (.ca, .cg, .cs, .lu, .cv, or .nc for the read-only path) would follow ld.global. 05 relies on it.
@@ -445,14 +446,13 @@ nf4lab.verify_versions(VERSIONS, case);
 # recorded run, if any.
 #
 # "Little or nothing" needs a cut-off. The verdict uses the series' one noise margin,
-# `bench.NOISE_PCT` (printed with the verdict), set above every difference the book's records show
-# between two runs of one kernel on the same day (H200, 2026-11-28 and 2026-11-29: at most 0.8%; its
-# comment in `nf4lab/measure/bench.py` names them), and used by every notebook that calls a change
-# "a gain" or "none". A change of speed inside it counts as nothing; beyond it, the verdict says which
-# way, and a change less than twice the margin is printed as "near": one run does not settle it. It
-# judges kernels of one run. The run-to-run lines below (03's kernels here against 03's own record)
-# compare two runs: on one day they should stay inside the margin; records of different days have differed by more (the same H200 ran 01's
-# kernel 1.7-2.1% faster on 2026-11-29 than on 2026-11-28), which is why the margin is not for them. The verdict's line compares A with the
+# `bench.NOISE_PCT` (printed with the verdict; `nf4lab/measure/bench.py` says why 1%), used by every
+# notebook that calls a change "a gain" or "none". A change of speed inside it counts as nothing; beyond it,
+# the verdict says which way, and a change less than twice the margin is printed as "near": one run does
+# not settle it. It judges kernels timed in one run. The run-to-run lines below (03's kernels here against
+# 03's own record) show how far two runs of one kernel lie apart; records of different device calls can lie
+# further apart than the margin, even on one day (03 prints two such lines, against 01's and 02's records),
+# which is why the margin is not for them. The verdict's line compares A with the
 # faster of 03's two kernels, the line after it A with B, each as a ratio of times from this run;
 # the last line says which comparison A's scattered stores lost.
 

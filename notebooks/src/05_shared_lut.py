@@ -325,7 +325,10 @@ if run is not None:
         print(run.table())
     ks = sorted(run.kernels(), key=lambda r: r["ms"])
     if ks:
-        print("\nfastest to slowest: " + " < ".join(f"{r['name'][3:]} ({r['ms'] * 1e3:.0f} us)" for r in ks))
+        # "~" where two neighbours lie within the noise margin: the order between them is not measured
+        print("\nfastest to slowest: " + ks[0]["name"] + f" ({ks[0]['ms'] * 1e3:.0f} us)" + "".join(
+            (" ~ " if bench.noise_band(100 * (b["ms"] / a["ms"] - 1)) == "within" else " < ")
+            + f"{b['name']} ({b['ms'] * 1e3:.0f} us)" for a, b in zip(ks, ks[1:])))
     g, sh, k04 = run.get(BASELINE), run.get("05 LUT in shared memory"), run.get(K04)
     if k04:
         # The same kernel in two runs: 04's kernel here against 04's own record of it, the margin's scale.
@@ -366,8 +369,8 @@ plots.progress("05_shared_lut");
 # ## 6. What we learned
 #
 # Read the ranking off the "fastest to slowest" line the benchmark cell printed: it holds this run's
-# kernels only. In the plot, a hatched bar labelled with another notebook's run is context from that
-# run, not part of this ranking. The mechanisms behind the ranking:
+# kernels only, and "~" joins two whose times lie within the noise margin. In the plot, a hatched bar
+# labelled with another notebook's run is context from that run, not part of this ranking. The mechanisms behind the ranking:
 #
 # * **Global memory is already fine for this table** when the benchmark above finds the shared
 #   table no faster (within the noise margin, or slower). The likely reason: the table is 16
@@ -393,7 +396,8 @@ plots.progress("05_shared_lut");
 #   whether that is hidden depends on how much time the kernel spends waiting for DRAM anyway.
 #   The benchmark above prints the select tree's time against the global table's: where it is
 #   well above 1x, the selects (and, for constant memory, the replays) are likely not hidden: the
-#   kernel's time is then set by issuing instructions rather than by DRAM.
+#   kernel's time is then probably set by the lookups (the selects' issue, or constant-cache replays that
+#   serialize a warp's loads) rather than by DRAM; not measured here.
 #   (`data/results/<gpu>/05_shared_lut.json` holds the runs of each GPU recorded: records of two
 #   GPUs are two runs, so compare each GPU's select tree with its own global table, then the two
 #   ratios, not the times across GPUs.)

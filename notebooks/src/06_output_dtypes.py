@@ -78,7 +78,8 @@ for d in ("bf16", "fp16", "fp32"):
         line += f"; at the fill ceiling ({fill['gbps']:.0f} GB/s): {nbytes / fill['gbps'] / 1e6:.3f} ms"
     print(line)
 print(f"fp32 moves {bytemodel.bytes_moved(N_BIG, 'fp32') / bytemodel.bytes_moved(N_BIG, 'bf16'):.2f}x the bytes "
-      f"of bf16 (the same inputs, twice the output bytes)")
+      f"of bf16 (the same inputs, twice the output bytes); the codes are "
+      + ", ".join(f"{N_BIG // 2 / bytemodel.bytes_moved(N_BIG, d):.0%} of {d}'s" for d in ("bf16", "fp32")))
 if copy is None:
     print("(no recorded ceiling for this GPU: run notebook 00 on a GPU)")
 
@@ -91,8 +92,8 @@ if copy is None:
 # 8 weights of one packed 32-bit word (bf16, fp16), or 4 weights, half a word (fp32). Lane `t`
 # of a block of `THREADS` threads takes units `t`, `t + THREADS`, ... (`UNITS` of them; both are set in the kernel cell): each warp store writes 512
 # contiguous bytes and each warp load reads 128 (64 for fp32), with no exchange. So the code loads
-# are 32-bit again, not 04's 16-byte ones: the codes are a fifth of the bytes moved for bf16 (a
-# ninth for fp32), and this notebook does not measure what the narrower loads cost. A thread issues
+# are 32-bit again, not 04's 16-byte ones: the codes are the share of the bytes moved that the cell
+# above prints, and this notebook does not measure what the narrower loads cost. A thread issues
 # all its global loads (its words, their scales, its share of the LUT and of `code2`) before the
 # block's one barrier, so a block waits for memory once; `code2` sits in shared memory beside the
 # LUT, so that `code2[absmax_q[b]]` is not a second trip to global memory. The scale is computed
@@ -308,7 +309,8 @@ VERSIONS = {"06 best kernel (bf16/fp16/fp32)": launch}
 # 32-bit loads one after another at a stride of `THREADS` units, i.e. `THREADS` words (half that
 # for fp32, whose unit is half a word), the loop unrolled and the local arrays in registers (no
 # `ld.local`); 16-byte stores (one per unit), shared LUT, no FMA, no float64. The other loads and stores
-# the counts below include are the tail's (one thread, byte loads and 16-bit stores) and `block_scale`'s loads.
+# the counts below include are each unit's statistics loads (`absmax_q`, `absmax2`), the LUT's and `code2`'s
+# staging, `block_scale`'s loads and the tail's (one thread: byte loads; 16-bit stores, 32-bit for fp32).
 
 # %%
 kernel_ptx = {}
@@ -325,6 +327,7 @@ ptx.check(kernel_ptx["bf16"], present=common_present + [r"^cvt\.rn\.bf16x2\.f32"
 ptx.check(kernel_ptx["fp16"], present=common_present + [r"^cvt\.rn\.f16x2\.f32"],
           absent=common_absent + [r"^cvt\.rn\.bf16x2"])
 ptx.check(kernel_ptx["fp32"], present=common_present, absent=common_absent + [r"^cvt\.rn\.\w+x2"])
+print("PTX checks passed (all three):", ", ".join(common_present), "present;", ", ".join(common_absent), "absent")
 for d, p in kernel_ptx.items():
     loads = ptx.count(p, r"^ld\.global\.(nc\.)?u32")
     assert loads >= UNITS, f"{d}: expected the {UNITS} word loads unrolled, found {loads}"

@@ -496,10 +496,10 @@ if ok:   # with own_share written: the share at every shape, and where it is lar
               f"{dram[top]:.0%} of its time beyond the copy; the rest, {1 - dram[top]:.0%}, is the bound's distance "
               "from the copy" + (f"; its p10-p90 span overlaps that of {', '.join('x'.join(map(str, s)) for s in close)}"
                                  ": this run does not separate them" if close else ""))
-    by_size = [dram[s] for s in sorted(dram, key=lambda s: s[0] * s[1])]   # the DRAM shapes, smallest first
+    by_size = [dram[s] for s in sorted(dram, key=lambda s: s[0] * s[1])]   # the shapes outside the L2, smallest first
     if len(by_size) > 2:   # a fixed cost per launch weighs less in a longer kernel: shares that fall with size
         falls = all(x > y for x, y in zip(by_size, by_size[1:]))
-        print("by the medians, the DRAM shares " + ("fall with every larger shape in this run: consistent with a fixed "
+        print("by the medians, the shares outside the L2 " + ("fall with every larger shape in this run: consistent with a fixed "
               "cost per launch" if falls else "do not fall with every larger shape in this run: it does not support a "
               "fixed cost per launch alone"))
 
@@ -510,11 +510,11 @@ if ok:   # with own_share written: the share at every shape, and where it is lar
 # printed above: a share near 0 means the time left beyond the copy is the bound's (the read/write
 # mix, which no dequantization kernel can win back); a share near 1 means it is the kernel's own,
 # the part worth working on. Inside the L2 neither the copy nor the bound is a DRAM measurement
-# (section 5), so read the DRAM shapes; the line "outside the L2 the kernel's own share is largest at ..."
+# (section 5), so read the shapes outside it (the closest to its size partly served from it, by section 2's 4x rule); the line "outside the L2 the kernel's own share is largest at ..."
 # names the one where it is largest in this run by the medians, and whether the timings' spread separates it from the others. Only a
 # separated shape is the one to look at first. A fixed cost per launch (the start, the last wave) would
-# weigh more in a shorter kernel: the line "by the medians, the DRAM shares ..." says whether the shares
-# fall with every larger DRAM shape in this run. Where it says they fall, that hypothesis is consistent
+# weigh more in a shorter kernel: the line "by the medians, the shares outside the L2 ..." says whether the shares
+# fall with every larger shape outside the L2 in this run. Where it says they fall, that hypothesis is consistent
 # with this run and is the one to test first; where it says they do not, this run does not support it. How the one launch shape that ships was chosen is in
 # `lab/README.md`.
 # ### STUDENT

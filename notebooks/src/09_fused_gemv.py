@@ -84,7 +84,7 @@ _ = fig.suptitle("mma.sync.m16n8k16 in this kernel: mma i = 0 of a step at M = 1
 # - Lane (g, q) loads a step's 2 pieces of row g and 2 of row g + 8 (M = 1: columns 64q..64q + 63; M > 1: 32 columns at 128 h + 32 q of piece h, block 2 h + q // 2).
 # - **Split-K**: the 8 warps of a thread block (CUDA's block, not an absmax block) share a tile's K columns: warp w
 #   takes steps w, w + 8, ... and keeps its own float32 sums of the 16 rows; at the tile's end the sums meet in shared memory.
-#   At M = 1, where tiles outnumber blocks (e.g. 14336 rows: 896 tiles; 264 blocks, 2 per SM as below, on a GPU of 132 SMs such as this H200), `gemv.warps_a_tile` may form
+#   At M = 1, where tiles outnumber blocks (e.g. 14336 rows: 896 tiles; 264 blocks, 2 per SM as below, on a GPU of 132 SMs such as the H100 and the H200), `gemv.warps_a_tile` may form
 #   **warp groups** (not the lane's g) of G = 2 or 4 warps that take a tile each, at a barrier of their own (`bar.sync id, 32 G`): it picks the G whose
 #   rounds (a round: every group of the grid, the blocks launched, takes one tile), a warp's K / G columns a tile, take least time, the fewest warps on a tie (fewer sums to add); M > 1 keeps 8.
 # - **Persistent blocks**: at most 2 per SM (`gemv.grid_size`); block t takes tiles t, t + grid, ... (with W = 8 warps a block,
