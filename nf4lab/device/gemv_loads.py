@@ -71,8 +71,8 @@ def step_ops(is_bf16, M, base, nested=True, words=False):
 
 @functools.cache
 def step1_ops():
-    """(rows, fetch1): ``fetch`` for M = 1 with the statistics word (K % 256 == 0), less work a step (3.4-5.5% faster on an
-    H200, 2026-11-28 14:16 UTC, ``09_gemv_lean.json``; lab/README "A shorter step loop"): ``rows(rb, tp, g, q, lane, n, kw, tiles)`` (the kernel calls it every step) puts tile tp's word
+    """(rows, fetch1): ``fetch`` for M = 1 with the statistics word (K % 256 == 0), less work a step (timed against ``fetch`` in
+    lab/README "A shorter step loop", ``09_gemv_lean.json``): ``rows(rb, tp, g, q, lane, n, kw, tiles)`` (the kernel calls it every step) puts tile tp's word
     bases in rb (rows g, g + 8 at lane q's first word; statistics row ``lane & 15``; clamped as ``fetch`` clamps);
     ``fetch1(buf, o, xq, packed_u32, absmax_q, absmax2, x_u32, rb, cp, lane, steps)`` loads step cp, and its x for
     the slot into xq (:func:`warp_ops.x_slot_ops`). No clamps of the word column and no past-K test for x: with

@@ -151,6 +151,8 @@ def summary(run, bound=None) -> str:
                      + (f"{100 * r['gbps'] / copy['gbps']:6.0f}% " if copy else f"{'-':>7} ")
                      + (f"{100 * rb['ms'] / r['ms']:8.0f}%  " if rb else f"{'-':>9}  ")
                      + f"{ok.get((ours, *key))}, {ok.get((bnb_name(M), *key))}")
+    if copy:   # the divisor of "% copy", which the plot's legend shows too
+        lines.append(f"% copy: against this run's {COPY_BYTES >> 30} GiB device copy, {copy['gbps']:.0f} GB/s")
     return "\n".join(lines)
 
 

@@ -29,7 +29,7 @@ RUN = bench.Run.load(gemv.NAME + "_notebook")   # this notebook's last GPU run (
 # A weight serves 2 flops per row of x and is read once: at M = 1 a GEMV is limited by how fast the weight is read,
 # if the instructions keep up. Dequantize-then-multiply reads 0.5 byte a weight, writes 2 and reads them again; the
 # fused kernel reads the 0.5 byte and the statistics (absmax codes, absmax2, code2). **Prediction:** at the copy
-# speed (notebook 00's device copy, in the run named below) the fused kernel needs at least:
+# speed (notebook 00's device copy, in the run named below) the fused kernel would need about:
 # %%
 copy = (CEIL := bench.Run.load("00_ceiling")) and CEIL.get(bench.COPY, dtype="bf16")   # no cell here replaces 00's record
 print(f"{'W (N x K)':>12} {'fused reads':>12} {'dequant + matmul':>17} {'ratio':>6} {'us at copy speed':>17}")
@@ -84,7 +84,7 @@ _ = fig.suptitle("mma.sync.m16n8k16 in this kernel: mma i = 0 of a step at M = 1
 # - Lane (g, q) loads a step's 2 pieces of row g and 2 of row g + 8 (M = 1: columns 64q..64q + 63; M > 1: 32 columns at 128 h + 32 q of piece h, block 2 h + q // 2).
 # - **Split-K**: the 8 warps of a thread block (CUDA's block, not an absmax block) share a tile's K columns: warp w
 #   takes steps w, w + 8, ... and keeps its own float32 sums of the 16 rows; at the tile's end the sums meet in shared memory.
-#   At M = 1, where tiles outnumber blocks (e.g. 14336 rows: 896 tiles; 264 blocks, 2 per SM as below, on a GPU of 132 SMs such as the H100 and the H200), `gemv.warps_a_tile` may form
+#   At M = 1, where tiles outnumber blocks (e.g. 14336 rows: 896 tiles; 264 blocks, 2 per SM as below, on a GPU of 132 SMs), `gemv.warps_a_tile` may form
 #   **warp groups** (not the lane's g) of G = 2 or 4 warps that take a tile each, at a barrier of their own (`bar.sync id, 32 G`): it picks the G whose
 #   rounds (a round: every group of the grid, the blocks launched, takes one tile), a warp's K / G columns a tile, take least time, the fewest warps on a tie (fewer sums to add); M > 1 keeps 8.
 # - **Persistent blocks**: at most 2 per SM (`gemv.grid_size`); block t takes tiles t, t + grid, ... (with W = 8 warps a block,
@@ -195,7 +195,7 @@ def make_step(M, is_bf16, look, x_get):
 # %% [markdown]
 # **The kernel.** A lane's loads of a step (4 x 16 bytes of codes, the statistics word: 17 words) are imported: `fetch` (`gemv.step_ops`) does section
 # 3's loads, clamped at the last row and step; at M = 1 `fetch1` also loads x, and `rows` puts a tile's row offsets in `rb`, every step, by selects
-# (`selp`: both values computed, one kept, no jump; in another run, against a branch there, the selects were 0.2 us faster at 4096x4096 and within 0.1 us at the three larger shapes: H200, 2026-11-29 01:11 UTC, lab/README.md, `09_gemv_full.log`). The first step's loads go out before the table is built; each trip
+# (`selp`: both values computed, one kept, no jump; timed against a branch in another run: lab/README.md, "No branch in the M = 1 step loop"). The first step's loads go out before the table is built; each trip
 # fetches the next step, across tiles too. Local arrays indexed by unrolled loops live in registers (up to the register cap: section 5 prints the spills). **The tile's sum:** lanes q and q ^ 1 hold a
 # batch row's blocks 0-1 and 2-3 (a `shfl.xor` adds them); each warp writes its 16 M sums to spare words (`gemv.spare`), and after a barrier 16 M
 # threads add the G warps' and write y (`parity`: two sets of words, so that the next tile's sums cannot overwrite words still being read, with no
@@ -329,7 +329,7 @@ ptx.check(code, present=[MMA, r"^prmt\.b32", LOOKUP], absent=[r"^ld\.local", r"^
 print(arch.name(cc), {w: ptx.count(code, p) for w, p in [("mma", r"^mma\.sync"), ("prmt", r"^prmt"), ("lookups", LOOKUP),
                                                         ("16-byte loads kept out of L1 (4 a step, 2 call sites)", r"^ld\.global\.nc\.L1::no_allocate\.v4")]})
 ptx_g2 = ptx.compile_ptx(make_kernel(not T4, 1, gemv.default_base(cc), True, 2), gemv.signature(), cc=cc)   # G = 2
-print("barriers with a register id (bar.sync id, threads): G = 2", ptx.count(ptx_g2, r"^bar\.sync\s+%r"), "; G = 8:", ptx.count(code, r"^bar\.sync\s+%r"), "(it uses bar.sync 0)")
+print("barriers with a register id (bar.sync id, threads): G = 2:", ptx.count(ptx_g2, r"^bar\.sync\s+%r"), "; G = 8:", ptx.count(code, r"^bar\.sync\s+%r"), "; bar.sync 0 at G = 8:", ptx.count(code, r"^bar\.sync\s+0"))
 for M, k in ((M, make_kernel(not T4, M, base)) for M in (1, 2, 4, 8)):   # M > 1: fetch's longer step loop; the driver's build, else ptxas -v
     print(f"M = {M}:", ptx.resources(k, gemv.signature(), code if M == 1 else ptx.compile_ptx(k, gemv.signature(), cc=cc, launch_bounds=(THREADS, BLOCKS_PER_SM)), cc))
 # %% [markdown]
@@ -410,10 +410,10 @@ if BATCH:   # % of read: section 7's read bound (the weight's bytes, read once a
 # <a id="learned"></a>
 # ## 9. What we learned
 #
-# - Bytes bound a GEMV: section 1 estimates a lower bound at copy speed, section 7 times the read bound (a read-only kernel); how close ours gets
+# - Bytes bound a GEMV: section 1 predicts a time at copy speed, section 7 measures the read bound (a read-only kernel); how close ours gets
 #   depends on the shape. A table of A registers makes dequantization a `prmt` and a load.
 # - The mma sums over k in any order: we pick k so that each lane reads contiguous bytes, and B's columns keep the absmax blocks apart so that each
-#   is scaled once, in float32, by the scale bitsandbytes computes; section 1's bound is a floor, and section 7 prints how far above its own run's read bound each shape lands.
+#   is scaled once, in float32, by the scale bitsandbytes computes; section 7 prints how far above its own run's read bound each shape lands.
 # - A batch reads the weight once but is not free: past M = 2 more n-tiles of mmas on the same A registers; at M > 1 x comes from L1 or L2 at each
 #   step, not the slot; a tile has 8 warps (M = 1's groups are not used); the step loop is `fetch`'s longer one (section 5 prints its registers
 #   and spills). Section 8 prints the fall, not how it splits among these. [Marlin](https://github.com/IST-DASLab/marlin), [FLUTE](https://github.com/HanGuo97/flute): further reading.
