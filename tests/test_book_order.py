@@ -18,7 +18,7 @@ def test_a_notebook_older_than_a_record_it_quotes_is_planned_with_everything_aft
     assert book_order.plan(dates) == []
     dates["00"] = _at(23)                                               # 00 ran again last: everything quotes 00
     planned = [nn for nn, _ in book_order.plan(dates)]
-    assert planned == ["01", "02", "03", "04", "05", "06"]   # 07 and 09 quote no other notebook (07 times its own)
+    assert planned == ["01", "02", "03", "04", "05", "06", "09"]   # 07 quotes no other notebook (it times its own)
     dates["00"], dates["05"] = _at(1), _at(23)                          # 05 ran again: 06
     assert book_order.plan(dates) == [("06", ["05"])]
     dates["05"], dates["07"] = _at(6), _at(23)                          # 07 ran again: 08
@@ -42,3 +42,15 @@ def test_a_stale_notebook_is_planned_with_what_quotes_it_and_packed_into_calls()
 
 def test_the_committed_book_shows_no_stale_outputs():
     assert book_order.stale_notebooks() == set()
+
+
+def test_quotes_names_every_record_a_notebook_loads_from_another():
+    """A notebook that prints another notebook's record (``Run.load("NN_...")`` in its source) must list it in QUOTES,
+    or a run of the quoted notebook leaves it printing a replaced record unplanned (09 prints 00's copy speed)."""
+    import re
+
+    src = Path(__file__).parent.parent / "notebooks" / "src"
+    for nn in book_order.QUOTES:
+        text = next(src.glob(f"{nn}_*.py")).read_text()
+        loaded = set(re.findall(r'Run\.load\(\s*"(\d\d)_', text)) - {nn}
+        assert loaded <= set(book_order.QUOTES[nn]), f"{nn} loads the records of {sorted(loaded)}, QUOTES says {book_order.QUOTES[nn]}"

@@ -27,7 +27,8 @@ RECORDS = {"00": "00_ceiling", "01": "01_naive", "02": "02_grid_stride", "03": "
            "05": "05_shared_lut", "06": "06_output_dtypes", "07": "07_summary", "08": None, "09": "09_fused_gemv_notebook"}
 # Whose records a notebook prints (docs/DEVELOPING.md, "A notebook that quotes another's record goes after it").
 QUOTES = {"00": (), "01": ("00",), "02": ("00", "01"), "03": ("00", "01", "02"), "04": ("00", "03"), "05": ("00", "04"),
-          "06": ("00", "05"), "07": (), "08": ("07",), "09": ()}   # 07 times every version and ceiling in its own run
+          "06": ("00", "05"), "07": (), "08": ("07",), "09": ("00",)}   # 07 times every version and ceiling in its own run;
+# 09's section 1 prints 00's copy speed
 ORDER = ("00", "01", "02", "03", "04", "05", "06", "09", "07", "08")   # a valid book order (08 after 07)
 
 
