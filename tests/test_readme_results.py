@@ -72,3 +72,25 @@ def test_every_repository_path_a_doc_names_exists(doc):
     missing = [p for p in sorted(named) if "NN" not in p and p not in ignored and not (ROOT / p).exists()]
     missing += [t for t in sorted(linked) if not (path.parent / t).exists()]
     assert not missing, f"{doc} names paths that do not exist: {missing}"
+
+
+def test_a_notebook_label_names_a_record_of_a_replaced_kernel(tmp_path, monkeypatch):
+    """Without a GPU the notebooks print a recorded GPU's runs through results.label: a run older than the shipped
+    kernel it measured says so there too (09 on a laptop showed an H100 GEMV record of a replaced kernel unlabelled),
+    and the name load() keeps in memory is not written back by save()."""
+    import json
+
+    from nf4lab.measure import results
+
+    monkeypatch.setattr(results, "ROOT", tmp_path)
+    monkeypatch.setattr(results, "RESULTS_DIR", tmp_path / "data" / "results")
+    meta = {"gpu": "Some GPU", "date": "2026-01-01 00:00 UTC", "run": "abc"}
+    path = results.save({"meta": meta, "records": []}, "09_fused_gemv_notebook", gpu="Some GPU")
+    data = results.load("09_fused_gemv_notebook", "Some GPU")
+    assert data is not None, path
+    assert "with an earlier kernel, not the shipped one" in results.label(data["meta"])
+    results.save(data, "09_fused_gemv_notebook", gpu="Some GPU")
+    assert "record" not in json.loads(path.read_text())["meta"]
+    assert "earlier kernel" not in results.label({**meta, "record": "09_read_bound"})   # a bound runs no shipped kernel
+    newest = max(v[2] for v in results.SHIPPED.values())
+    assert "earlier kernel" not in results.label({**meta, "date": newest, "record": "09_fused_gemv_notebook"})

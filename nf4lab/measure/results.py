@@ -72,6 +72,8 @@ def save(data: dict, name: str, gpu: str | None = None) -> Path:
     gpu = gpu or data["meta"]["gpu"]
     path = _path(gpu_slug(gpu), name, config.notebook_kind() == SOLUTION_KIND)
     path.parent.mkdir(parents=True, exist_ok=True)
+    if "meta" in data and "record" in data["meta"]:   # load()'s in-memory name: the file's name says it
+        data = {**data, "meta": {k: v for k, v in data["meta"].items() if k != "record"}}
     text = json.dumps(data, indent=1, default=_jsonable) + "\n"
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{name}.", suffix=".tmp")
     with os.fdopen(fd, "w") as f:
@@ -148,6 +150,41 @@ def source_note(gpu: str | None = None) -> str:
     return f"recorded on {gpu}, not on this GPU ({here})"
 
 
+# The kernels that ship, and the date of the first recorded GPU run of each as it ships. A record older
+# than that measured a kernel that has since been replaced, so its numbers say nothing about the shipped
+# one. The runs came before the commits that shipped the code they measured (the commit messages cite
+# them): `git show COMMIT` tells what changed. When a shipped kernel changes, add its new first run here.
+SHIPPED = {
+    "dequant": ("notebook 06's kernel, which nf4lab.dequantize ships", "864c0e9", "2026-11-26 13:53 UTC"),
+    # Groups of warps a tile (gemv.warps_a_tile) were first timed as bench_gemv's "TC G2" / "TC G4" at 08:05
+    # (09_gemv_groups_*.log, no record file); notebook 09 first ran them as shipped at 08:43. At shapes where the rule
+    # keeps 8 warps a tile the kernel is the one of d6aa959 (its table built by 16-byte stores), first recorded 03:57.
+    "gemv": ("the tensor-core GEMV with groups of warps a tile where tiles outnumber blocks (nf4lab.kernels.gemv)",
+             "ece45b4", "2026-11-29 08:05 UTC"),
+}
+
+
+def kernels_measured(name: str) -> tuple:
+    """Which shipped kernels a results file (by its name) measured."""
+    if name.startswith(("09_read_bound", "gemv_paths")):
+        return ()               # a bound that reads bytes, or the sm_75 paths' check: no shipped timing
+    if name.startswith("09_"):
+        return ("gemv",)
+    if name.startswith(("06_", "07_", "dequantize", "exactness", "sm_75_06")):
+        return ("dequant",)
+    if name.startswith(("models", "launch_cost", "bnb_tests", "notebook_times")):
+        return ("dequant", "gemv")   # install() serves both, and the notebooks run both
+    return ()
+
+
+def earlier(name: str | None, meta: dict) -> str:
+    """'recorded <date> with an earlier kernel' when the record predates a kernel it measured, else ''."""
+    date = meta.get("date") or ""
+    if any(date < SHIPPED[k][2] for k in kernels_measured(name)):
+        return f"recorded {date} with an earlier kernel"
+    return ""
+
+
 def load(name: str, gpu: str | None = None) -> dict | None:
     """A GPU's record ``name``; in a solution notebook's kernel the solutions' own where one exists (see save), so a
     solution's plots and quotes read the chain of solutions it was executed in, and a lesson's the lessons'."""
@@ -161,6 +198,7 @@ def load(name: str, gpu: str | None = None) -> dict | None:
         return None
     data = json.loads(path.read_text())
     data["path"] = str(path.relative_to(ROOT))
+    data["meta"].setdefault("record", name)   # in memory: label() tells a record of a replaced kernel by its name
     return data
 
 
@@ -170,5 +208,7 @@ def label(meta: dict, path=None) -> str:
     record where a solution notebook found no solutions/ copy of its own."""
     run = f", run {meta['run']}" if meta.get("run") else ""
     where = f" [{path}]" if path else ""
+    old = earlier(meta.get("record"), meta) if meta.get("record") else ""
     return (f"{meta.get('gpu')}, {meta.get('date')}, driver {meta.get('driver')}; numba-cuda "
-            f"{meta.get('numba_cuda')}, bitsandbytes {meta.get('bitsandbytes')}, torch {meta.get('torch')}{run}{where}")
+            f"{meta.get('numba_cuda')}, bitsandbytes {meta.get('bitsandbytes')}, torch {meta.get('torch')}{run}{where}"
+            + (f" ({old}, not the shipped one)" if old else ""))
