@@ -310,14 +310,15 @@ def guide_block() -> str:
 
     gpus = sorted(results.gpus())
     rows, names = {}, {}
-    lines = ["GPUs the series was run on (every notebook executed headless; exactness as in "
-             "[results.md](results.md)):", ""]
+    lines = ["GPUs the series was run on (notebooks executed headless, timed where the table below has a number; "
+             "exactness as in [results.md](results.md)):", ""]
     for g in gpus:
         t = results.load("notebook_times", g)
         ex = list(exactness_runs(g))
         names[g] = (t or (ex[0][2] if ex else {"meta": {"gpu": g}}))["meta"].get("gpu") or g
         status = ", ".join(f"{short} {ok}/{total} bit-exact"
                            + (f" ({earlier(name, d['meta'])})" if earlier(name, d["meta"]) else "")
+                           + (" (one of 06's cases compared NaN with NaN then)" if nan_case_then(d["meta"]) else "")
                            for short, _, d, ok, total, name in ex)
         lines.append(f"- {names[g]}: {status or 'no exactness run recorded'}"
                      + (f"; notebook times {earlier('notebook_times', t['meta']) or 'recorded ' + t['meta'].get('date', '')}"
