@@ -3,10 +3,10 @@
 # one at a time, packing after each one, so a call stopped at its limit still brings back what finished:
 #   bash tools/gpu_book.sh TAG solutions 00 01 02     notebooks/solutions/NN_*_SOLUTION.ipynb
 #   bash tools/gpu_book.sh TAG lessons 00 01 02       notebooks/NN_*.ipynb
-# Run the solutions first: a notebook's benchmark saves data/results/<gpu>/<notebook>.json, and the
-# record that stays should be the one the lesson (the page students read) prints.
+# A lesson's benchmark saves data/results/<gpu>/<notebook>.json and a solution's the same name under solutions/
+# (NF4LAB_NOTEBOOK_KIND), so neither replaces the other's; solutions first keeps the book's usual order.
 # Each notebook is its own run (its own kernel process, its own run id in the records it writes).
-# Back here: tar xzf TAG_solutions.tgz, then TAG_lessons.tgz (the lessons' records are the ones that stay),
+# Back here: tar xzf TAG_solutions.tgz, then TAG_lessons.tgz,
 # then python tools/readme_results.py.
 set -uo pipefail
 tag=$1; which=$2; shift 2
