@@ -178,9 +178,10 @@ def kernels_measured(name: str) -> tuple:
 
 
 def earlier(name: str | None, meta: dict) -> str:
-    """'recorded <date> with an earlier kernel' when the record predates a kernel it measured, else ''."""
+    """'recorded <date> with an earlier kernel' when the record predates a kernel it measured, else '' (and for a
+    record of no known name)."""
     date = meta.get("date") or ""
-    if any(date < SHIPPED[k][2] for k in kernels_measured(name)):
+    if name and any(date < SHIPPED[k][2] for k in kernels_measured(name)):
         return f"recorded {date} with an earlier kernel"
     return ""
 
@@ -208,7 +209,7 @@ def label(meta: dict, path=None) -> str:
     record where a solution notebook found no solutions/ copy of its own."""
     run = f", run {meta['run']}" if meta.get("run") else ""
     where = f" [{path}]" if path else ""
-    old = earlier(meta.get("record"), meta) if meta.get("record") else ""
+    old = earlier(meta.get("record"), meta)
     return (f"{meta.get('gpu')}, {meta.get('date')}, driver {meta.get('driver')}; numba-cuda "
             f"{meta.get('numba_cuda')}, bitsandbytes {meta.get('bitsandbytes')}, torch {meta.get('torch')}{run}{where}"
             + (f" ({old}, not the shipped one)" if old else ""))
