@@ -152,7 +152,7 @@ def summary(run, bound=None) -> str:
                      + (f"{100 * rb['ms'] / r['ms']:8.0f}%  " if rb else f"{'-':>9}  ")
                      + f"{ok.get((ours, *key))}, {ok.get((bnb_name(M), *key))}")
     if copy:   # the divisor of "% copy", which the plot's legend shows too
-        lines.append(f"% copy: against this run's {COPY_BYTES >> 30} GiB device copy, {copy['gbps']:.0f} GB/s")
+        lines.append(f"% copy: against the {COPY_BYTES >> 30} GiB device copy timed with these rows, {copy['gbps']:.0f} GB/s")
     return "\n".join(lines)
 
 

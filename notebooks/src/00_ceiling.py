@@ -6,10 +6,12 @@
 # # 00 · The ceiling: how fast can NF4 dequantization be?
 #
 # **Goal.** Before writing a single kernel we want two numbers: how many bytes NF4
-# dequantization *must* move, and how fast this GPU can move bytes at all. Their ratio is
-# the best time any kernel can reach. We also time bitsandbytes' own `dequantize_4bit` on the
-# same data, so that every later step can be compared with the ceiling *and* with the library
-# we want to beat, bit for bit.
+# dequantization *must* move, and how fast this GPU can move bytes at all. Their ratio bounds
+# the time any kernel can reach. Section 4 measures three such speeds (a copy, a write-only
+# fill, and a kernel that moves exactly NF4's bytes with no arithmetic) and uses the last,
+# the traffic-matched bound. We also time bitsandbytes' own `dequantize_4bit` on the same
+# data, so that every later step can be compared with the ceiling *and* with the library we
+# want to beat, bit for bit.
 #
 # **Contents**
 # 1. [Memory-bound, in one paragraph](#memory-bound)
@@ -147,8 +149,8 @@ print(f"\n{total / 1e6:.0f} MB per call; the output alone is {100 * parts['outpu
 # %% [markdown]
 # Two consequences:
 #
-# * **Writes dominate** (about 79% of the bytes). How we *store* bf16 values will matter more
-#   than how we read codes, which is the story of notebooks 01-06.
+# * **Writes dominate** (about 79% of the bytes). We therefore predict that how we *store* bf16
+#   values will matter more than how we read codes; notebooks 03 and 04 test it.
 # * **It should not fit in L2.** One call moves 675 MB; a GPU's L2 is far smaller (the cell
 #   below prints this GPU's), so repeated timing runs really go to DRAM. Sizes
 #   that fit in L2 are partly served from it on repeats, so their speed is not DRAM's (higher or
@@ -384,7 +386,7 @@ if run is not None:
 # * NF4 dequantization does well under one floating-point operation per byte it moves, so we
 #   predict it is memory-bound: its speed is then bytes moved over time, and the byte model fixes the bytes
 #   (about 2.5 bytes per bf16 weight, nearly four fifths of them writes). Notebook 06 tests the
-#   prediction against the traffic-matched bound above.
+#   prediction against the traffic-matched bound, measured again in its own run.
 # * The ceilings are measured: a copy, a write-only fill and a kernel that moves NF4's bytes
 #   without the arithmetic, timed through CUDA graphs so that launch overhead does not count.
 #   The datasheet peak is printed beside them only to show how far below it a real copy runs.

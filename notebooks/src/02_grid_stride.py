@@ -8,7 +8,8 @@
 # **Goal.** The naive kernel launches one thread per packed byte: 134 million threads for a
 # 16384 x 16384 matrix, in half a million thread blocks (here "block" alone means a CUDA thread
 # block, a group of threads launched together; the 64 weights that share a scale are always
-# called a quantization block). The classic alternative is a *grid-stride loop*: launch just enough blocks to fill
+# called a quantization block, except in 01's helper names `BLOCK_SHIFT` and `block_scale`, kept as
+# they are). The classic alternative is a *grid-stride loop*: launch just enough blocks to fill
 # every SM (streaming multiprocessor, one of the GPU's cores that run thread blocks; 00 printed how
 # many this GPU has) from the SM count and the *occupancy* (how many threads an SM keeps resident,
 # out of the most it can hold), and let each thread walk the data with a stride of the whole grid. We predict what that should
@@ -298,9 +299,10 @@ plots.progress("02_grid_stride");
 # %% [markdown]
 # Against the prediction, from this run's numbers. A change no larger than `bench.NOISE_PCT`
 # (the series' one noise margin, printed below) counts as none. The margin is for two kernels timed
-# in one run: the run-to-run line compares records of two runs, which can lie further apart than
-# it when they come from different device calls, even on one day (03 prints two such lines), so no
-# verdict compares across runs.
+# in one run, so no verdict compares across runs. The run-to-run line compares records of two runs,
+# which may come from different processes or sessions, possibly on another card of the same model;
+# such records can lie further apart than the margin, even on one day (the comment above
+# `NOISE_PCT` in `nf4lab/measure/bench.py` names a recorded case).
 
 # %%
 NOISE_PCT = bench.NOISE_PCT
@@ -360,7 +362,8 @@ else:
 #   estimate (its latency assumed) it leaves too few bytes in flight to cover DRAM latency. Bytes in flight, not threads, is what a memory-bound kernel needs; the next steps
 #   get them by moving more bytes per instruction instead of running more threads.
 # * numba's `range` with a runtime step costs a 64-bit division per thread and is unrolled (how
-#   many times depends on the compiler: section 3 counts it); read the PTX before you trust a loop.
+#   many times depends on the compiler: section 3 counts the copies of the loop body in the PTX,
+#   main loop and remainder together, not the unroll factor); read the PTX before you trust a loop.
 #
 # Next, [03 · packed u32 stores](03_packed_u32.ipynb).
 

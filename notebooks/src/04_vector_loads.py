@@ -185,9 +185,9 @@ else:
 # one block, so **the scale is computed once per 32 weights**. Each of the 4 words holds 4 bytes =
 # 8 weights = 4 output words of 2 bf16 (`ops.pack_bf16x2`), stored with one 128-bit store.
 #
-# A numba typing detail shows up in the index code: `uint64 * 32` or `uint64 + 1` with a
-# *literal* is typed as int64, and int64 mixed with uint64 becomes **float64**. Shifts keep the
-# type, so indices use shifts, and constants are typed (`uint64(4)`, `NIB = uint32(15)`).
+# A numba typing detail shows up in the index code: in `uint64 * 32` or `uint64 + 1` the
+# *literal* `32` (or `1`) is typed int64, and uint64 mixed with int64 becomes **float64**. Shifts
+# keep the type, so indices use shifts, and constants are typed (`uint64(4)`, `NIB = uint32(15)`).
 
 # %% tags=["kernel"]
 import nf4lab  # noqa: F811  (this cell runs on its own in nf4lab.harness.versions)
@@ -450,11 +450,11 @@ nf4lab.verify_versions(VERSIONS, case);
 # notebook that calls a change "a gain" or "none". A change of speed inside it counts as nothing; beyond it,
 # the verdict says which way, and a change less than twice the margin is printed as "near": one run does
 # not settle it. It judges kernels timed in one run. The run-to-run lines below (03's kernels here against
-# 03's own record) show how far two runs of one kernel lie apart; records of different device calls can lie
-# further apart than the margin, even on one day (03 prints two such lines, against 01's and 02's records),
-# which is why the margin is not for them. The verdict's line compares A with the
-# faster of 03's two kernels, the line after it A with B, each as a ratio of times from this run;
-# the last line says which comparison A's scattered stores lost.
+# 03's own record) show how far two runs of one kernel lie apart; records of different processes can lie
+# further apart than the margin, even on one day (the comment in `nf4lab/measure/bench.py` names a recorded
+# case, from an NVIDIA H200 on 2026-11-29), which is why the margin is not for them. The verdict's line
+# compares A with the faster of 03's two kernels, the line after it A with B, each as a ratio of times
+# from this run; the last line says which comparison A's scattered stores lost.
 
 # %%
 # The contract: one size, 16384 x 16384 -> bf16 (make_case's default on a GPU); each version timed
@@ -467,7 +467,7 @@ if run is not None:
         print(run.table())
     a, b_ = run.get("04 16B loads, scattered stores"), run.get("04 16B loads, coalesced stores")
     best03 = min((r for r in map(run.get, BASELINE) if r and r.get("ms")), key=lambda r: r["ms"], default=None)
-    # The same kernels in two runs: 03's kernels timed here against 03's own record, the margin's scale.
+    # The same kernels in two runs: 03's kernels timed here against 03's own record: how far they moved.
     r03 = bench.Run.load("03_packed_u32")
     for name in BASELINE:
         here, there = run.get(name), (r03.get(name) if r03 is not None else None)

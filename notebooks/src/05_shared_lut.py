@@ -72,8 +72,9 @@ SIG = ("(uint8[::1], uint32[::1], float32[::1], uint8[::1], float32[::1], float3
 # is for the measurement to answer.
 
 # %%
-words = min(case.packed.size // 128, 256) * 128   # up to 256 warps' chunks of 32 words
-codes = case.packed[:words].reshape(-1, 128)[:, 0::4] >> 4   # byte 0 of each lane's word: one warp lookup, real data
+# The bytes of up to 256 groups of 32 consecutive words, one warp lookup each.
+nbytes = min(case.packed.size // 128, 256) * 128
+codes = case.packed[:nbytes].reshape(-1, 128)[:, 0::4] >> 4   # byte 0 of each lane's word: one warp lookup, real data
 distinct = np.array([len(np.unique(w)) for w in codes])
 print(f"distinct codes per warp lookup on this case: mean {distinct.mean():.1f}, "
       f"min {distinct.min()}, max {distinct.max()} (of 16)")
@@ -106,7 +107,8 @@ print(f"the table (b.lut, made by make_buffers as the benchmark's are) starts at
 # factory closes over), so the three kernels differ in exactly those lines.
 #
 # A numba lesson on the way: device functions with `inline="always"` are inlined at the level of
-# numba's IR, and each call site is typed again, so compilation time grows with every call site.
+# numba's IR, and each call site is typed again, so we expect compilation time to grow with every call
+# site (not measured here).
 # The select tree is 15 `selp` calls and a word needs 8 lookups, so the word converter loops over
 # its 4 bytes instead of spelling out 8 calls: 2 call sites, unrolled later by LLVM (the local
 # array `pairs` becomes registers: the PTX has no `ld.local`).
@@ -325,13 +327,17 @@ if run is not None:
         print(run.table())
     ks = sorted(run.kernels(), key=lambda r: r["ms"])
     if ks:
-        # "~" where two neighbours lie within the noise margin: the order between them is not measured
+        # Neighbours judged as the verdicts are (bench.noise_band): "~" within the margin, their order not
+        # measured; "<~" near, past it by less than twice it, an order one run does not settle; "<" beyond.
+        bands = [bench.noise_band(100 * (b["ms"] / a["ms"] - 1)) for a, b in zip(ks, ks[1:])]
         print("\nfastest to slowest: " + ks[0]["name"] + f" ({ks[0]['ms'] * 1e3:.0f} us)" + "".join(
-            (" ~ " if bench.noise_band(100 * (b["ms"] / a["ms"] - 1)) == "within" else " < ")
-            + f"{b['name']} ({b['ms'] * 1e3:.0f} us)" for a, b in zip(ks, ks[1:])))
+            {"within": " ~ ", "near": " <~ ", "beyond": " < "}[band] + f"{b['name']} ({b['ms'] * 1e3:.0f} us)"
+            for band, b in zip(bands, ks[1:])))
+        if "near" in bands:
+            print(f"(<~: near, past the {bench.NOISE_PCT}% noise margin by less than twice it: re-run to confirm)")
     g, sh, k04 = run.get(BASELINE), run.get("05 LUT in shared memory"), run.get(K04)
     if k04:
-        # The same kernel in two runs: 04's kernel here against 04's own record of it, the margin's scale.
+        # The same kernel in two runs: 04's kernel here against 04's own record of it: how far it moved.
         r04 = bench.Run.load("04_vector_loads")
         there = r04.get(K04) if r04 is not None else None
         if there:
@@ -369,16 +375,17 @@ plots.progress("05_shared_lut");
 # ## 6. What we learned
 #
 # Read the ranking off the "fastest to slowest" line the benchmark cell printed: it holds this run's
-# kernels only, and "~" joins two whose times lie within the noise margin. In the plot, a hatched bar
+# kernels only; "~" joins two whose times lie within the noise margin, and "<~" two that lie past it
+# by less than twice the margin ("near": one run does not settle their order). In the plot, a hatched bar
 # labelled with another notebook's run is context from that run, not part of this ranking. The mechanisms behind the ranking:
 #
 # * **Global memory is already fine for this table** when the benchmark above finds the shared
 #   table no faster (within the noise margin, or slower). The likely reason: the table is 16
 #   floats, 64 bytes, read by every warp all the time, so it should stay in L1, and we expect a
 #   warp's lookup of up to 16 addresses to be one L1 access, like a shared-memory lookup, when
-#   the 64 bytes lie in one 128-byte line (section 1 printed how many lines this run's table
-#   spans; a table that straddles two would need two). This notebook times the kernels; it does
-#   not count cache hits or L1 accesses.
+#   the 64 bytes lie in one 128-byte line (section 1 printed how many lines a table,
+#   allocated as the benchmark's are, spans; a table that straddles two would need two). This
+#   notebook times the kernels; it does not count cache hits or L1 accesses.
 #   There, what shared memory buys is a guarantee rather than speed: the table cannot be evicted
 #   by the data streaming through L1 (a kernel with more traffic or a different cache split may
 #   see misses), and 16 entries in 16 banks with same-address broadcast are conflict-free by

@@ -13,7 +13,9 @@
 # add rounded on its own, never an FMA), that rounding instruction decides the output bits (fp32
 # has none), and the PTX shows which one each kernel carries. The kernel also changes the
 # access pattern of 04 and 05 (no shared-memory exchange); the benchmark times it beside 05's
-# kernel in the same run, kernel against kernel. A last section shows what a T4 (sm_75), which lacks the sm_80
+# kernels in the same run, kernel against kernel, and compares it with the faster of them in that run. The memory
+# wall of the title is 00's traffic-matched bound: the same bytes moved with no arithmetic, timed beside
+# each kernel in section 6. A last section shows what a T4 (sm_75), which lacks the sm_80
 # conversion instructions, runs instead.
 #
 # **Contents**
@@ -55,7 +57,8 @@ def sig(dtype):
 # ## 1. Prediction
 #
 # The byte model: the inputs are the same for every dtype, the output is 2 or 4 bytes per weight.
-# The time at the copy ceiling (measured in 00, same GPU), bytes / bandwidth, is a reference
+# The time at the copy ceiling (measured in 00, on the GPU model its label names, in another run),
+# bytes / bandwidth, is a reference
 # point, not a floor: our traffic is write-mostly (fp32's most of all: it writes twice the output
 # bytes, and the cell prints its total against bf16's), and the write-only fill ceiling can be
 # faster than the copy, so the cell also prints fp32's time at the fill ceiling. Section 6 judges every dtype against the
@@ -99,9 +102,10 @@ if copy is None:
 # LUT, so that `code2[absmax_q[b]]` is not a second trip to global memory. The scale is computed
 # once per unit with `fmul_rn`/`fadd_rn` (never an FMA), and the one thread just past the last
 # whole unit writes the tail. These are design choices, not measured advantages: section 6 times
-# 05's shared-LUT kernel beside this one in the same run, and its verdict, read against the noise
-# margin, is the only comparison of the two kernels this notebook makes (a comparison of the
-# whole kernels: the choices above differ together). How these choices were
+# 05's kernels beside this one in the same run, and its verdict, read against the noise margin,
+# compares this kernel with the faster of them in that run; it is the only comparison of 05's
+# kernels with this one that this notebook makes (a comparison of the whole kernels: the choices
+# above differ together). How these choices were
 # tried and timed is in `lab/README.md`.
 #
 # <a id="kernel"></a>
@@ -381,13 +385,16 @@ else:
 #
 # One kernel source, timed for each output dtype at the default shape, each with its own ceilings
 # and bitsandbytes (for the same dtype) in the same run. Beside the bf16 kernel, the same run
-# times 05's shared-LUT kernel (16-byte loads and an exchange, loaded from notebook 05's `kernel`
-# cell), on the same data, in one process. That compares the two kernels as a whole: their access
+# times 05's kernels: its shared-LUT kernel and its baseline with the table in global memory (both
+# 16-byte loads and an exchange, built from notebook 05's `kernel` cell as 05's benchmark builds
+# them), on the same data, in one process. This kernel is compared with the one of 05's that took
+# less time in this run, and the verdict names it. That compares two kernels as a whole: their access
 # patterns, but also their loads per thread, where `code2` lives and their launch shapes (section
-# 2), so a difference is not the access pattern's alone. The cell ends with verdicts read
+# 2), and for 05's baseline where the LUT lives, so a difference is not the access pattern's alone.
+# The cell ends with verdicts read
 # against the noise margin: whether each dtype reaches the traffic-matched bound, which moves the
 # same bytes with no arithmetic (00's prediction that dequantization is memory-bound, tested), and
-# whether the two kernels differ. A kernel past the margin by less than twice it is called *near* the
+# whether this kernel and the faster of 05's differ. A kernel past the margin by less than twice it is called *near* the
 # bound: one such gap can land on either side of the margin in another execution (`bench.bound_band`).
 # Between those two, fp32's time is printed beside the prediction of 00's exercise: 00's run
 # and this one are two runs, so that line says which way it went without a verdict at the margin.
@@ -399,8 +406,11 @@ else:
 SM75_RUN = nf4lab.arch.forced() is not None and nf4lab.arch.forced() < (8, 0)
 RESULTS_NAME = "sm_75_06_output_dtypes" if SM75_RUN else "06_output_dtypes"
 PREV = "05 LUT in shared memory"           # 04's access pattern with 05's shared LUT
+BASE05 = "05 baseline: LUT in global memory"   # the same kernel with the table in global memory
+v05 = versions.load_module("05_shared_lut")    # 05's kernel cell: its VERSIONS and its kernel factory
 run = bench.step(RESULTS_NAME, {
-    PREV: (versions.load("05_shared_lut")[PREV], cases["bf16"]),
+    PREV: (v05.VERSIONS[PREV], cases["bf16"]),
+    BASE05: (v05.launcher(v05.make_kernel(v05.no_table, v05.index_lookup), nf4_only=False), cases["bf16"]),
     "06 best kernel -> bf16": (launch, cases["bf16"]),
     "06 best kernel -> fp16": (launch, cases["fp16"]),
     "06 best kernel -> fp32": (launch, cases["fp32"]),
@@ -445,31 +455,45 @@ if run is not None:
                  "near": f"just past the {bench.NOISE_PCT}% noise margin: near as fast (re-run to confirm)",
                  "beyond": f"beyond twice the {bench.NOISE_PCT}% noise margin: fp32's bytes move "
                            + ("faster" if gap > 0 else "slower") + ", not as fast as 00 assumed"}[bench.noise_band(gap)])
-    bf, prev = run.get("06 best kernel -> bf16"), run.get(PREV, dtype="bf16")
-    if bf and prev:
+    bf = run.get("06 best kernel -> bf16")
+    timed05 = {n: r for n in (PREV, BASE05) if (r := run.get(n, dtype="bf16"))}   # 05's kernels in this run
+    if bf and timed05:
+        fast05 = min(timed05, key=lambda n: timed05[n]["ms"])   # the one of 05's with the shorter time here
+        prev, other = timed05[fast05], next(n for n in (PREV, BASE05) if n != fast05)
+        if other in timed05:
+            apart = round(100 * (timed05[other]["ms"] / prev["ms"] - 1), 1)
+            band = {"within": f"within the {bench.NOISE_PCT}% noise margin, their order not measured",
+                    "near": f"past the {bench.NOISE_PCT}% noise margin by less than twice it: re-run to confirm",
+                    "beyond": f"beyond twice the {bench.NOISE_PCT}% noise margin"}[bench.noise_band(apart)]
+            print(f"05's kernels in this run, bf16: {PREV!r} {timed05[PREV]['ms']:.4f} ms, {BASE05!r} "
+                  f"{timed05[BASE05]['ms']:.4f} ms; compared below, the faster: {fast05!r} (the other takes "
+                  f"{apart:.1f}% longer: {band})")
+        else:
+            print(f"this run did not time {other!r}: compared below with {fast05!r} only")
         ratio, why = provenance.compare(run.meta, bf, run.meta, prev)   # one run: comparable
-        print(f"same run, bf16: this kernel {bf['ms']:.4f} ms, {PREV!r} {prev['ms']:.4f} ms: "
-              + (f"{PREV!r} takes {ratio:.3f}x this kernel's time" if ratio else why)
+        print(f"same run, bf16: this kernel {bf['ms']:.4f} ms, {fast05!r} {prev['ms']:.4f} ms: "
+              + (f"{fast05!r} takes {ratio:.3f}x this kernel's time" if ratio else why)
               + f" ({results.label(run.meta)})")
         if ratio:
             change = round(100 * (ratio - 1), 1)        # judged to one decimal, as the line above
             print(f"-> within the {bench.NOISE_PCT}% noise margin: {where} neither kernel is measurably "
                   "faster" if abs(change) <= bench.NOISE_PCT else
                   f"-> beyond the {bench.NOISE_PCT}% noise margin: {where} "
-                  f"{'this kernel' if change > 0 else repr(PREV)} is the faster one"
+                  f"{'this kernel' if change > 0 else repr(fast05)} is the faster one"
                   + (" (by less than twice the margin: re-run to confirm)"
                      if bench.noise_band(change) == "near" else ""))
     else:
-        print(f"this run ({results.label(run.meta)}) did not time {PREV!r} beside this kernel: "
-              "no comparison (run the notebook on a GPU to measure both)")
+        print(f"this run ({results.label(run.meta)}) did not time 05's kernels beside this kernel: "
+              "no comparison (run the notebook on a GPU to measure them)")
 
 # %% [markdown]
-# The last verdict above is the only comparison of the previous notebook's kernel (sixteen-byte
-# loads and an exchange) with this one (packed words, no exchange), and it carries the
+# The last verdict above is the only comparison of 05's kernels (sixteen-byte loads and an
+# exchange) with this one (packed words, no exchange): it takes the faster of 05's kernels in this
+# run, named in the line above it, and it carries the
 # conclusion: where it says within the noise margin, neither kernel is the faster one on that GPU;
 # beyond it, one kernel is, for all its differences together (section 2), not for its access
 # pattern alone. The point of this notebook is the three output dtypes and their bit-exactness,
-# not speed; read the summary's lines about the access pattern with that verdict in mind. In the plot
+# not speed; read section 8's lines about the access pattern with that verdict in mind. In the plot
 # below, a bar that names another notebook's run is context from that run, not a comparison at the noise margin.
 
 # %%
@@ -479,7 +503,8 @@ plots.progress("06_output_dtypes");
 if run is not None:
     for d in ("fp16", "fp32"):
         try:
-            plots.bars(run, dtype=d, title=f"06 best kernel -> {d}, with its ceilings and bitsandbytes")
+            plots.bars(run, dtype=d, highlight={f"06 best kernel -> {d}"},   # this step's colour, as above
+                       title=f"06 best kernel -> {d} (orange), with its ceilings and bitsandbytes")
         except ValueError as exc:
             print(exc)
 
@@ -509,7 +534,7 @@ if run is not None:
 # (`data/results/<gpu>/exactness.json`, `exactness_sm75.json`). The first cell below prints
 # the records there, each with its GPU and date. To run the T4 path on any GPU, start Python
 # with `NF4LAB_ARCH=sm_75` set (e.g. `NF4LAB_ARCH=sm_75 jupyter lab`): nf4lab reads it once, at
-# import. To time both paths as one run, give both processes the same `NF4LAB_RUN_ID`.
+# import. To time both paths under one run id, give both processes the same `NF4LAB_RUN_ID`.
 # The second cell compiles one unit of the kernel's work (a word of 8 weights to one 16-byte
 # store, with the kernel's own `weights` helper; no scale or index arithmetic) for both targets,
 # prints one pair's bf16 instructions on each and counts the unit's instructions.
@@ -569,12 +594,14 @@ for d in ("bf16", "fp16"):
 
 # %% [markdown]
 # **Estimate, from these counts:** if the kernel were limited by issuing instructions, the T4 path
-# would cost up to the factor printed above (the cell below times the sm_75 code on this GPU, not on a T4, whose
-# bandwidth and SMs differ: its ratio is this GPU's, not a T4's cost); a kernel near the memory wall may have issue slots to
+# would cost up to the factor printed above (the cell below times nothing: it prints a recorded timing of the
+# sm_75 code on this GPU, made by the `NF4LAB_ARCH=sm_75` process of the same run id, not on a T4, whose
+# bandwidth and SMs differ: its ratio is this GPU's, not a T4's cost); a kernel near the traffic-matched
+# bound may have issue slots to
 # spare and hide part of the extra work behind memory time, so we predict a cost below that bound,
 # largest for bf16; how far below is for a measurement to say, and the cell below prints one where
-# an `NF4LAB_ARCH=sm_75` run is recorded for this GPU. The two timings come from two processes, so they
-# are compared only when both belong to one run (started with the same `NF4LAB_RUN_ID`) and
+# an `NF4LAB_ARCH=sm_75` run is recorded for this GPU. The two timings come from two runs (two processes),
+# so they are compared only when both carry one run id (both started with the same `NF4LAB_RUN_ID`) and
 # nothing but the code path differs: the same GPU, driver, versions and kernel source
 # (`nf4lab.measure.provenance`); otherwise the cell says what differs. fp32 converts nothing: its
 # ratio should differ from 1 only by run-to-run noise. A run id names a session, not one process:
@@ -588,15 +615,15 @@ if sm75 is None or sm80 is None:
     print("no NF4LAB_ARCH=sm_75 run recorded for this GPU: the cost above is an estimate only")
 else:
     print(f"sm_75 paths: {results.label(sm75.meta, sm75.path)}\nsm_80 paths: {results.label(sm80.meta, sm80.path)}")
-    # Two processes (NF4LAB_ARCH is read at import), hence two dates: are they one run, and what else differs?
+    # Two processes (NF4LAB_ARCH is read at import), hence two dates: do they share a run id, and what else differs?
     why = provenance.why_not_comparable(sm80.meta, {}, sm75.meta, {}, about="code_path")
     paths = (sm80.meta.get("code_path"), sm75.meta.get("code_path"))
     print(f"the two records: {why}" if why is not None else
-          f"both records are of run {sm80.meta['run']} (at least two processes given one NF4LAB_RUN_ID), with the same "
+          f"both records carry run id {sm80.meta['run']} (two processes given one NF4LAB_RUN_ID), with the same "
           + ", ".join(k for k in provenance.SAME_SETUP if k != "code_path") + "; "
           + (f"only the code path differs ({paths[0]} / {paths[1]})" if paths[0] != paths[1] else
              f"the code path is the same too ({paths[0]})") + "; each line below also compares the kernel's source")
-    for d in ("bf16", "fp16", "fp32"):    # provenance.compare: one run, and only the code path differs
+    for d in ("bf16", "fp16", "fp32"):    # provenance.compare: one run id, and only the code path differs
         a, b = sm80.get(f"06 best kernel -> {d}"), sm75.get(f"06 best kernel -> {d}")
         if a and b:
             ratio, why = provenance.compare(sm80.meta, a, sm75.meta, b, about="code_path")
@@ -618,15 +645,16 @@ else:
 #   no time that matters and the bytes set the pace (fp32 writes twice the output bytes, and its bound
 #   counts them). "At" and "near" are one result: a gap a few tenths of a percent past the margin can
 #   land on either side of it in another execution of the same code.
-# * Two kernels (16-byte loads with an exchange in 05, u32 words here) are compared by
-#   measurement, in one run on the same data: section 6's verdict says whether they differ beyond
-#   the noise margin on the GPU whose results it shows. They differ in more than the access
-#   pattern (loads per thread, `code2` in shared memory, launch shape), and the verdict is about
-#   the kernels, not the pattern alone. 07 holds every kernel to the
+# * 05's kernels (16-byte loads with an exchange) and this one (u32 words) are compared by
+#   measurement, in one run on the same data: section 6's verdict takes the faster of 05's kernels
+#   in that run, names it, and says whether it and this kernel differ beyond the noise margin on
+#   the GPU whose results it shows. They differ in more than the access pattern (loads per thread,
+#   `code2` in shared memory, launch shape, and for 05's baseline where the LUT lives), and the
+#   verdict is about the kernels, not the pattern alone. 07 holds every kernel to the
 #   traffic-matched bound.
 # * A GPU without an instruction gets a second path chosen at compile time, not a second kernel:
 #   on sm_75 bf16 is rounded in integers; the cost is counted in PTX, and measured only where both
-#   paths were timed in one run (the same `NF4LAB_RUN_ID`): the cell above says whether such a pair
+#   paths were timed under one run id (the same `NF4LAB_RUN_ID`): the cell above says whether such a pair
 #   is recorded for this GPU.
 # * `nf4lab.dequantize` (the drop-in, `nf4lab/kernels/fastkernel.py`) uses this design.
 #

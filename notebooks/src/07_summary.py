@@ -202,7 +202,8 @@ if run is not None:
 # dequantization reads one byte for every four it writes. The bound moves exactly NF4's bytes in
 # our kernel's access pattern (4-byte loads, 16-byte stores, the best of five launch shapes) and
 # computes nothing. The line above prints where it lands against the copy on this GPU: that gap
-# comes with the traffic, not with the dequantization, so no cleverer arithmetic can close it.
+# comes with the traffic in the bound's access pattern, not with the dequantization, so no
+# cleverer arithmetic can close it.
 
 # %% [markdown]
 # <a id="sweep"></a>
@@ -425,8 +426,8 @@ if run is not None and best and bound:
 # bound of the same round only; across rounds, the differences can be the machine's state on that
 # day. If within a round the fastest variant lands close to the fastest bound, and the bounds
 # themselves stay below that round's copy, then on that GPU neither our arithmetic nor the size of
-# our reads is what is left; it is the mix of one byte read for four written, which the memory
-# system serves at its own speed. The last three lines put that reading side by side: the first two
+# our reads is what is left; it is the mix of one byte read for four written, in the access
+# patterns those rounds timed, which the memory system serves at its own speed. The last three lines put that reading side by side: the first two
 # for the rounds' GPU, the last for the GPU of section 2's run; where they are two GPUs, each line speaks for its own GPU
 # only (a variant at a larger share of another GPU's copy does not show that it would beat 06's
 # kernel here: it was not timed here). Round 6's "16B load + 4 coalesced 16B stores" is the device
@@ -441,7 +442,7 @@ if run is not None and best and bound:
 # ## 7. Exercise: whose time is left, across sizes
 #
 # Section 6 split the best kernel's distance from the copy at 16384x16384 in two: the bound's
-# distance from the copy (the read/write mix) and the kernel's distance from the bound (its own
+# distance from the copy (the read/write mix in its access pattern) and the kernel's distance from the bound (its own
 # work). Put it in time, at any shape of section 5's sweep: the kernel takes `t`, the bound `t_bound`,
 # the device copy `t_copy` (all three records of a shape move the same bytes). Of the kernel's time
 # beyond the copy, which fraction is its own work, beyond what the bound needs? Write
@@ -526,7 +527,9 @@ if ok:   # with own_share written: the share at every shape, and where it is lar
 # weigh more in a shorter kernel: the last line says whether the shares fall with every larger shape outside
 # the L2 in this run, and whether the spread separates each from the next. Where they fall beyond the spread,
 # that hypothesis is consistent with this run and is the one to test first; where the spans overlap, this run
-# does not establish it; where they do not fall, this run does not support it. How the one launch shape that ships was chosen is in
+# does not establish it; where they do not fall, this run does not support it. Where no shape is
+# separated and no fall established, the first test is to separate them: time those shapes again,
+# with more replays or in more runs, before testing a fixed cost at any one of them. How the one launch shape that ships was chosen is in
 # `lab/README.md`.
 # ### STUDENT
 # Once the check passes: at which shape outside the L2 is the kernel's own share largest in this

@@ -393,11 +393,16 @@ for name, s in summaries.items():
         print(f"{name:<{NW}} {top}   ({s['stall_unit']})")
 
 # %%
-most = {}
+REASONS = ("long_scoreboard", "lg_throttle", "mio_throttle", "short_scoreboard", "barrier", "math_pipe_throttle",
+           "drain", "wait", "not_selected")
+most, LIVE = {}, f"{live['name']} (live)" if live else None
 for name, s in summaries.items():
-    for reason, v in (s["stalls"] if s else [])[:3]:
-        if v > most.get(reason, ("", 0.0))[1]:
+    if name == LIVE and apart:   # another GPU or kernel than the recorded rows: not ranked with them
+        continue
+    for reason, v in (s["stalls"] if s else []):   # each reason of the table above, not only a row's largest
+        if reason in REASONS and v > most.get(reason, ("", 0.0))[1]:
             most[reason] = (name, v)
+print("among the recorded rows" + (" (the live row left out: " + " and ".join(apart) + ")" if LIVE and apart else ""))
 for reason, (name, v) in sorted(most.items(), key=lambda x: -x[1][1]):
     print(f"{reason:<20} largest in {name} ({v:.1f})")
 

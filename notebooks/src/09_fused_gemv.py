@@ -329,7 +329,7 @@ ptx.check(code, present=[MMA, r"^prmt\.b32", LOOKUP], absent=[r"^ld\.local", r"^
 print(arch.name(cc), {w: ptx.count(code, p) for w, p in [("mma", r"^mma\.sync"), ("prmt", r"^prmt"), ("lookups", LOOKUP),
                                                         ("16-byte loads kept out of L1 (4 a step, 2 call sites)", r"^ld\.global\.nc\.L1::no_allocate\.v4")]})
 ptx_g2 = ptx.compile_ptx(make_kernel(not T4, 1, gemv.default_base(cc), True, 2), gemv.signature(), cc=cc)   # G = 2
-print("barriers with a register id (bar.sync id, threads): G = 2:", ptx.count(ptx_g2, r"^bar\.sync\s+%r"), "; G = 8:", ptx.count(code, r"^bar\.sync\s+%r"), "; bar.sync 0 at G = 8:", ptx.count(code, r"^bar\.sync\s+0"))
+print("barriers with a register id (bar.sync id, threads): G = 2: " + str(ptx.count(ptx_g2, r"^bar\.sync\s+%r")) + "; G = 8: " + str(ptx.count(code, r"^bar\.sync\s+%r")) + "; bar.sync 0 at G = 8: " + str(ptx.count(code, r"^bar\.sync\s+0")))
 for M, k in ((M, make_kernel(not T4, M, base)) for M in (1, 2, 4, 8)):   # M > 1: fetch's longer step loop; the driver's build, else ptxas -v
     print(f"M = {M}:", ptx.resources(k, gemv.signature(), code if M == 1 else ptx.compile_ptx(k, gemv.signature(), cc=cc, launch_bounds=(THREADS, BLOCKS_PER_SM)), cc))
 # %% [markdown]
