@@ -217,8 +217,9 @@ if run is not None:
 # calls are partly served from it: those points are not a DRAM measurement (they are marked
 # `fits_l2` in the results), and whether the L2 lifts them above DRAM bandwidth or the launch cost
 # below holds them under it, the plot shows beside the copy's dashed line (the table after it lists the best kernel against bitsandbytes at each size). Copy and fill (dashed) and the traffic-matched bound are measured at each size.
-# At the smallest sizes the fixed cost of a launch (start, ramp-up, the last wave) is a large
-# share of a short kernel. (A GPU runs a grid's blocks in *waves*: as many blocks at once as its
+# At the smallest sizes we expect the fixed cost of a launch (start, ramp-up, the last wave) to be a
+# large share of a short kernel: a hypothesis that this section does not time and section 7's exercise
+# tests. (A GPU runs a grid's blocks in *waves*: as many blocks at once as its
 # SMs can hold, the next ones as earlier ones finish; a last, partial wave leaves SMs idle.)
 #
 # Section 4's targets are checked at 16384x16384 only; the table's `% bound` column gives every other
@@ -416,8 +417,11 @@ if run is not None and best and bound:
 
 # %% [markdown]
 # **Reading it.** Each GPU's numbers are read against that GPU's own: the profiles, the tuning
-# rounds and section 2's run each name their GPU. In the recorded profiles (the header names their
-# GPU and date, and a row of a replaced kernel says EARLIER: 08 profiles today's 06 live where Nsight Compute may read the GPU's counters), the best versions move data at a large share of the DRAM peak with every
+# rounds and section 2's run each name their GPU. The profiles' header names their GPU and date, and
+# a row of a replaced kernel says EARLIER (08 profiles today's 06 live, where Nsight Compute may read
+# the GPU's counters).
+#
+# In those profiles the best versions move data at a large share of the DRAM peak with every
 # store fully coalesced (16 sectors per request; the loads' column averages the word loads with the
 # scale and table loads, which touch 1-2 sectors, so it does not show the word loads alone:
 # notebook 08, section 4), and their warps wait mostly on memory (`long_scoreboard`: a load not back
@@ -532,6 +536,7 @@ if ok:   # with own_share written: the share at every shape, and where it is lar
 # with more replays or in more runs, before testing a fixed cost at any one of them. How the one launch shape that ships was chosen is in
 # `lab/README.md`.
 # ### STUDENT
-# Once the check passes: at which shape outside the L2 is the kernel's own share largest in this
-# run, and what would you test first there? (The solution notebook gives its answer.)
+# Once the check passes: does this run separate any shape outside the L2 from the others by the
+# kernel's own share, and what would you test first, at that shape or, if none is separated, among them?
+# (The solution notebook gives its answer.)
 # ### END SOLUTION

@@ -13,7 +13,7 @@
 # ceilings of notebook 07's benchmark (the copy, and in section 3 the traffic-matched bound), and
 # section 5 an assumed DRAM latency, each labelled as such where it is printed.
 #
-# Most machines cannot profile: `ncu` is often not installed, and cloud GPUs usually refuse
+# Most machines cannot profile: `ncu` is often not installed, and many cloud GPUs refuse
 # access to the performance counters (`ERR_NVGPUCTRPERM`). So the profiles of every version,
 # measured by `tools/profile_all.py`, are committed under `data/ncu/<gpu>/` (section 1
 # prints whose), and this notebook reads them whenever it cannot profile itself. Every table says which
@@ -212,8 +212,8 @@ if MEASURED:
 # The kernel does not move *more* than it must; it cannot keep enough bytes *in flight* to
 # cover the DRAM latency. The versions that reach the wall move the same bytes in less time.
 # A ratio slightly below 1 is most likely the L2 cache: the last part of the output is still in L2 when
-# the kernel ends and is written back to DRAM after it; a ratio above 1 means some lines went
-# to DRAM more than once (stores that reach L2 in pieces).
+# the kernel ends and is written back to DRAM after it; a ratio above 1 most likely means some lines
+# went to DRAM more than once (stores that reach L2 in pieces; not tested here).
 #
 # Use the benchmarks (notebooks 00-07) for times and ncu for explanations: ncu flushes the
 # caches before each replay (its default, `--cache-control all`, which is why the printed ncu
@@ -346,9 +346,12 @@ for name, s in summaries.items():
 
 # %% [markdown]
 # High occupancy does not make the per-byte kernel fast: its warps are resident, but each
-# holds only a few bytes of loads in flight. The vector kernels reach the wall with about the
+# holds only a few bytes of loads in flight. In section 3's table the 16-byte kernels whose stores
+# are coalesced (04's second kernel, 05's shared-memory table, 06) reach the wall with about the
 # occupancy of 02's grid-stride kernel, which does not: what changed is the bytes each memory
-# instruction carries. (The estimate above is for the GPU it names; the rows here are the
+# instruction carries. Wide loads alone are not enough: the other 16-byte kernels there (04's
+# scattered stores, 05's constant-memory and register tables) stay far below the wall with similar
+# occupancy, held back by their stores or their lookups. (The estimate above is for the GPU it names; the rows here are the
 # profiles' own GPUs, so read it against them as an order of magnitude.) Achieved far
 # below theoretical means the launch did not supply the warps: a grid-stride launch with a
 # small, fixed grid (notebook 02) leaves most warp slots empty however few registers the
@@ -359,7 +362,7 @@ for name, s in summaries.items():
 # expect for example a last wave of blocks that does not fill the GPU (a GPU runs a grid's blocks
 # in *waves*: as many at once as its SMs can hold, the next ones as earlier ones finish, so the
 # last wave may be partial), and blocks that take time to start and end. The table above shows
-# how far below theoretical each version lands on the GPU it was profiled on. Theoretical below 100 % comes from the registers: an SM's register
+# how far below theoretical each version lands on the GPU it was profiled on. In these rows, theoretical below 100 % comes from the registers: an SM's register
 # file, shared by all its resident threads, allows as many registers per thread as the lines
 # above print for the GPU each names (compare a row with its own GPU's line); a kernel that needs more cannot fill every warp slot.
 
@@ -575,7 +578,8 @@ print(profiling.shell_lines(profiling.ncu_command(["python", "my_script.py"], pr
 print("python -m nf4lab.measure.profiling table my.csv")
 
 # %% [markdown]
-# (`--launch-skip 2` skips the compiling and a warm-up launch.) `ERR_NVGPUCTRPERM` means the
+# (`--launch-skip 2` skips `my_kernel`'s first two launches, the one that compiles it and a warm-up,
+# so your script should launch it at least three times.) `ERR_NVGPUCTRPERM` means the
 # driver only lets administrators read the counters; `ncu` cannot help there, and the recorded
 # profiles are what this notebook shows instead.
 
@@ -588,8 +592,9 @@ print("python -m nf4lab.measure.profiling table my.csv")
 # - Sectors per request measures coalescing: the access width in bytes for consecutive lanes,
 #   more when lanes stride; over a kernel it averages all its loads (or stores).
 # - Occupancy is a means: what a memory-bound kernel needs is bytes in flight. Wider accesses
-#   supply more bytes in flight per warp: section 5 shows the vector kernels near the wall with
-#   about the occupancy of the slower full-occupancy kernels (02, 03 grid-stride): it is not what sets them apart.
+#   supply more bytes in flight per warp: sections 3 and 5 show the 16-byte kernels with coalesced
+#   stores near the wall with about the occupancy of the slower full-occupancy kernels (02, 03
+#   grid-stride): it is not what sets them apart.
 # - `long_scoreboard` comes first in the memory-bound versions: the warps wait on memory. Any
 #   other reason on top (`lg_throttle`, `mio_throttle`, `math_pipe_throttle`, or `not_selected`
 #   in an instruction-bound kernel) names what holds a version back before DRAM does.

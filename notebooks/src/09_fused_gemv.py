@@ -4,7 +4,7 @@
 #
 # **Goal.** Generating a token multiplies each layer's weight by a few rows of activations: `y = x @ W.T`, `x` (M, K), M = 1..8 (a GEMV: matrix times
 # vector), `W` (N, K) in NF4. We read the kernel `nf4lab` ships (`nf4lab.kernels.gemv`): each packed byte read once, made two bf16/fp16 weights by one
-# shared-memory load, multiplied on the tensor cores by `mma.sync` (a warp-wide matrix multiply-add); we check it against float64 and time it against
+# shared-memory load, multiplied on the tensor cores by `mma.sync` (a warp-wide matrix multiply-add; a T4's bf16 path: section 5); we check it against float64 and time it against
 # bitsandbytes and a kernel that only reads the weight (the read bound). **You will learn** how `mma.sync.m16n8k16` spreads its operands over a warp,
 # how to feed it from a lookup table, how warps of a block share a row's K (split-K within a block; CUTLASS calls it sliced-K), and why the read bound is the target.
 #
@@ -84,7 +84,7 @@ _ = fig.suptitle("mma.sync.m16n8k16 in this kernel: mma i = 0 of a step at M = 1
 # - Lane (g, q) loads a step's 2 pieces of row g and 2 of row g + 8 (M = 1: columns 64q..64q + 63; M > 1: 32 columns at 128 h + 32 q of piece h, block 2 h + q // 2).
 # - **Split-K**: the 8 warps of a thread block (CUDA's block, not an absmax block) share a tile's K columns: warp w
 #   takes steps w, w + 8, ... and keeps its own float32 sums of the 16 rows; at the tile's end the sums meet in shared memory.
-#   At M = 1, where tiles outnumber blocks (e.g. 14336 rows: 896 tiles; 264 blocks, 2 per SM as below, on a GPU of 132 SMs), `gemv.warps_a_tile` may form
+#   At M = 1, where tiles outnumber blocks (e.g. 14336 rows: 896 tiles; section 7 prints the blocks), `gemv.warps_a_tile` may form
 #   **warp groups** (not the lane's g) of G = 2 or 4 warps that take a tile each, at a barrier of their own (`bar.sync id, 32 G`): it picks the G whose
 #   rounds (a round: every group of the grid, the blocks launched, takes one tile), a warp's K / G columns a tile, take least time, the fewest warps on a tie (fewer sums to add); M > 1 keeps 8.
 # - **Persistent blocks**: at most 2 per SM (`gemv.grid_size`); block t takes tiles t, t + grid, ... (with W = 8 warps a block,
@@ -146,7 +146,7 @@ def make_a_fragments(look):
 # scales. A step's loads end with one **statistics word** a lane: lanes 0-15 load the step's 4 absmax codes (a byte a
 # block) of row `lane`, lanes 16-31 its absmax2 (float32, one per 256 blocks); 4 shuffles (`shfl_idx`: another lane's
 # register) bring lane (g, q) those of rows g, g + 8. Its C columns 2q, 2q + 1 (batch row 2 nt + q // 2, blocks
-# 2 (q & 1), + 1) get bitsandbytes' scale, `code2[code] * absmax2 + offset` rounded twice (`fmul_rn`, `fadd_rn`).
+# 2(q & 1) and 2(q & 1) + 1) get bitsandbytes' scale, `code2[code] * absmax2 + offset` rounded twice (`fmul_rn`, `fadd_rn`).
 # %% tags=["kernel"]
 def make_step(M, is_bf16, look, x_get):
     NT, WIDE = (M + 1) // 2, M > 1          # n-tiles of 8 columns: 2 batch rows x 4 blocks each
@@ -379,7 +379,7 @@ if nf4lab.ON_GPU:   # a progress line per (shape, dtype): wall-clock seconds of 
     RUN.add([read_bound(N, K) for N, K in gemv.LLM_SHAPES])
     print(f"saved {RUN.save(gemv.NAME + '_notebook').relative_to(results.ROOT)}")
 if RUN is not None:
-    print("warps a tile at M = 1 on this GPU (gemv.warps_a_tile):", {f"{N}x{K}": gemv.warps_a_tile(N, 1, gemv.grid_size(N)) for N, K in gemv.LLM_SHAPES})
+    print(f"(blocks, warps a tile) at M = 1 on {gemv.sms()} SMs{'' if nf4lab.ON_GPU else ' (the simulator plans for an H100)'}:", {f"{N}x{K}": (gemv.grid_size(N), gemv.warps_a_tile(N, 1, gemv.grid_size(N))) for N, K in gemv.LLM_SHAPES})
     print(f"{results.label(RUN.meta)}; kernel: {gemv_bench.default_kernel(RUN)}\n\n{gemv_bench.summary(RUN, RUN)}")
     if not any(r["kind"] == "bound" for r in RUN.records) and (other := bench.Run.load("09_read_bound")):
         print(f"(% of read: this run has no read bound; 09_read_bound.json: {provenance.why_not_comparable(other.meta, {}, RUN.meta, {})})")
