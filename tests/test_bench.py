@@ -33,6 +33,17 @@ def test_finalize_relates_records_to_ceilings_and_bitsandbytes():
     assert k["pct_fill"] == pytest.approx(100 * 3100 / 3200)
     assert k["speedup_vs_bnb"] == pytest.approx(1.5)
     assert "06 best" in run.table()
+    assert "host time" not in run.table()
+
+
+def test_table_says_which_rows_are_host_time():
+    """A wall-clock row's ratios set host time against GPU-time records: the table says so under it."""
+    recs = [{"kind": "ceiling", "name": bench.COPY, "shape": [4, 4], "dtype": "bf16", "ms": 1.0, "gbps": 3000.0},
+            {"kind": "baseline", "name": bench.BNB_E2E, "shape": [4, 4], "dtype": "bf16", "ms": 1.2, "gbps": 2500.0,
+             "timing": bench.WALL_CLOCK}]
+    run = bench.Run(meta={"gpu": "Test GPU"}, records=recs)
+    run.finalize()
+    assert f"{bench.BNB_E2E}: ms is host time per call, not GPU time" in run.table()
 
 
 def test_results_round_trip_and_format(tmp_path, monkeypatch):

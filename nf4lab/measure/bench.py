@@ -455,6 +455,10 @@ class Run:
                         f"{f(r['gbps'], '.0f'):>7} {f(r['pct_copy'], '.0f'):>6} {f(r['pct_fill'], '.0f'):>6} "
                         f"{f(r.get('pct_bound'), '.0f'):>6} "
                         f"{f(r['speedup_vs_bnb'], '.2f'):>6} {exact:>5}")
+        for r in self.records:   # host time: its ratios set it against GPU-time records
+            if r.get("timing") == WALL_CLOCK:
+                rows.append(f"{r['name']}: ms is host time per call, not GPU time; its %copy, %fill, %bound and "
+                            "x bnb divide that host time by GPU-time records")
         if self.meta:
             rows.append(f"measured on {results.label(self.meta)}")
         return "\n".join(rows)
