@@ -34,8 +34,9 @@ REPLAYS = 15
 # and a change less than twice it is printed "near" (noise_band). A wider margin (it was 3) called losses
 # that every run repeated "not a measured difference". Each record's spread_ms says how much one run varies.
 # It is a margin for two kernels timed in one run, not for records of two calls, which may get two cards
-# of one model: on an NVIDIA H200 on 2026-11-29, 03's run of 16:24 UTC timed 01's naive kernel 2.2% faster than
-# 01's record of 12:26 UTC (both records since replaced by later runs).
+# of one model: on an NVIDIA H200 on 2026-11-29, 03's run of 16:25 UTC timed 01's naive kernel 2.2% faster than
+# 01's record of 12:26 UTC (both since replaced; git has them: `git show b45e52d:data/results/NVIDIA_H200/
+# 03_packed_u32.json` and `git show 69bac21:data/results/NVIDIA_H200/01_naive.json`).
 # Every notebook that calls a change "a gain", "a loss" or "none" uses this name and prints it.
 NOISE_PCT = 1
 # A pair of kernels just past the margin is not yet a settled result: one such gap came out on both sides of
