@@ -143,7 +143,7 @@ def test_readme_results_block_is_generated_from_the_results_files():
 
 
 def test_noise_bands_judge_as_printed_with_a_near_band():
-    """One rule for every verdict against the noise margin: within it, past it by less than twice it
+    """One rule for every verdict against the noise margin: within it, past it but within twice it
     ("near": a pair this close can flip between executions), or beyond; a % of the bound likewise."""
     m = bench.NOISE_PCT
     assert bench.noise_band(m) == "within" and bench.noise_band(-m) == "within"

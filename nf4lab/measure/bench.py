@@ -31,7 +31,7 @@ REPLAYS = 15
 # counts only when it is larger than this. Why 1: it lies above every difference the book's records
 # show between two runs of one kernel in one device call, minutes apart (the H200 book of 2026-11-29
 # 16:23-16:42 UTC: 0.0-0.3% in the run-to-run lines of 04 and 05; 14:16-14:30 UTC: 0.2-0.8% in 02-05's),
-# and a change less than twice it is printed "near" (noise_band). A wider margin (it was 3) called losses
+# and a change past it but within twice it is printed "near" (noise_band). A wider margin (it was 3) called losses
 # that every run repeated "not a measured difference". Each record's spread_ms says how much one run varies.
 # It is a margin for two kernels timed in one run, not for records of two calls, which may get two cards
 # of one model: on an NVIDIA H200 on 2026-11-29, 03's run of 16:25 UTC timed 01's naive kernel 2.2% faster than
@@ -47,7 +47,7 @@ NEAR_FACTOR = 2
 
 def noise_band(change_pct: float, margin: float = NOISE_PCT) -> str:
     """Where a signed change in percent stands against the series' noise margin, judged to one decimal as
-    printed: "within" (|change| <= margin), "near" (past the margin by less than NEAR_FACTOR margins: one
+    printed: "within" (|change| <= margin), "near" (past the margin, up to NEAR_FACTOR margins: one
     pair this close can fall either side of it in another execution) or "beyond"."""
     c = abs(round(float(change_pct), 1))
     return "within" if c <= margin else "near" if c <= NEAR_FACTOR * margin else "beyond"
