@@ -9,9 +9,10 @@
 # packed byte, the block scale (of the quantization block of 64 weights, 00's section 2) read from
 # global memory by every thread, two 16-bit stores.
 # "Correct" means *bit-exact* with bitsandbytes, and on the way there numba sets two traps
-# that every later kernel must avoid: it **fuses `a * b + c` into one FMA** (which changes the
-# result), and **signed indices** make it emit wraparound code (and, half-fixed, float64
-# comparisons).
+# that every later kernel must avoid: it **fuses `a * b + c` into one FMA** (which can change the
+# result: section 3 counts how often it does in the block scales, in float32 outputs and in bf16
+# outputs, where we expect it to be rare), and **signed indices** make it emit wraparound code (and, half-fixed,
+# float64 comparisons).
 #
 # **Contents**
 # 1. [Prediction](#prediction)
@@ -365,9 +366,10 @@ nf4lab.verify_versions({"01 naive": launch}, case);
 # traffic-matched bound) and bitsandbytes, all in the same run, and records the run. It also
 # measures the host time per call (`host_ms`: calls back to back, synchronised at the end). A
 # numba launch from Python has a host cost of its own, which is why GPU time is measured with
-# CUDA graphs (00 shows the timing loop); back to back, those launches overlap with the kernels
-# already queued, so on a kernel that runs longer than a launch takes, `host_ms` is close to the
-# GPU time and does not show the launch cost. In the simulator it shows the recorded run.
+# CUDA graphs (00 shows the timing loop); back to back, those launches can overlap with the kernels
+# already queued, so on a kernel that runs longer than a launch takes, `host_ms` should come out close
+# to the GPU time (the cell below prints both) and need not show the launch cost. In the simulator it
+# shows the recorded run.
 
 # %%
 # The contract: one size, 16384 x 16384 -> bf16 (make_case's default on a GPU); each version timed
@@ -476,7 +478,8 @@ assert result
 # %%
 ### BEGIN SOLUTION
 # The prediction, checked: 01's hard-coded kernel on blocksize-128 cases. nf4lab.check stops at
-# the first wrong shape, so it never launches on the shapes whose reads would leave absmax_q.
+# the first wrong shape; here that comes before the one shape whose read would leave absmax_q (the
+# lines below show which). Not a guarantee: had the shapes before 31x67 all passed, the check would have launched on it too.
 hard = nf4lab.check(launch, name="01's kernel at blocksize 128", blocksize=128, shapes=SMALL, verbose=False)
 print(hard.report if hard.report is not None else hard.error or "bit-exact on every shape: not what we predicted")
 for rows, cols in SMALL:
@@ -530,7 +533,8 @@ assert result
 # lines the cell prints). The buffers pad `absmax_q` with zeros to a multiple of 16 entries, so
 # where the printed index is below the padded count the read lands in the padding, and where it
 # is not, past the array's end. The simulator raises `IndexError` for a read past an array's
-# end; a GPU reads whatever lies there, silently, and may even get the right value by luck (a shape
+# end; a kernel compiled by numba has no bounds check, so on a GPU the read returns whatever lies there
+# (or faults, if it leaves mapped memory; this notebook does not run it), and may even get the right value by luck (a shape
 # can pass while reading the padding, where the `absmax_q` it should have read is 0 too).
 # Bounds are the kernel's job, not the hardware's.
 # ### STUDENT

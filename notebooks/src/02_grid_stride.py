@@ -123,11 +123,11 @@ else:
 # and the blocks per SM the driver's occupancy calculator allows it (registers, shared memory and
 # threads at once). In the simulator neither exists, and the cell says so. It also prints the
 # per-SM block limits that Nsight Compute (NVIDIA's kernel profiler; 08 reads its profiles)
-# recorded for this version, with the GPU and date of that profile. A profile recorded on another
-# GPU stands in for this one only where both have the same compute capability (the SM's register
-# file and thread limits are set per compute capability: CUDA C++ Programming Guide, "Technical
-# Specifications per Compute Capability") and numba reports the same registers per thread for
-# the kernel on both: on a GPU the cell compares the two counts.
+# recorded for this version, with the GPU, its compute capability and the date of that profile.
+# A profile recorded on another GPU stands in for this one only where both have the same compute
+# capability (the SM's register file and thread limits are set per compute capability: CUDA C++
+# Programming Guide, "Technical Specifications per Compute Capability") and numba reports the same
+# registers per thread for the kernel on both: on a GPU the cell compares both.
 # We never launch more blocks than the data needs. In the simulator there are no SMs: a
 # small fixed number makes the loop loop. (These three helpers join `nf4lab.lesson` for 03.)
 
@@ -231,7 +231,9 @@ if kern is None:
 else:
     met = {k: v["value"] for k, v in kern["metrics"].items()}
     by_regs, by_warps = met.get("launch__occupancy_limit_registers"), met.get("launch__occupancy_limit_warps")
-    print(f"recorded by Nsight Compute on the {prof['meta'].get('gpu', prof['gpu'])}, "
+    prof_cc = kern.get("cc")       # ncu's CSV names the compute capability of the GPU it profiled
+    print(f"recorded by Nsight Compute on the {prof['meta'].get('gpu', prof['gpu'])} "
+          f"(cc {prof_cc or 'not recorded'}), "
           f"{entry.get('date') or prof['meta'].get('date')} ({entry['path']}): "
           f"{met.get('launch__registers_per_thread'):.0f} registers a thread; blocks of "
           f"{met.get('launch__block_size', THREADS):.0f} per SM allowed by registers: {by_regs:.0f}, by threads: "
@@ -239,8 +241,12 @@ else:
                                    "registers are the tighter limit"))
     if regs is not None:
         same = regs == [round(met.get("launch__registers_per_thread"))]
-        print("  numba's count on this GPU " + ("equals" if same else "differs from") + " the profile's: "
-              + ("the recorded limits hold here if this GPU's compute capability is the profile GPU's (the profile does not record it)" if same else
+        here_cc = ".".join(map(str, info["cc"]))
+        same_cc = prof_cc == here_cc
+        cc_word = "equals" if same_cc else "differs from" if prof_cc else "cannot be compared with"
+        print("  numba's count on this GPU " + ("equals" if same else "differs from") + " the profile's, and this "
+              f"GPU's compute capability (cc {here_cc}) {cc_word} the profile GPU's: "
+              + ("the recorded limits should hold here" if same and same_cc else
                  "the recorded limits need not hold here; the driver's line above is this GPU's"))
 
 # %% [markdown]
@@ -251,10 +257,10 @@ else:
 # per byte; the loop is **unrolled** (the count of 16-bit stores printed below, two a byte, says
 # how many times with this numba and LLVM: the unrolled main loop's copies plus the remainder loop's, which runs the
 # iterations left over when their count is not a multiple of the unroll); and numba computes the trip count of `range(start, stop, step)` with a **64-bit
-# division** (`div.s64`, beside a `div.u32` that LLVM adds as a fast path for operands that fit
-# in 32 bits), once per thread before the loop. One division per thread is cheap
-# here (a thread runs hundreds of iterations or more on 16384 x 16384, printed above); a
-# division *inside* a loop would not be. Exercise 1 removes it.
+# division** (`div.s64`, beside a `div.u32` that LLVM adds, by our reading of the PTX, as a fast path for operands that fit
+# in 32 bits), once per thread before the loop. One division per thread should be cheap
+# here, not timed: a thread runs hundreds of iterations or more on 16384 x 16384 (printed above).
+# A division *inside* a loop would not be. Exercise 1 removes it.
 
 # %%
 gs_ptx = nf4lab.compile_ptx(dequant_grid_stride, SIG)
@@ -301,8 +307,8 @@ plots.progress("02_grid_stride");
 # (the series' one noise margin, printed below) counts as none. The margin is for two kernels timed
 # in one run, so no verdict compares across runs. The run-to-run line compares records of two runs,
 # which may come from different processes or sessions, possibly on another card of the same model;
-# such records can lie further apart than the margin, even on one day (the comment above
-# `NOISE_PCT` in `nf4lab/measure/bench.py` names a recorded case).
+# such records may lie further apart than the margin, even on one day (`nf4lab/measure/bench.py`'s
+# comment above `NOISE_PCT` names a recorded case).
 
 # %%
 NOISE_PCT = bench.NOISE_PCT
@@ -324,7 +330,7 @@ if base and full and one:
     print(f"full occupancy: {full['gbps']:.0f} GB/s vs 01's {base['gbps']:.0f} GB/s: {change:+.1f}% "
           f"({full['pct_copy']:.0f}% vs {base['pct_copy']:.0f}% of copy)")
     if bench.noise_band(change) == "near":    # past the margin by little: one pair this close can flip
-        print(f"  ({abs(change):.1f}% is past the {NOISE_PCT}% margin by less than twice it: re-run to confirm "
+        print(f"  ({abs(change):.1f}% is past the {NOISE_PCT}% margin but within twice it: re-run to confirm "
               "the verdict below)")
     if change > NOISE_PCT:
         verdict = "the small gain we predicted" if change < 10 else "more than the small gain we predicted"

@@ -8,8 +8,8 @@
 # **Goal.** Nearly four fifths of the bytes we move are writes (00's byte model), and the
 # kernels so far write them two bytes at a time: two `st.global.u16` per packed byte. The two
 # weights of a byte are adjacent in the output, so they fit in one 32-bit word. Here we convert
-# both at once (`ops.pack_bf16x2`: one `cvt.rn.bf16x2.f32` on compute capability 8.0 and newer,
-# integer rounding on a T4) and write them with one `st.global.u32`, halving the store
+# both at once (`ops.pack_bf16x2`: one `cvt.rn.bf16x2.f32` on compute capability 8.0 and newer, as the
+# PTX ISA's `cvt` entry requires `sm_80` for `.bf16x2`; integer rounding on a T4) and write them with one `st.global.u32`, halving the store
 # instructions, and handle the one case where that would be wrong: the last byte of an
 # odd-length tensor, which holds a single weight.
 #
@@ -224,10 +224,10 @@ plots.progress("03_packed_u32");
 # zero. The cell first prints how far 01's and 02's kernels, timed again in this run, lie from
 # their own notebooks' records: the same kernel in two runs. Those lines show how much one
 # kernel's number moved between this run and another; they do not measure the margin.
-# The margin is for kernels timed in one run. Records of other runs can lie further apart than
+# The margin is for kernels timed in one run. Records of other runs may lie further apart than
 # it, even on the same day (another run may get another card of the same model, at its own clocks
 # and temperature), so every verdict below compares kernels of this run. A change past the margin
-# by less than twice it is printed as near, to be re-run, not as a settled gain or loss.
+# but within twice it is printed as near, to be re-run, not as a settled gain or loss.
 
 # %%
 NOISE_PCT = bench.NOISE_PCT
@@ -267,7 +267,7 @@ l2_note = ("DRAM likely sees the same bytes either way (L2, the cache in front o
 if not changes:
     print("no recorded runs of 01, 02 and 03 to compare yet")
 elif gains and losses:
-    # A change past the margin by less than twice it can flip in another execution (bench.noise_band):
+    # A change past the margin but within twice it can flip in another execution (bench.noise_band):
     # it is marked near in the verdict, not counted as settled.
     near = [k for k, c in changes.items() if bench.noise_band(c) == "near"]
     shown = {k: f"{k} ({abs(c):.1f}%" + (", near the margin" if k in near else "") + ")"
@@ -277,9 +277,9 @@ elif gains and losses:
     print(f"mixed {where}" + (f", if the near change{'s hold' if len(near) > 1 else ' holds'} (re-run to confirm)"
                               if near else "") + ": the packed store gained in "
           f"{', '.join(up)} and lost in {', '.join(down)}, which the prediction (some gain, or none) did not "
-          "foresee. Why was not measured here: the pack (cvt.rn.bf16x2) is in both versions, so it alone does not "
-          "explain it; the two kernels differ in how their loads and stores are scheduled (one byte a thread "
-          "against 02's loop, which 02's PTX showed unrolled), and " + profiling.where_to_look(
+          "foresee. The cause was not measured here: the pack (cvt.rn.bf16x2) is in both versions, so it alone "
+          "does not explain it; the two kernels differ in how their loads and stores are scheduled (one byte a thread "
+          "against a grid-stride loop like 02's, whose PTX 02 showed unrolled; 03's loop PTX is not read here), and " + profiling.where_to_look(
               run.meta.get("gpu"), [n for pair in PAIRS for n in (pair[0], pair[2])]) + ".")
 elif losses:
     print(f"no gain from the packed store {where}: {len(losses)} of {len(changes)} comparisons slower by "
@@ -307,7 +307,7 @@ for name, c in leaning.items():
           f"{'a gain' if c < 0 else 'a loss'}")
 for name, c in changes.items():       # past the margin by little: one pair this close can flip in another execution
     if bench.noise_band(c) == "near":
-        print(f"  {name}: {c:+.1f}% is past the {NOISE_PCT}% margin by less than twice it: re-run to confirm")
+        print(f"  {name}: {c:+.1f}% is past the {NOISE_PCT}% margin but within twice it: re-run to confirm")
 
 # %% [markdown]
 # <a id="learned"></a>
@@ -340,10 +340,13 @@ for name, c in changes.items():       # past the margin by little: one pair this
 # in the same quantization block, so one scale) and writes them with **one 64-bit store**
 # (`st.global.u64`) through `out_u64`, the output viewed as 64-bit words: word `t` holds outputs
 # `4t` to `4t + 3`, the lowest address in the low 16 bits. The kernel below does that in every
-# thread. **Predict** what the check reports for n = 15 (shape 3 x 5) and for n = 66 (1 x 66), then
-# run it and read the message. Then make it right for every n: bit-exact whatever n mod 4 is, and
-# still one 64-bit store wherever four weights are left. The check runs shapes with every remainder
-# of n mod 4 and reads the kernel's PTX (a kernel without a 64-bit store does not pass).
+# thread. The check runs its shapes from the smallest up and stops at the first wrong one.
+# **Predict** what it reports for the first shape it runs, 1 x 1 (a single weight), then run it and
+# read the message. Then make it right for every n: bit-exact whatever n mod 4 is, and still one
+# 64-bit store wherever four weights are left. Before you run the check again, go through n mod 4 =
+# 0, 1, 2 and 3: how many weights does the last thread have, and what may it write? The check runs
+# shapes with every remainder of n mod 4 and reads the kernel's PTX (a kernel without a 64-bit
+# store does not pass).
 
 # %%
 SIG64 = ("(uint8[::1], float32[::1], uint8[::1], float32[::1], float32[::1], float32, uint16[::1], uint32[::1], "
@@ -397,7 +400,8 @@ result = exercises.check_u64_store(launch_u64, u64_store, SIG64)
 assert result
 
 
-# The prediction's answer: the starting point (a 64-bit store in every thread), checked on the two shapes asked about.
+# The prediction's answer: the starting point (a 64-bit store in every thread) on the first shape the check
+# runs, 1 x 1, and on one shape of each other n mod 4.
 @cuda.jit
 def u64_as_given(packed, lut, absmax_q, absmax2, code2, offset, out, out_u32, out_u64, n, nbytes):
     t = uint64(cuda.grid(1))
@@ -416,7 +420,7 @@ def launch_as_given(b):
                                                                       b.n, b.nbytes)
 
 
-for shape in ((3, 5), (1, 66)):
+for shape in ((1, 1), (1, 2), (3, 5), (1, 64)):
     given = nf4lab.check(launch_as_given, name="the starting point", shapes=(shape,),
                          verbose=False)
     print(f"n = {shape[0] * shape[1]} (n mod 4 = {shape[0] * shape[1] % 4}): "
@@ -474,8 +478,8 @@ assert result
 #
 # bitsandbytes' other 4-bit type, FP4, uses a different 16-entry table. **Predict:** does
 # `launch` (the 03 kernel) produce bit-exact FP4 results without any change? Why, or why not?
-# What would you have to change if the kernel had the NF4 table baked in as constants? Write
-# your prediction in the cell, then run it: the check runs only once you have predicted.
+# Write your prediction in the cell, then run it: the check runs only once you have predicted.
+# Once it has run, the cell asks one more question.
 
 # %%
 ### BEGIN SOLUTION
@@ -494,6 +498,7 @@ else:
     result = nf4lab.check(launch, name="exercise 3: fp4 with the 03 kernel", quant_type="fp4", shapes=SMALL)
     print("your prediction was " + ("right" if bool(result) == BIT_EXACT_ON_FP4 else
                                     "wrong: where does the kernel take its 16 values from?"))
+    print("Then think: what would you have to change if a kernel had the NF4 table baked in as constants?")
 ### BEGIN SOLUTION
 assert result and BIT_EXACT_ON_FP4
 ### STUDENT

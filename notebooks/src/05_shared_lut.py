@@ -58,14 +58,16 @@ SIG = ("(uint8[::1], uint32[::1], float32[::1], uint8[::1], float32[::1], float3
 #
 # | placement | one warp lookup with k distinct codes | cost |
 # | --- | --- | --- |
-# | constant memory | the constant cache serves a warp's distinct addresses **one after another**, each broadcast | k serialized replays (up to 16) |
+# | constant memory | the constant cache serves a warp's distinct addresses **one after another**, each broadcast | k passes, one after another (up to 16) |
 # | shared memory | 16 entries in 16 different banks; equal addresses broadcast | one pass: no bank conflict |
 # | registers (`selp` tree) | no memory access; 15 selects per lookup | ALU work, the same for any k |
 # | global (step 04) | cached in L1 like any load, if the 64 bytes stay there | a load through the L1 path |
 #
 # The first two rows are the CUDA C++ Programming Guide's rules for these memories; the costs are
-# what we expect from them. Constant memory is built for the opposite access pattern (all lanes
-# reading the same value).
+# what we expect from them. A *replay*: the constant cache serves one address per pass, so a warp's
+# request with k distinct addresses takes k passes, one after another; the passes after the first are
+# replays. Constant memory is built
+# for the opposite access pattern (all lanes reading the same value).
 # We predict shared memory to be the fastest of the three, but not clearly faster than step 04's
 # global table: those 64 bytes are read by every warp all the time, so they should stay in L1.
 # Whether the select tree's extra instructions hide behind memory time in a memory-bound kernel
@@ -78,7 +80,8 @@ codes = case.packed[:nbytes].reshape(-1, 128)[:, 0::4] >> 4   # byte 0 of each l
 distinct = np.array([len(np.unique(w)) for w in codes])
 print(f"distinct codes per warp lookup on this case: mean {distinct.mean():.1f}, "
       f"min {distinct.min()}, max {distinct.max()} (of 16)")
-# Where the 64-byte table starts decides whether a warp's lookups can stay in one 128-byte line.
+# Where the 64-byte table starts decides whether a warp's lookups can stay in one 128-byte line (the line
+# size of global memory's caches: CUDA C++ Best Practices Guide, "Coalesced Access to Global Memory", as in 03).
 lut = nf4lab.make_buffers(case).lut
 iface = getattr(lut, "__cuda_array_interface__", None) or lut.__array_interface__
 start = iface["data"][0] % 128
@@ -254,6 +257,8 @@ VERSIONS = {
     "05 LUT in shared memory": launcher(dequant_shared, nf4_only=False),
     "05 LUT in registers (selp tree)": launcher(dequant_select, nf4_only=True),
 }
+BASELINE = "05 baseline: LUT in global memory"   # section 5's baseline, the table in global memory (06 times it too)
+BASELINE_LAUNCH = launcher(make_kernel(no_table, index_lookup), nf4_only=False)
 
 # %% [markdown]
 # <a id="ptx"></a>
@@ -318,23 +323,22 @@ nf4lab.verify_versions(VERSIONS, case);
 # The contract: one size, 16384 x 16384 -> bf16 (make_case's default on a GPU); each version timed
 # in one run against the copy and fill ceilings, the traffic-matched bound of 00 and bitsandbytes;
 # GB/s = bytemodel.bytes_moved(n, "bf16", 64) / GPU time (median of CUDA-graph replays, as in 00).
-BASELINE, K04 = "05 baseline: LUT in global memory", "04 16B loads, coalesced stores"
+K04 = "04 16B loads, coalesced stores"
 v04 = versions.load("04_vector_loads")
-run = bench.step("05_shared_lut", {**VERSIONS, BASELINE: launcher(make_kernel(no_table, index_lookup), nf4_only=False),
-                                   K04: v04[K04]})
+run = bench.step("05_shared_lut", {**VERSIONS, BASELINE: BASELINE_LAUNCH, K04: v04[K04]})
 if run is not None:
     if run.recorded:                 # on a GPU, bench.step printed this run's table already
         print(run.table())
     ks = sorted(run.kernels(), key=lambda r: r["ms"])
     if ks:
         # Neighbours judged as the verdicts are (bench.noise_band): "~" within the margin, their order not
-        # measured; "<~" near, past it by less than twice it, an order one run does not settle; "<" beyond.
+        # measured; "<~" near, past it but within twice it, an order one run does not settle; "<" beyond.
         bands = [bench.noise_band(100 * (b["ms"] / a["ms"] - 1)) for a, b in zip(ks, ks[1:])]
         print("\nfastest to slowest: " + ks[0]["name"] + f" ({ks[0]['ms'] * 1e3:.0f} us)" + "".join(
             {"within": " ~ ", "near": " <~ ", "beyond": " < "}[band] + f"{b['name']} ({b['ms'] * 1e3:.0f} us)"
             for band, b in zip(bands, ks[1:])))
         if "near" in bands:
-            print(f"(<~: near, past the {bench.NOISE_PCT}% noise margin by less than twice it: re-run to confirm)")
+            print(f"(<~: near, past the {bench.NOISE_PCT}% noise margin but within twice it: re-run to confirm)")
     g, sh, k04 = run.get(BASELINE), run.get("05 LUT in shared memory"), run.get(K04)
     if k04:
         # The same kernel in two runs: 04's kernel here against 04's own record of it: how far it moved.
@@ -359,13 +363,15 @@ if run is not None:
         else:
             print(f"-> beyond the {bench.NOISE_PCT}% noise margin: {where} the shared table is "
                   f"{'faster' if gain > 0 else 'slower'} than the global one"
-                  + (" (by less than twice the margin: re-run to confirm)"
+                  + (" (but within twice the margin: re-run to confirm)"
                      if bench.noise_band(100 * gain) == "near" else ""))
     elif sh:
         print("(this recorded run predates the global-table baseline: run the notebook on a GPU to measure it)")
-    sel = run.get("05 LUT in registers (selp tree)")
-    if g and sel:
-        print(f"the select tree takes {sel['ms'] / g['ms']:.2f}x the global table's time, in this run")
+    for label, name in (("the select tree", "05 LUT in registers (selp tree)"),
+                        ("the constant-memory table", "05 LUT in constant memory")):
+        other = run.get(name)
+        if g and other:
+            print(f"{label} takes {other['ms'] / g['ms']:.2f}x the global table's time, in this run")
 
 # %%
 plots.progress("05_shared_lut");
@@ -376,14 +382,14 @@ plots.progress("05_shared_lut");
 #
 # Read the ranking off the "fastest to slowest" line the benchmark cell printed: it holds this run's
 # kernels only; "~" joins two whose times lie within the noise margin, and "<~" two that lie past it
-# by less than twice the margin ("near": one run does not settle their order). In the plot, a hatched bar
+# but within twice the margin ("near": one run does not settle their order). In the plot, a hatched bar
 # labelled with another notebook's run is context from that run, not part of this ranking. The mechanisms behind the ranking:
 #
 # * **Global memory is already fine for this table** when the benchmark above finds the shared
 #   table no faster (within the noise margin, or slower). The likely reason: the table is 16
 #   floats, 64 bytes, read by every warp all the time, so it should stay in L1, and we expect a
 #   warp's lookup of up to 16 addresses to be one L1 access, like a shared-memory lookup, when
-#   the 64 bytes lie in one 128-byte line (section 1 printed how many lines a table,
+#   the 64 bytes lie in one 128-byte line (the caches' line size, as 03 cites it; section 1 printed how many lines a table,
 #   allocated as the benchmark's are, spans; a table that straddles two would need two). This
 #   notebook times the kernels; it does not count cache hits or L1 accesses.
 #   There, what shared memory buys is a guarantee rather than speed: the table cannot be evicted
@@ -395,16 +401,16 @@ plots.progress("05_shared_lut");
 #   bullet) are the likely cost: an expectation, not measured here.
 # * **Constant memory** is for uniform access: the constant cache serves the distinct addresses
 #   of a warp's request one after another. A LUT indexed by data is the worst case for it; the
-#   benchmark above shows what that cost on the GPU whose results it prints.
+#   benchmark above prints the constant-memory table's time against the global table's: well above
+#   1x, the replays are likely not hidden and set the kernel's time rather than DRAM (not measured here).
 # * **Shared memory** serves 32 lanes in one pass when they hit different banks or the same
 #   address. 16 consecutive floats occupy 16 different banks, so a table lookup never conflicts.
 #   It costs a fill and one `syncthreads` per block.
 # * **Registers** avoid memory altogether but pay 15 `selp` per lookup, 120 per packed word:
 #   whether that is hidden depends on how much time the kernel spends waiting for DRAM anyway.
-#   The benchmark above prints the select tree's time against the global table's: where it is
-#   well above 1x, the selects (and, for constant memory, the replays) are likely not hidden: the
-#   kernel's time is then probably set by the lookups (the selects' issue, or constant-cache replays that
-#   serialize a warp's loads) rather than by DRAM; not measured here.
+#   The benchmark above prints the select tree's time against the global table's: well above 1x,
+#   the selects are likely not hidden, and the kernel's time is then probably set by their issue
+#   rather than by DRAM; not measured here.
 #   (`data/results/<gpu>/05_shared_lut.json` holds the runs of each GPU recorded: records of two
 #   GPUs are two runs, so compare each GPU's select tree with its own global table, then the two
 #   ratios, not the times across GPUs.)

@@ -98,8 +98,8 @@ if copy is None:
 # are 32-bit again, not 04's 16-byte ones: the codes are the share of the bytes moved that the cell
 # above prints, and this notebook does not measure what the narrower loads cost. A thread issues
 # all its global loads (its words, their scales, its share of the LUT and of `code2`) before the
-# block's one barrier, so a block waits for memory once; `code2` sits in shared memory beside the
-# LUT, so that `code2[absmax_q[b]]` is not a second trip to global memory. The scale is computed
+# block's one barrier, so that we expect a block to wait for memory about once; `code2` sits in
+# shared memory beside the LUT, so that `code2[absmax_q[b]]` is not a second trip to global memory. The scale is computed
 # once per unit with `fmul_rn`/`fadd_rn` (never an FMA), and the one thread just past the last
 # whole unit writes the tail. These are design choices, not measured advantages: section 6 times
 # 05's kernels beside this one in the same run, and its verdict, read against the noise margin,
@@ -124,6 +124,7 @@ if copy is None:
 # %%
 import re
 
+used = (256, 2)   # the kernel cell's THREADS and UNITS, below: section 4's cell checks that they still agree
 shapes = bench.Run.load("launch_shapes")
 if shapes is None:
     print("no launch-shape run recorded for this GPU (python tools/launch_shapes.py records one)")
@@ -151,7 +152,7 @@ else:
                            "to one decimal)")
                 print(f"  at {f} {label}, {vary} {sorted(g)}: {min(g.values()):.0f}-{max(g.values()):.0f} GB/s, "
                       f"a spread of {spread:.1f}%: {verdict}")
-    best, used = max(gbps, key=gbps.get), (256, 2)   # used: the kernel cell's THREADS and UNITS, below
+    best = max(gbps, key=gbps.get)
     if used in gbps:
         gap = round(100 * (gbps[best] - gbps[used]) / gbps[best], 1)
         print(f"  the kernel cell's {used[0]} threads x {used[1]}: {gap:.1f}% below the fastest shape "
@@ -317,6 +318,9 @@ VERSIONS = {"06 best kernel (bf16/fp16/fp32)": launch}
 # staging, `block_scale`'s loads and the tail's (one thread: byte loads; 16-bit stores, 32-bit for fp32).
 
 # %%
+# The launch-shape cell of section 3 printed where `used` stands; it must be the kernel cell's shape.
+assert (THREADS, UNITS) == used, (f"the kernel cell uses {THREADS} threads x {UNITS}, section 3's launch-shape "
+                                  f"cell says {used[0]} x {used[1]}: update `used` there")
 kernel_ptx = {}
 for d in ("bf16", "fp16", "fp32"):
     kernel_ptx[d] = p = nf4lab.compile_ptx(KERNELS[d], sig(d))
@@ -394,8 +398,8 @@ else:
 # The cell ends with verdicts read
 # against the noise margin: whether each dtype reaches the traffic-matched bound, which moves the
 # same bytes with no arithmetic (00's prediction that dequantization is memory-bound, tested), and
-# whether this kernel and the faster of 05's differ. A kernel past the margin by less than twice it is called *near* the
-# bound: one such gap can land on either side of the margin in another execution (`bench.bound_band`).
+# whether this kernel and the faster of 05's differ. A kernel past the margin but within twice it is called *near* the
+# bound: one such gap may land on the other side of the margin in another execution (`bench.bound_band`).
 # Between those two, fp32's time is printed beside the prediction of 00's exercise: 00's run
 # and this one are two runs, so that line says which way it went without a verdict at the margin.
 # A third verdict follows it, from this run alone: whether fp32's bound moves its bytes as fast as
@@ -406,11 +410,11 @@ else:
 SM75_RUN = nf4lab.arch.forced() is not None and nf4lab.arch.forced() < (8, 0)
 RESULTS_NAME = "sm_75_06_output_dtypes" if SM75_RUN else "06_output_dtypes"
 PREV = "05 LUT in shared memory"           # 04's access pattern with 05's shared LUT
-BASE05 = "05 baseline: LUT in global memory"   # the same kernel with the table in global memory
-v05 = versions.load_module("05_shared_lut")    # 05's kernel cell: its VERSIONS and its kernel factory
+v05 = versions.load_module("05_shared_lut")    # 05's kernel cell: its VERSIONS and its baseline
+BASE05 = v05.BASELINE                          # the same kernel with the table in global memory
 run = bench.step(RESULTS_NAME, {
     PREV: (v05.VERSIONS[PREV], cases["bf16"]),
-    BASE05: (v05.launcher(v05.make_kernel(v05.no_table, v05.index_lookup), nf4_only=False), cases["bf16"]),
+    BASE05: (v05.BASELINE_LAUNCH, cases["bf16"]),
     "06 best kernel -> bf16": (launch, cases["bf16"]),
     "06 best kernel -> fp16": (launch, cases["fp16"]),
     "06 best kernel -> fp32": (launch, cases["fp32"]),
@@ -419,7 +423,7 @@ if run is not None:
     if run.recorded:                 # on a GPU, bench.step printed this run's table already
         print(run.table())
     for r in run.kernels():
-        bound = f", {r['pct_bound']:.0f}% of the traffic-matched bound" if r.get("pct_bound") else ""
+        bound = f", {r['pct_bound']:.1f}% of the traffic-matched bound" if r.get("pct_bound") else ""
         print(f"{r['name']}: {r['gbps']:.0f} GB/s, {r['pct_copy']:.0f}% of copy, {r['pct_fill']:.0f}% of fill"
               f"{bound}, {r['speedup_vs_bnb']:.2f}x bitsandbytes")
     # Whose numbers these are: this run's, or a recorded GPU's (no GPU here).
@@ -452,7 +456,7 @@ if run is not None:
         print(f"   within this run, fp32's bound moved its bytes {abs(gap):.1f}% "
               f"{'faster' if gap > 0 else 'slower'} than bf16's ({tb32['gbps']:.0f} against {tb16['gbps']:.0f} GB/s): "
               + {"within": f"within the {bench.NOISE_PCT}% noise margin, as fast, as 00 assumed",
-                 "near": f"just past the {bench.NOISE_PCT}% noise margin: near as fast (re-run to confirm)",
+                 "near": f"past the {bench.NOISE_PCT}% noise margin but within twice it: re-run to confirm",
                  "beyond": f"beyond twice the {bench.NOISE_PCT}% noise margin: fp32's bytes move "
                            + ("faster" if gap > 0 else "slower") + ", not as fast as 00 assumed"}[bench.noise_band(gap)])
     bf = run.get("06 best kernel -> bf16")
@@ -463,7 +467,7 @@ if run is not None:
         if other in timed05:
             apart = round(100 * (timed05[other]["ms"] / prev["ms"] - 1), 1)
             band = {"within": f"within the {bench.NOISE_PCT}% noise margin, their order not measured",
-                    "near": f"past the {bench.NOISE_PCT}% noise margin by less than twice it: re-run to confirm",
+                    "near": f"past the {bench.NOISE_PCT}% noise margin but within twice it: re-run to confirm",
                     "beyond": f"beyond twice the {bench.NOISE_PCT}% noise margin"}[bench.noise_band(apart)]
             print(f"05's kernels in this run, bf16: {PREV!r} {timed05[PREV]['ms']:.4f} ms, {BASE05!r} "
                   f"{timed05[BASE05]['ms']:.4f} ms; compared below, the faster: {fast05!r} (the other takes "
@@ -480,7 +484,7 @@ if run is not None:
                   "faster" if abs(change) <= bench.NOISE_PCT else
                   f"-> beyond the {bench.NOISE_PCT}% noise margin: {where} "
                   f"{'this kernel' if change > 0 else repr(fast05)} is the faster one"
-                  + (" (by less than twice the margin: re-run to confirm)"
+                  + (" (but within twice the margin: re-run to confirm)"
                      if bench.noise_band(change) == "near" else ""))
     else:
         print(f"this run ({results.label(run.meta)}) did not time 05's kernels beside this kernel: "
@@ -590,15 +594,16 @@ for d in ("bf16", "fp16"):
             print(f"--- bf16, one pair of weights, sm_{cc[0]}{cc[1]}:\n    " + "\n    ".join(ins[first:first + n]))
 for d in ("bf16", "fp16"):
     n90, n75 = count[d, (9, 0)], count[d, (7, 5)]
-    print(f"{d}: {n90} instructions per 8 weights on sm_90, {n75} on sm_75 ({n75 / n90:.2f}x)")
+    print(f"{d}: {n90} PTX instructions per 8 weights on sm_90, {n75} on sm_75 ({n75 / n90:.2f}x)")
 
 # %% [markdown]
-# **Estimate, from these counts:** if the kernel were limited by issuing instructions, the T4 path
-# would cost up to the factor printed above (the cell below times nothing: it prints a recorded timing of the
-# sm_75 code on this GPU, made by the `NF4LAB_ARCH=sm_75` process of the same run id, not on a T4, whose
-# bandwidth and SMs differ: its ratio is this GPU's, not a T4's cost); a kernel near the traffic-matched
-# bound may have issue slots to
-# spare and hide part of the extra work behind memory time, so we predict a cost below that bound,
+# **Estimate, from these counts:** the factor printed above is of PTX instructions, a proxy for
+# the instructions the GPU issues (the machine code that runs may differ). If the kernel were
+# limited by issuing instructions, we would expect the T4 path to cost up to about that factor
+# (the cell below times nothing: it prints a recorded timing of the sm_75 code on this GPU, made by
+# the `NF4LAB_ARCH=sm_75` process of the same run id, not on a T4, whose bandwidth and SMs differ:
+# its ratio is this GPU's, not a T4's cost); a kernel near the traffic-matched bound may have issue
+# slots to spare and hide part of the extra work behind memory time, so we predict a cost below that factor,
 # largest for bf16; how far below is for a measurement to say, and the cell below prints one where
 # an `NF4LAB_ARCH=sm_75` run is recorded for this GPU. The two timings come from two runs (two processes),
 # so they are compared only when both carry one run id (both started with the same `NF4LAB_RUN_ID`) and
@@ -643,8 +648,10 @@ else:
 #   traffic-matched bound, which moves the same bytes with no arithmetic. Where the verdict says
 #   at the bound (within the noise margin) or near it (within twice the margin), the arithmetic costs
 #   no time that matters and the bytes set the pace (fp32 writes twice the output bytes, and its bound
-#   counts them). "At" and "near" are one result: a gap a few tenths of a percent past the margin can
-#   land on either side of it in another execution of the same code.
+#   counts them). "At" and "near" are read as one result: a gap this close to the margin may land
+#   on the other side of it in another execution (`nf4lab/measure/bench.py` records one such case;
+#   how often is not measured here). Counting "near" as "at"
+#   favours the prediction: a gap up to twice the margin still reads as memory-bound.
 # * 05's kernels (16-byte loads with an exchange) and this one (u32 words) are compared by
 #   measurement, in one run on the same data: section 6's verdict takes the faster of 05's kernels
 #   in that run, names it, and says whether it and this kernel differ beyond the noise margin on

@@ -350,8 +350,9 @@ for name, s in summaries.items():
 # are coalesced (04's second kernel, 05's shared-memory table, 06) reach the wall with about the
 # occupancy of 02's grid-stride kernel, which does not: what changed is the bytes each memory
 # instruction carries. Wide loads alone are not enough: the other 16-byte kernels there (04's
-# scattered stores, 05's constant-memory and register tables) stay far below the wall with similar
-# occupancy, held back by their stores or their lookups. (The estimate above is for the GPU it names; the rows here are the
+# scattered stores, 05's constant-memory and register tables) stay far below the wall at high occupancy
+# (the register table's a little lower), most likely held back by their stores or their lookups (section 6's
+# stall reasons). (The estimate above is for the GPU it names; the rows here are the
 # profiles' own GPUs, so read it against them as an order of magnitude.) Achieved far
 # below theoretical means the launch did not supply the warps: a grid-stride launch with a
 # small, fixed grid (notebook 02) leaves most warp slots empty however few registers the

@@ -87,8 +87,8 @@ _ = fig.suptitle("mma.sync.m16n8k16 in this kernel: mma i = 0 of a step at M = 1
 #   At M = 1, where tiles outnumber blocks (e.g. 14336 rows: 896 tiles; section 7 prints the blocks), `gemv.warps_a_tile` may form
 #   **warp groups** (not the lane's g) of G = 2 or 4 warps that take a tile each, at a barrier of their own (`bar.sync id, 32 G`): it picks the G whose
 #   rounds (a round: every group of the grid, the blocks launched, takes one tile), a warp's K / G columns a tile, take least time, the fewest warps on a tie (fewer sums to add); M > 1 keeps 8.
-# - **Persistent blocks**: at most 2 per SM (`gemv.grid_size`); block t takes tiles t, t + grid, ... (with W = 8 warps a block,
-#   its warp group j of W // G takes tiles (W // G) t + j, then every (W // G) grid further): one lookup table
+# - **Persistent blocks**: at most 2 per SM (`gemv.grid_size`); block t takes tiles t, t + grid, ... (with WARPS = 8 warps a block,
+#   its warp group j of WARPS // G takes tiles (WARPS // G) t + j, then every (WARPS // G) grid further): one lookup table
 #   (section 4) a block. **Steps in flight**: a warp issues its next step's loads before it computes the current one.
 #
 # <a id="kernel"></a>
@@ -112,7 +112,7 @@ from nf4lab.device import ops
 from nf4lab.device.warp_ops import (bar_sync, f32_from_bits, mma_bf16, mma_f16, prmt, shfl_idx, shfl_xor_sync,  # one
                                     syncwarp, table_lookup, table_vec4, x_slot_ops)   # instruction each, with a Python twin
 from nf4lab.kernels import gemv
-THREADS, W, BLOCKS_PER_SM = 256, 8, 2   # 8 warps a block; launch bounds: ptxas caps registers so that 2 blocks fit an SM
+THREADS, WARPS, BLOCKS_PER_SM = 256, 8, 2   # 8 warps a block; launch bounds: ptxas caps registers so that 2 blocks fit an SM
 
 def make_build_table(half_bits, store4):
     @cuda.jit(device=True, inline="always")
@@ -206,7 +206,7 @@ import inspect   # M = 1's loads as the kernel imports them; put: a 16-byte load
 print(inspect.getsource(gemv.step1_ops))
 # %% tags=["kernel"]
 @functools.cache
-def make_kernel(is_bf16, M, base, full=False, G=W):   # full: every warp has a step (gemv.full_apply); G: warps a tile
+def make_kernel(is_bf16, M, base, full=False, G=WARPS):   # full: every warp has a step (gemv.full_apply); G: warps a tile
     NT = (M + 1) // 2
     NACC, NCF, FB, NB = 2 * NT, 4 * NT, 17, 34   # per step in buf: 16 code words, 1 statistics word; 2 steps
     _, half_bits, fetch = gemv.step_ops(is_bf16, M, base, True, True)   # the shipped loads (see above)
@@ -221,11 +221,11 @@ def make_kernel(is_bf16, M, base, full=False, G=W):   # full: every warp has a s
         n, k = uint32(N), uint32(K)
         kw, kx = k >> uint32(3), k >> uint32(1)
         steps, tiles = (k + uint32(255)) >> uint32(8), (n + uint32(15)) >> uint32(4)
-        ash, grid = uint32(uint32(bs_shift) - uint32(3)), uint32(cuda.gridDim.x) * uint32(W // G)   # tiles at once
+        ash, grid = uint32(uint32(bs_shift) - uint32(3)), uint32(cuda.gridDim.x) * uint32(WARPS // G)   # tiles at once
         buf = cuda.local.array(NB, uint32)          # this step's loads and the next one's
         t, c = uint32(cuda.blockIdx.x), warp       # split-K: warp w starts at step w of the block's first tile
-        if G < W:                                  # W // G groups of G warps, a tile each: warp w at step w % G
-            t, c = t * uint32(W // G) + warp // uint32(G), warp % uint32(G)
+        if G < WARPS:                                  # WARPS // G groups of G warps, a tile each: warp w at step w % G
+            t, c = t * uint32(WARPS // G) + warp // uint32(G), warp % uint32(G)
         c0, tp, cp = c, t, c                       # a warp's first step of every tile; the step whose loads go out next
         xq, rb, (xs, xa) = cuda.local.array(4, uint32), cuda.local.array(3, uint32), slot_at(warp, lane)   # M = 1
         if M == 1:
@@ -280,7 +280,7 @@ def make_kernel(is_bf16, M, base, full=False, G=W):   # full: every warp has a s
                 c = cn
                 if tn != t:
                     break
-            base = uint32(parity * uint32(W * 16 * M) + warp * uint32(16 * M))   # the tile's sum (see above)
+            base = uint32(parity * uint32(WARPS * 16 * M) + warp * uint32(16 * M))   # the tile's sum (see above)
             for nt in range(NT):
                 a0 = acc[2 * nt] + shfl_xor_sync(0xFFFFFFFF, acc[2 * nt], 1)
                 a1 = acc[2 * nt + 1] + shfl_xor_sync(0xFFFFFFFF, acc[2 * nt + 1], 1)
@@ -288,13 +288,13 @@ def make_kernel(is_bf16, M, base, full=False, G=W):   # full: every warp has a s
                 if m < uint32(M) and (q & uint32(1)) == uint32(0):
                     sm[gemv.spare(base + m * uint32(16) + g)] = ops.float_bits(a0)
                     sm[gemv.spare(base + m * uint32(16) + g + uint32(8))] = ops.float_bits(a1)
-            if G < W:   # the group's own barrier (id 1 + group, 32 G threads); lt: a thread's index in its group
+            if G < WARPS:   # the group's own barrier (id 1 + group, 32 G threads); lt: a thread's index in its group
                 bar_sync(uint32(1) + warp // uint32(G), uint32(32 * G))
             else:
                 cuda.syncthreads()
-            lt, gb = (tid & uint32(32 * G - 1), (warp - c0) * uint32(16 * M)) if G < W else (tid, uint32(0))
+            lt, gb = (tid & uint32(32 * G - 1), (warp - c0) * uint32(16 * M)) if G < WARPS else (tid, uint32(0))
             if lt < uint32(16 * M):                # 16 M threads of the group add its G warps' sums
-                first, v = uint32(parity * uint32(W * 16 * M) + gb + lt), float32(0.0)
+                first, v = uint32(parity * uint32(WARPS * 16 * M) + gb + lt), float32(0.0)
                 for w in range(G):
                     v += f32_from_bits(sm[gemv.spare(first + uint32(w * 16 * M))])
                 row = uint32(t * uint32(16) + (lt & uint32(15)))
@@ -308,7 +308,7 @@ def launch(g):
     if not gemv.words_apply(g.nested, g.bs_shift, g.K, gemv.address(g.absmax_q)):
         return gemv.launch(g)              # no statistics word (see gemv.words_apply): the package's byte-wise loads
     grid = g.grid or gemv.grid_size(g.N)
-    G = gemv.warps_a_tile(g.N, g.M, grid)   # W, or fewer where the tiles outnumber the blocks (section 3)
+    G = gemv.warps_a_tile(g.N, g.M, grid)   # WARPS, or fewer where the tiles outnumber the blocks (section 3)
     kern = make_kernel(g.dtype == "bf16", g.M, gemv.probe_base() if nf4lab.ON_GPU else 0, gemv.full_apply(True, g.M, g.K, G), G)
     args = (g.packed_u32, g.absmax_q, g.absmax2, g.code2, g.lut, g.offset, g.x_u32, g.y, g.N, g.K, g.bs_shift)
     gemv.prepare(kern, args, gemv.SMEM)[grid, THREADS, g.stream, gemv.SMEM](*args)
