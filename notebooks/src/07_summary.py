@@ -218,8 +218,9 @@ if run is not None:
 # `fits_l2` in the results), and whether the L2 lifts them above DRAM bandwidth or the launch cost
 # below holds them under it, the plot shows beside the copy's dashed line (the table after it lists the best kernel against bitsandbytes at each size). Copy and fill (dashed) and the traffic-matched bound are measured at each size.
 # At the smallest sizes we expect the fixed cost of a launch (start, ramp-up, the last wave) to be a
-# large share of a short kernel: a hypothesis that this section does not time and section 7's exercise
-# tests. (A GPU runs a grid's blocks in *waves*: as many blocks at once as its
+# large share of a short kernel: a hypothesis that this section does not time. Section 7's exercise tests
+# one consequence of it at the shapes outside the L2 only: whether the kernel's own share of its time
+# beyond the copy falls as the shape grows. (A GPU runs a grid's blocks in *waves*: as many blocks at once as its
 # SMs can hold, the next ones as earlier ones finish; a last, partial wave leaves SMs idle.)
 #
 # Section 4's targets are checked at 16384x16384 only; the table's `% bound` column gives every other
@@ -303,7 +304,8 @@ if sweep is not None:
 #    be read again), L2 prefetch hints (`ld.global.L2::256B`: a hint to the L2 to fetch the 256
 #    bytes around the address, not only the sectors asked for), bulk (TMA) stores (the Tensor
 #    Memory Accelerator of sm_90 GPUs copies a whole tile from shared to global memory in one
-#    asynchronous instruction, `cp.async.bulk`), each variant verified, and bounds of several
+#    asynchronous instruction, `cp.async.bulk`; the three as the PTX ISA describes `st`'s cache
+#    operators, `ld`'s `.L2::256B` prefetch size and `cp.async.bulk`), each variant verified, and bounds of several
 #    access styles (`kind: "bound"`: the same traffic, no arithmetic) in some rounds only (the
 #    cell prints the rounds that have none),
 #    each round timed in one run, on the GPU the cell names. In the variants' names, `wKxT` is K packed 32-bit words
@@ -423,7 +425,7 @@ if run is not None and best and bound:
 #
 # In those profiles the best versions move data at a large share of the DRAM peak with every
 # store fully coalesced (16 sectors per request; the loads' column averages the word loads with the
-# scale and table loads, which touch 1-2 sectors, so it does not show the word loads alone:
+# scale and table loads, which touch 1-4 sectors, so it does not show the word loads alone:
 # notebook 08, section 4), and their warps wait mostly on memory (`long_scoreboard`: a load not back
 # yet), not on arithmetic or on the instruction pipeline. The tuning rounds test the rest, on the GPU
 # they were recorded on. Each round is its own run (its date is printed), so compare a kernel with a
@@ -504,15 +506,18 @@ if ok:   # with own_share written: the share at every shape, and where it is lar
     by_size = sorted(dram, key=lambda s: s[0] * s[1])   # the shapes outside the L2, smallest first
     if len(by_size) > 2:   # a fixed cost per launch weighs less in a longer kernel: shares that fall with size
         pairs = list(zip(by_size, by_size[1:]))
-        falls = all(dram[a] > dram[b] for a, b in pairs)
-        # a fall counts where the larger shape's p90 end lies below the smaller one's p10 end, as "largest" above
-        overlap = [f"{'x'.join(map(str, a))} / {'x'.join(map(str, b))}" for a, b in pairs if span[b][1] >= span[a][0]]
-        if not falls:
-            print("by the medians, the shares outside the L2 do not fall with every larger shape in this run: it does "
-                  "not support a fixed cost per launch alone")
-        elif overlap:
-            print("by the medians, the shares outside the L2 fall with every larger shape, but the p10-p90 spans of "
-                  f"{', '.join(overlap)} overlap: this run does not establish a fall")
+        name = lambda a, b: f"{'x'.join(map(str, a))} / {'x'.join(map(str, b))}"
+        # a step counts only beyond the spread, either way: the larger shape's p90 end below the smaller one's
+        # p10 end (a fall), or its p10 end above the smaller one's p90 end (a rise); anything else is a tie
+        rises = [name(a, b) for a, b in pairs if span[b][0] > span[a][1]]
+        ties = [name(a, b) for a, b in pairs if span[b][1] >= span[a][0] and span[b][0] <= span[a][1]]
+        if rises:
+            print(f"the share rises beyond the p10-p90 spread at {', '.join(rises)}: this run does not support a "
+                  "fixed cost per launch alone")
+        elif ties:
+            print("by the medians the shares outside the L2 " + ("fall" if all(dram[a] > dram[b] for a, b in pairs)
+                  else "do not fall") + f" with every larger shape, and the p10-p90 spans of {', '.join(ties)} "
+                  "overlap: this run neither establishes a fall nor rules one out")
         else:
             print("the shares outside the L2 fall with every larger shape in this run, each beyond the next one's p10-p90 "
                   "span: consistent with a fixed cost per launch")
@@ -530,8 +535,9 @@ if ok:   # with own_share written: the share at every shape, and where it is lar
 # separated shape is the one to look at first. A fixed cost per launch (the start, the last wave) would
 # weigh more in a shorter kernel: the last line says whether the shares fall with every larger shape outside
 # the L2 in this run, and whether the spread separates each from the next. Where they fall beyond the spread,
-# that hypothesis is consistent with this run and is the one to test first; where the spans overlap, this run
-# does not establish it; where they do not fall, this run does not support it. Where no shape is
+# that hypothesis is consistent with this run and is the one to test first; where a share rises beyond the
+# spread, this run does not support it; where the spans of a pair overlap, this run decides nothing either way
+# at that pair (a median that does not fall inside the spread is a tie, not evidence). Where no shape is
 # separated and no fall established, the first test is to separate them: time those shapes again,
 # with more replays or in more runs, before testing a fixed cost at any one of them. How the one launch shape that ships was chosen is in
 # `lab/README.md`.

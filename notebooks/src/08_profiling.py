@@ -209,8 +209,9 @@ if MEASURED:
 
 # %% [markdown]
 # Look at the per-byte version first: a low DRAM %, although the bytes moved match the model.
-# The kernel does not move *more* than it must; it cannot keep enough bytes *in flight* to
-# cover the DRAM latency. The versions that reach the wall move the same bytes in less time.
+# The kernel does not move *more* than it must; most likely it cannot keep enough bytes *in flight*
+# to cover the DRAM latency (section 5 estimates how many it would need, with an assumed latency;
+# section 6 shows its warps waiting on loads). The versions that reach the wall move the same bytes in less time.
 # A ratio slightly below 1 is most likely the L2 cache: the last part of the output is still in L2 when
 # the kernel ends and is written back to DRAM after it; a ratio above 1 most likely means some lines
 # went to DRAM more than once (stores that reach L2 in pieces; not tested here).
@@ -225,7 +226,8 @@ if MEASURED:
 #
 # One warp-wide load or store instruction is one *request* to the L1/TEX unit (the unit that serves
 # global loads and stores, through the L1 cache); memory is
-# served in 32-byte *sectors*. `l1tex__t_sectors_pipe_lsu_mem_global_op_ld.sum` divided by
+# served in 32-byte *sectors* (CUDA C++ Best Practices Guide, "Coalesced Access to Global Memory",
+# as in notebooks 03 and 04). `l1tex__t_sectors_pipe_lsu_mem_global_op_ld.sum` divided by
 # `l1tex__t_requests_pipe_lsu_mem_global_op_ld.sum` tells how many sectors a warp's
 # instruction touches. For 32 lanes reading consecutive elements of `w` bytes, that is
 # `32 * w / 32 = w`: 1 for bytes, 4 for 32-bit words, 16 for 128-bit vectors. Anything above
@@ -266,12 +268,14 @@ for name, s in summaries.items():
 # - **16-byte accesses (04-06).** 16 sectors per request is the ideal for 128-bit accesses:
 #   a warp moves 512 bytes with one instruction. When each lane instead writes its own 64
 #   contiguous bytes (four vectors in a row), one store instruction spans 32 x 64 bytes and
-#   touches 32 sectors, each only half written by it; the next three instructions come back to
-#   the same sectors. The bytes all get written, but the warp's stores no longer arrive as
+#   touches 32 sectors, each only half written by it. The next instruction writes the other half
+#   of the same 32 sectors, and the last two do the same for the next 32, so every sector is
+#   completed by two instructions (notebook 04, section 5). The bytes all get written, but the warp's stores no longer arrive as
 #   whole contiguous lines (the "scattered stores" version of notebook 04).
 # - **The loads' column (04-06)** is an average over every global load instruction: the code
-#   loads (16 sectors for a 128-bit load, 4 for a 32-bit word) together with the scale loads (1
-#   sector: one address per warp) and the table loads (2 sectors). The value printed for them is
+#   loads (16 sectors for a 128-bit load, 4 for a 32-bit word) together with the scale loads
+#   (`absmax_q` and `absmax2`: 1 sector; `code2`: up to 4, since a warp's 256 weights span 4
+#   absmax blocks whose codes index 4 entries of it) and the table loads (2 sectors). The value printed for them is
 #   that mix, so this column alone cannot show whether the code loads are fully coalesced.
 
 # %% [markdown]
@@ -346,13 +350,15 @@ for name, s in summaries.items():
 
 # %% [markdown]
 # High occupancy does not make the per-byte kernel fast: its warps are resident, but each
-# holds only a few bytes of loads in flight. In section 3's table the 16-byte kernels whose stores
-# are coalesced (04's second kernel, 05's shared-memory table, 06) reach the wall with about the
-# occupancy of 02's grid-stride kernel, which does not: what changed is the bytes each memory
-# instruction carries. Wide loads alone are not enough: the other 16-byte kernels there (04's
-# scattered stores, 05's constant-memory and register tables) stay far below the wall at high occupancy
-# (the register table's a little lower), most likely held back by their stores or their lookups (section 6's
-# stall reasons). (The estimate above is for the GPU it names; the rows here are the
+# holds only a few bytes of loads in flight. In section 3's table three kernels with 16-byte loads,
+# coalesced 16-byte stores and a cheap table lookup (04's second kernel, 05's shared-memory table,
+# 06) reach the wall; in the table above they do so with about the occupancy of 02's grid-stride
+# kernel, which does not: what changed is the bytes each memory instruction carries. Wide loads
+# and coalesced stores are not enough on their own: 04's scattered stores stay far below the wall at
+# high occupancy (32 sectors per store request), and so do 05's constant-memory and register tables,
+# although their stores are coalesced (16 sectors per request); the register table's occupancy is
+# lower, capped by its registers as the table above prints. Most likely the stores hold back the
+# first and the lookups the other two (section 6's stall reasons). (The estimate above is for the GPU it names; the rows here are the
 # profiles' own GPUs, so read it against them as an order of magnitude.) Achieved far
 # below theoretical means the launch did not supply the warps: a grid-stride launch with a
 # small, fixed grid (notebook 02) leaves most warp slots empty however few registers the
@@ -463,9 +469,12 @@ show_lines(lines) if lines else print("No source page with line info recorded: n
 
 # %% [markdown]
 # How to read it. The kernel's `def` line collects what line info maps to no other line of the
-# cell: the kernel's entry code (its parameters read from the constant bank, `LDC`/`ULDC ...
-# c[0x0][...]`, the thread and block indices, `S2R`) and instructions of helpers defined in other
-# files and inlined (`inline="always"`): `block_scale` (01 writes it, 02-06 import it from
+# cell: the kernel's entry code (its parameters and the launch's constants read from constant bank
+# 0, `LDC`/`ULDC ... c[0x0][...]`, where by common SASS convention the first `LDC R1, c[0x0][...]`
+# sets up the stack pointer rather than reading a parameter; the thread and block indices, `S2R`)
+# and instructions of inlined helpers (`inline="always"`) that line info charges to it: on 06's
+# page some of that cell's own (the `LDS` it counts are shared-memory table reads, which only
+# `weights`, `scale_of` and the tail make) and those of other files, `block_scale` (01 writes it, 02-06 import it from
 # `nf4lab.lesson`; it loads one byte of `absmax_q` and a float each of `code2` and `absmax2`) and the
 # helpers of `nf4lab.device.ops` (`fmul_rn`, `pack_bf16x2`, `load_u32x4`, `store_u32x4`, ...). The
 # cell below counts what the `def` line holds on the page shown, so a `def` line near the top is read
@@ -543,7 +552,7 @@ if prog:
     if defs:
         ops = collections.Counter(operands(x["sass"])[0].split(".")[0] for x in defs)
         print(f"the def line (line {defs[0]['line']}): {len(defs)} instructions, {sum(x['samples'] for x in defs) / total:.1%} "
-              f"of the samples; {sum('c[0x0]' in x['sass'] for x in defs)} read kernel parameters (c[0x0][...]); "
+              f"of the samples; {sum('c[0x0]' in x['sass'] for x in defs)} read constant bank 0 (parameters and launch constants, c[0x0][...]); "
               f"most frequent opcodes: {', '.join(f'{o} {k}' for o, k in ops.most_common(8))}")
         loads = collections.defaultdict(list)   # opcode with its width -> offsets of the def line's global loads
         for x in defs:
@@ -594,8 +603,10 @@ print("python -m nf4lab.measure.profiling table my.csv")
 #   more when lanes stride; over a kernel it averages all its loads (or stores).
 # - Occupancy is a means: what a memory-bound kernel needs is bytes in flight. Wider accesses
 #   supply more bytes in flight per warp: sections 3 and 5 show the 16-byte kernels with coalesced
-#   stores near the wall with about the occupancy of the slower full-occupancy kernels (02, 03
-#   grid-stride): it is not what sets them apart.
+#   stores and a cheap lookup (04's second, 05's shared-memory table, 06) near the wall with about
+#   the occupancy of the slower full-occupancy kernels (02, 03 grid-stride). Occupancy is not what
+#   sets them apart, and neither is the access width alone: 05's other two tables have the same
+#   loads and stores and stay far below.
 # - `long_scoreboard` comes first in the memory-bound versions: the warps wait on memory. Any
 #   other reason on top (`lg_throttle`, `mio_throttle`, `math_pipe_throttle`, or `not_selected`
 #   in an instruction-bound kernel) names what holds a version back before DRAM does.
@@ -704,7 +715,7 @@ for listing, what in ((prog04, "04's page"), (prog, "section 7's page")):
 #   warps that have just started, and the printed share of the page's samples says how much of
 #   the kernel's waiting that is. Where the same warps waited for memory later, the next lines of
 #   the page (section 7's method, `hot_lines`) show.
-# - **A kernel parameter** (`LDC`) or **no writer** (inputs in uniform registers, `UR...`): the
+# - **A kernel parameter** (`LDC`) or **no writer** (inputs in uniform registers, `UR...`: registers that hold one value for the whole warp): the
 #   kernel's entry code, or values the walk cannot follow; the stall reasons say what kind of wait
 #   it was (`barrier`, for instance, is a wait for the block's other warps, not for a load).
 #

@@ -3,10 +3,10 @@
 # # 09 · Capstone: fuse NF4 dequantization into a tensor-core GEMV
 #
 # **Goal.** Generating a token multiplies each layer's weight by a few rows of activations: `y = x @ W.T`, `x` (M, K), M = 1..8 (a GEMV: matrix times
-# vector), `W` (N, K) in NF4. We read the kernel `nf4lab` ships (`nf4lab.kernels.gemv`): each packed byte read once, made two bf16/fp16 weights by one
-# shared-memory load, multiplied on the tensor cores by `mma.sync` (a warp-wide matrix multiply-add; a T4's bf16 path: section 5); we check it against float64 and time it against
+# vector), `W` (N, K) in NF4. We rebuild, cell by cell, the kernel `nf4lab` ships (`nf4lab.kernels.gemv`; `tests/test_nb09.py` checks that both compile to one PTX) and time the notebook's copy: each packed byte read once, made two bf16/fp16 weights by one
+# shared-memory load, multiplied on the tensor cores (the SM's matrix-multiply units, driven by `mma` instructions) by `mma.sync` (a warp-wide matrix multiply-add; a T4's bf16 path: section 5); we check it against float64 and time it against
 # bitsandbytes and a kernel that only reads the weight (the read bound). **You will learn** how `mma.sync.m16n8k16` spreads its operands over a warp,
-# how to feed it from a lookup table, how warps of a block share a row's K (split-K within a block; CUTLASS calls it sliced-K), and why the read bound is the target.
+# how to feed it from a lookup table, how warps of a block share a row's K (here split-K within a block: a block's warps each take part of K; CUTLASS's "Efficient GEMM in CUDA", "Parallelized Reductions", calls this sliced-K and keeps split-K for splitting K across blocks), and why the read bound is the target.
 #
 # **Contents:** 1. [Bytes: a prediction](#bytes) · 2. [The mma and its fragments](#mma) · 3. [Tiles, steps, split-K](#work) ·
 # 4. [The kernel](#kernel) · 5. [PTX evidence](#evidence) · 6. [Check: a tolerance, not bits](#check) · 7. [Benchmark](#benchmark) ·
@@ -112,7 +112,7 @@ from nf4lab.device import ops
 from nf4lab.device.warp_ops import (bar_sync, f32_from_bits, mma_bf16, mma_f16, prmt, shfl_idx, shfl_xor_sync,  # one
                                     syncwarp, table_lookup, table_vec4, x_slot_ops)   # instruction each, with a Python twin
 from nf4lab.kernels import gemv
-THREADS, WARPS, BLOCKS_PER_SM = 256, 8, 2   # 8 warps a block; launch bounds: ptxas caps registers so that 2 blocks fit an SM
+THREADS, WARPS, BLOCKS_PER_SM = 256, 8, 2   # 8 warps a block; launch bounds: ptxas (the PTX-to-SASS assembler, section 5) caps registers so that 2 blocks fit an SM
 
 def make_build_table(half_bits, store4):
     @cuda.jit(device=True, inline="always")
@@ -195,8 +195,8 @@ def make_step(M, is_bf16, look, x_get):
 # %% [markdown]
 # **The kernel.** A lane's loads of a step (4 x 16 bytes of codes, the statistics word: 17 words) are imported: `fetch` (`gemv.step_ops`) does section
 # 3's loads, clamped at the last row and step; at M = 1 `fetch1` also loads x, and `rows` puts a tile's row offsets in `rb`, every step, by selects
-# (`selp`: both values computed, one kept, no jump; timed against a branch in another run: lab/README.md, "No branch in the M = 1 step loop"). The first step's loads go out before the table is built; each trip
-# fetches the next step, across tiles too. Local arrays indexed by unrolled loops live in registers (up to the register cap: section 5 prints the spills). **The tile's sum:** lanes q and q ^ 1 hold a
+# in the source (a conditional expression and `min`: both values computed, one kept, no jump; section 5 counts the `selp` and `min` the compiler emitted; timed against a branch in another run: lab/README.md, "No branch in the M = 1 step loop"). The first step's loads go out before the table is built; each trip
+# fetches the next step, across tiles too. Local arrays indexed by unrolled loops live in registers (up to the register cap: section 5 prints the spills, values ptxas moves from registers to per-thread local memory). **The tile's sum:** lanes q and q ^ 1 hold a
 # batch row's blocks 0-1 and 2-3 (a `shfl.xor` adds them); each warp writes its 16 M sums to spare words (`gemv.spare`), and after a barrier 16 M
 # threads add the G warps' and write y (`parity`: two sets of words, so that the next tile's sums cannot overwrite words still being read, with no
 # second barrier). The launcher validates (a misaligned 128-bit load is fatal: CUDA Runtime API, `cudaErrorMisalignedAddress`) and allows 64 KB
@@ -265,7 +265,7 @@ def make_kernel(is_bf16, M, base, full=False, G=WARPS):   # full: every warp has
                     if cn >= steps:
                         cn, tn = c0, uint32(t + grid)
                 cp = uint32(cp + uint32(G))
-                if M == 1:                         # the wrap by selects, the rows every step: no branch in the loop
+                if M == 1:                         # the wrap and the rows by selects in the source (section 5 counts the compiler's)
                     wrap = cp >= steps
                     cp, tp = (c0 if wrap else cp), (uint32(tp + grid) if wrap else tp)
                     rows(rb, tp, g, q, lane, n, kw, tiles)
@@ -318,7 +318,7 @@ def launch(g):
 # Per step at M = 1: 16 `mma.sync` (2 pieces x 8), 64 `prmt`, 64 lookups with the base in the immediate; the codes' 16-byte loads as
 # `ld.global.nc.L1::no_allocate.v4` (`.nc`: through the read-only path; read once: kept out of L1, which holds x and the scales); no `ld.local` (the local arrays are in registers; ptxas's spills are printed below), no float64. Registers: the
 # driver's build, or `ptxas` (the assembler from PTX to SASS, the GPU's own instructions). A T4 (sm_75) has no m16n8k16: fp16 runs each mma as two m16n8k8 (the K = 8 shape sm_75 has; PTX ISA,
-# mma's "Matrix Shape" and target notes), bf16 on the FP32 units (`warp_ops._soft_mma`: by its source, 32 shuffles, 64 FMAs and their operand moves a lane in place of one mma); the cell checks the fp16 kernel there.
+# mma's "Matrix Shape" and target notes), bf16 on the FP32 units (`warp_ops._soft_mma`: by its source, 32 shuffles, 64 FMAs and their operand moves a lane in place of one mma); the cell checks the fp16 kernel there. In the first line it prints, the 4 `mul.rn.f32` (each with an `add.rn.f32`) are the blocks' scales, never fused; with mma, its `fma` are the float32 sums `cf * s[0] + cf * s[1]` of the tile's accumulation, which the compiler contracts (section 6's tolerance allows for it).
 # %%
 cc = nf4lab.runtime.target_cc(); T4 = cc < (8, 0)  # noqa: E702
 kern = make_kernel(not T4, 1, base := gemv.probe_base() if nf4lab.ON_GPU else gemv.default_base(cc))
@@ -326,11 +326,11 @@ code = ptx.compile_ptx(kern, gemv.signature(), cc=cc, launch_bounds=(THREADS, BL
 LOOKUP, MMA = r"^ld\.shared\.u32 %r\d+, \[%r\d+\+\d+\]", r"^mma\.sync\.aligned\." + (r"m16n8k8\.row\.col\.f32\.f16" if T4 else r"m16n8k16\.row\.col\.f32\.bf16")
 ptx.show(code, [r"^prmt\.b32", LOOKUP, r"^mma\.sync"], limit=2)
 ptx.check(code, present=[MMA, r"^prmt\.b32", LOOKUP], absent=[r"^ld\.local", r"^st\.local", r"\.f64"])
-print(arch.name(cc), {w: ptx.count(code, p) for w, p in [("mma", r"^mma\.sync"), ("prmt", r"^prmt"), ("lookups", LOOKUP),
+print(arch.name(cc), {w: ptx.count(code, p) for w, p in [("mma", r"^mma\.sync"), ("prmt", r"^prmt"), ("lookups", LOOKUP), ("selp", r"^selp"), ("min", r"^min\."),
                                                         ("16-byte loads kept out of L1 (4 a step, 2 call sites)", r"^ld\.global\.nc\.L1::no_allocate\.v4")]})
 ptx_g2 = ptx.compile_ptx(make_kernel(not T4, 1, gemv.default_base(cc), True, 2), gemv.signature(), cc=cc)   # G = 2
 print("barriers with a register id (bar.sync id, threads): G = 2: " + str(ptx.count(ptx_g2, r"^bar\.sync\s+%r")) + "; G = 8: " + str(ptx.count(code, r"^bar\.sync\s+%r")) + "; bar.sync 0 at G = 8: " + str(ptx.count(code, r"^bar\.sync\s+0")))
-for M, k in ((M, make_kernel(not T4, M, base)) for M in (1, 2, 4, 8)):   # M > 1: fetch's longer step loop; the driver's build, else ptxas -v
+for M, k in ((M, make_kernel(not T4, M, base)) for M in (1, 2, 4, 8)):   # M > 1: fetch's longer step loop; the driver's build, else ptxas -v.
     print(f"M = {M}:", ptx.resources(k, gemv.signature(), code if M == 1 else ptx.compile_ptx(k, gemv.signature(), cc=cc, launch_bounds=(THREADS, BLOCKS_PER_SM)), cc))
 # %% [markdown]
 # <a id="check"></a>
