@@ -471,6 +471,33 @@ def check_last_vector(launch, kernel, sig, *, name="exercise 2: the last vector"
     return res
 
 
+# Notebook 05's exercise: fp4 cases with a partial quantization block, one-row and multi-row shapes.
+CONST_TABLE_SHAPES = ((3, 5), (1, 65), (7, 33))
+
+
+def check_const_table(launch, kernel, sig, *, name="exercise: fp4 in constant memory", quant_type="fp4",
+                      verbose=True) -> CheckResult:
+    """Grade notebook 05's exercise: ``launch`` bit-exact on ``quant_type`` cases of :data:`CONST_TABLE_SHAPES`,
+    and the PTX of ``kernel`` (compiled for ``sig``) reads its table from constant memory (``ld.const.f32``),
+    not from shared memory or by selects. Section 2's shared-memory kernel serves fp4 bit-exactly too, but it
+    is not the exercise. Falsy unless both hold; never raises because of the student's kernel."""
+    from ..measure import ptx
+
+    res = check(launch, name=name, quant_type=quant_type, shapes=CONST_TABLE_SHAPES, verbose=False)
+    if res:
+        _read_design(res, kernel, sig, name, lambda text: [
+            ("no constant-memory lookup (ld.const.f32): the table goes in constant memory "
+             "(cuda.const.array_like)", ptx.count(text, r"^ld\.const\.f32") > 0),
+            ("table lookups in shared memory (ld.shared.f32): that is section 2's shared-memory kernel",
+             ptx.count(text, r"^ld\.shared\.f32") == 0),
+            ("lookups by selects (selp.f32): that is the register table", ptx.count(text, r"^selp\.f32") == 0)],
+            "its table is not in constant memory", "PTX: the lookups are ld.const.f32 (constant memory)")
+    if verbose:
+        print(res)
+        res._printed = True
+    return res
+
+
 def check_one_mma(one_mma, seed=9) -> bool:
     """Grade notebook 09's exercise: ``one_mma[1, 32](w, xt, y)`` must give Y = W @ X (16 x 16 by 16 x 8) bit for bit.
     W and X are small integers, so every sum is exact in float32; both go in as bf16 pairs in uint32 words
