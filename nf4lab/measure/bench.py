@@ -7,7 +7,7 @@ launching on ``cuda.external_stream`` of the capture stream). The graph is repla
 replay and the 10th-90th percentile spread. Graph replay costs about 1 us per launch
 instead of the 24-70 us a numba launch costs from Python, so this is GPU time.
 Host-side cost is measured separately (``wall_time_ms``): back-to-back calls from
-Python, synchronised at the end, as a user calls them.
+Python, synchronized at the end, as a user calls them.
 
 L2: results carry ``fits_l2`` (bytes moved <= L2 size). Such sizes are partly served
 from L2 on repeats, so their speed is not DRAM's (the copy can run above it there, the kernels
@@ -131,7 +131,7 @@ def gpu_time_ms(fn, *, launches: int = LAUNCHES, replays: int = REPLAYS) -> dict
 
 
 def wall_time_ms(fn, *, calls: int = 200) -> float:
-    """Host time per call of ``fn()``, back to back, synchronised at the end (launch overhead included)."""
+    """Host time per call of ``fn()``, back to back, synchronized at the end (launch overhead included)."""
     _require_gpu()
     import torch
 
