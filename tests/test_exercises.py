@@ -17,19 +17,30 @@ from numba import cuda, float32, uint16, uint32, uint64
 SMALL = ((3, 5), (1, 65), (7, 33))
 
 
-def _make(bug=None):
-    """A per-byte NF4 kernel (one thread per packed byte), optionally with a planted bug."""
+def _kernel(bug=None, where="param", table=None):
+    """A per-byte NF4 kernel (one thread per packed byte), optionally with a planted bug. Its 16-entry table is the
+    ``lut`` parameter (``where="param"``), that parameter copied to shared memory ("shared") or ``table`` in
+    constant memory ("const")."""
 
     @cuda.jit
     def kernel(packed, absmax_q, absmax2, code2, offset, lut, out, nbytes, n):
+        if where == "shared":
+            t = cuda.shared.array(16, float32)
+            if cuda.threadIdx.x < 16:
+                t[cuda.threadIdx.x] = lut[cuda.threadIdx.x]
+            cuda.syncthreads()
+        elif where == "const":
+            t = cuda.const.array_like(table)
+        else:
+            t = lut
         i = uint64(cuda.grid(1))
         if i >= nbytes:
             return
         byte = packed[i]
         j = uint64(2) * i
         scale = block_scale(absmax_q, absmax2, code2, offset, j >> uint64(6))
-        hi = lut[byte >> 4] * scale
-        lo = lut[byte & 15] * scale
+        hi = t[byte >> 4] * scale
+        lo = t[byte & 15] * scale
         if bug == "nibbles":
             hi, lo = lo, hi
         if bug == "truncate":
@@ -41,12 +52,21 @@ def _make(bug=None):
         if bug == "unguarded" or j + uint64(1) < n:
             out[j + uint64(1)] = ops.to_bf16_bits(lo)
 
+    return kernel
+
+
+def _launch(kernel, b, nbytes=None):
+    kernel[(b.nbytes + 127) // 128, 128, b.stream](b.packed, b.absmax_q, b.absmax2, b.code2, b.offset, b.lut, b.out,
+                                                   b.nbytes if nbytes is None else nbytes, b.n)
+
+
+def _make(bug=None):
+    """A launch of the per-byte kernel, optionally with a planted bug."""
+    kernel = _kernel(bug)
+
     def launch(b):
-        nbytes = b.nbytes
-        if bug == "tail":
-            nbytes = b.n // 2  # off by one: the odd last weight's byte is never handled
-        kernel[(b.nbytes + 127) // 128, 128, b.stream](b.packed, b.absmax_q, b.absmax2, b.code2, b.offset,
-                                                       b.lut, b.out, nbytes, b.n)
+        # "tail": off by one, the odd last weight's byte is never handled
+        _launch(kernel, b, b.n // 2 if bug == "tail" else None)
 
     return launch
 
@@ -516,41 +536,23 @@ def test_last_vector_exercise_fails_on_the_stub_and_on_a_scalar_tail_and_passes_
 
 
 def _fp4_table(where):
-    """Notebook 05's exercise in small: a per-byte kernel whose 16-entry table lies ``where``: "constant" (fp4's
+    """Notebook 05's exercise in small: the per-byte kernel with its 16-entry table ``where``: "constant" (fp4's
     table, the solution), "shared" (the launch's table copied to shared memory: bit-exact on fp4 too, not the
     exercise) or "nf4" (NF4's table in constant memory, the starting point). Returns (launch, kernel)."""
     from nf4lab.format.reference import lut_for
 
-    def make(table):
-        @cuda.jit
-        def kernel(packed, absmax_q, absmax2, code2, offset, lut, out, nbytes, n):
-            if where == "shared":
-                t = cuda.shared.array(16, float32)
-                if cuda.threadIdx.x < 16:
-                    t[cuda.threadIdx.x] = lut[cuda.threadIdx.x]
-                cuda.syncthreads()
-            else:
-                t = cuda.const.array_like(table)
-            i = uint64(cuda.grid(1))
-            if i >= nbytes:
-                return
-            byte = packed[i]
-            j = uint64(2) * i
-            scale = block_scale(absmax_q, absmax2, code2, offset, j >> uint64(6))
-            out[j] = ops.to_bf16_bits(ops.fmul_rn(t[byte >> 4], scale))
-            if j + uint64(1) < n:
-                out[j + uint64(1)] = ops.to_bf16_bits(ops.fmul_rn(t[byte & 15], scale))
-        return kernel
+    def make(dev):
+        if where == "shared":
+            return _kernel(where="shared")
+        return _kernel(where="const", table=lut_for("nf4" if where == "nf4" else "fp4", dev))
 
     kernels = {}   # one kernel per table: bitsandbytes' CUDA and CPU fp4 tables differ in the sign of one zero
 
     def launch(b):
         dev = "cuda" if str(b.case.device).startswith("cuda") else "cpu"
-        k = kernels.setdefault(dev, make(lut_for("nf4" if where == "nf4" else "fp4", dev)))
-        k[(b.nbytes + 127) // 128, 128, b.stream](b.packed, b.absmax_q, b.absmax2, b.code2, b.offset, b.lut, b.out,
-                                                 b.nbytes, b.n)
+        _launch(kernels.setdefault(dev, make(dev)), b)
 
-    return launch, make(lut_for("nf4" if where == "nf4" else "fp4", "cpu"))
+    return launch, make("cpu")
 
 
 SIG_PER_BYTE = "(uint8[::1], uint8[::1], float32[::1], float32[::1], float32, float32[::1], uint16[::1], uint64, uint64)"
