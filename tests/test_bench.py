@@ -154,3 +154,14 @@ def test_noise_bands_judge_as_printed_with_a_near_band():
     assert bench.bound_band(100 - 2 * m - 0.1) == "below"
     # 99.0 and 98.8 (one session's two processes) no longer land on opposite sides of a verdict's ends
     assert {bench.bound_band(99.0), bench.bound_band(98.8)} <= {"at", "near"}
+
+
+def test_run_to_run_line_computes_its_change_from_the_numbers_it_prints():
+    """A kernel's GB/s here against another notebook's record of it: the printed change must follow from the two
+    printed (rounded) GB/s, so a reader can check it (1764 against 1765 is -0.06%, not -0.0%)."""
+    name = "03 packed u32 (grid-stride)"
+    other = bench.Run(meta={"gpu": "Test GPU", "date": "2026-11-30 00:00 UTC"},
+                      records=[{"kind": "kernel", "name": name, "shape": [4, 4], "dtype": "bf16", "gbps": 1765.4}])
+    line = bench.run_to_run(name, {"gbps": 1763.6}, other, "03")
+    assert line.startswith(f"run to run, {name}: 1764 GB/s here, 1765 GB/s in 03's record (")
+    assert "Test GPU" in line and line.endswith("): -0.06%")

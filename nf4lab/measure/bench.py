@@ -130,6 +130,14 @@ def gpu_time_ms(fn, *, launches: int = LAUNCHES, replays: int = REPLAYS) -> dict
     return {"ms": float(statistics.median(times)), "spread_ms": [float(q[0]), float(q[1])], "method": method}
 
 
+def run_to_run(name: str, here: dict, other: "Run", where: str) -> str:
+    """One kernel in two runs: its GB/s in this run's record ``here`` against ``other``'s record of ``name``
+    (notebook ``where``'s), and the change between them, computed from the GB/s as printed so that the line's
+    own numbers give it. A change across runs is not judged against NOISE_PCT (a margin for one run)."""
+    h, t = round(here["gbps"]), round(other.get(name)["gbps"])
+    return (f"run to run, {name}: {h} GB/s here, {t} GB/s in {where}'s record ({results.label(other.meta)}): "
+            f"{100 * (h / t - 1):+.2f}%")
+
 def wall_time_ms(fn, *, calls: int = 200) -> float:
     """Host time per call of ``fn()``, back to back, synchronized at the end (launch overhead included)."""
     _require_gpu()
