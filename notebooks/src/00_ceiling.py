@@ -24,8 +24,10 @@
 #
 # Every byte count and speed in this notebook is computed from the byte model, measured (and,
 # for the ceilings, recorded under `data/results/` with GPU, date and versions), or cited with
-# its source (the datasheet peak). On a machine
-# without a GPU the notebook shows the recorded measurements and says where they come from.
+# its source (the datasheet peak). On a machine without a GPU, kernels run in numba's CUDA
+# *simulator*, which runs them as Python on the CPU: slow, nothing to time, and with numpy's float
+# arithmetic, not the GPU's (01 shows where that matters). The notebook then shows the recorded
+# measurements and says where they come from.
 
 # %%
 import nf4lab  # first: decides GPU or simulator before numba.cuda is imported
@@ -41,8 +43,10 @@ print(nf4lab.describe())
 
 # %% [markdown]
 # The line above says where this notebook ran. On a GPU it names its SMs (*streaming
-# multiprocessors*: the GPU's cores, each running many threads at once) and its L2 (the cache that
-# all SMs share, between them and DRAM, the GPU's main memory).
+# multiprocessors*: the GPU's cores, each running many threads at once), its L2 (the cache that
+# all SMs share, between them and DRAM, the GPU's main memory) and its *compute capability*
+# ("cc": NVIDIA's version number for an SM's architecture, which decides the instructions it has;
+# 9.0 is Hopper: CUDA C++ Programming Guide, "Compute Capability").
 
 # %% [markdown]
 # <a id="memory-bound"></a>
@@ -53,7 +57,7 @@ print(nf4lab.describe())
 # 16-entry table, multiplies by a scale and writes two bytes (bf16: bfloat16, a 16-bit float with
 # float32's 8-bit exponent and 7 mantissa bits, the dtype LLM weights are used in). That is about one
 # multiply per 2.5 bytes moved. Our prediction: **memory-bound**, because a data-center GPU's
-# float32 rate divided by its DRAM bandwidth (section 4 prints both for the GPU at hand, each with its
+# peak float32 rate divided by its DRAM bandwidth (section 4 prints both for the GPU at hand, each with its
 # source: neither is measured here) should be many operations per byte, far more than 0.4. This notebook measures the ceiling that
 # prediction implies: section 4 times a kernel that moves the same bytes with no arithmetic at
 # all. Notebook 06 tests the prediction itself: a kernel that does the arithmetic and still runs
@@ -187,7 +191,7 @@ for shape in [(4096, 4096), SHAPE]:
 #
 # And the **baseline**: bitsandbytes `dequantize_4bit` on the same data, with a
 # preallocated `out=` (GPU time), and end to end as a user calls it: host time per call, calls
-# back to back with one synchronisation at the end, allocation and launch included. Back to back,
+# back to back with one synchronization at the end, allocation and launch included. Back to back,
 # each call's host work can overlap the kernels already queued: when the host keeps ahead of the GPU,
 # this time should come out close to the GPU time and not show the launch cost on its own; when it
 # does not, the host's cost shows. The summary at the end of this section prints the ratio of the two
@@ -248,8 +252,10 @@ print(f"bound_bf16: {nw} words of codes read, {16 * nw:,} output bytes written, 
 #
 # A numba launch from Python has a host cost of its own (the cell below prints one, measured), which
 # can be a large share of a sub-millisecond kernel when launches are timed one by one. So we capture 20 launches in a CUDA
-# graph and replay it: one host call per 20 launches, and the events around a replay measure GPU
-# time.
+# graph and replay it: one host call per 20 launches. Two CUDA *events* around a replay measure GPU
+# time: an event is a marker the GPU timestamps once all the work queued before it in its *stream*
+# (the queue a launch goes into, run in order) is done (CUDA C++ Programming Guide, "Streams" and
+# "Events").
 # This is the loop `nf4lab.measure.bench` runs for every timing in the series (`bench.gpu_time_ms`,
 # which also falls back to plain launches for code that cannot be captured). Host-side cost is
 # measured separately (`host_ms`). In the simulator there is no GPU to time: the cell shows the
@@ -300,8 +306,8 @@ if nf4lab.ON_GPU:                                # the bound at 16384 x 16384 ->
                                                                                               uint64(nw))) for _ in range(9))
     print(f"one numba launch of a small kernel from Python, back to back: {host[4] * 1e3:.1f} us of host time "
           f"per launch (median of 9 repeats of 200 launches and a synchronize; fastest {host[0] * 1e3:.1f} us, "
-          f"slowest {host[-1] * 1e3:.1f} us, the spread within this process: another process or the host's load can "
-          f"shift it by tens of percent or more), measured now on the {nf4lab.device_info()['gpu']}")
+          f"slowest {host[-1] * 1e3:.1f} us, the spread within this process; another process or another host load "
+          f"may shift it further, which this run does not measure), measured now on the {nf4lab.device_info()['gpu']}")
 else:
     print("no GPU here: nothing to time; the recorded run below was timed with this loop")
 # A recorded host cost per call (tools/bench_launch.py): nf4lab.dequantize, one kernel launch with its
@@ -317,6 +323,17 @@ if call is not None:
           f"in a loop ended by one synchronize, the loop above's method ({cost['path']}: {results.label(cost['meta'])}). "
           "It launches through cuLaunchKernel (the CUDA driver's launch call), not numba's dispatcher (the Python layer "
           "that checks and converts a kernel's arguments at every launch); another run: not compared with the line above")
+
+# %% [markdown]
+# The run below (on a GPU; in the simulator, a recorded one) times the ceilings and bitsandbytes and prints them as a table, the same table notebooks
+# 01-06 print. Its columns: `ms`, GPU time per launch; `GB/s`, the bytes the row moves (the
+# byte model's, for NF4) over that time; `%copy`, `%fill` and `%bound`, that speed as a percent of the
+# copy, the fill and the traffic-matched bound of the same run; `x bnb`, bitsandbytes' GPU time over
+# the row's (above 1: faster than bitsandbytes); `exact`, whether the row's output has the same bits
+# as the case's, which bitsandbytes made (blank for the ceilings: they do not dequantize). A dash
+# marks a value the row does not have: one that does not apply (the datasheet row has no time: its
+# GB/s is cited) or one that run did not measure (bitsandbytes not timed, a kernel that failed), and a
+# footnote names any row whose `ms` is host time.
 
 # %%
 if nf4lab.ON_GPU:
@@ -382,8 +399,10 @@ if run is not None:
               f"copy reaches {100 * copy['gbps'] / spec['gbps']:.0f}% of it")
         if flops := runtime.fp32_flops(run.meta):   # section 1's prediction, with this GPU's figures
             sms, mhz = run.meta["sms"], run.meta["clocks"]["sm_mhz"]
-            print(f"float32: {flops / 1e12:.0f} TFLOP/s ({sms} SMs x {flops / sms / 2 / mhz / 1e6:.0f} FMA lanes x 2 x "
-                  f"{mhz} MHz; lanes per SM: {runtime.FP32_LANES_SOURCE}), {flops / (spec['gbps'] * 1e9):.0f} operations per byte "
+            print(f"peak float32: {flops / 1e12:.0f} TFLOP/s ({sms} SMs x {flops / sms / 2 / mhz / 1e6:.0f} FMA lanes x 2 x "
+                  f"{mhz} MHz, the SM clock the driver reports as CU_DEVICE_ATTRIBUTE_CLOCK_RATE, printed by CUDA's "
+                  f"deviceQuery sample as 'GPU Max Clock rate': a maximum; the clock under load is not measured here and can be lower; lanes per SM: "
+                  f"{runtime.FP32_LANES_SOURCE}), {flops / (spec['gbps'] * 1e9):.0f} operations per byte "
                   f"at the datasheet peak (an FMA, a fused multiply-add, counted as 2; this kernel's multiplies stay "
                   f"unfused: half, {flops / 2 / (spec['gbps'] * 1e9):.0f} per byte), against the 0.4 this kernel needs: "
                   "the prediction of section 1")
@@ -458,14 +477,23 @@ result = check_bytes(bytes_needed)
 assert result
 tb = run.get(bench.BOUND) if run is not None else None
 if tb:
-    nb32 = bytes_needed(16384 * 16384, "fp32", 64)
+    n = 16384 * 16384
+    nb32 = bytes_needed(n, "fp32", 64)
     copy, fill = run.get(bench.COPY), run.get(bench.FILL)
-    # which way the larger write share should push fp32 depends on this GPU's fill against its copy
-    writes = ("and writes alone ran faster than the copy above: if anything, fp32 may come out faster"
-              if fill and copy and fill["gbps"] > copy["gbps"] else
-              "though writes alone were not faster than the copy above: no reason from this run to expect fp32 faster")
+    share = {"bf16": 2 * n / bytes_needed(n, "bf16", 64), "fp32": 4 * n / nb32}   # the bytes that are writes
+    # a direction only if this run's speeds rise (or fall) with the write share, copy 50%, bound, fill 100%,
+    # each step beyond the noise margin
+    speeds = [c["gbps"] for c in (copy, tb, fill) if c]
+    steps = [100 * (b / a - 1) for a, b in zip(speeds, speeds[1:])]
+    order = None if len(speeds) < 3 or any(bench.noise_band(abs(x)) == "within" for x in steps) else \
+        "rose" if all(x > 0 for x in steps) else "fell" if all(x < 0 for x in steps) else None
+    writes = (f"this run's speeds {order} with the write share (copy 50%, the bound {share['bf16']:.0%}, fill 100%), so "
+              f"fp32 may come out {'faster' if order == 'rose' else 'slower'}" if order else
+              f"this run's speeds do not rise or fall with the write share, each step past the {bench.NOISE_PCT}% "
+              f"noise margin (copy 50%, the bound {share['bf16']:.0%}, fill 100%: "
+              + ", ".join(f"{c['gbps']:.0f}" for c in (copy, tb, fill) if c) + " GB/s), so no direction is predicted")
     print(f"fp32: {nb32 / 1e6:.0f} MB; at the bf16 bound's {tb['gbps']:.0f} GB/s ({results.label(run.meta)}): "
-          f"{nb32 / tb['gbps'] / 1e6:.3f} ms if fp32's bytes move as fast (a prediction: fp32 writes a larger "
-          f"share of them, {writes}; 06 measures it, in a run of its own)")
+          f"{nb32 / tb['gbps'] / 1e6:.3f} ms if fp32's bytes move as fast (a prediction: {share['fp32']:.0%} of fp32's "
+          f"bytes are writes against bf16's {share['bf16']:.0%}, and {writes}; 06 measures it, in a run of its own)")
 ### STUDENT
 ### END SOLUTION

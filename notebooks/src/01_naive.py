@@ -17,7 +17,7 @@
 # **Contents**
 # 1. [Prediction](#prediction)
 # 2. [A first draft, and what its PTX says](#draft)
-# 3. [Lesson: FMA contraction breaks bit-exactness](#fma)
+# 3. [Lesson: FMA contraction can break bit-exactness](#fma)
 # 4. [Lesson: rounding float32 to bf16](#bf16)
 # 5. [Lesson: signed indices](#signed)
 # 6. [The kernel](#kernel)
@@ -89,8 +89,9 @@ if ceil is not None:
 #
 # PTX is NVIDIA's virtual instruction set: numba compiles a kernel to PTX, and the driver's
 # assembler (`ptxas`) turns that into the GPU's machine code. Reading it shows what the compiler
-# made of our Python. The draft is written the way one writes Python: `i = cuda.grid(1)`, the
-# scale as `a * b + c`.
+# made of our Python. The draft is written the way one writes Python: `i = cuda.grid(1)` (the
+# thread's global index, `blockIdx.x * blockDim.x + threadIdx.x`: here, one thread per packed byte),
+# the scale as `a * b + c`.
 
 # %%
 @cuda.jit(device=True, inline="always")
@@ -127,7 +128,7 @@ ptx.check(draft_ptx, present=[r"^fma\.rn\.f32", r"^shr\.s64\s+%rd\d+, %rd\d+, 63
 
 # %% [markdown]
 # <a id="fma"></a>
-# ## 3. Lesson: FMA contraction breaks bit-exactness
+# ## 3. Lesson: FMA contraction can break bit-exactness
 #
 # bitsandbytes computes the block scale as two float32 operations, each rounded:
 # `t = round(code2[q] * absmax2[g])`, then `scale = round(t + offset)`. An FMA computes
@@ -217,15 +218,20 @@ print(f"FMA scales on the main case ({case.n:,} weights), bf16 output: {n_bf16:,
 # rounding modifier keeps `ptxas` from fusing them later: the PTX ISA's `mul` and `add` entries
 # (Floating Point Instructions) say an instruction with an explicit rounding modifier is treated
 # conservatively by the code optimizer, and only mul/add sequences *without* one may be turned
-# into fused multiply-adds. (Expect `fastmath=True` to make matters worse, not better: it allows
-# the compiler to contract a multiply and an add into an FMA.)
+# into fused multiply-adds. (Do not expect `fastmath=True` to help: the draft above was contracted
+# without it, and by numba-cuda's "CUDA Fast Math" page it also flushes subnormals (denormals) to zero and
+# approximates division and square root. The explicitly rounded `fmul_rn` / `fadd_rn` are the fix.)
 
 # %% [markdown]
 # <a id="bf16"></a>
 # ## 4. Lesson: rounding float32 to bf16
 #
-# bf16 is the upper half of a float32. Taking the upper 16 bits *truncates*; torch and
-# bitsandbytes round to nearest, ties to even. On the bits `u` of the float32:
+# bf16 is the upper half of a float32. Taking the upper 16 bits *truncates*; bitsandbytes rounds
+# to nearest, ties to even (the cell below checks it on every output and counts the exact ties among
+# them), and so does torch's conversion
+# (PyTorch's `c10/util/BFloat16.h`, `round_to_nearest_even`: the formula below for numbers, a NaN
+# there becomes 0x7FC0; not run here). On
+# the bits `u` of the float32:
 #
 # `bf16 = (u + 0x7FFF + ((u >> 16) & 1)) >> 16`
 #
@@ -242,6 +248,9 @@ rne = ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype(np.uint16)
 trunc = (u >> 16).astype(np.uint16)
 print(f"round to nearest even: {np.count_nonzero(rne != case.expected)} of {case.n:,} differ from bitsandbytes")
 print(f"truncation:            {np.count_nonzero(trunc != case.expected)} of {case.n:,} differ")
+ties = (u & 0xFFFF) == 0x8000   # exact halves: where "ties to even" decides, and where else it is not tested
+print(f"exact ties in this case: {np.count_nonzero(ties):,}" + ("" if ties.any() else
+      " (none: the tie rule is not exercised by this case)"))
 print("ops.bf16_bits_py (the host twin of ops.to_bf16_bits) agrees on the first 8:",
       all(int(ops.bf16_bits_py(x)) == int(e) for x, e in zip(w32[:8], case.expected[:8])))
 assert np.array_equal(rne, case.expected)
@@ -364,7 +373,7 @@ nf4lab.verify_versions({"01 naive": launch}, case);
 # On a GPU, `bench.step` verifies the kernel once more on 16384 x 16384, times it through a
 # CUDA graph (GPU time, launch overhead excluded) next to the ceilings of 00 (copy, fill, the
 # traffic-matched bound) and bitsandbytes, all in the same run, and records the run. It also
-# measures the host time per call (`host_ms`: calls back to back, synchronised at the end). A
+# measures the host time per call (`host_ms`: calls back to back, synchronized at the end). A
 # numba launch from Python has a host cost of its own, which is why GPU time is measured with
 # CUDA graphs (00 shows the timing loop); back to back, those launches can overlap with the kernels
 # already queued, so on a kernel that runs longer than a launch takes, `host_ms` should come out close

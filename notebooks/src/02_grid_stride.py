@@ -256,7 +256,8 @@ else:
 # Three things to see: the body is still free of `fma` and float64, still two 16-bit stores
 # per byte; the loop is **unrolled** (the count of 16-bit stores printed below, two a byte, says
 # how many times with this numba and LLVM: the unrolled main loop's copies plus the remainder loop's, which runs the
-# iterations left over when their count is not a multiple of the unroll); and numba computes the trip count of `range(start, stop, step)` with a **64-bit
+# iterations left over when their count is not a multiple of the unroll); and numba computes the loop's
+# *trip count* (how many iterations it runs: `len(range(start, stop, step))`) with a **64-bit
 # division** (`div.s64`, beside a `div.u32` that LLVM adds, by our reading of the PTX, as a fast path for operands that fit
 # in 32 bits), once per thread before the loop. One division per thread should be cheap
 # here, not timed: a thread runs hundreds of iterations or more on 16384 x 16384 (printed above).
@@ -324,8 +325,7 @@ if base and full and one:
     own01 = bench.Run.load("01_naive")
     there = own01.get("01 naive (per byte)") if own01 is not None else None
     if there and run.get("01 naive (per byte)"):
-        print(f"run to run, 01 naive (per byte): {base['gbps']:.0f} GB/s here, {there['gbps']:.0f} GB/s in 01's "
-              f"record ({results.label(own01.meta)}): {100 * (base['gbps'] / there['gbps'] - 1):+.1f}%")
+        print(bench.run_to_run("01 naive (per byte)", base, own01, "01"))
     change = round(100 * (full["gbps"] / base["gbps"] - 1), 1)   # judged as printed: one decimal
     print(f"full occupancy: {full['gbps']:.0f} GB/s vs 01's {base['gbps']:.0f} GB/s: {change:+.1f}% "
           f"({full['pct_copy']:.0f}% vs {base['pct_copy']:.0f}% of copy)")
@@ -461,11 +461,14 @@ if result and nf4lab.ON_GPU:
     print(ex.table())
     a, b128 = ex.get("02 grid-stride, 256 threads"), ex.get("02 grid-stride, 128 threads")
     change = round(100 * (b128["gbps"] / a["gbps"] - 1), 1)   # one run; judged as printed, one decimal
-    print(f"128 threads against 256: {change:+.1f}%: " + ("the same, within the series' noise margin of "
-          f"{bench.NOISE_PCT}%" if abs(change) <= bench.NOISE_PCT else ("faster" if change > 0 else "slower")
-          + f", by more than the {bench.NOISE_PCT}% noise margin"
-          + (" (a small margin, under twice it: one pair this close can flip in another execution; re-run to confirm)"
-             if bench.noise_band(change) == "near" else "")))
+    # The series' bands (bench.noise_band): a near change is not called faster or slower, only re-run.
+    print(f"128 threads against 256: {change:+.1f}%: " + {
+        "within": f"the same, within the series' noise margin of {bench.NOISE_PCT}%",
+        "near": f"near (past the {bench.NOISE_PCT}% noise margin but within twice it): not a settled "
+                f"{'gain' if change > 0 else 'loss'}, since one pair this close can flip in another execution; "
+                "re-run to confirm",
+        "beyond": f"{'faster' if change > 0 else 'slower'}, by more than twice the {bench.NOISE_PCT}% noise margin",
+    }[bench.noise_band(change)])
 ### BEGIN SOLUTION
 assert result
 ### STUDENT

@@ -13,7 +13,8 @@
 # **warp** touches in one instruction, not what one thread touches), section 5 fixes the stores by
 # exchanging the loaded words through shared memory so that every store instruction of a warp
 # covers 512 contiguous bytes, and section 8 times the obvious version against 03's kernels and
-# against the fix in one run and prints which of the predictions held.
+# against the fix in one run, prints whether "A gains little or nothing over 03" held, and prints
+# B's time against A's and 03's.
 #
 # **Contents**
 # 1. [Prediction](#prediction)
@@ -105,11 +106,14 @@ if best:
 # <a id="vector"></a>
 # ## 2. Lesson: 128-bit accesses in numba
 #
-# CUDA C++ writes `*(uint4*)p`. Numba has no such cast: four adjacent `uint32` loads stay four
-# 32-bit loads (numba passes LLVM no alignment beyond the element's own 4 bytes, so LLVM may not merge them; not shown here), and numba's
-# vector type `cuda.uint32x4` cannot index an array. `nf4lab.device.ops.load_u32x4(arr, i)` and
-# `ops.store_u32x4(arr, i, a, b, c, d)` are small `@intrinsic`s that build an aligned `<4 x i32>`
-# load/store in LLVM IR, which NVVM turns into `ld.global.v4.u32` / `st.global.v4.u32`.
+# CUDA C++ writes `*(uint4*)p`. Numba has no such cast. We expect four adjacent `uint32` loads to
+# stay four 32-bit loads: numba tells LLVM only the element's 4-byte alignment, so LLVM may not
+# assume a 16-byte one (not checked in this notebook). And numba's vector type `cuda.uint32x4` is a
+# value built from scalars by its constructor (numba-cuda documentation, "CUDA-Specific Types",
+# "Vector Types"), not an array element type, so it offers no way to load from a `uint32` array.
+# `nf4lab.device.ops.load_u32x4(arr, i)` and `ops.store_u32x4(arr, i, a, b, c, d)` are small
+# `@intrinsic`s that build an aligned `<4 x i32>` load/store in LLVM IR, which NVVM turns into
+# `ld.global.v4.u32` / `st.global.v4.u32`.
 #
 # The price: **the address must be 16-byte aligned.** A misaligned 128-bit access is not a
 # slow access, it is a *sticky* CUDA error: the context dies and every later CUDA call in the
@@ -186,9 +190,19 @@ else:
 # one block, so **the scale is computed once per 32 weights**. Each of the 4 words holds 4 bytes =
 # 8 weights = 4 output words of 2 bf16 (`ops.pack_bf16x2`), stored with one 128-bit store.
 #
-# A numba typing detail shows up in the index code: in `uint64 * 32` or `uint64 + 1` the
-# *literal* `32` (or `1`) is typed int64, and uint64 mixed with int64 becomes **float64**. Shifts
-# keep the type, so indices use shifts, and constants are typed (`uint64(4)`, `NIB = uint32(15)`).
+# A numba typing detail shows up in the index code (numba-cuda's typing rules,
+# `numba_cuda/numba/cuda/typing/builtins.py`). A bare Python int, such as the `32` in `c * 32`, is
+# typed int64. In arithmetic and bitwise operations (`+`, `-`, `*`, `//`, `&`, ...) numba gives the
+# result at least 64 bits (`choose_result_bitwidth`), signed if either operand is: uint64 with int64
+# gives a *signed* int64. (Comparisons follow another rule: a uint64 compared with an int64 is
+# compared in float64, as 01, section 5 showed; against a bare literal, in the unsigned type.) A
+# variable that holds a uint64 in one place and such an int64 in another (`i = i + 1` in a loop)
+# is unified to **float64** (numba-cuda's `tests/cudapy/test_typeinfer.py` lists the pair uint64,
+# int64 as float64). A shift keeps the signedness of its left operand and widens it to at least 64
+# bits, whatever the count's type (`BitwiseShiftOperation`): a uint64 index shifted by a bare
+# literal stays uint64, and a uint32 shifted becomes uint64. So indices are uint64 and use shifts,
+# and constants are typed (`uint64(4)`, `NIB = uint32(15)`: `x & 15` would be int64, `x & NIB`
+# stays unsigned).
 
 # %% tags=["kernel"]
 import nf4lab  # noqa: F811  (this cell runs on its own in nf4lab.harness.versions)
@@ -338,7 +352,7 @@ warp_store_pattern(lambda t: [16 * t], "B (lane t stores at 16 t)     ")
 #   hits bank `(4t + j) mod 32`: only 8 different banks, a 4-way conflict. Skipping one word
 #   after every 32 (`k + (k >> 5)`) spreads the writes over all banks, and the reads
 #   (`t + 32 j`) stay conflict-free.
-# * **Synchronisation.** A lane reads words another lane wrote, so all writes must be done first.
+# * **Synchronization.** A lane reads words another lane wrote, so all writes must be done first.
 #   `cuda.syncwarp()` would be enough (the exchange stays inside a warp) but numba's simulator
 #   lacks it; `cuda.syncthreads()` is correct too (what it costs here is not measured separately). No thread
 #   may return before it: lanes past the end load nothing but still reach the barrier.
@@ -478,8 +492,7 @@ if run is not None:
     for name in BASELINE:
         here, there = run.get(name), (r03.get(name) if r03 is not None else None)
         if here and there:
-            print(f"run to run, {name}: {here['gbps']:.0f} GB/s here, {there['gbps']:.0f} GB/s in 03's record "
-                  f"({results.label(r03.meta)}): {100 * (here['gbps'] / there['gbps'] - 1):+.1f}%")
+            print(bench.run_to_run(name, here, r03, "03"))
     if a and b_:
         # Whole kernels: B differs from A in its exchange, barrier and per-word scale too, not only its stores
         print(f"\nA -> B (coalesced stores, plus B's exchange, barrier and per-word scale): {a['gbps']:.0f} -> "
@@ -519,9 +532,9 @@ plots.progress("04_vector_loads");
 # ## 9. What we learned
 #
 # * 128-bit loads and stores need an `@intrinsic` in numba (`ops.load_u32x4`/`store_u32x4`):
-#   numba passes LLVM no alignment beyond the element's own, so LLVM may not merge four loads
-#   (not shown here), and `cuda.uint32x4` cannot index arrays. Alignment is
-#   checked before launching: a misaligned vector access kills the CUDA context.
+#   we expect four adjacent loads to stay four (numba tells LLVM only the element's alignment;
+#   not checked here), and `cuda.uint32x4` is a value type, not one to load from an array.
+#   Alignment is checked before launching: a misaligned vector access kills the CUDA context.
 # * The tail is part of the design: the packed input is padded (whole-vector loads are safe),
 #   the output is not (the last partial vector is written element by element).
 # * Coalescing is a property of a **warp instruction**. Giving each thread 64 contiguous output
@@ -535,7 +548,7 @@ plots.progress("04_vector_loads");
 #   stores cost against 03's; how much of B's gain over A coalescing alone was worth is not
 #   separated here.
 # * Shared memory is the exchange: load in the order that makes loads contiguous, store in the
-#   order that makes stores contiguous. Pad to avoid bank conflicts; synchronise before reading.
+#   order that makes stores contiguous. Pad to avoid bank conflicts; synchronize before reading.
 #
 # Next, [05 · where the LUT lives](05_shared_lut.ipynb): the 16-entry table is still read from
 # global memory 32 times per thread. Those loads are plain `ld.global.f32` with no cache operator
@@ -653,10 +666,10 @@ for name, rx in kinds.items():
 # %% [markdown]
 # In the simulator the check confirms correctness, and the PTX the design: the unchanged
 # kernel is bit-exact (its stores are scattered, not wrong) but has no shuffle, so it does
-# not pass. On a GPU the check also asks for the share of the copy ceiling printed above:
-# halfway from A to B, as the benchmark of section 8 measured them on that GPU (the unchanged
-# kernel is version A, so we expect it to fall short). Compare your PTX with version B's: which
-# instructions disappeared?
+# not pass. On a GPU the check also asks for a share of the copy ceiling, which the exercise cell
+# prints when it runs: halfway from A to B, as the benchmark of section 8 measured them on that
+# GPU (the unchanged kernel is version A, so we expect it to fall short). Compare your PTX with
+# version B's: which instructions disappeared?
 #
 # ### Exercise 2: the last vector
 #
@@ -732,5 +745,6 @@ assert result
 # %% [markdown]
 # *What to notice:* on the small shapes the vector stores of the last chunk land in the guard
 # region after the output, which verification poisons and checks. In a real program that memory
-# belongs to someone else: nothing crashes, another tensor is silently overwritten. And where the
-# output is not padded to 16 bytes at all, the last vector store can even run off the allocation.
+# may belong to someone else: nothing need crash, and another tensor can be silently overwritten.
+# And where the output is not padded to 16 bytes at all, the last vector store can even run off
+# the allocation.

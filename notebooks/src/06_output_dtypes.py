@@ -134,7 +134,8 @@ else:
         if k["shape"] == [16384, 16384] and k["dtype"] == "bf16":
             bound = f", {k['pct_bound']:.0f}% of the traffic-matched bound" if k.get("pct_bound") else ""
             print(f"  {k['name']}: {k['gbps']:.0f} GB/s, {k['pct_copy']:.0f}% of copy{bound}")
-    gbps = {tuple(map(int, m.groups())): k["gbps"] for k in shapes.kernels()   # (threads, units) -> GB/s
+    # (threads, units) -> GB/s, rounded as printed above: the spreads and gaps below are computed from these
+    gbps = {tuple(map(int, m.groups())): round(k["gbps"]) for k in shapes.kernels()
             if k["shape"] == [16384, 16384] and k["dtype"] == "bf16" and k["name"].startswith("06")
             and (m := re.search(r"(\d+) threads x (\d+)", k["name"]))}
     for fixed, label, vary, unit in ((1, "units per thread", "block sizes", "threads per block"),
@@ -178,7 +179,9 @@ from nf4lab.lesson import GROUP_SHIFT, block_scale  # 01's scale, both operation
 
 THREADS = 256          # threads per block: one shape for every GPU (tools/launch_shapes.py measures it)
 UNITS = 2              # units of 16 output bytes per thread, at stride THREADS
-# Typed constants: a bare Python int is int64, and uint32 >> int64 makes numba compute in 64 bits.
+# Typed constants keep the arithmetic unsigned: a bare Python int is int64, and arithmetic or bitwise
+# operations of an unsigned value with an int64 give int64 (numba types them, and shifts, at 64 bits or
+# wider either way; 04, section 3).
 NIB, BYTE, U4, U8_32, U16_32, U24_32 = uint32(15), uint32(255), uint32(4), uint32(8), uint32(16), uint32(24)
 U0, U1, U2, U3, U7 = uint64(0), uint64(1), uint64(2), uint64(3), uint64(7)
 GROUP = uint64(GROUP_SHIFT)   # log2 of the blocks that share one absmax2 (256)
@@ -349,14 +352,16 @@ for d, p in kernel_ptx.items():
 # Verification includes "heavy" weights, with per-row scales over orders of magnitude: the
 # widest-ranging case the series generates, but not one built to reach fp16's ends. For fp16 it is
 # scaled down where its tail would pass half of fp16's range: a weight that is infinite in fp16
-# makes bitsandbytes' scales infinite and every output NaN, and NaN against NaN checks nothing.
-# `cvt.rn.f16x2.f32` is defined to round to nearest even, overflowing to infinity and producing
-# subnormals, as torch's conversion does: bit-exact means the same infinities and subnormals too,
-# where a case reaches them. Whether the heavy case reaches them is for the cell to say: it counts
-# them in bitsandbytes' output for a heavy fp16 case at the main case's shape (on a GPU, the one
-# verification used; in the simulator the shapes are small), and prints the largest and the
-# smallest nonzero magnitude of that output beside fp16's limits. `tools/gpu_exactness.py` also
-# checks the conversions alone, on the GPU; section 7 prints its records.
+# would, we expect, make bitsandbytes' offset infinite and every output NaN (the note in
+# `generate`, `nf4lab/harness/cases.py`), and NaN against NaN checks nothing. By the PTX ISA
+# (`cvt`, `.rn`), `cvt.rn.f16x2.f32` rounds to nearest even; we expect it to overflow to infinity
+# and keep subnormal results, as IEEE 754 rounding does, and bitsandbytes' own conversion to do the
+# same: bit-exact means the same infinities and subnormals too, where a case reaches them. Whether
+# the heavy case reaches them is for the cell to say: it counts them in bitsandbytes' output for a
+# heavy fp16 case at the main case's shape (on a GPU, the one verification used; in the simulator
+# the shapes are small), and prints the largest and the smallest nonzero magnitude of that output
+# beside fp16's limits. `tools/gpu_exactness.py` also checks the conversions alone, on the GPU;
+# section 7 prints its records.
 
 # %%
 nf4lab.verify_versions(VERSIONS, cases["bf16"], dtypes=("bf16", "fp16", "fp32"))
@@ -465,12 +470,13 @@ if run is not None:
         fast05 = min(timed05, key=lambda n: timed05[n]["ms"])   # the one of 05's with the shorter time here
         prev, other = timed05[fast05], next(n for n in (PREV, BASE05) if n != fast05)
         if other in timed05:
-            apart = round(100 * (timed05[other]["ms"] / prev["ms"] - 1), 1)
+            shown = {n: round(r["ms"], 4) for n, r in timed05.items()}   # as printed: `apart` is computed from these
+            apart = round(100 * (shown[other] / shown[fast05] - 1), 1)
             band = {"within": f"within the {bench.NOISE_PCT}% noise margin, their order not measured",
                     "near": f"past the {bench.NOISE_PCT}% noise margin but within twice it: re-run to confirm",
                     "beyond": f"beyond twice the {bench.NOISE_PCT}% noise margin"}[bench.noise_band(apart)]
-            print(f"05's kernels in this run, bf16: {PREV!r} {timed05[PREV]['ms']:.4f} ms, {BASE05!r} "
-                  f"{timed05[BASE05]['ms']:.4f} ms; compared below, the faster: {fast05!r} (the other takes "
+            print(f"05's kernels in this run, bf16: {PREV!r} {shown[PREV]:.4f} ms, {BASE05!r} "
+                  f"{shown[BASE05]:.4f} ms; compared below, the faster: {fast05!r} (the other takes "
                   f"{apart:.1f}% longer: {band})")
         else:
             print(f"this run did not time {other!r}: compared below with {fast05!r} only")

@@ -218,9 +218,10 @@ if run is not None:
 # `fits_l2` in the results), and whether the L2 lifts them above DRAM bandwidth or the launch cost
 # below holds them under it, the plot shows beside the copy's dashed line (the table after it lists the best kernel against bitsandbytes at each size). Copy and fill (dashed) and the traffic-matched bound are measured at each size.
 # At the smallest sizes we expect the fixed cost of a launch (start, ramp-up, the last wave) to be a
-# large share of a short kernel: a hypothesis that this section does not time. Section 7's exercise tests
-# one consequence of it at the shapes outside the L2 only: whether the kernel's own share of its time
-# beyond the copy falls as the shape grows. (A GPU runs a grid's blocks in *waves*: as many blocks at once as its
+# large share of a short kernel: a hypothesis that this section does not time. Section 7's exercise
+# looks at a narrower one, at the shapes outside the L2 only, through the share
+# `(t - t_bound) / (t - t_copy)`: a fixed cost that all three pay alike cancels in it, so it can show
+# only a fixed cost that differs between the kernel, the bound and the copy. (A GPU runs a grid's blocks in *waves*: as many blocks at once as its
 # SMs can hold, the next ones as earlier ones finish; a last, partial wave leaves SMs idle.)
 #
 # Section 4's targets are checked at 16384x16384 only; the table's `% bound` column gives every other
@@ -302,10 +303,11 @@ if sweep is not None:
 #    looping over many tiles, instead of one block per tile), contiguous chunks per block, 16-byte
 #    loads with an exchange, streaming stores (`st.global.cs`: a cache hint that the data will not
 #    be read again), L2 prefetch hints (`ld.global.L2::256B`: a hint to the L2 to fetch the 256
-#    bytes around the address, not only the sectors asked for), bulk (TMA) stores (the Tensor
-#    Memory Accelerator of sm_90 GPUs copies a whole tile from shared to global memory in one
-#    asynchronous instruction, `cp.async.bulk`; the three as the PTX ISA describes `st`'s cache
-#    operators, `ld`'s `.L2::256B` prefetch size and `cp.async.bulk`), each variant verified, and bounds of several
+#    bytes around the address, not only the sectors asked for), bulk (TMA) stores (on sm_90
+#    GPUs one asynchronous instruction, `cp.async.bulk`, copies a contiguous run of bytes from
+#    shared to global memory: the copy engine NVIDIA calls the Tensor Memory Accelerator);
+#    the PTX ISA's entries on `st`'s cache operators, `ld`'s `.L2::256B` qualifier and
+#    `cp.async.bulk` define the instructions; the hints' effects are our reading), each variant verified, and bounds of several
 #    access styles (`kind: "bound"`: the same traffic, no arithmetic) in some rounds only (the
 #    cell prints the rounds that have none),
 #    each round timed in one run, on the GPU the cell names. In the variants' names, `wKxT` is K packed 32-bit words
@@ -488,7 +490,7 @@ if ok:   # with own_share written: the share at every shape, and where it is lar
             span[shape] = (lo, hi)
             l2 = sweep.meta.get("l2_bytes")
             where = "in L2" if k["fits_l2"] else "DRAM" if l2 and k["bytes"] > 4 * l2 else "<4x L2" if l2 else "past L2"
-            print(f"  {'x'.join(map(str, shape)):>12}  {where:>6}  {share:6.0%}  (p10-p90 ends: {lo:.0%} to "
+            print(f"  {'x'.join(map(str, shape)):>12}  {where:>6}  {share:6.1%}  (p10-p90 ends: {lo:.0%} to "
                   + ("no upper end: the copy's p90 reaches the kernel's p10)" if hi == float("inf") else f"{hi:.0%})"))
             if not k["fits_l2"]:
                 dram[shape] = share
@@ -500,11 +502,11 @@ if ok:   # with own_share written: the share at every shape, and where it is lar
         print("outside the L2 the kernel is nowhere behind the bound: all the time beyond the copy is the mix's")
     else:
         print(f"outside the L2 the kernel's own share is largest at {'x'.join(map(str, top))} by the medians: "
-              f"{dram[top]:.0%} of its time beyond the copy; the rest, {1 - dram[top]:.0%}, is the bound's distance "
+              f"{dram[top]:.1%} of its time beyond the copy; the rest, {1 - dram[top]:.1%}, is the bound's distance "
               "from the copy" + (f"; its p10-p90 span overlaps that of {', '.join('x'.join(map(str, s)) for s in close)}"
                                  ": this run does not separate them" if close else ""))
     by_size = sorted(dram, key=lambda s: s[0] * s[1])   # the shapes outside the L2, smallest first
-    if len(by_size) > 2:   # a fixed cost per launch weighs less in a longer kernel: shares that fall with size
+    if len(by_size) >= 2:   # a fixed cost of the kernel's own weighs less in a longer kernel: shares that fall
         pairs = list(zip(by_size, by_size[1:]))
         name = lambda a, b: f"{'x'.join(map(str, a))} / {'x'.join(map(str, b))}"
         # a step counts only beyond the spread, either way: the larger shape's p90 end below the smaller one's
@@ -513,14 +515,14 @@ if ok:   # with own_share written: the share at every shape, and where it is lar
         ties = [name(a, b) for a, b in pairs if span[b][1] >= span[a][0] and span[b][0] <= span[a][1]]
         if rises:
             print(f"the share rises beyond the p10-p90 spread at {', '.join(rises)}: this run does not support a "
-                  "fixed cost per launch alone")
+                  "fixed cost of the kernel's own (or of the copy's own) alone")
         elif ties:
             print("by the medians the shares outside the L2 " + ("fall" if all(dram[a] > dram[b] for a, b in pairs)
                   else "do not fall") + f" with every larger shape, and the p10-p90 spans of {', '.join(ties)} "
                   "overlap: this run neither establishes a fall nor rules one out")
         else:
             print("the shares outside the L2 fall with every larger shape in this run, each beyond the next one's p10-p90 "
-                  "span: consistent with a fixed cost per launch")
+                  "span: consistent with a fixed cost per launch of the kernel's own (or of the copy's own)")
 
 # %% [markdown]
 # ### BEGIN SOLUTION
@@ -532,12 +534,19 @@ if ok:   # with own_share written: the share at every shape, and where it is lar
 # the part worth working on. Inside the L2 neither the copy nor the bound is a DRAM measurement
 # (section 5), so read the shapes outside it (the closest to its size partly served from it, by section 2's 4x rule); the line "outside the L2 the kernel's own share is largest at ..."
 # names the one where it is largest in this run by the medians, and whether the timings' spread separates it from the others. Only a
-# separated shape is the one to look at first. A fixed cost per launch (the start, the last wave) would
-# weigh more in a shorter kernel: the last line says whether the shares fall with every larger shape outside
+# separated shape is the one to look at first. A fixed cost per launch would weigh more in a shorter
+# kernel, but one that the kernel, the bound and the copy pay alike cancels in the share; one that
+# differs between them does not. One the kernel pays beyond the bound and the copy (a last, partial
+# wave of its own grid, for instance) makes the share fall as the shape grows, while the bound is
+# slower than the copy; so does one the copy pays beyond the kernel; one the bound pays beyond the
+# kernel makes it rise. The three have grids of their own, so the share alone cannot say whose cost
+# it sees. The last line says whether the shares fall with every larger shape outside
 # the L2 in this run, and whether the spread separates each from the next. Where they fall beyond the spread,
-# that hypothesis is consistent with this run and is the one to test first; where a share rises beyond the
+# a fixed cost of the kernel's own is consistent with this run (so is one of the copy's own) and is
+# the one to test first, against the copy's; where a share rises beyond the
 # spread, this run does not support it; where the spans of a pair overlap, this run decides nothing either way
-# at that pair (a median that does not fall inside the spread is a tie, not evidence). Where no shape is
+# at that pair (a pair whose medians do not fall but whose spans overlap is a tie, not evidence
+# against a fall). Where no shape is
 # separated and no fall established, the first test is to separate them: time those shapes again,
 # with more replays or in more runs, before testing a fixed cost at any one of them. How the one launch shape that ships was chosen is in
 # `lab/README.md`.

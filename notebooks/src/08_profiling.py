@@ -269,13 +269,17 @@ for name, s in summaries.items():
 #   a warp moves 512 bytes with one instruction. When each lane instead writes its own 64
 #   contiguous bytes (four vectors in a row), one store instruction spans 32 x 64 bytes and
 #   touches 32 sectors, each only half written by it. The next instruction writes the other half
-#   of the same 32 sectors, and the last two do the same for the next 32, so every sector is
-#   completed by two instructions (notebook 04, section 5). The bytes all get written, but the warp's stores no longer arrive as
+#   of the same 32 sectors, and the last two do the same for the other 32 (each lane's second
+#   sector), so every sector is completed by two instructions (notebook 04, section 4). The bytes all get written, but the warp's stores no longer arrive as
 #   whole contiguous lines (the "scattered stores" version of notebook 04).
 # - **The loads' column (04-06)** is an average over every global load instruction: the code
 #   loads (16 sectors for a 128-bit load, 4 for a 32-bit word) together with the scale loads
-#   (`absmax_q` and `absmax2`: 1 sector; `code2`: up to 4, since a warp's 256 weights span 4
-#   absmax blocks whose codes index 4 entries of it) and the table loads (2 sectors). The value printed for them is
+#   and the table loads (2 sectors, where the table is in global memory: not in 05, whose lookups
+#   are not global loads). Of the scale loads, `absmax_q` and `absmax2` touch 1 sector each, and
+#   `code2` (8 entries a sector) at most one sector per distinct entry that the warp's `absmax_q`
+#   values pick: up to 4 where a warp's lanes take 32 consecutive words (04's second kernel, 05's),
+#   up to 16 in 04's scattered kernel, whose warp load spans 1024 weights, 16 blocks. 06 copies
+#   `code2` whole into shared memory, 4 sectors a coalesced 32-bit load. The value printed for them is
 #   that mix, so this column alone cannot show whether the code loads are fully coalesced.
 
 # %% [markdown]
@@ -354,9 +358,9 @@ for name, s in summaries.items():
 # coalesced 16-byte stores and a cheap table lookup (04's second kernel, 05's shared-memory table,
 # 06) reach the wall; in the table above they do so with about the occupancy of 02's grid-stride
 # kernel, which does not: what changed is the bytes each memory instruction carries. Wide loads
-# and coalesced stores are not enough on their own: 04's scattered stores stay far below the wall at
-# high occupancy (32 sectors per store request), and so do 05's constant-memory and register tables,
-# although their stores are coalesced (16 sectors per request); the register table's occupancy is
+# alone are not enough: 04's scattered stores stay far below the wall at high occupancy (32 sectors
+# per store request). Nor are wide loads with coalesced stores: 05's constant-memory and register
+# tables stay far below too, with 16 sectors per store request; the register table's occupancy is
 # lower, capped by its registers as the table above prints. Most likely the stores hold back the
 # first and the lookups the other two (section 6's stall reasons). (The estimate above is for the GPU it names; the rows here are the
 # profiles' own GPUs, so read it against them as an order of magnitude.) Achieved far
@@ -472,12 +476,17 @@ show_lines(lines) if lines else print("No source page with line info recorded: n
 # cell: the kernel's entry code (its parameters and the launch's constants read from constant bank
 # 0, `LDC`/`ULDC ... c[0x0][...]`, where by common SASS convention the first `LDC R1, c[0x0][...]`
 # sets up the stack pointer rather than reading a parameter; the thread and block indices, `S2R`)
-# and instructions of inlined helpers (`inline="always"`) that line info charges to it: on 06's
-# page some of that cell's own (the `LDS` it counts are shared-memory table reads, which only
-# `weights`, `scale_of` and the tail make) and those of other files, `block_scale` (01 writes it, 02-06 import it from
+# and inlined helpers (`inline="always"`) whose lines lie above the `def` line: numba-cuda charges
+# any line number smaller than the `def` line's to it (its lowering's `_adjust_line_if_prologue`),
+# and an inlined helper keeps its own line numbers. On 06's page (the one a live profile shows; a
+# recorded page of another version reads the same way) those are the helpers its kernel
+# cell defines above the kernel (its `LDS` are `weights`' table reads, 2 a call, and `scale_of`'s
+# `code2` reads) and, from other files, `block_scale` (01 writes it, 02-06 import it from
 # `nf4lab.lesson`; it loads one byte of `absmax_q` and a float each of `code2` and `absmax2`) and the
-# helpers of `nf4lab.device.ops` (`fmul_rn`, `pack_bf16x2`, `load_u32x4`, `store_u32x4`, ...). The
-# cell below counts what the `def` line holds on the page shown, so a `def` line near the top is read
+# `nf4lab.device.ops` instructions those helpers call (`fmul_rn`, `pack_bf16x2`, `to_bf16_bits`).
+# What the kernel body computes itself keeps its line, the ops intrinsics it calls included: the
+# 16-byte stores, and the tail's table reads and their multiplications (its `block_scale` calls, at lines of their own file numbered below the
+# `def` line's, land on the `def` line). The cell below counts what the `def` line holds on the page shown, so a `def` line near the top is read
 # from its instructions. It also prints the `def` line's global loads with their offsets in the
 # kernel (the hottest instruction's offset is printed with it) and how many global loads each line
 # holds: where a line that reads global memory in the source holds none, line info charged its

@@ -3,7 +3,7 @@
 # # 09 · Capstone: fuse NF4 dequantization into a tensor-core GEMV
 #
 # **Goal.** Generating a token multiplies each layer's weight by a few rows of activations: `y = x @ W.T`, `x` (M, K), M = 1..8 (a GEMV: matrix times
-# vector), `W` (N, K) in NF4. We rebuild, cell by cell, the kernel `nf4lab` ships (`nf4lab.kernels.gemv`; `tests/test_nb09.py` checks that both compile to one PTX) and time the notebook's copy: each packed byte read once, made two bf16/fp16 weights by one
+# vector), `W` (N, K) in NF4. We rebuild, cell by cell, the kernel `nf4lab` ships (`nf4lab.kernels.gemv`; `tests/test_nb09.py` checks at M = 1 and 8 that both compile to the same PTX, names and comments aside) and time the notebook's copy: each packed byte read once, made two bf16/fp16 weights by one
 # shared-memory load, multiplied on the tensor cores (the SM's matrix-multiply units, driven by `mma` instructions) by `mma.sync` (a warp-wide matrix multiply-add; a T4's bf16 path: section 5); we check it against float64 and time it against
 # bitsandbytes and a kernel that only reads the weight (the read bound). **You will learn** how `mma.sync.m16n8k16` spreads its operands over a warp,
 # how to feed it from a lookup table, how warps of a block share a row's K (here split-K within a block: a block's warps each take part of K; CUTLASS's "Efficient GEMM in CUDA", "Parallelized Reductions", calls this sliced-K and keeps split-K for splitting K across blocks), and why the read bound is the target.
@@ -112,7 +112,7 @@ from nf4lab.device import ops
 from nf4lab.device.warp_ops import (bar_sync, f32_from_bits, mma_bf16, mma_f16, prmt, shfl_idx, shfl_xor_sync,  # one
                                     syncwarp, table_lookup, table_vec4, x_slot_ops)   # instruction each, with a Python twin
 from nf4lab.kernels import gemv
-THREADS, WARPS, BLOCKS_PER_SM = 256, 8, 2   # 8 warps a block; launch bounds: ptxas (the PTX-to-SASS assembler, section 5) caps registers so that 2 blocks fit an SM
+THREADS, WARPS, BLOCKS_PER_SM = 256, 8, 2   # 8 warps a block; launch bounds: ptxas (the assembler from PTX to SASS, the GPU's own instructions: section 5) caps registers so that 2 blocks fit an SM
 
 def make_build_table(half_bits, store4):
     @cuda.jit(device=True, inline="always")
@@ -194,8 +194,8 @@ def make_step(M, is_bf16, look, x_get):
     return step
 # %% [markdown]
 # **The kernel.** A lane's loads of a step (4 x 16 bytes of codes, the statistics word: 17 words) are imported: `fetch` (`gemv.step_ops`) does section
-# 3's loads, clamped at the last row and step; at M = 1 `fetch1` also loads x, and `rows` puts a tile's row offsets in `rb`, every step, by selects
-# in the source (a conditional expression and `min`: both values computed, one kept, no jump; section 5 counts the `selp` and `min` the compiler emitted; timed against a branch in another run: lab/README.md, "No branch in the M = 1 step loop"). The first step's loads go out before the table is built; each trip
+# 3's loads, clamped at the last row and step; at M = 1 `fetch1` also loads x, and `rows` puts a tile's row offsets in `rb`, every step, by `min`
+# (a clamp, not a branch; the wrap from one tile to the next is a conditional expression, emitted as `selp`: section 5 counts both; timed against a branch in another run: lab/README.md, "No branch in the M = 1 step loop"). The first step's loads go out before the table is built; each trip
 # fetches the next step, across tiles too. Local arrays indexed by unrolled loops live in registers (up to the register cap: section 5 prints the spills, values ptxas moves from registers to per-thread local memory). **The tile's sum:** lanes q and q ^ 1 hold a
 # batch row's blocks 0-1 and 2-3 (a `shfl.xor` adds them); each warp writes its 16 M sums to spare words (`gemv.spare`), and after a barrier 16 M
 # threads add the G warps' and write y (`parity`: two sets of words, so that the next tile's sums cannot overwrite words still being read, with no
@@ -210,7 +210,7 @@ def make_kernel(is_bf16, M, base, full=False, G=WARPS):   # full: every warp has
     NT = (M + 1) // 2
     NACC, NCF, FB, NB = 2 * NT, 4 * NT, 17, 34   # per step in buf: 16 code words, 1 statistics word; 2 steps
     _, half_bits, fetch = gemv.step_ops(is_bf16, M, base, True, True)   # the shipped loads (see above)
-    rows, fetch1 = gemv.step1_ops()                                     # M = 1's; rows every step, by selects
+    rows, fetch1 = gemv.step1_ops()                                     # M = 1's; rows every step, by `min`
     look, (slot_at, _, x_put, x_get) = table_lookup(base), x_slot_ops(base)
     build_table, step = make_build_table(half_bits, table_vec4(base)[1]), make_step(M, is_bf16, look, x_get)
     @cuda.jit(launch_bounds=(THREADS, BLOCKS_PER_SM))
@@ -265,7 +265,7 @@ def make_kernel(is_bf16, M, base, full=False, G=WARPS):   # full: every warp has
                     if cn >= steps:
                         cn, tn = c0, uint32(t + grid)
                 cp = uint32(cp + uint32(G))
-                if M == 1:                         # the wrap and the rows by selects in the source (section 5 counts the compiler's)
+                if M == 1:                         # the wrap by a select, the rows by `min` (section 5 counts both)
                     wrap = cp >= steps
                     cp, tp = (c0 if wrap else cp), (uint32(tp + grid) if wrap else tp)
                     rows(rb, tp, g, q, lane, n, kw, tiles)
@@ -318,7 +318,7 @@ def launch(g):
 # Per step at M = 1: 16 `mma.sync` (2 pieces x 8), 64 `prmt`, 64 lookups with the base in the immediate; the codes' 16-byte loads as
 # `ld.global.nc.L1::no_allocate.v4` (`.nc`: through the read-only path; read once: kept out of L1, which holds x and the scales); no `ld.local` (the local arrays are in registers; ptxas's spills are printed below), no float64. Registers: the
 # driver's build, or `ptxas` (the assembler from PTX to SASS, the GPU's own instructions). A T4 (sm_75) has no m16n8k16: fp16 runs each mma as two m16n8k8 (the K = 8 shape sm_75 has; PTX ISA,
-# mma's "Matrix Shape" and target notes), bf16 on the FP32 units (`warp_ops._soft_mma`: by its source, 32 shuffles, 64 FMAs and their operand moves a lane in place of one mma); the cell checks the fp16 kernel there. In the first line it prints, the 4 `mul.rn.f32` (each with an `add.rn.f32`) are the blocks' scales, never fused; with mma, its `fma` are the float32 sums `cf * s[0] + cf * s[1]` of the tile's accumulation, which the compiler contracts (section 6's tolerance allows for it).
+# mma's "Matrix Shape" and target notes), bf16 on the FP32 units (`warp_ops._soft_mma`: by its source, 32 shuffles, 64 FMAs and their operand moves a lane in place of one mma); the cell checks the fp16 kernel there. In the first line it prints, the 4 `mul.rn.f32` are the blocks' scales (each followed in the PTX by an `add.rn.f32`), never fused; its `fma` are the float32 sums `cf * s[0] + cf * s[1]` of the tile's accumulation, which the compiler contracts (section 6's tolerance allows for it).
 # %%
 cc = nf4lab.runtime.target_cc(); T4 = cc < (8, 0)  # noqa: E702
 kern = make_kernel(not T4, 1, base := gemv.probe_base() if nf4lab.ON_GPU else gemv.default_base(cc))
