@@ -453,11 +453,33 @@ def check_last_vector(launch, kernel, sig, *, name="exercise 2: the last vector"
     """Grade notebook 04's exercise 2: ``launch`` bit-exact on :data:`LAST_VECTOR_SHAPES` (nothing written past
     n: the guard is checked), and the PTX of ``kernel`` (compiled for ``sig``) has 16-byte and 32-bit global
     stores: the last chunk is written with the widest store that fits each piece. A kernel that writes the
-    whole last chunk one weight at a time (version A's tail) is right but has not done the exercise. Falsy
-    unless both hold; never raises because of the student's kernel."""
+    whole last chunk one weight at a time (version A's tail) is right but has not done the exercise. The PTX
+    cannot show which chunk a store writes: in the simulator the check also watches where the 16-byte stores
+    land and wants one for each whole word of the last chunk; on a GPU that part is the student's to check.
+    Falsy unless all hold; never raises because of the student's kernel."""
+    from ..device import ops
     from ..measure import ptx
 
-    res = check(launch, name=name, shapes=LAST_VECTOR_SHAPES, verbose=False)
+    wide = {}   # simulator: the shape's n -> the out_u32 indices its 16-byte stores wrote
+
+    def watched(b):
+        # In the simulator a kernel looks ops.store_u32x4 up when it calls it: a wrapper sees where each 16-byte
+        # store lands, which neither the bits nor the PTX show. On a GPU the store is an instruction: no wrapper.
+        if runtime.ON_GPU:
+            return launch(b)
+        seen, store = wide.setdefault(int(b.n), set()), ops.store_u32x4
+
+        def spy(arr, i, *words):
+            seen.add(int(i))
+            store(arr, i, *words)
+
+        ops.store_u32x4 = spy
+        try:
+            launch(b)
+        finally:
+            ops.store_u32x4 = store
+
+    res = check(watched, name=name, shapes=LAST_VECTOR_SHAPES, verbose=False)
     if res:
         _read_design(res, kernel, sig, name, lambda text: [
             ("no 16-byte store (st.global.v4): each whole word of 8 weights, in the last chunk too, is one "
@@ -465,6 +487,22 @@ def check_last_vector(launch, kernel, sig, *, name="exercise 2: the last vector"
             ("no 32-bit store (st.global.u32): in the last word, each whole pair of weights is one 32-bit "
              "store, as in 03", ptx.count(text, r"^st\.global\.(u32|b32)\s") > 0)],
             "not with the widest stores that fit", "PTX: 16-byte stores for whole words, 32-bit stores for pairs")
+    if res and wide:
+        short = []   # shapes whose last chunk has whole words not written by one 16-byte store each
+        for rows, cols in LAST_VECTOR_SHAPES:
+            n = rows * cols
+            last = (n - 1) // 32 * 32                                  # the last chunk's first weight
+            want = {(last + 8 * k) // 2 for k in range((n - last) // 8)}   # 2 bf16 weights a uint32
+            if {i for i in wide.get(n, ()) if 2 * i >= last} != want:
+                words = (n - last) // 8
+                short.append(f"{rows}x{cols} ({words} whole word{'s' if words > 1 else ''} in its last chunk)")
+        if short:
+            res.passed = False
+            res.verdict = f"NOT PASSED: {name}: bit-exact, but not with the widest stores that fit"
+            res.messages.append("simulator: in the last chunk, each whole word of 8 weights is one 16-byte store; "
+                                "not so at " + ", ".join(short))
+        else:
+            res.messages.append("simulator: in the last chunk's whole words, one 16-byte store each")
     if verbose:
         print(res)
         res._printed = True
