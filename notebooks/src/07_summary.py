@@ -110,8 +110,9 @@ else:
 # PyTorch, then the 4-bit dequantization), where ours do all of it in one. The `(out=)` row is
 # timed like our versions (CUDA-graph replays: GPU time, the output preallocated); the
 # `(end to end)` row as users call it (back-to-back calls: host time and the output's
-# allocation included). The "x bitsandbytes" column divides the `(out=)` row's time by each
-# row's, so that it compares like with like.
+# allocation included). The "x bitsandbytes" column divides the `(out=)` row's GPU time by each
+# row's time: like with like for every GPU-timed row. The `(end to end)` row is host time, so its
+# ratios (% of bound, % of copy, x bitsandbytes) set host time against GPU time.
 
 # %%
 from IPython.display import Markdown
@@ -150,7 +151,8 @@ worklog(run) if run is not None else print("nothing recorded yet")
 #    dequantization itself costs at most about 2% of the time (06 judges its own distance from the
 #    bound against the series' noise margin, a stricter test than this target);
 # 2. `nf4lab.dequantize`, the drop-in for bitsandbytes, reaches it too;
-# 3. fp16 output runs at bf16's speed (within 2%): the same bytes, one other conversion;
+# 3. fp16 output within 2% of bf16's speed: the same bytes, one other conversion (a target;
+#    whether the two differ at all is judged against the series' noise margin, printed beside it);
 # 4. every version is bit-exact with bitsandbytes.
 #
 # The speed-up over bitsandbytes is printed, not a target: it depends on how far bitsandbytes'
@@ -187,6 +189,12 @@ if run is not None:
     checks["every version bit-exact"] = all(r.get("bit_exact") is True for r in run.kernels())
     for what, ok in checks.items():
         print(f"  [{verdict(ok)}] {what}")
+    for n in (BEST, DROP_IN):   # the target allows 2%; the series calls 1-2% "near" (re-run), within 1% "the same"
+        if rec[n, "bf16"] and rec[n, "fp16"]:
+            c = 100 * (round(rec[n, "fp16"]["gbps"]) / round(rec[n, "bf16"]["gbps"]) - 1)
+            print(f"  {n}: fp16 against bf16 {c:+.1f}%: " + {"within": "within the noise margin, the same speed",
+                  "near": "near the noise margin: re-run before calling them different",
+                  "beyond": "beyond the noise margin: different speeds"}[bench.noise_band(c)])
 
 # %% [markdown]
 # **What a target not met would mean.** Below 98% of the bound, the kernel's own work (the
@@ -219,9 +227,9 @@ if run is not None:
 # below holds them under it, the plot shows beside the copy's dashed line (the table after it lists the best kernel against bitsandbytes at each size). Copy and fill (dashed) and the traffic-matched bound are measured at each size.
 # At the smallest sizes we expect the fixed cost of a launch (start, ramp-up, the last wave) to be a
 # large share of a short kernel: a hypothesis that this section does not time. Section 7's exercise
-# looks at a narrower one, at the shapes outside the L2 only, through the share
-# `(t - t_bound) / (t - t_copy)`: a fixed cost that all three pay alike cancels in it, so it can show
-# only a fixed cost that differs between the kernel, the bound and the copy. (A GPU runs a grid's blocks in *waves*: as many blocks at once as its
+# asks, shape by shape, what share of the kernel's time beyond the copy is its own work, and draws
+# its conclusions from the shapes outside the L2. A fixed cost that the kernel, the bound and the
+# copy all pay alike cancels in that share, so it can show only a fixed cost that differs between them. (A GPU runs a grid's blocks in *waves*: as many blocks at once as its
 # SMs can hold, the next ones as earlier ones finish; a last, partial wave leaves SMs idle.)
 #
 # Section 4's targets are checked at 16384x16384 only; the table's `% bound` column gives every other
@@ -511,15 +519,20 @@ if ok:   # with own_share written: the share at every shape, and where it is lar
         name = lambda a, b: f"{'x'.join(map(str, a))} / {'x'.join(map(str, b))}"
         # a step counts only beyond the spread, either way: the larger shape's p90 end below the smaller one's
         # p10 end (a fall), or its p10 end above the smaller one's p90 end (a rise); anything else is a tie
+        falls = [name(a, b) for a, b in pairs if span[b][1] < span[a][0]]
         rises = [name(a, b) for a, b in pairs if span[b][0] > span[a][1]]
         ties = [name(a, b) for a, b in pairs if span[b][1] >= span[a][0] and span[b][0] <= span[a][1]]
+        fell = f"the share falls beyond the p10-p90 spread at {', '.join(falls)}" if falls else ""
         if rises:
-            print(f"the share rises beyond the p10-p90 spread at {', '.join(rises)}: this run does not support a "
-                  "fixed cost of the kernel's own (or of the copy's own) alone")
+            print(f"the share rises beyond the p10-p90 spread at {', '.join(rises)}" + (f"; {fell}" if fell else "")
+                  + ": this run does not support a fixed cost of the kernel's own (or of the copy's own) alone")
         elif ties:
             print("by the medians the shares outside the L2 " + ("fall" if all(dram[a] > dram[b] for a, b in pairs)
-                  else "do not fall") + f" with every larger shape, and the p10-p90 spans of {', '.join(ties)} "
-                  "overlap: this run neither establishes a fall nor rules one out")
+                  else "do not fall") + " with every larger shape; " + (f"{fell}, consistent with a fixed cost of the "
+                  "kernel's own (or of the copy's own) there, while " if fell else "")
+                  + f"the p10-p90 spans of {', '.join(ties)} overlap: " + ("this run establishes a fall at that step, "
+                  "not at every step" if len(falls) == 1 else "this run establishes a fall at those steps, not at "
+                  "every step" if falls else "this run neither establishes a fall nor rules one out"))
         else:
             print("the shares outside the L2 fall with every larger shape in this run, each beyond the next one's p10-p90 "
                   "span: consistent with a fixed cost per launch of the kernel's own (or of the copy's own)")
@@ -546,7 +559,8 @@ if ok:   # with own_share written: the share at every shape, and where it is lar
 # the one to test first, against the copy's; where a share rises beyond the
 # spread, this run does not support it; where the spans of a pair overlap, this run decides nothing either way
 # at that pair (a pair whose medians do not fall but whose spans overlap is a tie, not evidence
-# against a fall). Where no shape is
+# against a fall). A fall beyond the spread at some steps and overlapping spans at the others is a
+# fall at those steps only: consistent with such a cost there, and the overlapping steps decide nothing. Where no shape is
 # separated and no fall established, the first test is to separate them: time those shapes again,
 # with more replays or in more runs, before testing a fixed cost at any one of them. How the one launch shape that ships was chosen is in
 # `lab/README.md`.

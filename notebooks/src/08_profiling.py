@@ -354,10 +354,12 @@ for name, s in summaries.items():
 
 # %% [markdown]
 # High occupancy does not make the per-byte kernel fast: its warps are resident, but each
-# holds only a few bytes of loads in flight. In section 3's table three kernels with 16-byte loads,
-# coalesced 16-byte stores and a cheap table lookup (04's second kernel, 05's shared-memory table,
-# 06) reach the wall; in the table above they do so with about the occupancy of 02's grid-stride
-# kernel, which does not: what changed is the bytes each memory instruction carries. Wide loads
+# holds only a few bytes of loads in flight. In section 3's table three kernels with coalesced
+# 16-byte stores and a cheap table lookup reach the wall: 04's second kernel and 05's shared-memory
+# table, which also load their codes 16 bytes at a time, and 06, whose code loads are 32-bit (its
+# recorded row is an earlier kernel that loaded its words the same way). In the table above they do
+# so with about the occupancy of 02's grid-stride kernel, which does not (it loads 1 byte and stores
+# 2 at a time): what changed is the bytes each memory instruction carries. Wide loads
 # alone are not enough: 04's scattered stores stay far below the wall at high occupancy (32 sectors
 # per store request). Nor are wide loads with coalesced stores: 05's constant-memory and register
 # tables stay far below too, with 16 sectors per store request; the register table's occupancy is
@@ -493,9 +495,11 @@ show_lines(lines) if lines else print("No source page with line info recorded: n
 # load to another line, or the compiler merged it with another load; the load's width (`.U8`: 1
 # byte, no suffix: 4 bytes, `.128`: 16 bytes) narrows down which array it reads.
 #
-# A stall sample is charged to the instruction that **cannot issue yet**: the one waiting for an
-# operand. So the hottest instruction is rarely slow itself; what it waits for is the instruction
-# that wrote its operand register. The cell below reads the whole SASS listing of the same source
+# A stall sample is charged to the instruction a warp would issue next and did not. That warp may
+# be waiting for an operand (`long_scoreboard`, `short_scoreboard`, `wait`), or it may be ready
+# while another warp issues or its pipe is busy (`not_selected`, `math_pipe_throttle`). Where
+# operand waits hold most of an instruction's samples, the instruction itself is rarely slow: what
+# it waits for is the instruction that wrote its operand register. The cell below reads the whole SASS listing of the same source
 # page in address order, with the registers each instruction writes and reads, and names the
 # hottest instruction (`profiling.hottest`). Walking back from it to the instruction that last
 # wrote one of its source registers, and on, writer by writer, is the exercise at the end of this
@@ -611,8 +615,9 @@ print("python -m nf4lab.measure.profiling table my.csv")
 # - Sectors per request measures coalescing: the access width in bytes for consecutive lanes,
 #   more when lanes stride; over a kernel it averages all its loads (or stores).
 # - Occupancy is a means: what a memory-bound kernel needs is bytes in flight. Wider accesses
-#   supply more bytes in flight per warp: sections 3 and 5 show the 16-byte kernels with coalesced
-#   stores and a cheap lookup (04's second, 05's shared-memory table, 06) near the wall with about
+#   supply more bytes in flight per warp: sections 3 and 5 show the kernels with coalesced 16-byte
+#   stores and a cheap lookup (04's second and 05's shared-memory table with 16-byte code loads, 06
+#   with 32-bit ones) near the wall with about
 #   the occupancy of the slower full-occupancy kernels (02, 03 grid-stride). Occupancy is not what
 #   sets them apart, and neither is the access width alone: 05's other two tables have the same
 #   loads and stores and stay far below.
