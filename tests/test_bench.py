@@ -165,3 +165,13 @@ def test_run_to_run_line_computes_its_change_from_the_numbers_it_prints():
     line = bench.run_to_run(name, {"gbps": 1763.6}, other, "03")
     assert line.startswith(f"run to run, {name}: 1764 GB/s here, 1765 GB/s in 03's record (")
     assert "Test GPU" in line and line.endswith("): -0.06%")
+
+
+def test_change_pct_follows_from_the_gbps_as_printed():
+    """A verdict line prints two GB/s rounded to whole numbers and the change between them: the change must be
+    the one those printed numbers give (02 printed 1830 against 1532 GB/s as +19.4%, from the unrounded
+    records; the printed numbers give +19.5%), judged to one decimal."""
+    assert bench.change_pct({"gbps": 1829.6}, {"gbps": 1532.4}) == 19.5
+    assert round(100 * (1829.6 / 1532.4 - 1), 1) == 19.4          # what the unrounded records give
+    assert bench.change_pct({"gbps": 1849.4}, {"gbps": 1827.6}) == 1.1
+    assert bench.change_pct({"gbps": 1531.0}, {"gbps": 1564.0}) == -2.1

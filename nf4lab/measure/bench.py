@@ -130,6 +130,12 @@ def gpu_time_ms(fn, *, launches: int = LAUNCHES, replays: int = REPLAYS) -> dict
     return {"ms": float(statistics.median(times)), "spread_ms": [float(q[0]), float(q[1])], "method": method}
 
 
+def change_pct(here: dict, base: dict) -> float:
+    """The change in percent from record ``base`` to ``here``, computed from their GB/s as the series prints them
+    (whole numbers) and rounded to one decimal, as verdicts judge it: a reader gets it from the printed line."""
+    return round(100 * (round(here["gbps"]) / round(base["gbps"]) - 1), 1)
+
+
 def run_to_run(name: str, here: dict, other: "Run", where: str) -> str:
     """One kernel in two runs: its GB/s in this run's record ``here`` against ``other``'s record of ``name``
     (notebook ``where``'s), and the change between them, computed from the GB/s as printed so that the line's
