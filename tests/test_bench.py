@@ -175,3 +175,4 @@ def test_change_pct_follows_from_the_gbps_as_printed():
     assert round(100 * (1829.6 / 1532.4 - 1), 1) == 19.4          # what the unrounded records give
     assert bench.change_pct({"gbps": 1849.4}, {"gbps": 1827.6}) == 1.1
     assert bench.change_pct({"gbps": 1531.0}, {"gbps": 1564.0}) == -2.1
+    assert f"{bench.change_pct({'gbps': 4011.0}, {'gbps': 4012.0}):+.1f}" == "+0.0"   # not "-0.0"

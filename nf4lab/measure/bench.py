@@ -133,7 +133,7 @@ def gpu_time_ms(fn, *, launches: int = LAUNCHES, replays: int = REPLAYS) -> dict
 def change_pct(here: dict, base: dict) -> float:
     """The change in percent from record ``base`` to ``here``, computed from their GB/s as the series prints them
     (whole numbers) and rounded to one decimal, as verdicts judge it: a reader gets it from the printed line."""
-    return round(100 * (round(here["gbps"]) / round(base["gbps"]) - 1), 1)
+    return round(100 * (round(here["gbps"]) / round(base["gbps"]) - 1), 1) + 0.0   # + 0.0: no "-0.0"
 
 
 def run_to_run(name: str, here: dict, other: "Run", where: str) -> str:
