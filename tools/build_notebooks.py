@@ -42,8 +42,8 @@ REPO = "nf4lab/nf4lab"
 COLAB = "https://colab.research.google.com/github/{repo}/blob/main/{path}"
 BADGE = "https://colab.research.google.com/assets/colab-badge.svg"
 SETUP = f"""\
-# Colab / Kaggle only: fetch nf4lab and install what the runtime lacks (about a minute, once per
-# session). Anywhere else this cell does nothing. See tools/setup_runtime.py for what it installs.
+# Colab / Kaggle only: fetch nf4lab and install what the runtime lacks (once per session; its time
+# there is not measured). Anywhere else this cell does nothing. See tools/setup_runtime.py for what it installs.
 import os, subprocess, sys
 if "google.colab" in sys.modules or "KAGGLE_KERNEL_RUN_TYPE" in os.environ:
     repo = os.path.expanduser("~/nf4lab-repo")   # one fixed place: running this cell again reuses it

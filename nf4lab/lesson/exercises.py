@@ -47,8 +47,8 @@ _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 def default_shapes(blocksize: int = 64, on_gpu: bool | None = None) -> tuple:
     """The shapes ``check`` uses unless told otherwise.
 
-    Simulator: :data:`SIM_SHAPES` (kept small: the simulator runs about 0.3-1 s per
-    4096 threads). GPU: the same plus a tensor spanning three absmax2 groups at this
+    Simulator: :data:`SIM_SHAPES` (kept small: a one-line kernel took 0.7-1.4 s per 4096 threads there,
+    2 cores, 2026-11-30, and ours do more per thread). GPU: the same plus a tensor spanning three absmax2 groups at this
     blocksize with an odd tail, and a rectangular one of a few million weights.
     """
     on_gpu = runtime.ON_GPU if on_gpu is None else on_gpu
