@@ -193,8 +193,11 @@ def _shuffle(kind):
     """Notebook 04's exercise 1: a 16-byte load per thread (32 weights), 16-byte stores. ``stub``: the starting
     point, version A (each lane stores its own 64 bytes: bit-exact, no shuffle); ``solution``: every lane gets
     words t, t + 32, t + 64, t + 96 of its warp by shfl_idx and stores them (a warp's store: 512 contiguous
-    bytes)."""
+    bytes); ``blocklocal``: the solution with its warp's place counted in its block (``threadIdx.x``), not in the
+    grid: right on one block, wrong from the second."""
     from nf4lab.device.warp_ops import shfl_idx
+
+    local = kind == "blocklocal"
 
     @cuda.jit
     def stub(packed, packed_u32, lut, absmax_q, absmax2, code2, offset, out, out_u32, n, log2_bs):
@@ -224,7 +227,8 @@ def _shuffle(kind):
         w0 = w1 = w2 = w3 = uint32(0)
         if (c << 5) < n:
             w0, w1, w2, w3 = ops.load_u32x4(packed_u32, c << 2)
-        warp_word0 = (c - lane) << 2
+        base = uint64(cuda.threadIdx.x) if local else c
+        warp_word0 = (base - lane) << 2
         for j in range(4):
             k = lane + (uint64(j) << 5)
             src = uint32(k >> 2)
@@ -253,6 +257,13 @@ def test_warp_shuffle_exercise_fails_on_the_stub_and_passes_on_the_solution():
     solved = exercises.check_warp_shuffle(*_shuffle("solution"), SIG04, verbose=False)
     assert solved, str(solved)
     assert "warp shuffles, no shared memory" in str(solved)
+
+
+def test_warp_shuffle_exercise_fails_on_a_warp_placed_in_its_block_not_in_the_grid():
+    # Every shape of one block passes it: the grader needs a shape of two blocks or more.
+    assert max(-(-r * c // 32) for r, c in exercises.SHUFFLE_SHAPES) > 128
+    local = exercises.check_warp_shuffle(*_shuffle("blocklocal"), SIG04, verbose=False)
+    assert not local and local.report is not None, str(local)
 
 
 def test_write_past_the_end_is_caught_by_the_guard():

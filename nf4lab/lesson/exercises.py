@@ -415,9 +415,10 @@ def check_u64_store(launch, kernel, sig, *, name="exercise 1: 64-bit stores", ve
     return res
 
 
-# Notebook 04's exercise 1: from one weight to 2,077 (65 chunks of 32 weights: two whole warps and one lane of a
-# third), with partial chunks and a last word of fewer than 8 weights.
-SHUFFLE_SHAPES = ((1, 1), (3, 5), (1, 65), (7, 33), (31, 67))
+# Notebook 04's exercise 1: from one weight to 4,129 (130 chunks of 32 weights: two blocks of 128 threads, the second
+# with two lanes of a warp, so a warp placed in its block instead of the grid is caught), with partial chunks and a
+# last word of fewer than 8 weights.
+SHUFFLE_SHAPES = ((1, 1), (3, 5), (1, 65), (7, 33), (31, 67), (1, 4129))
 
 
 def check_warp_shuffle(launch, kernel, sig, *, name="exercise 1: coalesced through warp shuffles",
