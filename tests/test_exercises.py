@@ -617,3 +617,37 @@ def test_const_table_exercise_fails_on_the_start_and_on_shared_memory_and_passes
     solved = exercises.check_const_table(*_fp4_table("constant"), SIG_PER_BYTE, verbose=False)
     assert solved, str(solved)
     assert "constant memory" in str(solved)
+
+
+def _one_mma(layout):
+    """Notebook 09's exercise: ``fragments`` by ``layout``: "ptx" (the PTX ISA's m16n8k16 layout, the solution),
+    "contiguous" (lane q takes k = 4q .. 4q + 3 in A and B alike: Y comes out right, the layout is not PTX's) or
+    "zeros" (the starting point). Returns (one_mma, fragments)."""
+    from nf4lab.device.warp_ops import mma_bf16
+
+    @cuda.jit(device=True, inline="always")
+    def fragments(w, xt, g, q):
+        r0, r1 = g * uint32(8), (g + uint32(8)) * uint32(8)
+        if layout == "ptx":
+            return w[r0 + q], w[r1 + q], w[r0 + q + uint32(4)], w[r1 + q + uint32(4)], xt[r0 + q], xt[r0 + q + uint32(4)]
+        if layout == "contiguous":
+            k = uint32(2) * q
+            return w[r0 + k], w[r1 + k], w[r0 + k + uint32(1)], w[r1 + k + uint32(1)], xt[r0 + k], xt[r0 + k + uint32(1)]
+        return uint32(0), uint32(0), uint32(0), uint32(0), uint32(0), uint32(0)
+
+    @cuda.jit
+    def one_mma(w, xt, y):
+        g, q, z = uint32(cuda.threadIdx.x) >> uint32(2), uint32(cuda.threadIdx.x) & uint32(3), float32(0.0)
+        a0, a1, a2, a3, b0, b1 = fragments(w, xt, g, q)
+        y[g, 2 * q], y[g, 2 * q + 1], y[g + 8, 2 * q], y[g + 8, 2 * q + 1] = mma_bf16(a0, a1, a2, a3, b0, b1, z, z, z, z)
+
+    return one_mma, fragments
+
+
+def test_one_mma_exercise_checks_the_ptx_layout_not_only_y():
+    # A k order that A and B share leaves Y unchanged: only the registers themselves show the PTX layout.
+    assert not exercises.check_one_mma(*_one_mma("zeros"))
+    contiguous = _one_mma("contiguous")
+    assert exercises.check_one_mma(contiguous[0])                      # Y alone: right
+    assert not exercises.check_one_mma(*contiguous)
+    assert exercises.check_one_mma(*_one_mma("ptx"))

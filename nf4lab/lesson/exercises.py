@@ -31,6 +31,8 @@ import threading
 import time
 import traceback
 
+from numba import cuda, uint32
+
 from .. import runtime
 
 # Kept for code that imported it: the shapes check used before default_shapes().
@@ -539,12 +541,26 @@ def check_const_table(launch, kernel, sig, *, name="exercise: fp4 in constant me
     return res
 
 
-def check_one_mma(one_mma, seed=9) -> bool:
+def _registers_kernel(fragments):
+    """A kernel writing each lane's six registers as ``fragments(w, xt, g, q)`` gives them (a module-level ``cuda``:
+    the simulator swaps it in a kernel's globals)."""
+    @cuda.jit
+    def registers(w, xt, out):
+        lane = cuda.threadIdx.x
+        a0, a1, a2, a3, b0, b1 = fragments(w, xt, uint32(lane) >> uint32(2), uint32(lane) & uint32(3))
+        out[lane, 0], out[lane, 1], out[lane, 2], out[lane, 3], out[lane, 4], out[lane, 5] = a0, a1, a2, a3, b0, b1
+
+    return registers
+
+
+def check_one_mma(one_mma, fragments=None, seed=9) -> bool:
     """Grade notebook 09's exercise: ``one_mma[1, 32](w, xt, y)`` must give Y = W @ X (16 x 16 by 16 x 8) bit for bit.
     W and X are small integers, so every sum is exact in float32; both go in as bf16 pairs in uint32 words
-    (``w[8 r + j]``: W's row r, columns 2j and 2j + 1; ``xt[8 n + j]``: X's column n, rows 2j and 2j + 1)."""
+    (``w[8 r + j]``: W's row r, columns 2j and 2j + 1; ``xt[8 n + j]``: X's column n, rows 2j and 2j + 1).
+    Y cannot show a k order that A and B share (a sum does not care which columns are called k), so with
+    ``fragments`` (the device function ``one_mma`` calls) each lane's six registers are also compared with the
+    PTX ISA's m16n8k16 layout, which the exercise asks for."""
     import numpy as np
-    from numba import cuda
 
     Wm = np.random.default_rng(seed).integers(-8, 9, (16, 16))
     X = np.random.default_rng(seed + 1).integers(-8, 9, (16, 8))
@@ -553,12 +569,34 @@ def check_one_mma(one_mma, seed=9) -> bool:
         return cuda.to_device((a.astype(np.float32).view(np.uint32) >> 16).astype(np.uint16).reshape(-1).view(np.uint32))
 
     y = cuda.to_device(np.full((16, 8), np.nan, np.float32))
-    one_mma[1, 32](words(Wm), words(X.T.copy()), y)
+    w, xt = words(Wm), words(X.T.copy())
+    one_mma[1, 32](w, xt, y)
     bad = np.argwhere((got := y.copy_to_host()) != (want := (Wm @ X).astype(np.float32)))
-    print("PASSED: exercise: one mma by hand, Y = W @ X bit for bit" if not len(bad) else
-          f"NOT PASSED (not solved yet): {len(bad)} of 128 outputs differ; first Y[{bad[0][0]}, {bad[0][1]}] = "
-          f"{got[tuple(bad[0])]}, W @ X gives {want[tuple(bad[0])]}")
-    return not len(bad)
+    if len(bad):
+        print(f"NOT PASSED (not solved yet): {len(bad)} of 128 outputs differ; first Y[{bad[0][0]}, {bad[0][1]}] = "
+              f"{got[tuple(bad[0])]}, W @ X gives {want[tuple(bad[0])]}")
+        return False
+    if fragments is None:
+        print("PASSED: exercise: one mma by hand, Y = W @ X bit for bit")
+        return True
+
+    regs = cuda.to_device(np.zeros((32, 6), np.uint32))
+    _registers_kernel(fragments)[1, 32](w, xt, regs)
+    hw, hx = w.copy_to_host(), xt.copy_to_host()
+    # the PTX ISA's m16n8k16 layout: lane 4g + q holds A's rows g, g + 8 at columns 2q, 2q + 1 (a0, a1) and
+    # 2q + 8, 2q + 9 (a2, a3), and B's column g at rows 2q, 2q + 1 (b0) and 2q + 8, 2q + 9 (b1)
+    ptx = np.array([[hw[8 * g + q], hw[8 * (g + 8) + q], hw[8 * g + q + 4], hw[8 * (g + 8) + q + 4],
+                     hx[8 * g + q], hx[8 * g + q + 4]] for g in range(8) for q in range(4)], np.uint32)
+    off = np.argwhere(regs.copy_to_host() != ptx)
+    if len(off):
+        lane, i = off[0]
+        print(f"NOT PASSED: Y = W @ X bit for bit, but {len(off)} of 192 registers are not where the PTX ISA's "
+              f"m16n8k16 layout puts them (first: lane {lane}, g = {lane >> 2}, q = {lane & 3}, "
+              f"{('a0', 'a1', 'a2', 'a3', 'b0', 'b1')[i]}): your k order differs from section 2's, and A and B agree on "
+              "it, so the sum hides it")
+        return False
+    print("PASSED: exercise: one mma by hand, Y = W @ X bit for bit, every register where the PTX layout puts it")
+    return True
 
 
 def _last_writer(prog, i, operands):
