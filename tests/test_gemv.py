@@ -327,7 +327,7 @@ def test_read_bound_line_sets_the_read_bound_against_the_same_runs_copy_speed():
     """09's section 1 predicts times at copy speed; the line under section 7's table says, per shape, what share of
     the same run's copy speed a kernel that only reads the weight reaches (where it is far below 100%, that
     prediction does not hold for any kernel that reads the weight)."""
-    from nf4lab.measure import bench, gemv_bench
+    from nf4lab.measure import bench
 
     run = bench.Run(meta={"gpu": "Test GPU"}, records=[
         {"kind": "ceiling", "name": bench.COPY, "shape": [4096, 4096], "dtype": "bf16", "gbps": 4000.0, "ms": 0.25},
@@ -335,6 +335,6 @@ def test_read_bound_line_sets_the_read_bound_against_the_same_runs_copy_speed():
          "gbps": 2000.0, "ms": 0.0037},
         {"kind": "bound", "name": "read-only stream of the weight bytes", "shape": [8192, 28672], "dtype": "bf16",
          "gbps": 3800.0, "ms": 0.030}])
-    line = gemv_bench.read_bound_line(run)
+    line = bench.read_bound_line(run)
     assert "4096x4096 3.7 us, 50% of" in line and "8192x28672 30.0 us, 95% of" in line and "4000 GB/s" in line, line
-    assert gemv_bench.read_bound_line(bench.Run(meta={}, records=[])) == ""
+    assert bench.read_bound_line(bench.Run(meta={}, records=[])) == ""

@@ -136,6 +136,19 @@ def change_pct(here: dict, base: dict) -> float:
     return round(100 * (round(here["gbps"]) / round(base["gbps"]) - 1), 1) + 0.0   # + 0.0: no "-0.0"
 
 
+def read_bound_line(run) -> str:
+    """Per shape, the read bound of ``run`` (notebook 09's records of kind "bound": a kernel that only reads the
+    weight) as a time and a share of the same run's copy speed: where the share is far below 100%, a time
+    predicted at copy speed holds for no kernel that reads the weight. "" without a copy or a bound in the run."""
+    copy = next((r for r in run.records if r["name"] == COPY), None)
+    bounds = [r for r in run.records if r["kind"] == "bound"]
+    if not copy or not bounds:
+        return ""
+    return (f"the read bound against this run's copy speed ({copy['gbps']:.0f} GB/s): "
+            + "; ".join(f"{'x'.join(map(str, r['shape']))} {r['ms'] * 1e3:.1f} us, {r['gbps'] / copy['gbps']:.0%} of it"
+                        for r in bounds))
+
+
 def run_to_run(name: str, here: dict, other: "Run", where: str) -> str:
     """One kernel in two runs: its GB/s in this run's record ``here`` against ``other``'s record of ``name``
     (notebook ``where``'s), and the change between them, computed from the GB/s as printed so that the line's

@@ -135,19 +135,6 @@ def benchmark(launch, shapes=LLM_SHAPES, dtypes=("bf16", "fp16"), ms=(1,), progr
     return run
 
 
-def read_bound_line(run) -> str:
-    """Per shape, the read bound of ``run`` (a kernel that only reads the weight) as a time and a share of the same
-    run's copy speed: where the share is far below 100%, a time predicted at copy speed holds for no kernel that
-    reads the weight. "" without a copy or a bound in the run."""
-    copy = next((r for r in run.records if r["name"] == COPY), None)
-    bounds = [r for r in run.records if r["kind"] == "bound"]
-    if not copy or not bounds:
-        return ""
-    return (f"the read bound against this run's copy speed ({copy['gbps']:.0f} GB/s): "
-            + "; ".join(f"{'x'.join(map(str, r['shape']))} {r['ms'] * 1e3:.1f} us, {r['gbps'] / copy['gbps']:.0%} of it"
-                        for r in bounds))
-
-
 def summary(run, bound=None) -> str:
     """Per shape, dtype and M: the default kernel against bitsandbytes' matmul_4bit (us, x bnb), the copy ceiling
     and ``bound`` (lab/gemv_read_bound.py's run: only reads the weight bytes), and both's tolerance verdicts."""
