@@ -139,7 +139,7 @@ def change_pct(here: dict, base: dict) -> float:
 def read_bound_line(run) -> str:
     """Per shape, the read bound of ``run`` (notebook 09's records of kind "bound": a kernel that only reads the
     weight) as a time and a share of the same run's copy speed: where the share is far below 100%, a time
-    predicted at copy speed holds for no kernel that reads the weight. "" without a copy or a bound in the run."""
+    predicted at copy speed is out of reach of that read-only kernel. "" without a copy or a bound in the run."""
     copy = next((r for r in run.records if r["name"] == COPY), None)
     bounds = [r for r in run.records if r["kind"] == "bound"]
     if not copy or not bounds:
