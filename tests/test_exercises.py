@@ -505,6 +505,8 @@ def _last_vector(kind):
         else:
             tail(packed, lut, s, out, first, n)
 
+    whole_chunk = kind == "pairs"   # a 16-byte store only where the whole chunk fits: its last chunk all in pairs
+
     @cuda.jit
     def solution(packed, packed_u32, lut, absmax_q, absmax2, code2, offset, out, out_u32, n, log2_bs):
         c = uint64(cuda.grid(1))
@@ -517,7 +519,7 @@ def _last_vector(kind):
         for k in range(4):
             w = w0 if k == 0 else w1 if k == 1 else w2 if k == 2 else w3
             i = first + (uint64(k) << uint64(3))
-            if i + uint64(8) <= n:
+            if (first + uint64(32) if whole_chunk else i + uint64(8)) <= n:
                 a0, a1, a2, a3 = word4(w, lut, s)
                 ops.store_u32x4(out_u32, o + (uint64(k) << uint64(2)), a0, a1, a2, a3)
             else:
@@ -528,30 +530,7 @@ def _last_vector(kind):
                     elif j < n:
                         out[j] = ops.to_bf16_bits(lut[(w >> uint32(8 * p + 4)) & nib] * s)
 
-    @cuda.jit
-    def pairs(packed, packed_u32, lut, absmax_q, absmax2, code2, offset, out, out_u32, n, log2_bs):
-        c = uint64(cuda.grid(1))
-        first = c << 5
-        if first >= n:
-            return
-        s = block_scale(absmax_q, absmax2, code2, offset, first >> log2_bs)
-        w0, w1, w2, w3 = ops.load_u32x4(packed_u32, c << 2)
-        o = c << 4
-        for k in range(4):
-            w = w0 if k == 0 else w1 if k == 1 else w2 if k == 2 else w3
-            i = first + (uint64(k) << uint64(3))
-            if first + uint64(32) <= n:
-                a0, a1, a2, a3 = word4(w, lut, s)
-                ops.store_u32x4(out_u32, o + (uint64(k) << uint64(2)), a0, a1, a2, a3)
-            else:   # the whole last chunk in pairs: its whole words too, where a 16-byte store fits
-                for p in range(4):
-                    j = i + (uint64(p) << one)
-                    if j + one < n:
-                        out_u32[j >> one] = pair(w >> uint32(8 * p), lut, s)
-                    elif j < n:
-                        out[j] = ops.to_bf16_bits(lut[(w >> uint32(8 * p + 4)) & nib] * s)
-
-    kernel = {"stub": stub, "scalar": scalar, "solution": solution, "pairs": pairs}[kind]
+    kernel = {"stub": stub, "scalar": scalar}.get(kind, solution)   # "solution" and "pairs" share a kernel
 
     return _chunk_launch(kernel), kernel
 
