@@ -219,7 +219,8 @@ print(f"FMA scales on the main case ({case.n:,} weights), bf16 output: {n_bf16:,
 # (Floating Point Instructions) say an instruction with an explicit rounding modifier is treated
 # conservatively by the code optimizer, and only mul/add sequences *without* one may be turned
 # into fused multiply-adds. (Do not expect `fastmath=True` to help: the draft above was contracted
-# without it, and by numba-cuda's "CUDA Fast Math" page it also flushes subnormals (denormals) to zero and
+# without it, and by numba-cuda's "CUDA Fast Math" page it also flushes subnormals (denormals: nonzero
+# values smaller in magnitude than float32's smallest normal number, 2^-126) to zero and
 # approximates division and square root. The explicitly rounded `fmul_rn` / `fadd_rn` are the fix.)
 
 # %% [markdown]
@@ -227,8 +228,10 @@ print(f"FMA scales on the main case ({case.n:,} weights), bf16 output: {n_bf16:,
 # ## 4. Lesson: rounding float32 to bf16
 #
 # bf16 is the upper half of a float32. Taking the upper 16 bits *truncates*; bitsandbytes rounds
-# to nearest, ties to even (the cell below checks it on every output and counts the exact ties among
-# them), and so does torch's conversion
+# to nearest (the cell below checks it on every output). Where a float32 lies exactly halfway
+# between two bf16 values (an exact *tie*), only the tie rule decides; the cell counts the ties, and
+# a case without any cannot show how bitsandbytes breaks them. The formula below breaks them to the
+# even neighbour, as torch's conversion does
 # (PyTorch's `c10/util/BFloat16.h`, `round_to_nearest_even`: the formula below for numbers, a NaN
 # there becomes 0x7FC0; not run here). On
 # the bits `u` of the float32:
@@ -360,7 +363,9 @@ assert ptx.count(naive_ptx, r"^st\.global\.(u16|b16)") == 2
 #
 # Bit for bit against bitsandbytes, on the default case and on shapes that break sloppy
 # kernels (odd n, a single weight, partial blocks and groups), and on three weight
-# distributions. A mismatch raises `VerificationError` with an explanation and stops the
+# distributions: *randn* (normal weights, the main case's), *heavy* (Student-t weights times a
+# per-row scale: outliers) and *codes* (every block holds all 16 NF4 levels), described in
+# `nf4lab/harness/cases.py`. A mismatch raises `VerificationError` with an explanation and stops the
 # notebook. (In the simulator we use a subset of the edge shapes to keep it fast.)
 
 # %%
@@ -371,7 +376,7 @@ nf4lab.verify_versions({"01 naive": launch}, case);
 # ## 9. Benchmark
 #
 # On a GPU, `bench.step` verifies the kernel once more on 16384 x 16384, times it through a
-# CUDA graph (GPU time, launch overhead excluded) next to the ceilings of 00 (copy, fill, the
+# CUDA graph (GPU time, without the host's cost of each launch; see 00) next to the ceilings of 00 (copy, fill, the
 # traffic-matched bound) and bitsandbytes, all in the same run, and records the run. It also
 # measures the host time per call (`host_ms`: calls back to back, synchronized at the end). A
 # numba launch from Python has a host cost of its own, which is why GPU time is measured with
@@ -482,7 +487,7 @@ assert result
 #
 # Then make the block size a parameter: a kernel that takes the shift (`log2` of the bytes per
 # block) as an argument, computed in `launch` from `b.blocksize`. The absmax2 group stays 256
-# blocks at every block size.
+# blocks at every block size (the blocksize-32 check includes a tensor of two groups).
 
 # %%
 ### BEGIN SOLUTION
@@ -526,7 +531,8 @@ def launch_any_blocksize(b):
 
 
 result = all([nf4lab.check(launch_any_blocksize, name="exercise 2: blocksize 128", blocksize=128, shapes=SMALL),
-              nf4lab.check(launch_any_blocksize, name="exercise 2: blocksize 32", blocksize=32, shapes=SMALL)])
+              nf4lab.check(launch_any_blocksize, name="exercise 2: blocksize 32", blocksize=32,
+                           shapes=SMALL + ((1, 8195),))])   # 257 blocks of 32: absmax2 group 1 starts at weight 8192
 ### BEGIN SOLUTION
 assert result
 ### STUDENT

@@ -73,8 +73,8 @@ SIG = "(uint8[::1], float32[::1], uint8[::1], float32[::1], float32[::1], float3
 # thread's loads of the big arrays (the code and absmax_q bytes) carry one byte each, and its 4-byte
 # scale and table loads, we expect, mostly hit in cache (not measured here; 08 counts a load's width against the need), so by
 # that count even less is in flight. And it assumes one iteration's bytes
-# per thread: whether the unrolled loop of section 3 has a later iteration's loads issued before
-# an earlier one's return is not measured here.
+# per thread at a time. For its loads, section 3's PTX shows that the loop issues no later
+# iteration's loads before an earlier iteration's have returned; its stores need not have left.
 
 # %%
 N_BIG = 16384 * 16384
@@ -253,15 +253,27 @@ else:
 # <a id="ptx"></a>
 # ## 3. PTX evidence: what a `range` loop compiles to
 #
-# Three things to see: the body is still free of `fma` and float64, still two 16-bit stores
-# per byte; the loop is **unrolled** (the count of 16-bit stores printed below, two a byte, says
-# how many times with this numba and LLVM: the unrolled main loop's copies plus the remainder loop's, which runs the
-# iterations left over when their count is not a multiple of the unroll); and numba computes the loop's
+# Four things to see: the body is still free of `fma` and float64, still two 16-bit stores
+# per byte; the loop is **unrolled**: the compiler copies its body several times, so that one pass
+# of the compiled loop runs several iterations (the count of 16-bit stores printed below, two a byte, says
+# how many copies with this numba and LLVM: the unrolled main loop's copies plus the remainder loop's, which runs the
+# iterations left over when their count is not a multiple of the unroll); no copy's loads go out
+# before the previous copy's stores (below); and numba computes the loop's
 # *trip count* (how many iterations it runs: `len(range(start, stop, step))`) with a **64-bit
 # division** (`div.s64`, beside a `div.u32` that LLVM adds, by our reading of the PTX, as a fast path for operands that fit
 # in 32 bits), once per thread before the loop. One division per thread should be cheap
 # here, not timed: a thread runs hundreds of iterations or more on 16384 x 16384 (printed above).
 # A division *inside* a loop would not be. Exercise 1 removes it.
+#
+# The last line printed below lists the global loads (`L`) and stores (`S`) in the PTX's order.
+# Each copy of the body reads five values before its first store (the code byte, the scale's
+# three, one table entry) and the second table entry before its second: `LLLLLSLS`, once per copy.
+# Each store needs its own copy's loads (its value is a table entry times the scale), and the next
+# copy's loads come after it: nothing tells the compiler that the arrays do not overlap, so neither
+# NVVM nor `ptxas` may move a load above an earlier store. A warp issues its instructions in order
+# (NVIDIA's CUDA C++ Programming Guide, "Hardware Implementation": unlike CPU cores, its instructions
+# "are issued in order", with no branch prediction or speculative execution), so a thread has one iteration's loads in flight at a time, as section 1's estimate assumed: the
+# unrolled loop does not put more bytes read in flight per thread.
 
 # %%
 gs_ptx = nf4lab.compile_ptx(dequant_grid_stride, SIG)
@@ -271,6 +283,10 @@ ptx.check(gs_ptx, present=[r"^div\.s64", r"^mul\.rn\.f32", r"^add\.rn\.f32", r"^
 n16 = ptx.count(gs_ptx, r"^st\.global\.u16")
 print(f"\n16-bit stores in the PTX: {n16} ({n16 // 2} copies of the loop body, 2 stores each)")
 assert ptx.count(gs_ptx, r"^st\.global\.u16") > 2, "expected the loop to be unrolled"
+# Global loads (L) and stores (S) in the PTX's order: the copies of the body one after another.
+order = "".join("L" if t.startswith("ld.global") else "S" for t in map(str.strip, gs_ptx.splitlines())
+                if t.startswith(("ld.global", "st.global")))
+print(f"global loads (L) and stores (S) in PTX order: {order} ({order.count('LLLLLSLS')} times LLLLLSLS)")
 
 # %% [markdown]
 # <a id="verify"></a>
@@ -326,7 +342,7 @@ if base and full and one:
     there = own01.get("01 naive (per byte)") if own01 is not None else None
     if there and run.get("01 naive (per byte)"):
         print(bench.run_to_run("01 naive (per byte)", base, own01, "01"))
-    change = round(100 * (full["gbps"] / base["gbps"] - 1), 1)   # judged as printed: one decimal
+    change = bench.change_pct(full, base)   # from the GB/s as printed, to one decimal
     print(f"full occupancy: {full['gbps']:.0f} GB/s vs 01's {base['gbps']:.0f} GB/s: {change:+.1f}% "
           f"({full['pct_copy']:.0f}% vs {base['pct_copy']:.0f}% of copy)")
     if bench.noise_band(change) == "near":    # past the margin by little: one pair this close can flip
@@ -334,10 +350,11 @@ if base and full and one:
               "the verdict below)")
     if change > NOISE_PCT:
         verdict = "the small gain we predicted" if change < 10 else "more than the small gain we predicted"
-        print(f"  a gain of {change:.1f}%, {verdict}. Two causes fit, and this run does not separate them: the "
-              "fixed costs of 01's one-byte threads (setup, launching and retiring blocks), which the loop pays "
-              "once per thread, and the unrolled loop's later loads going out before earlier ones return "
-              "(more bytes in flight at the same occupancy). To tell them apart, "
+        print(f"  a gain of {change:.1f}%, {verdict}. One cause fits, not measured here: the fixed costs of "
+              "01's one-byte threads (setup, launching and retiring blocks), which the loop pays once per thread. "
+              "More bytes read in flight per thread does not: section 3's PTX has each copy of the loop body load only after "
+              "the previous copy's stores (a copy's stores may still be in flight when the next copy's loads go out; not "
+              "measured here). To see where 01's time goes, "
               + profiling.where_to_look(run.meta.get("gpu"), ("01 naive (per byte)", "02 grid-stride (full occupancy)"))
               + ".")
     elif change < -NOISE_PCT:
@@ -362,12 +379,13 @@ else:
 # * A grid-stride loop decouples the grid from the data: the launch is sized from the GPU
 #   (SMs x resident blocks), and the kernel works for any n with any grid.
 # * Whether it is also a speed-up is measured, not assumed: the comparison printed above says
-#   what it did on the GPU of this run, in one run against 01, and which causes fit without
-#   being separated here (08 shows how to profile them). Judge by the numbers, not by the folklore.
+#   what it did on the GPU of this run, in one run against 01, and which cause fits, not
+#   measured here (08 shows how to profile it). Judge by the numbers, not by the folklore.
 # * Occupancy is not optional: one block per SM was slower here (the table above says by how much), and by section 1's
 #   estimate (its latency assumed) it leaves too few bytes in flight to cover DRAM latency. Bytes in flight, not threads, is what a memory-bound kernel needs; the next steps
 #   get them by moving more bytes per instruction instead of running more threads.
-# * numba's `range` with a runtime step costs a 64-bit division per thread and is unrolled (how
+# * numba's `range` with a runtime step computes its trip count with one division per thread (a
+#   64-bit `div.s64` in the PTX, with a 32-bit fast path that this case's operands take) and is unrolled (how
 #   many times depends on the compiler: section 3 counts the copies of the loop body in the PTX,
 #   main loop and remainder together, not the unroll factor); read the PTX before you trust a loop.
 #
@@ -381,7 +399,10 @@ else:
 #
 # Rewrite the loop as a `while` loop (`i = start`, `while i < nbytes: ...; i += stride`), so that
 # numba need not compute a trip count. The cell checks bit-exactness and prints how many 64-bit
-# divisions are left in the PTX (none is the goal). (Think: why is the `while` loop allowed to skip the trip count, and could it still
+# divisions are left in the PTX (none is the goal). It checks the kernel twice: launched as `launch`
+# does, and on a grid of 2 blocks of 64 threads: on the largest shape (31x67, 1,039 bytes) every thread loops. A stride smaller than
+# the grid's (`cuda.gridDim.x` counts blocks, not threads) writes the same bits with repeated work,
+# which no check of the bits can see: the stride is `cuda.gridsize(1)`. (Think: why is the `while` loop allowed to skip the trip count, and could it still
 # be unrolled?)
 
 # %%
@@ -414,7 +435,12 @@ def launch_while(b):
 ### END SOLUTION
 
 
-result = nf4lab.check(launch_while, name="exercise 1: while loop", shapes=((3, 5), (1, 65), (7, 33), (31, 67)))
+WHILE_SHAPES = ((3, 5), (1, 65), (7, 33), (31, 67))
+result = nf4lab.check(launch_while, name="exercise 1: while loop", shapes=WHILE_SHAPES)
+if result:   # a grid much smaller than the data: 128 threads for up to 1,039 bytes, up to 9 passes each
+    result = nf4lab.check(lambda b: dequant_while[2, 64, b.stream](b.packed, b.lut, b.absmax_q, b.absmax2, b.code2,
+                                                                   b.offset, b.out, b.n, b.nbytes),
+                          name="exercise 1: while loop, 2 blocks of 64 threads", shapes=WHILE_SHAPES)
 if result:
     while_ptx = nf4lab.compile_ptx(dequant_while, SIG)
     print("64-bit divisions in the PTX:", ptx.count(while_ptx, r"^(div|rem)\.\w64"))
@@ -439,7 +465,9 @@ print(f"16-bit stores in the while loop's PTX: {n16w} ({n16w // 2} cop{'ies' if 
 # **Predict first**, then measure: with 128 threads per block (and twice as many resident blocks
 # per SM, so the same number of threads), does the full-occupancy version get faster, slower,
 # or stay the same? Write `launch_128` and check it. On a GPU, the cell then times it next to
-# `launch` in one run; in the simulator only correctness is checked.
+# `launch` in one run; in the simulator only correctness is checked. The check verifies the bits
+# only: the launch shape is yours to get right (128 threads a block, and as many threads in all as
+# `launch` runs).
 
 # %%
 ### BEGIN SOLUTION
@@ -460,10 +488,10 @@ if result and nf4lab.ON_GPU:
                             nf4lab.make_case(), baselines=False)
     print(ex.table())
     a, b128 = ex.get("02 grid-stride, 256 threads"), ex.get("02 grid-stride, 128 threads")
-    change = round(100 * (b128["gbps"] / a["gbps"] - 1), 1)   # one run; judged as printed, one decimal
+    change = bench.change_pct(b128, a)   # one run; from the GB/s as printed, to one decimal
     # The series' bands (bench.noise_band): a near change is not called faster or slower, only re-run.
     print(f"128 threads against 256: {change:+.1f}%: " + {
-        "within": f"the same, within the series' noise margin of {bench.NOISE_PCT}%",
+        "within": f"no difference measured, within the series' noise margin of {bench.NOISE_PCT}%",
         "near": f"near (past the {bench.NOISE_PCT}% noise margin but within twice it): not a settled "
                 f"{'gain' if change > 0 else 'loss'}, since one pair this close can flip in another execution; "
                 "re-run to confirm",

@@ -65,8 +65,9 @@ print(f"writes: {out_bytes / bytemodel.bytes_moved(N_BIG):.1%} of the bytes move
 # load/store unit: the part of an SM that issues memory instructions). Our
 # prediction: **some gain if those instructions were part of the limit, none if DRAM latency
 # was all of it**; and, we expect, not the ceiling either way, because each thread still loads a
-# single byte per iteration (whether the grid-stride loop keeps several iterations' loads in
-# flight is not measured here, nor in 02). The benchmark measures 01 and 02 in the same run, so
+# single byte per iteration (02's PTX showed that its grid-stride loop issues an iteration's
+# loads only after the previous iteration's stores, so a thread has one iteration's loads in
+# flight; 03's loop is built the same way, its PTX not read here). The benchmark measures 01 and 02 in the same run, so
 # that each 03 version is compared with the kernel it differs from *in source* by the store alone
 # (and its conversion: one bf16x2 pack instead of two bf16 conversions); whether the compiled
 # loops differ too (unrolling, scheduling) is not checked here.
@@ -255,8 +256,8 @@ for name, nb, base_name in (PAIRS if run is not None else ()):
         base, note = bench.Run.load(nb).get(base_name), f" (from {nb}'s own run: two runs, not one)"
     if r is None or base is None:
         continue
-    change = 100 * (r["gbps"] / base["gbps"] - 1)
-    changes[name] = round(change, 1)   # judged as printed: one decimal
+    change = bench.change_pct(r, base)   # from the GB/s as printed, to one decimal
+    changes[name] = change
     print(f"{name}: {r['gbps']:.0f} GB/s vs {base_name}: {base['gbps']:.0f} GB/s, {change:+.1f}%{note}")
 gains = [c for c in changes.values() if c > NOISE_PCT]
 losses = [c for c in changes.values() if c < -NOISE_PCT]

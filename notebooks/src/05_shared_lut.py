@@ -107,7 +107,8 @@ print(f"the table (b.lut, made by make_buffers as the benchmark's are) starts at
 #
 # * `make_table(lut)` runs once per thread at the start and returns the table: the constant
 #   array, the shared array (after the first 16 threads filled it and the block synchronized),
-#   or nothing for the register version;
+#   or the `lut` argument itself (`no_table`): the global table, which the baseline reads with
+#   `index_lookup` and the register version ignores;
 # * `lookup(table, q)` returns entry `q`.
 #
 # numba compiles each kernel with its plug-ins inlined (they are module-level functions the
@@ -155,7 +156,7 @@ def shared_table(lut):
 
 @cuda.jit(device=True, inline="always")
 def no_table(lut):
-    return lut                                 # unused: the values are instruction constants
+    return lut                                 # the global table: the baseline reads it, the select tree ignores it
 
 
 @cuda.jit(device=True, inline="always")
@@ -293,7 +294,7 @@ ptx.check(ptxs["registers"], present=common_present + [r"^selp\.f32"],
           absent=common_absent + [r"^ld\.const", r"^ld\.shared\.f32"])
 # A static count: instructions in the PTX text, not lookups executed at run time. The PTX is cut into its basic
 # blocks (at its labels): the block with the 16-byte store converts one whole word (8 weights) and runs once per
-# word, up to 4 times per thread (the loop over j); the other lookups are in the tail, which LLVM unrolled.
+# word, up to 4 times per thread (the loop over j); the other lookups are in the tail's code.
 LOOKUP = r"^(ld\.(const|shared)\.f32|selp\.f32)"
 print("lookup instructions (ld.const.f32, ld.shared.f32 or selp.f32) in each kernel's PTX, a static count:")
 for where, p in ptxs.items():
@@ -319,7 +320,7 @@ nf4lab.verify_versions(VERSIONS, case);
 # table's place is the one thing that differs. Step 04's coalesced kernel itself (loaded from
 # notebook 04's kernel cells) runs too: against 04's own record of it, it shows how far one kernel
 # moves between two runs, and against the baseline what 05's rewrite of the kernel (the factory's
-# loop over a local array, the inlined tail) changed. Then every step so far: each kernel gets one bar, taken
+# loop over a local array, the tail written out in the kernel) changed. Then every step so far: each kernel gets one bar, taken
 # from the latest step whose recorded run timed it (the kernels timed here, from this run); a bar
 # from another run says so in its label, "(NN's run of <date>)", NN the notebook whose run it is.
 # Only bars of one run compare directly with each other and with the ceiling lines, which are this run's.
@@ -354,23 +355,28 @@ if run is not None:
         if there:
             print(bench.run_to_run(K04, k04, r04, "04"))
         if g:
-            d = 100 * (round(g["gbps"]) / round(k04["gbps"]) - 1)   # from the GB/s the table prints
-            print(f"05's rebuild of it (the baseline) against 04's kernel, this run: {d:+.1f}% "
-                  f"({'within' if abs(round(d, 1)) <= bench.NOISE_PCT else 'beyond'} the {bench.NOISE_PCT}% noise margin)")
+            d = bench.change_pct(g, k04)   # from the GB/s the table prints
+            print(f"05's rebuild of it (the baseline) against 04's kernel, this run: {d:+.1f}% (" + {
+                "within": f"within the {bench.NOISE_PCT}% noise margin: no difference measured",
+                "near": f"near: past the {bench.NOISE_PCT}% noise margin but within twice it, re-run to tell",
+                "beyond": f"beyond twice the {bench.NOISE_PCT}% noise margin"}[bench.noise_band(d)] + ")")
     if g and sh:
-        gain = sh["gbps"] / g["gbps"] - 1
-        print(f"shared table against global table: {g['gbps']:.0f} -> {sh['gbps']:.0f} GB/s ({gain:+.1%}), "
+        gain = bench.change_pct(sh, g)   # from the GB/s as printed
+        print(f"shared table against global table: {g['gbps']:.0f} -> {sh['gbps']:.0f} GB/s ({gain:+.1f}%), "
               f"noise margin {bench.NOISE_PCT}%")
         # Whose numbers these are: this run's, or a recorded GPU's (no GPU here).
         where = "on this GPU" if not run.recorded else f"on the {run.meta.get('gpu', 'recorded GPU')} (recorded)"
-        if abs(round(100 * gain, 1)) <= bench.NOISE_PCT:     # the series' one margin, judged as printed
+        band = bench.noise_band(gain)   # the series' one margin: a near change decides nothing
+        if band == "within":
             print(f"-> within the {bench.NOISE_PCT}% noise margin: {where} the shared table gains nothing "
                   "measurable over the global one")
+        elif band == "near":
+            print(f"-> near (past the {bench.NOISE_PCT}% noise margin but within twice it): {where} the shared table "
+                  f"may be {'faster' if gain > 0 else 'slower'} than the global one; one run does not settle it, "
+                  "re-run to confirm")
         else:
-            print(f"-> beyond the {bench.NOISE_PCT}% noise margin: {where} the shared table is "
-                  f"{'faster' if gain > 0 else 'slower'} than the global one"
-                  + (" (but within twice the margin: re-run to confirm)"
-                     if bench.noise_band(100 * gain) == "near" else ""))
+            print(f"-> beyond twice the {bench.NOISE_PCT}% noise margin: {where} the shared table is "
+                  f"{'faster' if gain > 0 else 'slower'} than the global one")
     elif sh:
         print("(this recorded run predates the global-table baseline: run the notebook on a GPU to measure it)")
     for label, name in (("the select tree", "05 LUT in registers (selp tree)"),
@@ -404,7 +410,7 @@ plots.progress("05_shared_lut");
 #   see misses), and 16 entries in 16 banks with same-address broadcast are conflict-free by
 #   construction. Measuring the baseline
 #   is the lesson: an optimization that wins nothing on the GPU in hand is named as such. Where
-#   the shared table came out measurably slower, its per-block fill and `syncthreads` (third
+#   the shared table came out slower by more than twice the margin, its per-block fill and `syncthreads` (third
 #   bullet) are the likely cost: an expectation, not measured here.
 # * **Constant memory** is for uniform access: the constant cache serves the distinct addresses
 #   of a warp's request one after another. A LUT indexed by data is the worst case for it; the
@@ -521,8 +527,10 @@ print(given.report if given.report is not None else given.error or "bit-exact: n
 # *What to notice:* none of the starting point's outputs could be right: the kernel holds NF4's
 # 16 values, compiled in, whatever `b.lut` holds, and no code has the same value in NF4 and in
 # fp4, so with a nonzero scale every weight comes out wrong (the report printed above counts the
-# wrong weights of its 3x5 case). Constant memory and instruction
-# constants are fixed when the kernel is compiled, so each table needs its own kernel (and
+# wrong weights of its 3x5 case). In numba a constant array (`cuda.const.array_like`) is compiled
+# into the module with its values, and instruction constants are part of the code: both are fixed
+# when the kernel is compiled, so each table needs its own kernel here (CUDA C++ can rewrite a
+# `__constant__` array between launches, with `cudaMemcpyToSymbol`) (and
 # section 2's launch functions for those two refuse fp4 cases); the shared-memory kernel copies
 # whatever table the launch passes and serves fp4 unchanged (the second check above), though the
 # exercise's check refuses it: its PTX has no `ld.const.f32`.

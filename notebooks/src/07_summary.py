@@ -189,10 +189,10 @@ if run is not None:
     checks["every version bit-exact"] = all(r.get("bit_exact") is True for r in run.kernels())
     for what, ok in checks.items():
         print(f"  [{verdict(ok)}] {what}")
-    for n in (BEST, DROP_IN):   # the target allows 2%; the series calls 1-2% "near" (re-run), within 1% "the same"
+    for n in (BEST, DROP_IN):   # the target allows 2%; the series calls 1-2% "near" (re-run), within 1% "no difference measured"
         if rec[n, "bf16"] and rec[n, "fp16"]:
-            c = 100 * (round(rec[n, "fp16"]["gbps"]) / round(rec[n, "bf16"]["gbps"]) - 1)
-            print(f"  {n}: fp16 against bf16 {c:+.1f}%: " + {"within": "within the noise margin, the same speed",
+            c = bench.change_pct(rec[n, "fp16"], rec[n, "bf16"])
+            print(f"  {n}: fp16 against bf16 {c:+.1f}%: " + {"within": "within the noise margin: no difference measured",
                   "near": "near the noise margin: re-run before calling them different",
                   "beyond": "beyond the noise margin: different speeds"}[bench.noise_band(c)])
 

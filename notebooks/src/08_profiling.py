@@ -358,8 +358,8 @@ for name, s in summaries.items():
 # 16-byte stores and a cheap table lookup reach the wall: 04's second kernel and 05's shared-memory
 # table, which also load their codes 16 bytes at a time, and 06, whose code loads are 32-bit (its
 # recorded row is an earlier kernel that loaded its words the same way). In the table above they do
-# so with about the occupancy of 02's grid-stride kernel, which does not (it loads 1 byte and stores
-# 2 at a time): what changed is the bytes each memory instruction carries. Wide loads
+# so with about the occupancy of 02's grid-stride kernel, which does not (its code loads are 1 byte
+# and its stores 2 bytes, one weight each): what changed is the bytes each memory instruction carries. Wide loads
 # alone are not enough: 04's scattered stores stay far below the wall at high occupancy (32 sectors
 # per store request). Nor are wide loads with coalesced stores: 05's constant-memory and register
 # tables stay far below too, with 16 sectors per store request; the register table's occupancy is
@@ -397,6 +397,7 @@ for name, s in summaries.items():
 # | `math_pipe_throttle` | a busy arithmetic pipe | many instructions per weight, e.g. the LUT as a tree of selects (05) |
 # | `drain` | its stores to leave, at exit | store-heavy kernels: 4 bytes out for every byte in |
 # | `wait` | a fixed-latency dependency | plain arithmetic |
+# | `dispatch_stall` | nothing of its own: it was ready, and the dispatcher held back its instruction (by Nsight Compute's Profiling Guide, for "other conflicts or events") | rare in these kernels |
 # | `not_selected` | nothing: it was ready but another warp issued | more ready warps than the scheduler needs: harmless beside memory waits; where it is on top, the schedulers issue every cycle they can and instructions are the limit |
 #
 # Which version shows each reason most:
@@ -496,8 +497,10 @@ show_lines(lines) if lines else print("No source page with line info recorded: n
 # byte, no suffix: 4 bytes, `.128`: 16 bytes) narrows down which array it reads.
 #
 # A stall sample is charged to the instruction a warp would issue next and did not. That warp may
-# be waiting for an operand (`long_scoreboard`, `short_scoreboard`, `wait`), or it may be ready
-# while another warp issues or its pipe is busy (`not_selected`, `math_pipe_throttle`). Where
+# be waiting for an operand (`long_scoreboard`, `short_scoreboard`, `wait`); it may be ready while
+# another warp issues, its pipe is busy or the dispatcher holds it back (`not_selected`,
+# `math_pipe_throttle`, `dispatch_stall`); or it may wait for something else: the block's barrier,
+# room in a queue, or its stores to leave (`barrier`, `lg_throttle`, `mio_throttle`, `drain`). Where
 # operand waits hold most of an instruction's samples, the instruction itself is rarely slow: what
 # it waits for is the instruction that wrote its operand register. The cell below reads the whole SASS listing of the same source
 # page in address order, with the registers each instruction writes and reads, and names the
@@ -559,7 +562,9 @@ if prog:
     print(f"source page: {source_page}" + (" (live: a temporary folder on this machine)" if live is not None else ""))
     print(f"offsets below count from the kernel's first instruction, at address {start:#x} on that page")
     hot = profiling.hottest(prog)
-    print(f"hottest instruction ({hot['share']:.1%} of the samples), at +{hot['offset']:#06x}, line "
+    # Its share is of all the samples on the page, as section 7's line shares are: a line's samples are the sum of
+    # its instructions', so a line holds at least the share of its hottest instruction.
+    print(f"hottest instruction ({hot['share']:.1%} of the page's samples), at +{hot['offset']:#06x}, line "
           f"{hot['line']}: {hot['sass']}  (reads {sorted(operands(hot['sass'])[2])})")
     defs = [x for x in prog if x["source"].startswith("def ")]
     if defs:
@@ -624,9 +629,13 @@ print("python -m nf4lab.measure.profiling table my.csv")
 # - `long_scoreboard` comes first in the memory-bound versions: the warps wait on memory. Any
 #   other reason on top (`lg_throttle`, `mio_throttle`, `math_pipe_throttle`, or `not_selected`
 #   in an instruction-bound kernel) names what holds a version back before DRAM does.
-# - With `lineinfo=True`, stalls land on Python lines, which is where a fix is written; the
-#   hottest instruction is the one that waits, and the instruction it waits for is found by
-#   walking back to the writer of its operands.
+# - With `lineinfo=True`, stalls land on Python lines, which is where a fix is written. The
+#   hottest instruction is the one where sampled warps most often did not issue; its stall reasons
+#   say why. Where operand waits hold most of its samples, walking back to the writers of its
+#   operands finds a chain that may lead to what it waited for; where ready warps or a busy pipe
+#   hold most of them, it waited for no operand. The exercise's page says which holds there (on
+#   the recorded H100 page of 04's kernel the hottest instruction waits on a load; a live profile
+#   can differ: the page decides).
 
 # %% [markdown]
 # <a id="exercises"></a>
