@@ -25,7 +25,7 @@ VARIABLES = (
              "sm_89 or sm_90 (sm_75 on an H100 compiles exactly what a T4 runs)", "unset: the GPU in hand, else sm_90"),
     Variable("NF4LAB_CACHE", "folder for generated bitsandbytes cases", "data/cache/"),
     Variable("NF4LAB_RESULTS_GPU", "which GPU's folder under data/results/ notebooks read in the simulator",
-             "the GPU in hand, else the folder with the most results"),
+             "the GPU in hand, else the recorded GPU whose notebooks ran last"),
     Variable("NF4LAB_PTXAS", "the ptxas that `python -m nf4lab ptx --all` assembles with",
              "the one of the nvidia-cuda-nvcc wheel beside numba-cuda's NVVM"),
     Variable("NF4LAB_RUN_ID", "one run id for the results records of several processes (an orchestrating script "

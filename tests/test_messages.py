@@ -1,4 +1,5 @@
 """Bad input gets one clear line that names what is wrong, before anything runs."""
+import json
 import subprocess
 import sys
 
@@ -40,3 +41,28 @@ def test_verify_says_what_it_expected():
         nf4lab.verify(None, case)
     with pytest.raises(TypeError, match="case must be a Case"):
         nf4lab.verify(case.expected, None)
+
+
+def test_without_a_gpu_notebooks_read_the_gpu_the_book_last_ran_on(tmp_path, monkeypatch):
+    """A student without a GPU must see the records the committed outputs show: the GPU whose notebooks ran
+    last, not the folder that happens to hold more files (an older GPU can hold more, of earlier kernels)."""
+    from nf4lab.measure import results
+
+    def folder(name, files, date):
+        d = tmp_path / name
+        d.mkdir()
+        for i in range(files):
+            (d / f"r{i}.json").write_text("{}")
+        if date:
+            (d / "notebook_times.json").write_text(json.dumps({"meta": {"date": date}, "records": []}))
+
+    folder("OLD_GPU", 9, "2026-11-28 08:53 UTC")
+    folder("NEW_GPU", 2, "2026-11-30 05:33 UTC")
+    folder("NO_BOOK", 20, None)
+    monkeypatch.setattr(results, "RESULTS_DIR", tmp_path)
+    monkeypatch.setattr(results, "current_gpu", lambda: None)
+    monkeypatch.delenv("NF4LAB_RESULTS_GPU", raising=False)
+    assert results.default_gpu() == "NEW_GPU"
+    (tmp_path / "NEW_GPU" / "notebook_times.json").unlink()
+    (tmp_path / "OLD_GPU" / "notebook_times.json").unlink()
+    assert results.default_gpu() == "NO_BOOK"   # no book run anywhere: the folder with the most files

@@ -187,7 +187,7 @@ def stage_linked(pages: list[Path], stage: Path) -> None:
 def pick_results_gpu(notebooks: list[dict], summary: dict | None = None) -> str | None:
     """The GPU whose summary the landing page plots: the one notebook 07's page (``summary``) was executed on,
     else the one most notebook pages' outputs were recorded on; for simulator runs, the recorded GPU they show
-    (most results files, as nf4lab chooses)."""
+    (the one whose notebooks ran last, as nf4lab chooses)."""
     on = collections.Counter(g for g in map(executed_gpu, notebooks) if g)
     first = executed_gpu(summary) if summary else None
     for name in ([first] if first else []) + [name for name, _ in on.most_common()]:
@@ -197,7 +197,14 @@ def pick_results_gpu(notebooks: list[dict], summary: dict | None = None) -> str 
     if env and (RESULTS / gpu_slug(env) / "07_summary.json").exists():
         return gpu_slug(env)
     dirs = [d for d in RESULTS.iterdir() if d.is_dir() and (d / "07_summary.json").exists()] if RESULTS.exists() else []
-    dirs.sort(key=lambda d: (-len(list(d.glob("*.json"))), d.name))
+
+    def book_date(d: Path) -> str:   # as nf4lab.measure.results.default_gpu: notebook_times.json's date
+        try:
+            return str(json.loads((d / "notebook_times.json").read_text()).get("meta", {}).get("date", ""))
+        except (OSError, ValueError):
+            return ""
+
+    dirs.sort(key=lambda d: (book_date(d) == "", [-ord(c) for c in book_date(d)], -len(list(d.glob("*.json"))), d.name))
     return dirs[0].name if dirs else None
 
 

@@ -1,4 +1,4 @@
-"""The fused GEMV's float64 check (09, section 4): a case with exact ``y64``, the float32 tolerance, the verdicts."""
+"""The fused GEMV's float64 check (09, section 6): a case with exact ``y64``, the float32 tolerance, the verdicts."""
 import dataclasses
 
 import numpy as np

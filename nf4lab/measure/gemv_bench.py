@@ -1,4 +1,4 @@
-"""The fused GEMV's benchmark (09, sections 1, 5, 6) against bitsandbytes' ``matmul_4bit``; its table and plot."""
+"""The fused GEMV's benchmark (09, sections 1, 7, 8) against bitsandbytes' ``matmul_4bit``; its table and plot."""
 import dataclasses, itertools, math, time  # noqa: E401
 
 from .. import runtime
@@ -137,7 +137,7 @@ def benchmark(launch, shapes=LLM_SHAPES, dtypes=("bf16", "fp16"), ms=(1,), progr
 
 def summary(run, bound=None) -> str:
     """Per shape, dtype and M: the default kernel against bitsandbytes' matmul_4bit (us, x bnb), the copy ceiling
-    and ``bound`` (lab/gemv_read_bound.py's run: only reads the weight bytes), and both's tolerance verdicts."""
+    and ``bound`` (a run with "bound" records: a kernel only reading the weight), and both's tolerance verdicts."""
     ours, copy = default_kernel(run), next((r for r in run.records if r["name"] == COPY), None)
     ok = {(c["name"], tuple(c["shape"]), c["dtype"], c.get("M", 1)): c["ok"] for c in run.meta.get("checks", [])}
     lines = [f"{'W (N x K)':>11} {'dtype':>5} {'M':>2} {'ours us':>8} {'bnb us':>7} {'x bnb':>6} {'% copy':>7} "

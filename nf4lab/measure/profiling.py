@@ -468,8 +468,8 @@ def load_recorded(gpu: str | None = None) -> dict | None:
     Returns ``{"gpu", "meta", "versions": {name: {"file", "kernels", "summary", ...}}, "dir", "dates"}``
     (``dates``: the days the versions were profiled, each version's own date or the run's)
     or None when nothing is recorded. ``gpu`` defaults to results.default_gpu() (the GPU in hand,
-    or $NF4LAB_RESULTS_GPU) when it has profiles, else the folder with the most files: compare
-    ``gpu`` with results.current_gpu() before calling them this machine's.
+    the recorded GPU whose notebooks ran last, or $NF4LAB_RESULTS_GPU) when it has profiles, else the folder
+    with the most files: compare ``gpu`` with results.current_gpu() before calling them this machine's.
     """
     gpus = recorded_gpus()
     if not gpus:

@@ -124,8 +124,10 @@ def default_gpu() -> str | None:
     """Whose results notebooks read, compare and plot.
 
     On a GPU: that GPU's own, even before anything is recorded for it (a T4's first run must not
-    compare itself with an H100). Without a GPU: the recorded GPU with the most results files
-    (ties by name, so the choice is stable). ``NF4LAB_RESULTS_GPU`` overrides both.
+    compare itself with an H100). Without a GPU: the recorded GPU whose notebooks ran last (the newest
+    ``notebook_times.json``), so a simulator run shows the records the committed outputs show; where no
+    book run is recorded, the GPU with the most results files (ties by name, so the choice is stable).
+    ``NF4LAB_RESULTS_GPU`` overrides both.
     """
     env = config.results_gpu()
     if env:
@@ -134,7 +136,20 @@ def default_gpu() -> str | None:
     if here is not None:
         return here
     found = gpus()
+    book = {g: _book_date(g) for g in found}
+    ran = [g for g in found if book[g]]
+    if ran:
+        return max(ran, key=lambda g: (book[g], [-ord(c) for c in g]))
     return found[0] if found else None
+
+
+def _book_date(gpu: str) -> str:
+    """When the book last ran on this GPU ('' when never): notebook_times.json's date, which sorts as text."""
+    path = RESULTS_DIR / gpu / "notebook_times.json"
+    try:
+        return str(json.loads(path.read_text()).get("meta", {}).get("date", ""))
+    except (OSError, ValueError):
+        return ""
 
 
 def source_note(gpu: str | None = None) -> str:

@@ -278,8 +278,9 @@ for name, s in summaries.items():
 #   are not global loads). Of the scale loads, `absmax_q` and `absmax2` touch 1 sector each, and
 #   `code2` (8 entries a sector) at most one sector per distinct entry that the warp's `absmax_q`
 #   values pick: up to 4 where a warp's lanes take 32 consecutive words (04's second kernel, 05's),
-#   up to 16 in 04's scattered kernel, whose warp load spans 1024 weights, 16 blocks. 06 copies
-#   `code2` whole into shared memory, 4 sectors a coalesced 32-bit load. The value printed for them is
+#   up to 16 in 04's scattered kernel, whose warp load spans 1024 weights, 16 blocks. 06's kernel
+#   copies `code2` whole into shared memory, 4 sectors a coalesced 32-bit load; a row marked EARLIER
+#   is the kernel 06 replaced, which read `code2` from global memory as 05's do. The value printed is
 #   that mix, so this column alone cannot show whether the code loads are fully coalesced.
 
 # %% [markdown]
@@ -481,8 +482,13 @@ show_lines(lines) if lines else print("No source page with line info recorded: n
 # sets up the stack pointer rather than reading a parameter; the thread and block indices, `S2R`)
 # and inlined helpers (`inline="always"`) whose lines lie above the `def` line: numba-cuda charges
 # any line number smaller than the `def` line's to it (its lowering's `_adjust_line_if_prologue`),
-# and an inlined helper keeps its own line numbers. On 06's page (the one a live profile shows; a
-# recorded page of another version reads the same way) those are the helpers its kernel
+# and an inlined helper keeps its own line numbers, even one from another file: the page prints those
+# against the lines of the kernel's cell that carry the same numbers. Numbers smaller than the `def`
+# line's land on it; larger ones on whatever line of the cell has that number, which may not hold such
+# an instruction at all (04's kernel, the exercise's, has its `def` line near the top of its cell, so
+# `block_scale`'s loads land on a line of its body that loads nothing): read an instruction's kind and
+# width before its line. On 06's page (the one a live profile shows) every helper's line number is
+# smaller than the `def` line's: the helpers its kernel
 # cell defines above the kernel (its `LDS` are `weights`' table reads, 2 a call, and `scale_of`'s
 # `code2` reads) and, from other files, `block_scale` (01 writes it, 02-06 import it from
 # `nf4lab.lesson`; it loads one byte of `absmax_q` and a float each of `code2` and `absmax2`) and the
@@ -629,13 +635,12 @@ print("python -m nf4lab.measure.profiling table my.csv")
 # - `long_scoreboard` comes first in the memory-bound versions: the warps wait on memory. Any
 #   other reason on top (`lg_throttle`, `mio_throttle`, `math_pipe_throttle`, or `not_selected`
 #   in an instruction-bound kernel) names what holds a version back before DRAM does.
-# - With `lineinfo=True`, stalls land on Python lines, which is where a fix is written. The
+# - With `lineinfo=True`, stalls land on Python lines, which is where a fix is written (an inlined
+#   helper from another file lands on the line of the cell with its own number: section 7). The
 #   hottest instruction is the one where sampled warps most often did not issue; its stall reasons
 #   say why. Where operand waits hold most of its samples, walking back to the writers of its
 #   operands finds a chain that may lead to what it waited for; where ready warps or a busy pipe
-#   hold most of them, it waited for no operand. The exercise's page says which holds there (on
-#   the recorded H100 page of 04's kernel the hottest instruction waits on a load; a live profile
-#   can differ: the page decides).
+#   hold most of them, it waited for no operand. The exercise's page says which holds there.
 
 # %% [markdown]
 # <a id="exercises"></a>
@@ -699,7 +704,8 @@ for listing, what in ((prog04, "04's page"), (prog, "section 7's page")):
 # %% [markdown]
 # *What to notice:* read the printed instructions with their lines and the source text beside
 # them. Where did the walk end, and on which line? If it ended at a load: which array does the
-# load read, and how wide is it? If not: what is the hot instruction waiting for, and how often
+# load read, and how wide is it? Does the line's source hold such a load (section 7: a helper
+# inlined from another file lands on the line of this cell that has its own number)? If not: what is the hot instruction waiting for, and how often
 # does a warp pass its line? Then read the hot instruction's stall reasons (section 6's table says
 # what each means) and their split: do they agree with where the walk ended? Do the same for
 # section 7's page.
@@ -709,11 +715,14 @@ for listing, what in ((prog04, "04's page"), (prog, "section 7's page")):
 # their split ("of them: ... waits for an operand, ... ready warps or a busy pipe").
 #
 # - **A global load** (`LDG`), with `long_scoreboard` on top: if the walk followed the path of the
-#   hot instruction's operand, the warps wait for memory, and the load's line names the array. A
+#   hot instruction's operand, the warps wait for memory, and the load's width and operands (not
+#   always its line) name the array. A
 #   16-byte load (`LDG.E.128`) in 04's kernel is the word load of the packed codes. A one-byte load
 #   (`LDG.E.U8`) whose value becomes an address (`IMAD.WIDE ..., 0x4`: an index times 4 bytes) is an
 #   `absmax_q` byte turned into the address of the `code2` float it indexes (`block_scale`): a load
-#   whose address needs another load. That reading holds where the hot instruction is that address
+#   whose address needs another load; `block_scale` comes from `nf4lab/lesson`, so on 04's page its
+#   loads sit on the line of 04's cell that has their own file's number, a line that loads nothing.
+#   That reading holds where the hot instruction is that address
 #   computation or a load through it. Where the cell warns instead that the first writer computes an
 #   address while the hot instruction uses the register as data, the walk followed a reuse of the
 #   register (an address, `IMAD.WIDE`) rather than the word the hot instruction read. In 06's
