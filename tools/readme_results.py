@@ -297,7 +297,12 @@ def gemv_lines(gpu) -> list:
     if run is None:
         return []
     recs = run["records"]
+    from nf4lab.measure import provenance
+
     bound = results.load("09_read_bound", gpu)
+    # a pure read sits beside the fused times only when it is of the same run; otherwise one line says why not
+    apart = bound and provenance.why_not_comparable(run["meta"], {}, bound["meta"], {})
+    bound = None if apart else bound
     reads = {tuple(q["shape"]): q for q in (bound or {}).get("records", []) if q["kind"] == "bound"}
     read_copy = max((q["gbps"] for q in (bound or {}).get("records", []) if q["name"] == bench.COPY),
                     default=None)
@@ -317,7 +322,9 @@ def gemv_lines(gpu) -> list:
                      f"{'' if b is None else format(b['ms'] * 1e3, '.1f')} | {r['speedup_vs_bnb']:.2f} | "
                      f"{r['pct_copy']:.0f} | " + (_read_cell(reads.get(tuple(r["shape"])), read_copy) if bound else "")
                      + f"{'yes' if r.get('within_tol') else 'no'} |")
-    return lines + ["", f"Source: `{run['path']}` (every variant, batch M = 2-8 in `09_fused_gemv_batch.json`)."]
+    return lines + ([""] + [f"The pure read of `09_read_bound.json` (a kernel that only reads the same bytes) is not set beside "
+                            f"these times: {apart}."] if apart else []) + [
+        "", f"Source: `{run['path']}` (every variant, batch M = 2-8 in `09_fused_gemv_batch.json`)."]
 
 
 def _read_cell(q, copy) -> str:

@@ -12,6 +12,7 @@ cells through it too, as they are, to see which kernels they launch.
 from __future__ import annotations
 
 import json
+import linecache
 import types
 from pathlib import Path
 
@@ -42,7 +43,10 @@ def load_module(notebook: str | Path, srcdir: Path | None = None) -> types.Modul
     if srcdir is not None:
         srcdir.mkdir(parents=True, exist_ok=True)
     for i, src in enumerate(kernel_cells(path)):
-        filename = f"<{path.name}>"
+        filename = f"<{path.name} kernel cell {i}>"
+        # as IPython does for a cell: inspect.getsource then finds the text, so a kernel loaded here hashes
+        # (provenance.source_hash) as it did in its own notebook, not by its bytecode
+        linecache.cache[filename] = (len(src), None, src.splitlines(True), filename)
         if srcdir is not None:
             f = srcdir / f"{path.stem}_cell{i}.py"
             f.write_text(src)
