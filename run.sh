@@ -11,7 +11,9 @@ mode=${1:-main}
 case "$mode" in
   main) steps=3 ;;
   site|test) steps=2 ;;
-  *) echo "usage: ./run.sh [main|site|test]" >&2; exit 2 ;;
+  -h|--help) sed -n '3,5p' "$0" | sed 's/^#//'; exit 0 ;;
+  *) echo "usage: ./run.sh [main|site|test]: main (the default) sets up and runs everything, site builds" \
+       "build/site/ only, test runs the test suite" >&2; exit 2 ;;
 esac
 
 # What a student needs: the package, Jupyter, the site builder. The test extras (transformers,

@@ -186,8 +186,12 @@ def cmd_notebooks(args) -> int:
     from tqdm.auto import tqdm
 
     inplace = args.inplace if args.inplace is not None else runtime.ON_GPU
-    paths = [p for p in notebook_paths(not args.no_solutions)
-             if not args.only or any(p.name.startswith(o) for o in args.only)]
+    every = notebook_paths(not args.no_solutions)
+    paths = [p for p in every if not args.only or any(p.name.startswith(o) for o in args.only)]
+    if missing := [o for o in args.only or () if not any(p.name.startswith(o) for p in every)]:
+        print(f"python -m nf4lab notebooks: --only {' '.join(missing)} matches no notebook; there are "
+              f"{', '.join(sorted({p.name[:2] for p in every}))}", file=sys.stderr)
+        return 2
     failed = []
     for p in tqdm(paths, desc="notebooks"):
         out = p if inplace else BUILD / p.relative_to(ROOT)

@@ -88,6 +88,10 @@ def _numpy_shim() -> None:
 
 
 def _decide(forced: str) -> tuple[str, str]:
+    if forced == "gpu":
+        ok, reason = _probe_driver()
+        if not ok:   # decided as the simulator; MODE_PROBLEM says it where it matters
+            return "sim", f"NF4LAB_MODE=gpu, but {reason}"
     if forced in MODES:
         return forced, "forced by NF4LAB_MODE"
     if "numba.cuda" in sys.modules:
@@ -107,7 +111,9 @@ _FORCED = config.mode()
 MODE, REASON = _decide(_FORCED)
 # A bad NF4LAB_MODE is decided as if unset, and raised where it matters (check_arch: the command line, a
 # compile, describe()), as one line: an exception here would be a traceback at `import nf4lab`.
-MODE_PROBLEM = f"NF4LAB_MODE must be one of {MODES}, got {_FORCED!r}" if _FORCED not in MODES + ("",) else None
+MODE_PROBLEM = (f"NF4LAB_MODE must be one of {MODES}, got {_FORCED!r}" if _FORCED not in MODES + ("",) else
+                f"{REASON}: no GPU to run kernels on here (unset NF4LAB_MODE to use the simulator)"
+                if _FORCED == "gpu" and MODE != "gpu" else None)
 SIMULATOR = MODE == "sim"
 ON_GPU = MODE == "gpu"
 # (name, compute capability) of device 0 where kernels run on a GPU, else None.

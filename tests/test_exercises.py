@@ -95,6 +95,12 @@ def test_off_by_one_tail_fails_with_the_tail_hint():
     assert "never written" in str(res) and "tail" in str(res)
 
 
+def test_a_launch_that_writes_nothing_is_told_so_not_blamed_on_the_tail():
+    res = nf4lab.check(lambda b: None, name="empty", shapes=((31, 67),), verbose=False)
+    assert not res
+    assert "nothing was written" in str(res) and "tail" not in str(res)
+
+
 def test_truncating_conversion_fails_with_the_rounding_hint():
     res = nf4lab.check(_make("truncate"), name="trunc", shapes=SMALL, verbose=False)
     assert not res

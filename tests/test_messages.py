@@ -35,6 +35,22 @@ def test_help_prints_no_gpu_banner():
     assert p.returncode == 0 and "simulator" not in p.stdout + p.stderr and "GPU(s)" not in p.stderr
 
 
+@pytest.mark.parametrize("args", [("notebooks", "--only", "42", "--no-plot"), ("ptx", "--all", "--only", "99")])
+def test_only_matching_nothing_names_what_there_is(args):
+    p = _cli(*args)
+    assert p.returncode == 2, p.stderr
+    lines = p.stderr.strip().splitlines()
+    bad = args[args.index("--only") + 1]
+    assert len(lines) == 1 and "--only" in lines[0] and bad in lines[0] and "00" in lines[0] and "09" in lines[0], lines
+
+
+def test_gpu_mode_without_a_gpu_is_one_line():
+    p = _cli("info", env={"NF4LAB_MODE": "gpu", "CUDA_VISIBLE_DEVICES": ""})
+    if p.returncode == 0:
+        pytest.skip("a GPU is here")
+    assert len(p.stderr.strip().splitlines()) == 1 and "NF4LAB_MODE" in p.stderr, p.stderr
+
+
 def test_verify_says_what_it_expected():
     case = nf4lab.make_case((3, 5))
     with pytest.raises(TypeError, match="actual must be the kernel's output array.*got NoneType"):

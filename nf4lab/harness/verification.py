@@ -112,7 +112,10 @@ def _hints(idx, exp_bits, act_bits, exp_f, act_f, ulp, n, dtype, blocksize):
     unwritten = act_bits[idx] == poison
     if unwritten.any():
         where = idx[unwritten]
-        if where.min() >= n - 2 * max(blocksize, 64) or (n - where.min()) < 4096 and unwritten.all():
+        if unwritten.all() and idx.size == n:
+            hints.append(f"nothing was written: all {n:,} elements still hold the poison value (was the kernel "
+                         "launched, with a grid of at least one block, and do its threads reach the stores?)")
+        elif where.min() >= n - 2 * max(blocksize, 64) or (n - where.min()) < 4096 and unwritten.all():
             hints.append(f"{unwritten.sum():,} elements were never written, from index {where.min()}: the tail "
                          "(the last partial chunk) is skipped; handle the remainder that does not fill a "
                          "whole vector or thread")

@@ -597,6 +597,11 @@ def command(args) -> int:
     if args.jobs < 1:
         print("python -m nf4lab ptx: --jobs must be at least 1", file=sys.stderr)
         return 2
+    known = [PACKAGE] + notebooks()
+    if missing := [o for o in args.only or () if not o.endswith(".py") and not any(k.startswith(o) for k in known)]:
+        print(f"python -m nf4lab ptx: --only {' '.join(missing)} matches no source; there are {', '.join(known)} "
+              "or a notebook source's .py path", file=sys.stderr)
+        return 2
     try:
         report = run(archs, only=args.only, variants=tuple(args.variants), jobs=args.jobs,
                      progress=lambda s: print(s, file=sys.stderr, flush=True))
