@@ -35,6 +35,17 @@ def test_a_record_older_than_the_shipped_kernel_is_labelled(name, kernel):
     assert first <= newest
 
 
+def test_an_end_to_end_record_older_than_the_host_path_is_labelled():
+    """nf4lab.dequantize end to end times the host path too: a record of the shipped kernel made before the host
+    path changed says so; a GPU-time record of the same date does not (the host path is not in its time)."""
+    tool = _tool()
+    kernel, host = tool.SHIPPED["dequant"][2], tool.SHIPPED["dequant_host"][2]
+    assert kernel < host
+    assert tool.earlier("dequantize", {"date": kernel}) == f"recorded {kernel} with an earlier host path"
+    assert tool.earlier("07_summary", {"date": kernel}) == ""
+    assert tool.earlier("dequantize", {"date": host}) == ""
+
+
 def test_a_bound_that_runs_no_shipped_kernel_is_not_labelled():
     tool = _tool()
     assert tool.earlier("09_read_bound", {"date": "2026-01-01 00:00 UTC"}) == ""

@@ -31,8 +31,9 @@ def stamp(name: str, meta: dict) -> str:
 
 def shipped_lines() -> list:
     """The labelling rule, printed from SHIPPED."""
-    return [f"- {what}: first recorded run {first} (shipped in commit `{commit}`)"
-            for what, commit, first in SHIPPED.values()]
+    # a kernel is dated by its first recorded run; the host path by its commit (no run of its own was recorded)
+    return [f"- {what}: {'changed' if key == 'dequant_host' else 'first recorded run'} {first} (shipped in commit `{commit}`)"
+            for key, (what, commit, first) in SHIPPED.items()]
 
 
 def labelled(name: str, meta: dict) -> str:
@@ -513,8 +514,8 @@ def summary_block() -> str:
                 "| what | result | x bitsandbytes | recorded |", "| --- | --- | ---: | --- |"]
         out += [f"| {what} | {result} | {x} | {when} |" for what, result, x, when, _ in rows]
         out.append("")
-    out.append("A range spans the shapes and dtypes of that run. Every record whose kernel is no longer the "
-               "shipped one says so; the shipped kernels' first recorded runs:")
+    out.append("A range spans the shapes and dtypes of that run. Every record whose kernel (or, timed on the host, "
+               "whose host path) is no longer the shipped one says so; the shipped kernels' first recorded runs:")
     out += [""] + shipped_lines()
     return "\n".join(out)
 

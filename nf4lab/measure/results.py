@@ -176,6 +176,10 @@ SHIPPED = {
     # keeps 8 warps a tile the kernel is the one of d6aa959 (its table built by 16-byte stores), first recorded 03:57.
     "gemv": ("the tensor-core GEMV with groups of warps a tile where tiles outnumber blocks (nf4lab.kernels.gemv)",
              "ece45b4", "2026-11-29 08:05 UTC"),
+    # Host time (end to end, launch costs, models) also times the checks and the launch around the kernels; the
+    # last change to them, one validation per weight (4c074d1 and its follow-ups), had no end-to-end run of its own.
+    "dequant_host": ("nf4lab.dequantize's and install()'s host path (argument checks, launch), in host-timed records",
+                     "47752b7", "2026-11-28 11:40 UTC"),
 }
 
 
@@ -185,19 +189,25 @@ def kernels_measured(name: str) -> tuple:
         return ()               # a bound that reads bytes, or the sm_75 paths' check: no shipped timing
     if name.startswith("09_"):
         return ("gemv",)
-    if name.startswith(("06_", "07_", "dequantize", "exactness", "sm_75_06")):
+    if name.startswith("dequantize"):
+        return ("dequant", "dequant_host")   # end to end: host time
+    if name.startswith(("06_", "07_", "exactness", "sm_75_06")):
         return ("dequant",)
-    if name.startswith(("models", "launch_cost", "bnb_tests", "notebook_times")):
+    if name.startswith(("models", "launch_cost")):
+        return ("dequant", "gemv", "dequant_host")   # install() serves both, timed on the host
+    if name.startswith(("bnb_tests", "notebook_times")):
         return ("dequant", "gemv")   # install() serves both, and the notebooks run both
     return ()
 
 
 def earlier(name: str | None, meta: dict) -> str:
-    """'recorded <date> with an earlier kernel' when the record predates a kernel it measured, else '' (and for a
+    """'recorded <date> with an earlier kernel' when the record predates a kernel it measured ('... host path' when
+    only the host path it timed changed since), else '' (and for a
     record of no known name)."""
     date = meta.get("date") or ""
-    if name and any(date < SHIPPED[k][2] for k in kernels_measured(name)):
-        return f"recorded {date} with an earlier kernel"
+    old = [k for k in kernels_measured(name) if date < SHIPPED[k][2]] if name else []
+    if old:
+        return f"recorded {date} with an earlier {'host path' if old == ['dequant_host'] else 'kernel'}"
     return ""
 
 
