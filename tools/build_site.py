@@ -204,8 +204,10 @@ def pick_results_gpu(notebooks: list[dict], summary: dict | None = None) -> str 
         except (OSError, ValueError):
             return ""
 
-    dirs.sort(key=lambda d: (book_date(d) == "", [-ord(c) for c in book_date(d)], -len(list(d.glob("*.json"))), d.name))
-    return dirs[0].name if dirs else None
+    dirs.sort(key=lambda d: (-len(list(d.glob("*.json"))), d.name))
+    dated = {d: book_date(d) for d in dirs}
+    ran = [d for d in dirs if dated[d]]
+    return (max(ran, key=dated.get) if ran else dirs[0]).name if dirs else None   # equal dates: the order above
 
 
 def results_section(gpu: str | None, stage: Path, python: str) -> str:

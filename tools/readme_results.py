@@ -292,14 +292,12 @@ def gemv_notebook_lines(gpu) -> list:
 
 def gemv_lines(gpu) -> list:
     """The capstone (notebook 09): the fused GEMV's default design against bitsandbytes' matmul_4bit (M = 1)."""
-    from nf4lab.measure import bench, results
+    from nf4lab.measure import bench, provenance, results
 
     run = results.load("09_fused_gemv", gpu)
     if run is None:
         return []
     recs = run["records"]
-    from nf4lab.measure import provenance
-
     bound = results.load("09_read_bound", gpu)
     # a pure read sits beside the fused times only when it is of the same run; otherwise one line says why not
     apart = bound and provenance.why_not_comparable(run["meta"], {}, bound["meta"], {})

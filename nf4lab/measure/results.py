@@ -137,9 +137,9 @@ def default_gpu() -> str | None:
         return here
     found = gpus()
     book = {g: _book_date(g) for g in found}
-    ran = [g for g in found if book[g]]
+    ran = sorted(g for g in found if book[g])
     if ran:
-        return max(ran, key=lambda g: (book[g], [-ord(c) for c in g]))
+        return max(ran, key=book.get)   # the first of equal dates: by name
     return found[0] if found else None
 
 
