@@ -579,13 +579,14 @@ def _fp4_table(where):
             return _kernel(where="shared")
         return _kernel(where="const", table=lut_for("nf4" if where == "nf4" else "fp4", dev))
 
-    kernels = {}   # one kernel per table: bitsandbytes' CUDA and CPU fp4 tables differ in the sign of one zero
+    # one kernel per table: bitsandbytes' CUDA and CPU fp4 tables differ in the sign of one zero; the cases are
+    # made on the GPU where there is one
+    kernel = make("cuda" if nf4lab.runtime.ON_GPU else "cpu")
 
     def launch(b):
-        dev = "cuda" if str(b.case.device).startswith("cuda") else "cpu"
-        _launch(kernels.setdefault(dev, make(dev)), b)
+        _launch(kernel, b)
 
-    return launch, make("cpu")
+    return launch, kernel
 
 
 SIG_PER_BYTE = "(uint8[::1], uint8[::1], float32[::1], float32[::1], float32, float32[::1], uint16[::1], uint64, uint64)"
@@ -602,6 +603,18 @@ def test_const_table_exercise_fails_on_the_start_and_on_shared_memory_and_passes
     solved = exercises.check_const_table(*_fp4_table("constant"), SIG_PER_BYTE, verbose=False)
     assert solved, str(solved)
     assert "constant memory" in str(solved)
+
+
+def test_design_graders_read_the_kernel_the_launch_runs():
+    # Bit-exact through another kernel (section 2's shared-memory one) while the constant-memory kernel handed to
+    # the grader is never launched: the PTX read would be of a kernel that made none of the bits.
+    shared_launch, _ = _fp4_table("shared")
+    _, const_kernel = _fp4_table("constant")
+    res = exercises.check_const_table(shared_launch, const_kernel, SIG_PER_BYTE, verbose=False)
+    assert not res and "never launched" in str(res) and "not by the kernel the check reads" in res.verdict, str(res)
+    solved = exercises.check_u64_store(*_u64("solution"), SIG64, verbose=False)
+    other = exercises.check_u64_store(_u64("solution")[0], _u64("narrow")[1], SIG64, verbose=False)
+    assert solved and not other and "never launched" in str(other), str(other)
 
 
 def _one_mma(layout):

@@ -87,7 +87,7 @@ class Case:
         return packed, qs
 
     def __repr__(self) -> str:
-        return (f"Case({self.name}: {self.n:,} weights, {self.nblocks:,} blocks, "
+        return (f"Case({self.name}: {self.n:,} weights, {self.nblocks:,} quantization blocks, "
                 f"{self.absmax2.size} groups, out {self.dtype}, bitsandbytes on {self.device})")
 
 

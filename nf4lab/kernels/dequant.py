@@ -455,7 +455,7 @@ def _as_numba(ptr, count, np_dtype):
 
 
 def _launch_dispatcher(p, path, stream, a_ptr, stats, a2, c2, off, lut, o_ptr, n, bshift, gshift):
-    """The plain numba launch (24-70 us of host time): fallback when the lean launcher is unusable."""
+    """The plain numba launch (tens of microseconds of host time; 00 measures it): fallback when the lean launcher is unusable."""
     from numba import cuda
 
     from . import fastkernel as fk
@@ -497,7 +497,7 @@ def _lean(dtype, nested, path):
         _lean_state["ok"] = False
         _lean_ready.clear()
         warnings.warn(f"nf4lab.dequantize: lean kernel launch unavailable ({type(exc).__name__}: {exc}); "
-                      "falling back to numba's dispatcher (correct, but 24-70 us more per call)",
+                      "falling back to numba's dispatcher (correct, but tens of microseconds more per call)",
                       RuntimeWarning, stacklevel=3)
         return None
 

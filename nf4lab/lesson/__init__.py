@@ -45,3 +45,15 @@ def grid_for(nbytes, threads, per_sm):
     """SMs x resident blocks, never more blocks than the data needs (02)."""
     needed = (nbytes + threads - 1) // threads
     return max(1, min(sm_count() * per_sm, needed))
+
+
+def check_vector_buffers(b):
+    """128-bit accesses need 16-byte alignment: a misaligned one kills the CUDA context, so a launch refuses the
+    buffer before anything reaches the GPU (04)."""
+    if b.dtype != "bf16":
+        raise ValueError(f"this kernel writes bf16, the case wants {b.dtype} (step 06 adds the others)")
+    for name in ("packed_u32", "out_u32"):
+        a = getattr(b, name)
+        iface = getattr(a, "__cuda_array_interface__", None) or a.__array_interface__
+        if iface["data"][0] % 16:
+            raise ValueError(f"b.{name} is not 16-byte aligned: no vector access allowed")

@@ -376,10 +376,44 @@ def _student_ptx(res, kernel, sig, name):
         return None
 
 
-def _read_design(res, kernel, sig, name, requirements, verdict, ok):
+def _check_launching(kernel, launch, **kw):
+    """:func:`check` of ``launch``, watching whether it launches ``kernel`` (``kernel[grid, block, ...]``): a grader
+    reads the PTX of the kernel it is given, so that must be the kernel the launch function runs. Returns the result
+    and the number of launches of ``kernel`` seen."""
+    seen = []
+    cls = type(kernel)
+    own = "__getitem__" in vars(cls)
+    configure = getattr(cls, "__getitem__", None)
+    if configure is None:               # not a kernel: the PTX reading says so
+        return check(launch, **kw), 0
+
+    def spy(self, config):
+        if self is kernel:
+            seen.append(config)
+        return configure(self, config)
+
+    cls.__getitem__ = spy
+    try:
+        res = check(launch, **kw)
+    finally:
+        if own:
+            cls.__getitem__ = configure
+        else:
+            del cls.__getitem__
+    return res, len(seen)
+
+
+def _read_design(res, kernel, sig, name, requirements, verdict, ok, launched=None):
     """Where ``res`` is bit-exact, read the design from ``kernel``'s PTX for ``sig``: ``requirements(text)`` gives
     (what is missing, whether it holds) pairs. Any that fails marks ``res`` not passed, its verdict (if it was
-    PASSED) ``verdict`` and its message what is missing; else ``ok`` (a string, or a function of the PTX text)."""
+    PASSED) ``verdict`` and its message what is missing; else ``ok`` (a string, or a function of the PTX text).
+    ``launched`` (from :func:`_check_launching`): 0 marks ``res`` not passed, since the bits came from another kernel."""
+    if launched == 0:
+        res.passed = False
+        res.verdict = f"NOT PASSED: {name}: bit-exact, but not by the kernel the check reads"
+        res.messages.append(f"the launch function never launched {getattr(kernel, '__name__', kernel)!s}, the kernel "
+                            "passed to the check: the check reads that kernel's PTX, so launch that one")
+        return
     text = _student_ptx(res, kernel, sig, name)
     if text is None:
         return
@@ -398,19 +432,27 @@ def _read_design(res, kernel, sig, name, requirements, verdict, ok):
 U64_SHAPES = ((1, 1), (1, 2), (3, 5), (1, 64), (1, 65), (1, 66), (7, 33))
 
 
+def fp4_followup(result, predicted) -> None:
+    """03's FP4 question, after the run: whether the prediction held, then one more question (kept here so that
+    the notebook's cell does not hint at the answer before the student predicts)."""
+    print("your prediction was " + ("right" if bool(result) == bool(predicted) else
+                                    "wrong: where does the kernel take its 16 values from?"))
+    print("Then think: what would you have to change if a kernel had the NF4 table baked in as constants?")
+
+
 def check_u64_store(launch, kernel, sig, *, name="exercise 1: 64-bit stores", verbose=True) -> CheckResult:
     """Grade notebook 03's exercise 1: ``launch`` bit-exact on :data:`U64_SHAPES`, and the PTX of ``kernel``
     (compiled for ``sig``) has a 64-bit global store: a kernel that gets the bits right with narrower stores
     only has not done the exercise. Falsy unless both hold; never raises because of the student's kernel."""
     from ..measure import ptx
 
-    res = check(launch, name=name, shapes=U64_SHAPES, verbose=False)
+    res, launched = _check_launching(kernel, launch, name=name, shapes=U64_SHAPES, verbose=False)
     if res:
         wide = r"^st\.global\.(u64|b64|s64)\s"
         _read_design(res, kernel, sig, name, lambda text: [
             ("no st.global.u64: wherever four weights are left, store them as one 64-bit word through out_u64",
              ptx.count(text, wide) > 0)], "the PTX has no 64-bit store",
-            lambda text: f"PTX: {ptx.count(text, wide)} 64-bit store instruction(s) (st.global.u64)")
+            lambda text: f"PTX: {ptx.count(text, wide)} 64-bit store instruction(s) (st.global.u64)", launched)
     if verbose:
         print(res)
         res._printed = True
@@ -432,7 +474,8 @@ def check_warp_shuffle(launch, kernel, sig, *, name="exercise 1: coalesced throu
     all hold; never raises because of the student's kernel."""
     from ..measure import ptx
 
-    res = check(launch, name=name, shapes=SHUFFLE_SHAPES, min_pct_copy=min_pct_copy, verbose=False)
+    res, launched = _check_launching(kernel, launch, name=name, shapes=SHUFFLE_SHAPES, min_pct_copy=min_pct_copy,
+                                     verbose=False)
     if res.error is None and res.report is None:     # bit-exact (fast enough or not): read the design
         _read_design(res, kernel, sig, name, lambda text: [
             ("no 16-byte load (ld.global.v4)", ptx.count(text, r"^ld\.global(\.nc)?\.v4") > 0),
@@ -440,7 +483,7 @@ def check_warp_shuffle(launch, kernel, sig, *, name="exercise 1: coalesced throu
             ("no warp shuffle (shfl.sync)", ptx.count(text, r"^shfl\.sync") > 0),
             ("shared memory (ld.shared/st.shared): the exchange should stay in registers",
              ptx.count(text, r"^(ld|st)\.shared") == 0)], "the PTX is not the design asked for",
-            "PTX: 16-byte loads and stores, warp shuffles, no shared memory")
+            "PTX: 16-byte loads and stores, warp shuffles, no shared memory", launched)
     if verbose:
         print(res)
         res._printed = True
@@ -482,7 +525,7 @@ def check_last_vector(launch, kernel, sig, *, name="exercise 2: the last vector"
         finally:
             ops.store_u32x4 = store
 
-    res = check(watched, name=name, shapes=LAST_VECTOR_SHAPES, verbose=False)
+    res, launched = _check_launching(kernel, watched, name=name, shapes=LAST_VECTOR_SHAPES, verbose=False)
     if res:
         _read_design(res, kernel, sig, name, lambda text: [
             ("no 16-byte store (st.global.v4): each whole word of 8 weights, in the last chunk too, is one "
@@ -491,7 +534,7 @@ def check_last_vector(launch, kernel, sig, *, name="exercise 2: the last vector"
              "store, as in 03", ptx.count(text, r"^st\.global\.(u32|b32)\s") > 0)],
             "not with the widest stores that fit", "PTX: 16-byte and 32-bit stores present" + (
                 "; which chunk each 16-byte store writes is not checked on a GPU (the simulator checks it)"
-                if runtime.ON_GPU else ""))
+                if runtime.ON_GPU else ""), launched)
     if res and wide:
         short = []   # shapes whose last chunk has whole words not written by one 16-byte store each
         for rows, cols in LAST_VECTOR_SHAPES:
@@ -526,7 +569,8 @@ def check_const_table(launch, kernel, sig, *, name="exercise: fp4 in constant me
     is not the exercise. Falsy unless both hold; never raises because of the student's kernel."""
     from ..measure import ptx
 
-    res = check(launch, name=name, quant_type=quant_type, shapes=CONST_TABLE_SHAPES, verbose=False)
+    res, launched = _check_launching(kernel, launch, name=name, quant_type=quant_type, shapes=CONST_TABLE_SHAPES,
+                                     verbose=False)
     if res:
         _read_design(res, kernel, sig, name, lambda text: [
             ("no constant-memory lookup (ld.const.f32): the table goes in constant memory "
@@ -534,7 +578,7 @@ def check_const_table(launch, kernel, sig, *, name="exercise: fp4 in constant me
             ("table lookups in shared memory (ld.shared.f32): that is section 2's shared-memory kernel",
              ptx.count(text, r"^ld\.shared\.f32") == 0),
             ("lookups by selects (selp.f32): that is the register table", ptx.count(text, r"^selp\.f32") == 0)],
-            "its table is not in constant memory", "PTX: the lookups are ld.const.f32 (constant memory)")
+            "its table is not in constant memory", "PTX: the lookups are ld.const.f32 (constant memory)", launched)
     if verbose:
         print(res)
         res._printed = True
@@ -652,7 +696,8 @@ CHAIN_ENDS = {
                         "memory load in the chain",
     "no writer": "nothing earlier writes a register it reads: its inputs are uniform registers (UR...) or "
                  "constants, which the walk does not follow",
-    "steps": "no load within the walk's steps",
+    "steps": "no load within the walk's steps: a chain of arithmetic (often an address) longer than the walk "
+             "follows; the hot instruction's stall reasons say what it waited for",
 }
 
 
@@ -698,7 +743,8 @@ def show_hot_spot(prog, hot, operands, what, steps=6):
     op = operands(ins["sass"])[0]
     if op.startswith(("LD", "ST", "ULDC")):
         print("  it is itself a memory instruction: its samples are waits to issue it (the reasons above say for "
-              "what); the walk follows its address and data registers")
+              "what); the walk follows the last-written of its source registers, address or data: for a store, "
+              "its data's writer may be another chain")
     chain = walk_to_load(prog, hot, operands, steps)
     for j in chain[1:]:
         print(f"  waits for {prog[j]['sass']:<44} line {prog[j]['line']}: {(prog[j].get('source') or '')[:60]}")

@@ -4,8 +4,9 @@ Method (``METHOD``): each measured function is launched once to compile (JIT exc
 then ``LAUNCHES`` launches are captured in one CUDA graph (torch.cuda.graph, numba
 launching on ``cuda.external_stream`` of the capture stream). The graph is replayed
 ``REPLAYS`` times between CUDA events; ms = replay time / LAUNCHES; we report the median
-replay and the 10th-90th percentile spread. Graph replay costs about 1 us per launch
-instead of the 24-70 us a numba launch costs from Python, so this is GPU time.
+replay and the 10th-90th percentile spread. Replay leaves out the host's cost of each launch
+(a numba launch from Python costs tens of microseconds of host time; notebook 00 measures it),
+so this is GPU time.
 Host-side cost is measured separately (``wall_time_ms``): back-to-back calls from
 Python, synchronized at the end, as a user calls them.
 

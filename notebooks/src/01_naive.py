@@ -7,7 +7,8 @@
 #
 # **Goal.** Write the simplest correct NF4 dequantization kernel in numba: one thread per
 # packed byte, the block scale (of the quantization block of 64 weights, 00's section 2) read from
-# global memory by every thread, two 16-bit stores.
+# global memory (the GPU's device memory in DRAM, which every thread can read, through the caches) by
+# every thread, two 16-bit stores.
 # "Correct" means *bit-exact* with bitsandbytes, and on the way there numba sets two traps
 # that every later kernel must avoid: it **fuses `a * b + c` into one FMA** (which can change the
 # result: section 3 counts how often it does in the block scales, in float32 outputs and in bf16
@@ -52,7 +53,7 @@ SIG = "(uint8[::1], float32[::1], uint8[::1], float32[::1], float32[::1], float3
 #
 # One thread per byte means, for each packed byte: a 1-byte load of the codes, a 1-byte load of
 # `absmax_q`, two float32 loads of `code2` and `absmax2` (the same addresses for the 32 threads
-# of a quantization block of 64 weights, so most likely served by the cache), two loads from the 16-entry
+# of a quantization block of 64 weights, so most likely served by the caches, L1 or 00's L2), two loads from the 16-entry
 # LUT, two 16-bit stores. The byte model only counts the bytes DRAM must move; the question for this
 # kernel is whether such *narrow* accesses can keep enough bytes in flight (requested from DRAM
 # and not yet returned; 02 sizes it). A warp (32 threads
@@ -202,7 +203,7 @@ print(f"FMA scales on the main case ({case.n:,} weights), bf16 output: {n_bf16:,
       f"{np.unique(fused[bad]).size:,} distinct changed scales, so at most 16 x that many distinct products)")
 
 # %% [markdown]
-# With float32 output the weights of an affected block are off by an ulp or two. With bf16 output
+# With float32 output some weights of an affected block are off, by up to the ulps printed above. With bf16 output
 # the 16 low bits are rounded away, so most or all of the damage hides: a scale that is one
 # float32 ulp off changes a bf16 result only when the product lands within that ulp of a bf16
 # rounding boundary. Only distinct products count (16 per distinct changed scale; the line above
@@ -251,7 +252,7 @@ rne = ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype(np.uint16)
 trunc = (u >> 16).astype(np.uint16)
 print(f"round to nearest even: {np.count_nonzero(rne != case.expected)} of {case.n:,} differ from bitsandbytes")
 print(f"truncation:            {np.count_nonzero(trunc != case.expected)} of {case.n:,} differ")
-ties = (u & 0xFFFF) == 0x8000   # exact halves: where "ties to even" decides, and where else it is not tested
+ties = (u & 0xFFFF) == 0x8000   # exact halves: the only inputs where the tie rule matters
 print(f"exact ties in this case: {np.count_nonzero(ties):,}" + ("" if ties.any() else
       " (none: the tie rule is not exercised by this case)"))
 print("ops.bf16_bits_py (the host twin of ops.to_bf16_bits) agrees on the first 8:",
@@ -377,7 +378,7 @@ nf4lab.verify_versions({"01 naive": launch}, case);
 #
 # On a GPU, `bench.step` verifies the kernel once more on 16384 x 16384, times it through a
 # CUDA graph (GPU time, without the host's cost of each launch; see 00) next to the ceilings of 00 (copy, fill, the
-# traffic-matched bound) and bitsandbytes, all in the same run, and records the run. It also
+# traffic-matched bound), measured again in this run, and bitsandbytes, all in the same run, and records the run. It also
 # measures the host time per call (`host_ms`: calls back to back, synchronized at the end). A
 # numba launch from Python has a host cost of its own, which is why GPU time is measured with
 # CUDA graphs (00 shows the timing loop); back to back, those launches can overlap with the kernels
@@ -387,7 +388,7 @@ nf4lab.verify_versions({"01 naive": launch}, case);
 
 # %%
 # The contract: one size, 16384 x 16384 -> bf16 (make_case's default on a GPU); each version timed
-# in one run against the copy and fill ceilings, the traffic-matched bound of 00 and bitsandbytes;
+# in one run against the copy and fill ceilings and the traffic-matched bound (00's, measured again in this run) and bitsandbytes;
 # GB/s = bytemodel.bytes_moved(n, "bf16", 64) / GPU time (median of CUDA-graph replays, as in 00).
 run = bench.step("01_naive", VERSIONS)
 if run is not None and run.recorded:          # loaded from disk (no GPU here); on a GPU bench.step printed it
@@ -409,7 +410,8 @@ plots.progress("01_naive");
 # * Correctness first, and *bit-exact*: `a * b + c` in float32 becomes `fma.rn.f32`, which rounds
 #   once instead of twice. The simulator cannot see it; the PTX can, and so can a float32-output
 #   case. Use `ops.fmul_rn` / `ops.fadd_rn` and assert `absent=[r"^fma"]`.
-# * bf16 conversion rounds to nearest even (`cvt.rn.bf16.f32`, or the integer formula); truncating
+# * bf16 conversion rounds to nearest (`cvt.rn.bf16.f32`, or the integer formula; both send ties to even,
+#   which a case needs exact halves to test, as section 4 printed); truncating
 #   gets a large share of the outputs wrong (section 4 counts them).
 # * Unsigned indices and sizes: signed ones bring negative-index wraparound code, mixed
 #   signed/unsigned comparisons go through float64.

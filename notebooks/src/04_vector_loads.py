@@ -178,9 +178,10 @@ else:
 
 # %% [markdown]
 # Sizes matter as much as alignment: `b.packed_u32` is zero-padded to a multiple of 16 bytes,
-# so a whole-vector load of the last, partial chunk (16 bytes of codes, 32 weights: section 3) is safe. `b.out` is **not** padded for us:
-# the last partial group of outputs is written with narrow stores, never a vector that runs past
-# `n` (verification checks a poisoned guard region after the output).
+# so a whole-vector load of the last, partial chunk (16 bytes of codes, 32 weights: section 3) is safe. `b.out` has exactly
+# `n` usable elements: the last partial group of outputs is written with narrow stores, never a vector that runs past
+# `n`. (The harness allocates a poisoned guard region after them only to catch such overruns; a real
+# program's output has none, so a store there is a bug even where it lands in allocated memory.)
 
 # %% [markdown]
 # <a id="version-a"></a>
@@ -248,7 +249,7 @@ def bf16_word(w, lut, s):
 
 @cuda.jit(device=True, inline="always")
 def scalar_tail(packed, lut, s, out, i, n):
-    """Weights i .. n-1 one by one (fewer than a vector's worth, all in one block)."""
+    """Weights i .. n-1 one by one (fewer than one 16-byte chunk of codes, 32 weights, all in one block)."""
     while i < n:
         byte = uint32(packed[i >> 1])
         q = (byte >> 4) if (i & U1) == 0 else (byte & NIB)
@@ -542,7 +543,7 @@ plots.progress("04_vector_loads");
 #   not checked here), and `cuda.uint32x4` is a value type, not one to load from an array.
 #   Alignment is checked before launching: a misaligned vector access kills the CUDA context.
 # * The tail is part of the design: the packed input is padded (whole-vector loads are safe),
-#   the output is not (the last partial vector is written element by element).
+#   the output is not (the last partial chunk (A) or word (B) is written element by element).
 # * Coalescing is a property of a **warp instruction**. Giving each thread 64 contiguous output
 #   bytes spreads every store instruction over 2 KB. The "A -> B" and "A against B" lines above
 #   compare whole kernels: B also adds the shared-memory exchange, its barrier and a scale per word,

@@ -58,7 +58,7 @@ SIG = ("(uint8[::1], uint32[::1], float32[::1], uint8[::1], float32[::1], float3
 #
 # | placement | one warp lookup with k distinct codes | cost |
 # | --- | --- | --- |
-# | constant memory | the constant cache serves a warp's distinct addresses **one after another**, each broadcast | k passes, one after another (up to 16) |
+# | constant memory | the constant cache serves a warp's distinct addresses **one after another**, each broadcast (one read serves every lane that asked for that address) | k passes, one after another (up to 16) |
 # | shared memory | 16 entries in 16 different banks; equal addresses broadcast | one pass: no bank conflict |
 # | registers (`selp` tree) | no memory access; 15 selects per lookup | ALU work, the same for any k |
 # | global (step 04) | cached in L1 like any load, if the 64 bytes stay there | a load through the L1 path |
@@ -129,6 +129,7 @@ from numba import cuda, float32, uint32, uint64
 
 from nf4lab.device import ops
 from nf4lab.lesson import block_scale  # 01's scale, both operations rounded (never an FMA)
+from nf4lab.lesson import check_vector_buffers  # 04's: bf16 only, 16-byte aligned, before any launch
 from nf4lab.format.reference import NF4_LUT
 
 NIB = uint32(15)
@@ -247,8 +248,7 @@ dequant_select = make_kernel(no_table, select_lookup)
 
 def launcher(kernel, nf4_only):
     def launch(b):
-        if b.dtype != "bf16":
-            raise ValueError(f"this kernel writes bf16, the case wants {b.dtype}")
+        check_vector_buffers(b)
         if nf4_only and b.case.quant_type != "nf4":
             raise ValueError(f"this kernel has the NF4 table built in, the case is {b.case.quant_type}")
         chunks = (b.n + 31) // 32
@@ -395,7 +395,8 @@ plots.progress("05_shared_lut");
 # Read the ranking off the "fastest to slowest" line the benchmark cell printed: it holds this run's
 # kernels only, and its bands are judged on the times it prints; "~" joins two whose times lie
 # within the noise margin, and "<~" two that lie past it but within twice the margin ("near": one
-# run does not settle their order). In the plot, a hatched bar labelled with another notebook's
+# run does not settle their order). The line compares each kernel with its neighbour only: the verdict
+# lines under it compare the shared and global tables directly, and decide between them. In the plot, a hatched bar labelled with another notebook's
 # run is context from that run, not part of this ranking. The mechanisms behind the ranking:
 #
 # * **Global memory is already fine for this table** when the benchmark above finds the shared
@@ -414,16 +415,17 @@ plots.progress("05_shared_lut");
 #   bullet) are the likely cost: an expectation, not measured here.
 # * **Constant memory** is for uniform access: the constant cache serves the distinct addresses
 #   of a warp's request one after another. A LUT indexed by data is the worst case for it; the
-#   benchmark above prints the constant-memory table's time against the global table's: well above
-#   1x, the replays are likely not hidden and set the kernel's time rather than DRAM (not measured here).
+#   benchmark above prints the constant-memory table's time against the global table's: where that
+#   ratio is well above 1x, the replays are likely not hidden and set the kernel's time rather than DRAM
+#   (not measured here).
 # * **Shared memory** serves 32 lanes in one pass when they hit different banks or the same
 #   address. 16 consecutive floats occupy 16 different banks, so a table lookup never conflicts.
 #   It costs a fill and one `syncthreads` per block.
 # * **Registers** avoid memory altogether but pay 15 `selp` per lookup, 120 per packed word:
 #   whether that is hidden depends on how much time the kernel spends waiting for DRAM anyway.
-#   The benchmark above prints the select tree's time against the global table's: well above 1x,
-#   the selects are likely not hidden, and the kernel's time is then probably set by their issue
-#   rather than by DRAM; not measured here.
+#   The benchmark above prints the select tree's time against the global table's: where that ratio
+#   is well above 1x, the selects are likely not hidden, and the kernel's time is then probably set by
+#   their issue rather than by DRAM; not measured here.
 #   (`data/results/<gpu>/05_shared_lut.json` holds the runs of each GPU recorded: records of two
 #   GPUs are two runs, so compare each GPU's select tree with its own global table, then the two
 #   ratios, not the times across GPUs.)
@@ -477,6 +479,7 @@ dequant_const_fp4 = make_kernel(const_table_fp4, index_lookup)
 
 
 def launch_fp4(b):
+    check_vector_buffers(b)
     kernel = {"nf4": dequant_const, "fp4": dequant_const_fp4}[b.case.quant_type]
     chunks = (b.n + 31) // 32
     kernel[(chunks + THREADS - 1) // THREADS, THREADS, b.stream](
@@ -489,6 +492,7 @@ dequant_const_fp4 = dequant_const   # the starting point: section 2's kernel, NF
 
 
 def launch_fp4(b):
+    check_vector_buffers(b)
     chunks = (b.n + 31) // 32
     dequant_const_fp4[(chunks + THREADS - 1) // THREADS, THREADS, b.stream](
         b.packed, b.packed_u32, b.lut, b.absmax_q, b.absmax2, b.code2, b.offset, b.out, b.out_u32,

@@ -98,8 +98,11 @@ if copy is None:
 # are 32-bit again, not 04's 16-byte ones: the codes are the share of the bytes moved that the cell
 # above prints, and this notebook does not measure what the narrower loads cost. A thread issues
 # all its global loads (its words, their scales, its share of the LUT and of `code2`) before the
-# block's one barrier, so that we expect a block to wait for memory about once; `code2` sits in
-# shared memory beside the LUT, so that `code2[absmax_q[b]]` is not a second trip to global memory. The scale is computed
+# block's one barrier (all but the one tail thread, whose loads follow it), so that we expect a block to wait for memory about once; `code2` sits in
+# shared memory beside the LUT, so that `code2[absmax_q[b]]` is not a second trip to global memory. The LUT is in
+# shared memory although 05 may have found a global table as fast or faster: `code2` already needs the block's
+# barrier, so the LUT adds only its 16 entries to the fill (this notebook does not time its placement on its own;
+# `lab/README.md` records the lab's timings of the table's variants). The scale is computed
 # once per unit with `fmul_rn`/`fadd_rn` (never an FMA), and the one thread just past the last
 # whole unit writes the tail. These are design choices, not measured advantages: section 6 times
 # 05's kernels beside this one in the same run, and its verdict, read against the noise margin,
@@ -432,7 +435,7 @@ run = bench.step(RESULTS_NAME, {
     "06 best kernel -> fp32": (launch, cases["fp32"]),
 })
 if run is not None:
-    if run.recorded:                 # on a GPU, bench.step printed this run's table already
+    if run.recorded:                 # no GPU: a recorded run, so print its table (on a GPU bench.step printed it)
         print(run.table())
     # each dtype's bound and each kernel's share of it, from the GB/s as the table prints them (whole numbers)
     bg = {d: round(b["gbps"]) for d in ("bf16", "fp16", "fp32") if (b := run.get(bench.BOUND, dtype=d))}
@@ -557,7 +560,8 @@ if run is not None:
 # (`data/results/<gpu>/exactness.json`, `exactness_sm75.json`). The first cell below prints
 # the records there, each with its GPU and date. To run the T4 path on any GPU, start Python
 # with `NF4LAB_ARCH=sm_75` set (e.g. `NF4LAB_ARCH=sm_75 jupyter lab`): nf4lab reads it once, at
-# import. To time both paths under one run id, give both processes the same `NF4LAB_RUN_ID`.
+# import. A run id (the hex in each record's label) names a session, not one process: to time both paths
+# under one run id, give both processes the same `NF4LAB_RUN_ID`.
 # The second cell compiles one unit of the kernel's work (a word of 8 weights to one 16-byte
 # store, with the kernel's own `weights` helper; no scale or index arithmetic) for both targets,
 # prints one pair's bf16 instructions on each and counts the unit's instructions.
@@ -628,7 +632,7 @@ for d in ("bf16", "fp16"):
 # so they are compared only when both carry one run id (both started with the same `NF4LAB_RUN_ID`) and
 # nothing but the code path differs: the same GPU, driver, versions and kernel source
 # (`nf4lab.measure.provenance`); otherwise the cell says what differs. fp32 converts nothing: its
-# ratio should differ from 1 only by run-to-run noise. A run id names a session, not one process:
+# ratio should differ from 1 only by run-to-run noise. As said above, a run id names a session:
 # every process started with the same `NF4LAB_RUN_ID` prints it (a lesson, its solution and the sm_75
 # process may all share one), while the noise margin is defined for kernels timed in one process.
 

@@ -65,7 +65,10 @@ for name, launch in VERSIONS.items():
 # ceilings and bitsandbytes measured in the same run, on the same data. Beside the notebook
 # versions we time `nf4lab.dequantize` (the package's drop-in, `out=` preallocated like
 # bitsandbytes' row), and the best kernel and the drop-in again with fp16 output, for the targets
-# of section 4. The cell prints how the bytes moved compare with the L2 of the GPU it shows.
+# of section 4. The cell prints how the bytes moved compare with the L2 of the GPU it shows. Our rule, a
+# convention of this series and not a hardware figure: a working set over 4x the L2 is called a DRAM
+# measurement, since what the L2 can still hold of it on repeats is then a small part; below that the L2
+# *may* serve part of it (the sweep of section 5 shows whether it helped in this run).
 
 # %%
 BEST = "06 best kernel (bf16/fp16/fp32)"
@@ -250,7 +253,7 @@ if nf4lab.ON_GPU:
     from tqdm.auto import tqdm
 
     sweep = bench.Run()
-    # 512x1024 gives some versions fewer blocks than SMs and numba warns about it; that size is
+    # at 512x1024 the bound's largest launch shape has fewer than 128 blocks and numba warns about it; that size is
     # in the sweep on purpose (the launch-bound end), so the warning is expected here.
     with quiet_small_grids():
         for shape in tqdm(SWEEP[:-1], desc="sizes"):
@@ -268,9 +271,9 @@ if sweep is not None:
     ax = plots.sweep(sweep, dtype="bf16", names=set(SWEEP_VERSIONS) | {bench.COPY, bench.FILL, BOUND, bench.BNB_GPU})
     # the footer dates the sweep's own run; the largest shape's points are section 2's (same process)
     same = run is not None and run.meta.get("run") and run.meta.get("run") == sweep.meta.get("run")
-    ax.set_title(f"NF4 dequantization across sizes, bf16 output, {SWEEP_GPU}\n"
-                 f"{'x'.join(map(str, SWEEP[-1]))}: section 2's run"
-                 + (f", {run.meta.get('date')}" if same else "") + "; other sizes: the caption's run");
+    ax.set_title(f"NF4 dequantization across sizes, bf16 output, {SWEEP_GPU}\n" + (
+        f"all sizes: run {sweep.meta.get('run')} ({'x'.join(map(str, SWEEP[-1]))} timed in section 2)" if same else
+        f"{'x'.join(map(str, SWEEP[-1]))}: section 2's run; other sizes: the caption's run"));
 
 # %%
 def where_bytes(k, l2):   # section 2's rule: only a working set over 4x the L2 is a DRAM measurement
@@ -296,11 +299,13 @@ if sweep is not None:
 # The best kernel's distance from the device copy splits in two: the bound's distance from the
 # copy (the read/write mix in the bound's access pattern; whether any variant tried in the tuning rounds below
 # closed it, the rounds' cell prints from the rounds that timed a bound, for the GPU they were recorded on, and whether that is this run's GPU) and the kernel's distance
-# from the bound (its own work: what is ours to win). The first cell prints both from this run.
+# from the bound (its own work, or its launch shape: the bound is the best of five launch shapes, the kernel
+# runs at one; what is ours to win). The first cell prints both from this run, and the bound at the kernel's shape.
 # Two kinds of older evidence follow; each line says on which GPU it was recorded:
 #
 # 1. **Nsight Compute** (profiles of every version, `data/ncu/`, read in detail in notebook 08):
-#    DRAM throughput as a share of its peak, sectors per request (16-byte accesses by a whole warp
+#    DRAM throughput as a share of its peak, sectors per request (a request: one warp-wide load or store
+#    instruction; 16-byte accesses by a whole warp
 #    are 16 sectors per request: fully coalesced), and what the warps wait for (the *stall
 #    reasons*: the cell prints what each one in the table means). The table's columns: `time us`
 #    the kernel's duration under the profiler; `DRAM %` DRAM throughput and `mem %` the busiest
@@ -337,7 +342,14 @@ if run is not None:
     print(f"{GPU}, 16384x16384 -> bf16: the best kernel reaches {best['pct_copy']:.1f}% of the copy")
     if bound:
         print(f"  the read/write mix in the bound's access pattern: the bound reaches {bound['gbps'] / copy['gbps']:.1%} of the copy")
-        print(f"  the kernel's own work: the kernel reaches {best['pct_bound']:.1f}% of the bound")
+        print(f"  the kernel's distance from the bound: it reaches {best['pct_bound']:.1f}% of the bound (the best of "
+              f"{len(bench.SHAPES)} launch shapes): " + {"at": "at the bound, within the noise margin", "near": "near "
+              "the bound (within twice the margin)", "below": "below it"}[bench.bound_band(best['pct_bound'])])
+        k06 = versions.load_module("06_output_dtypes")            # the kernel cell's launch shape
+        own = (bound.get("alternatives") or {}).get(f"{k06.THREADS} threads x {k06.UNITS}")
+        if own:   # at one shape the rest of the gap is the kernel's own work; the shape's share is the difference
+            print(f"  the bound at the kernel's own shape ({k06.THREADS} threads x {k06.UNITS}): {own:.0f} GB/s; "
+                  f"the kernel {100 * best['gbps'] / own:.1f}% of it")
     else:
         print("  no traffic-matched bound in this run (recorded before it was added): see the tuning rounds below")
 
@@ -465,9 +477,9 @@ if run is not None and best and bound:
 #
 # Section 6 split the best kernel's distance from the copy at 16384x16384 in two: the bound's
 # distance from the copy (the read/write mix in its access pattern) and the kernel's distance from the bound (its own
-# work). Put it in time, at any shape of section 5's sweep: the kernel takes `t`, the bound `t_bound`,
+# work, or its launch shape). Put it in time, at any shape of section 5's sweep: the kernel takes `t`, the bound `t_bound`,
 # the device copy `t_copy` (all three records of a shape move the same bytes). Of the kernel's time
-# beyond the copy, which fraction is its own work, beyond what the bound needs? Write
+# beyond the copy, which fraction is beyond what the bound needs (its own work or its launch shape)? Write
 # `own_share(sweep, shape)`: that fraction for the best kernel (`BEST`) at one shape. `sweep.get(name, shape=shape, dtype="bf16")`
 # returns a record, a dict (print one to see its fields); the copy and the bound are named
 # `bench.COPY` and `BOUND`. The check compares yours with the records at every shape where the
@@ -493,7 +505,7 @@ assert ok
 ### STUDENT
 ### END SOLUTION
 if ok:   # with own_share written: the share at every shape, and where it is largest outside the L2
-    print(f"\n{SWEEP_GPU}, bf16: of the best kernel's time beyond a copy, the share beyond the bound (its own work)")
+    print(f"\n{SWEEP_GPU}, bf16: of the best kernel's time beyond a copy, the share beyond the bound (own work or launch shape)")
     dram, span, graded = {}, {}, exercises.graded_shapes(sweep, BEST)
     for shape in SWEEP:
         k = sweep.get(BEST, shape=shape, dtype="bf16")
@@ -541,6 +553,10 @@ if ok:   # with own_share written: the share at every shape, and where it is lar
         else:
             print("the shares outside the L2 fall with every larger shape in this run, each beyond the next one's p10-p90 "
                   "span: consistent with a fixed cost per launch of the kernel's own (or of the copy's own)")
+        at = lambda s: where_bytes(sweep.get(BEST, shape=s, dtype="bf16"), sweep.meta.get("l2_bytes"))
+        if crossing := [name(a, b) for a, b in pairs if at(a) != at(b)]:
+            print(f"at {', '.join(crossing)} the bytes cross 4x the L2 (section 2's rule): the L2 may serve part of the "
+                  "smaller shape, another possible cause of a change in the share there")
 
 # %% [markdown]
 # ### BEGIN SOLUTION
@@ -558,8 +574,9 @@ if ok:   # with own_share written: the share at every shape, and where it is lar
 # wave of its own grid, for instance) makes the share fall as the shape grows, while the bound is
 # slower than the copy; so does one the copy pays beyond the kernel; one the bound pays beyond the
 # kernel makes it rise. The three have grids of their own, so the share alone cannot say whose cost
-# it sees. The last line says whether the shares fall with every larger shape outside
-# the L2 in this run, and whether the spread separates each from the next. Where they fall beyond the spread,
+# it sees. The line after the "largest at" line says whether the shares fall with every larger shape outside
+# the L2 in this run, and whether the spread separates each from the next; where a step also crosses 4x the L2,
+# a last line names it: there the L2 is a second explanation beside a fixed cost. Where they fall beyond the spread,
 # a fixed cost of the kernel's own is consistent with this run (so is one of the copy's own) and is
 # the one to test first, against the copy's; where a share rises beyond the
 # spread, this run does not support it; where the spans of a pair overlap, this run decides nothing either way

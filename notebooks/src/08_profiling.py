@@ -291,8 +291,9 @@ for name, s in summaries.items():
 # number of resident warps per SM as a share of the maximum (ncu records the GPU's limits with
 # every profile; the cell prints them); theoretical occupancy is what registers, shared memory and block size allow. A memory-bound
 # kernel needs occupancy only as a means: by Little's law, the bytes in flight must equal
-# bandwidth times latency. A warp waits for its loads, not for its stores (a store needs no answer
-# to go on), so the bytes that must be in flight are reads: a kernel that moves the byte model's
+# bandwidth times latency. A warp never waits for a store's data to come back (a store needs no answer
+# to go on; stores can still hold issue back where their queue is full: section 6's stall reasons), so
+# the bytes whose latency must be covered are reads: a kernel that moves the byte model's
 # bytes at the copy ceiling's rate reads at that rate times the model's read share, which the cell
 # prints. The estimate below takes the copy ceiling measured on the GPU in hand (without one: the
 # recorded GPU; the cell prints which) and the series' one assumed DRAM latency
@@ -479,15 +480,15 @@ show_lines(lines) if lines else print("No source page with line info recorded: n
 # How to read it. The kernel's `def` line collects what line info maps to no other line of the
 # cell: the kernel's entry code (its parameters and the launch's constants read from constant bank
 # 0, `LDC`/`ULDC ... c[0x0][...]`, where by common SASS convention the first `LDC R1, c[0x0][...]`
-# sets up the stack pointer rather than reading a parameter; the thread and block indices, `S2R`)
+# sets up the stack pointer rather than reading a parameter; at times the thread and block indices' `S2R`,
+# which more often keep the line that reads them)
 # and inlined helpers (`inline="always"`) whose lines lie above the `def` line: numba-cuda charges
 # any line number smaller than the `def` line's to it (its lowering's `_adjust_line_if_prologue`),
 # and an inlined helper keeps its own line numbers, even one from another file: the page prints those
 # against the lines of the kernel's cell that carry the same numbers. Numbers smaller than the `def`
 # line's land on it; larger ones on whatever line of the cell has that number, which may not hold such
-# an instruction at all (04's kernel, the exercise's, has its `def` line near the top of its cell, so
-# `block_scale`'s loads land on a line of its body that loads nothing): read an instruction's kind and
-# width before its line. On 06's page (the one a live profile shows) every helper's line number is
+# an instruction at all (a kernel whose `def` line sits near the top of its cell can show a helper's load on
+# a line of its body that loads nothing): read an instruction's kind and width before its line. On 06's page (the one a live profile shows) every helper's line number is
 # smaller than the `def` line's: the helpers its kernel
 # cell defines above the kernel (its `LDS` are `weights`' table reads, 2 a call, and `scale_of`'s
 # `code2` reads) and, from other files, `block_scale` (01 writes it, 02-06 import it from
@@ -524,8 +525,9 @@ import re
 
 
 def program(path):
-    """Every SASS instruction of an ncu source page, in address order, with its Python line and its
-    stall samples by reason ("stalls": the page's stall_* columns, issued samples left out)."""
+    """Every SASS instruction of an ncu source page, in address order, with its Python line, its samples
+    ("samples": the page's Warp Stall Sampling (All Samples), issued ones included) and its stall samples by
+    reason ("stalls": the page's stall_* columns, issued samples left out)."""
     with open(path, newline="") as f:
         rows = list(csv.reader(f))
     head = next(i for i, r in enumerate(rows) if r[:1] == ["Line No"])
@@ -636,7 +638,8 @@ print("python -m nf4lab.measure.profiling table my.csv")
 #   other reason on top (`lg_throttle`, `mio_throttle`, `math_pipe_throttle`, or `not_selected`
 #   in an instruction-bound kernel) names what holds a version back before DRAM does.
 # - With `lineinfo=True`, stalls land on Python lines, which is where a fix is written (an inlined
-#   helper from another file lands on the line of the cell with its own number: section 7). The
+#   helper from another file lands on the line of the cell with its own number, or on the `def` line
+#   where that number is smaller: section 7). The
 #   hottest instruction is the one where sampled warps most often did not issue; its stall reasons
 #   say why. Where operand waits hold most of its samples, walking back to the writers of its
 #   operands finds a chain that may lead to what it waited for; where ready warps or a busy pipe
@@ -649,7 +652,7 @@ print("python -m nf4lab.measure.profiling table my.csv")
 # Section 7 read another kernel's page; this one is yours: the source page of 04's coalesced
 # kernel, profiled now where `ncu` can (the cell says), else its recorded page (the cell names
 # the GPU and the date). Write `hot_spot(prog)` for a listing `prog` (section 7's `program`): a
-# dict with `"hot"`, the index of the instruction with the most stall samples; `"line"`, the
+# dict with `"hot"`, the index of the instruction with the most samples (its `"samples"`, issued ones included); `"line"`, the
 # Python line it came from; and `"waits_for"`, the index of the last instruction before it that
 # **writes** a register it **reads** (`operands(sass)` gives both sets), or None. The check
 # verifies each against the listing. Once it passes, the cell prints, on this page and on section
@@ -705,7 +708,8 @@ for listing, what in ((prog04, "04's page"), (prog, "section 7's page")):
 # *What to notice:* read the printed instructions with their lines and the source text beside
 # them. Where did the walk end, and on which line? If it ended at a load: which array does the
 # load read, and how wide is it? Does the line's source hold such a load (section 7: a helper
-# inlined from another file lands on the line of this cell that has its own number)? If not: what is the hot instruction waiting for, and how often
+# inlined from another file lands on the line of this cell that has its own number, or on the
+# `def` line where that number is smaller)? If not: what is the hot instruction waiting for, and how often
 # does a warp pass its line? Then read the hot instruction's stall reasons (section 6's table says
 # what each means) and their split: do they agree with where the walk ended? Do the same for
 # section 7's page.
@@ -732,9 +736,14 @@ for listing, what in ((prog04, "04's page"), (prog, "section 7's page")):
 #   end of such a walk says nothing about the wait; the hot instruction's own reasons do
 #   (where `long_scoreboard` is on top: a global load's result, which it reads as data).
 # - **A shared-memory load** (`LDS`), or a hot shared store (`STS`, on a `stage[...]` line): the
-#   exchange through shared memory. Its waits are MIO ones (`short_scoreboard`, `mio_throttle`)
-#   or `barrier` at the `cuda.syncthreads()`. A hot `STS` waits for its data, a word of the
-#   16-byte load, even where the walk goes up the store's address arithmetic instead.
+#   exchange through shared memory. Where the exchange itself costs, its waits are MIO ones
+#   (`short_scoreboard`, `mio_throttle`) or `barrier` at the `cuda.syncthreads()`. A hot `STS` whose
+#   samples are `long_scoreboard` waits for its data, a word of the 16-byte global load, even where
+#   the walk goes up the store's address arithmetic instead.
+# - **No load within the walk's steps** (`steps`): the chain ran through more arithmetic (an address,
+#   often) than the walk follows. Where it started from a store, look at its first step: where that
+#   writes the store's address register (a `LEA`, say), the walk followed the address, not the data;
+#   read the hot instruction's reasons (`long_scoreboard`: a global load's result).
 # - **A special register** (`S2R SR_TID.X`, the thread index): there is no memory in the chain.
 #   The hot instruction is on the kernel's first lines (`lane = ...threadIdx.x % 32`), and its
 #   operand is the thread index. Whether the warps waited for that read, the split of its samples

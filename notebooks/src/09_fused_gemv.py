@@ -280,14 +280,14 @@ def make_kernel(is_bf16, M, base, full=False, G=WARPS):   # full: every warp has
                 c = cn
                 if tn != t:
                     break
-            base = uint32(parity * uint32(WARPS * 16 * M) + warp * uint32(16 * M))   # the tile's sum (see above)
+            sums0 = uint32(parity * uint32(WARPS * 16 * M) + warp * uint32(16 * M))   # this warp's first sum word (see above)
             for nt in range(NT):
                 a0 = acc[2 * nt] + shfl_xor_sync(0xFFFFFFFF, acc[2 * nt], 1)
                 a1 = acc[2 * nt + 1] + shfl_xor_sync(0xFFFFFFFF, acc[2 * nt + 1], 1)
                 m = uint32(2 * nt) + (q >> uint32(1))
                 if m < uint32(M) and (q & uint32(1)) == uint32(0):
-                    sm[gemv.spare(base + m * uint32(16) + g)] = ops.float_bits(a0)
-                    sm[gemv.spare(base + m * uint32(16) + g + uint32(8))] = ops.float_bits(a1)
+                    sm[gemv.spare(sums0 + m * uint32(16) + g)] = ops.float_bits(a0)
+                    sm[gemv.spare(sums0 + m * uint32(16) + g + uint32(8))] = ops.float_bits(a1)
             if G < WARPS:   # the group's own barrier (id 1 + group, 32 G threads); lt: a thread's index in its group
                 bar_sync(uint32(1) + warp // uint32(G), uint32(32 * G))
             else:
@@ -315,13 +315,13 @@ def launch(g):
 # %% [markdown]
 # <a id="evidence"></a>
 # ## 5. PTX evidence
-# Per step at M = 1: 16 `mma.sync` (2 pieces x 8), 64 `prmt`, 64 lookups with the base in the immediate; the codes' 16-byte loads as
+# Per step at M = 1 (the kernel as `launch` runs 4096x4096: `full`, G = 8): 16 `mma.sync` (2 pieces x 8), 64 `prmt`, 64 lookups with the base in the immediate; the codes' 16-byte loads as
 # `ld.global.nc.L1::no_allocate.v4` (`.nc`: through the read-only path; read once: kept out of L1, which holds x and the scales); no `ld.local` (the local arrays are in registers; ptxas's spills are printed below), no float64. Registers: the
 # driver's build, or `ptxas` (the assembler from PTX to SASS, the GPU's own instructions). A T4 (sm_75) has no m16n8k16: fp16 runs each mma as two m16n8k8 (the K = 8 shape sm_75 has; PTX ISA,
 # mma's "Matrix Shape" and target notes), bf16 on the FP32 units (`warp_ops._soft_mma`: by its source, 32 shuffles, 64 FMAs and their operand moves a lane in place of one mma); the cell checks the fp16 kernel there. In the first line it prints, the 4 `mul.rn.f32` are the blocks' scales (each followed in the PTX by an `add.rn.f32`), never fused; its `fma` are the float32 sums `cf * s[0] + cf * s[1]` of the tile's accumulation, which the compiler contracts (section 6's tolerance allows for it).
 # %%
 cc = nf4lab.runtime.target_cc(); T4 = cc < (8, 0)  # noqa: E702
-kern = make_kernel(not T4, 1, base := gemv.probe_base() if nf4lab.ON_GPU else gemv.default_base(cc))
+kern = make_kernel(not T4, 1, base := gemv.probe_base() if nf4lab.ON_GPU else gemv.default_base(cc), True)   # full
 code = ptx.compile_ptx(kern, gemv.signature(), cc=cc, launch_bounds=(THREADS, BLOCKS_PER_SM))
 LOOKUP, MMA = r"^ld\.shared\.u32 %r\d+, \[%r\d+\+\d+\]", r"^mma\.sync\.aligned\." + (r"m16n8k8\.row\.col\.f32\.f16" if T4 else r"m16n8k16\.row\.col\.f32\.bf16")
 ptx.show(code, [r"^prmt\.b32", LOOKUP, r"^mma\.sync"], limit=2)
@@ -389,14 +389,14 @@ if RUN is not None:
 # ## 8. Batch: M = 2, 4, 8
 #
 # M rows of x cost (M + 1) // 2 n-tiles of mmas on the same A fragments; the weight is still read once. bitsandbytes 0.50.2's
-# `gemm_4bit` takes its fused kernel at M <= 4; above, a rule per M, N, K and GPU (`backends/cuda/ops.py`) picks it or dequantize
-# + `F.linear`: the cell prints which, per shape, at M = 8.
+# `gemm_4bit` (by its source, `backends/cuda/ops.py`) takes its fused kernel at M <= 4; above, a rule per M, N, K and GPU picks it or
+# dequantize + `F.linear`: the cell asks that rule, per shape, at M = 2, 4 and 8.
 # %%
 if nf4lab.ON_GPU:
     BATCH = gemv_bench.benchmark({"notebook 09": launch}, ms=(2, 4, 8))
     import torch, bitsandbytes.backends.cuda.ops as bnb_ops  # noqa: E401  (private: the rule bitsandbytes 0.50.2 applies past M = 4)
     fused = getattr(bnb_ops, "_gemm_4bit_use_custom_cuda", None)
-    print("bitsandbytes at M = 8 here (bf16; its rule reads the dtype too):", {f"{N}x{K}": "?" if fused is None else "fused" if fused(torch.cuda.current_device(), torch.bfloat16, 8, N, K) else "dequantize + F.linear" for N, K in gemv.LLM_SHAPES})
+    for m in (2, 4, 8): print(f"bitsandbytes at M = {m} here (bf16; its rule reads the dtype too):", {f"{N}x{K}": "?" if fused is None else "fused" if fused(torch.cuda.current_device(), torch.bfloat16, m, N, K) else "dequantize + F.linear" for N, K in gemv.LLM_SHAPES})  # noqa: E701
     print(f"saved {BATCH.save(gemv.NAME + '_notebook_batch').relative_to(results.ROOT)}")
 else:   # this notebook's batch run, else an older lab kernel's (lab/bench_gemv.py; its label names kernel and date)
     BATCH = bench.Run.load(gemv.NAME + "_notebook_batch") or bench.Run.load("09_gemv_tc_batch")
@@ -429,8 +429,8 @@ if BATCH:   # % of read: section 7's read bound (the weight's bytes, read once a
 @cuda.jit(device=True, inline="always")
 def fragments(w, xt, g, q):
     ### BEGIN SOLUTION
-    r0, r1 = g * uint32(8), (g + uint32(8)) * uint32(8)
-    return w[r0 + q], w[r1 + q], w[r0 + q + uint32(4)], w[r1 + q + uint32(4)], xt[r0 + q], xt[r0 + q + uint32(4)]
+    r0, r1 = g * uint32(8), (g + uint32(8)) * uint32(8)   # W's rows g and g + 8; B's column n = g: xt's words 8 g ..
+    return w[r0 + q], w[r1 + q], w[r0 + q + uint32(4)], w[r1 + q + uint32(4)], xt[uint32(8) * g + q], xt[uint32(8) * g + q + uint32(4)]
     ### STUDENT
     # TODO: a0, a1, a2, a3 from w and b0, b1 from xt (about 3 lines)
     return uint32(0), uint32(0), uint32(0), uint32(0), uint32(0), uint32(0)
