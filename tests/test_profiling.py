@@ -347,7 +347,7 @@ def test_show_hot_spot_splits_the_stalls_and_flags_an_address_writer(capsys):
                     ("SHF.R.U32.HI R21, RZ, 0x10, R22", 8.0, {"long_scoreboard": 90.0, "not_selected": 10.0})])
     exercises.show_hot_spot(data, 2, operands, "page")
     out = capsys.readouterr().out
-    assert "80.0% of the page's stall samples" in out and "90% waits for an operand" in out
+    assert "80.0% of the page's samples, issued ones included" in out and "90% waits for an operand" in out
     assert "10% ready warps or a busy pipe" in out and "the walk ends at: global load" in out
     assert "if this is the path the operand took" in out and "another use of the same register" in out
     address = listing([("LDG.E.U8 R25, desc[UR8][R24.64]", 1.0, {}), ("IMAD.WIDE.U32 R22, R25, 0x4, R22", 3.0,

@@ -670,7 +670,7 @@ def check_hot_spot(hot_spot, prog, operands) -> bool:
     else:
         hot, j = got["hot"], got["waits_for"]
         if not (isinstance(hot, int) and 0 <= hot < len(prog) and prog[hot]["samples"] == max(x["samples"] for x in prog)):
-            problems.append("'hot' is the index of an instruction with the most stall samples")
+            problems.append("'hot' is the index of an instruction with the most samples (issued ones included)")
         else:
             if got["line"] != prog[hot]["line"]:
                 problems.append("'line' is the Python line of instruction 'hot' (its \"line\")")
@@ -731,7 +731,7 @@ def show_hot_spot(prog, hot, operands, what, steps=6):
     ins = prog[hot]
     total = sum(x["samples"] for x in prog) or 1.0
     print(f"\n{what}, hottest: {ins['sass']} (line {ins['line']}: {(ins.get('source') or '')[:60]}), "
-          f"{ins['samples'] / total:.1%} of the page's stall samples")
+          f"{ins['samples'] / total:.1%} of the page's samples, issued ones included")
     stalls = ins.get("stalls", {})
     top = sorted(stalls.items(), key=lambda x: -x[1])[:3]
     print("  its stall samples by reason: " + (", ".join(f"{r} {v:.0f}" for r, v in top) or "not on this page"))

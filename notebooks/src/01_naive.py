@@ -53,7 +53,7 @@ SIG = "(uint8[::1], float32[::1], uint8[::1], float32[::1], float32[::1], float3
 #
 # One thread per byte means, for each packed byte: a 1-byte load of the codes, a 1-byte load of
 # `absmax_q`, two float32 loads of `code2` and `absmax2` (the same addresses for the 32 threads
-# of a quantization block of 64 weights, so most likely served by the caches, L1 or 00's L2), two loads from the 16-entry
+# of a quantization block of 64 weights, so most likely served by the caches: L1, each SM's own cache for global loads (05 says more), or 00's L2), two loads from the 16-entry
 # LUT, two 16-bit stores. The byte model only counts the bytes DRAM must move; the question for this
 # kernel is whether such *narrow* accesses can keep enough bytes in flight (requested from DRAM
 # and not yet returned; 02 sizes it). A warp (32 threads

@@ -325,7 +325,8 @@ plots.progress("02_grid_stride");
 
 # %% [markdown]
 # Against the prediction, from this run's numbers. A change no larger than `bench.NOISE_PCT`
-# (the series' one noise margin, printed below) counts as none. The margin is for two kernels timed
+# (the series' one noise margin, printed below) counts as none, and one within twice it is near: re-run
+# before calling it a gain or a loss (00's rule). The margin is for two kernels timed
 # in one run, so no verdict compares across runs. The run-to-run line compares records of two runs,
 # which may come from different processes or sessions, possibly on another card of the same model;
 # such records may lie further apart than the margin, even on one day (`nf4lab/measure/bench.py`'s
@@ -354,9 +355,10 @@ if base and full and one:
     if bench.noise_band(change) == "near":    # past the margin by little: one pair this close can flip
         print(f"  ({abs(change):.1f}% is past the {NOISE_PCT}% margin but within twice it: re-run to confirm "
               "the verdict below)")
+    hold = "if a re-run confirms it, " if bench.noise_band(change) == "near" else ""   # near: no settled verdict
     if change > NOISE_PCT:
         verdict = "the small gain we predicted" if change < 10 else "more than the small gain we predicted"
-        print(f"  a gain of {change:.1f}%, {verdict}. One cause fits, not measured here: the fixed costs of "
+        print(f"  {hold}a gain of {change:.1f}%, {verdict}. One cause fits, not measured here: the fixed costs of "
               "01's one-byte threads (setup, launching and retiring blocks), which the loop pays once per thread. "
               "More bytes read in flight per thread does not: section 3's PTX has each copy of the loop body load only after "
               "the previous copy's stores (a copy's stores may still be in flight when the next copy's loads go out; not "
@@ -364,15 +366,12 @@ if base and full and one:
               + profiling.where_to_look(run.meta.get("gpu"), ("01 naive (per byte)", "02 grid-stride (full occupancy)"))
               + ".")
     elif change < -NOISE_PCT:
-        print(f"  a loss of {-change:.1f}% (we predicted a small gain or none): most likely the loop's own work "
+        print(f"  {hold}a loss of {-change:.1f}% (we predicted a small gain or none): most likely the loop's own work "
               "(the trip count, the counter) cost more on this GPU than the block scheduling it saved.")
     else:
         print("  no measurable change (the 'possibly none' of the prediction): most likely DRAM waits were all "
               "that limited 01 on this GPU, and block scheduling kept up. That is a result too: here the loop "
               "buys flexibility, not speed.")
-        if abs(change) > NOISE_PCT / 2:   # within noise is not zero: name the direction
-            print(f"  ({abs(change):.1f}% {'slower' if change < 0 else 'faster'}, within the {NOISE_PCT}% margin: "
-                  f"not a measured difference, but the direction is {'a loss' if change < 0 else 'a gain'})")
     print(f"1 block per SM: {one['gbps']:.0f} GB/s, {one['gbps'] / full['gbps']:.2f}x full occupancy "
           f"({'much slower, as predicted' if one['gbps'] < 0.5 * full['gbps'] else 'not much slower: the prediction failed here'})")
 else:

@@ -44,7 +44,8 @@ SIG = ("(uint8[::1], float32[::1], uint8[::1], float32[::1], float32[::1], float
 # <a id="prediction"></a>
 # ## 1. Prediction
 #
-# The DRAM bytes do not change (the byte model is the same); what changes is how many store
+# The byte model's bytes do not change (whether DRAM sees the same bytes is predicted below, not
+# measured here); what changes is how many store
 # instructions carry them, and how much each warp store covers:
 
 # %%
@@ -61,7 +62,8 @@ print(f"writes: {out_bytes / bytemodel.bytes_moved(N_BIG):.1%} of the bytes move
 # 2-byte slot of the same 128. L2 should merge the two
 # 16-bit stores of 01 into the same lines before they reach DRAM, so the DRAM traffic should
 # be the same; what we save is instruction issue and load/store-unit work per byte (the
-# load/store unit: the part of an SM that issues memory instructions). Our
+# load/store units: the parts of an SM that execute memory instructions, computing addresses and
+# sending requests to the caches). Our
 # prediction: **some gain if those instructions were part of the limit, none if DRAM latency
 # was all of it**; and, we expect, not the ceiling either way, because each thread still loads a
 # single byte per iteration (02's PTX showed that its grid-stride loop issues an iteration's
@@ -226,9 +228,8 @@ plots.progress("03_packed_u32");
 # %% [markdown]
 # Against the prediction, like with like: the per-byte packed kernel against 01, the
 # grid-stride one against 02. A change no larger than `bench.NOISE_PCT` (the series' one noise
-# margin, printed below) counts as none, and is reported as within noise; one larger than half
-# the margin is also printed with its size and direction, since within noise is not the same as
-# zero. The cell first prints how far 01's and 02's kernels, timed again in this run, lie from
+# margin, printed below) counts as none, and is reported as within noise, with no direction
+# called (00's rule: a direction only past twice the margin). The cell first prints how far 01's and 02's kernels, timed again in this run, lie from
 # their own notebooks' records: the same kernel in two runs. Those lines show how much one
 # kernel's number moved between this run and another; they do not measure the margin.
 # The margin is for kernels timed in one run. Records of other runs may lie further apart than
@@ -263,8 +264,6 @@ for name, nb, base_name in (PAIRS if run is not None else ()):
     print(f"{name}: {r['gbps']:.0f} GB/s vs {base_name}: {base['gbps']:.0f} GB/s, {change:+.1f}%")
 gains = [c for c in changes.values() if c > NOISE_PCT]
 losses = [c for c in changes.values() if c < -NOISE_PCT]
-# Within the margin but more than half of it: not a measured difference, but its direction is named.
-leaning = {k: c for k, c in changes.items() if NOISE_PCT / 2 < abs(c) <= NOISE_PCT}
 near = [k for k, c in changes.items() if bench.noise_band(c) == "near"]   # may flip in another execution
 if_near = (f", if the near change{'s hold' if len(near) > 1 else ' holds'} (re-run to confirm)" if near else "")
 # Whose numbers these are: this run's, or a recorded GPU's (no GPU here).
@@ -304,15 +303,10 @@ elif gains:
           f"one-byte loads, and {l2_note}. 04 widens the loads.")
 else:
     print(f"no measured gain from the packed store {where}: every change is within the {NOISE_PCT}% noise "
-          "margin" + (" (the 'none' of the prediction, but not every change is near zero: see below)"
-                      if leaning else " (the 'none' of the prediction)")
+          "margin (the 'none' of the prediction)"
           + ". The store instructions were likely not the limit: the threads probably spend their time "
           f"waiting for their one-byte loads, and {l2_note}. Halving instructions pays only where "
           "instructions are the limit: 04 widens the loads.")
-for name, c in leaning.items():
-    print(f"  {name}: {abs(c):.1f}% {'slower' if c < 0 else 'faster'}, within the {NOISE_PCT}% margin: not a "
-          f"measured difference, but the direction is {'a loss' if c < 0 else 'a gain'}, not "
-          f"{'a gain' if c < 0 else 'a loss'}")
 for name, c in changes.items():       # past the margin by little: one pair this close can flip in another execution
     if bench.noise_band(c) == "near":
         print(f"  {name}: {c:+.1f}% is past the {NOISE_PCT}% margin but within twice it: re-run to confirm")

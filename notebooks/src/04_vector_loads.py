@@ -159,7 +159,7 @@ def load_u32x4(typingctx, arr, i):
     return sig, codegen
 
 
-if nf4lab.ON_GPU:   # an intrinsic only compiles for a GPU; nf4lab's copy has a Python twin for the simulator
+if nf4lab.ON_GPU:   # an intrinsic cannot run in the simulator; nf4lab's copy has a Python twin there
     @cuda.jit
     def load_demo(src, dst):
         a, b, c, d = load_u32x4(src, uint64(0))
@@ -180,7 +180,8 @@ else:
 # Sizes matter as much as alignment: `b.packed_u32` is zero-padded to a multiple of 16 bytes,
 # so a whole-vector load of the last, partial chunk (16 bytes of codes, 32 weights: section 3) is safe. `b.out` has exactly
 # `n` usable elements: the last partial group of outputs is written with narrow stores, never a vector that runs past
-# `n`. (The harness allocates a poisoned guard region after them only to catch such overruns; a real
+# `n`. (The harness allocates a guard region after them, filled with a bit pattern no kernel writes
+# (*poisoned*) and checked after each launch, only to catch such overruns; a real
 # program's output has none, so a store there is a bug even where it lands in allocated memory.)
 
 # %% [markdown]

@@ -333,7 +333,7 @@ K04 = "04 16B loads, coalesced stores"
 v04 = versions.load("04_vector_loads")
 run = bench.step("05_shared_lut", {**VERSIONS, BASELINE: BASELINE_LAUNCH, K04: v04[K04]})
 if run is not None:
-    if run.recorded:                 # on a GPU, bench.step printed this run's table already
+    if run.recorded:                 # no GPU: a recorded run, so print its table (on a GPU bench.step printed it)
         print(run.table())
     ks = sorted(run.kernels(), key=lambda r: r["ms"])
     if ks:

@@ -102,7 +102,8 @@ if copy is None:
 # shared memory beside the LUT, so that `code2[absmax_q[b]]` is not a second trip to global memory. The LUT is in
 # shared memory although 05 may have found a global table as fast or faster: `code2` already needs the block's
 # barrier, so the LUT adds only its 16 entries to the fill (this notebook does not time its placement on its own;
-# `lab/README.md` records the lab's timings of the table's variants). The scale is computed
+# `lab/README.md` records the shared table's fill order and a table by shuffles; a global-memory table
+# was not timed for this kernel). The scale is computed
 # once per unit with `fmul_rn`/`fadd_rn` (never an FMA), and the one thread just past the last
 # whole unit writes the tail. These are design choices, not measured advantages: section 6 times
 # 05's kernels beside this one in the same run, and its verdict, read against the noise margin,
@@ -173,8 +174,8 @@ else:
 # ends its line. Where a parameter's spread is inside the margin, that parameter did not
 # measurably move the bandwidth in this record. The last line places the shape the kernel cell
 # uses (one shape for every GPU) against the fastest shape of the record: within the margin, it
-# is one of the fastest on the record's GPU, not a tuned optimum; beyond it, that GPU would gain
-# from another shape. The record is the one named above (its GPU and date), not a run of this
+# is one of the fastest on the record's GPU, not a tuned optimum; beyond twice it, that GPU would gain
+# from another shape; between one and two margins, re-run to tell. The record is the one named above (its GPU and date), not a run of this
 # notebook.
 
 # %% tags=["kernel"]
@@ -393,7 +394,8 @@ else:
 # (the magnitudes printed under it say how far it stayed from each), and the bit-exact verdict
 # says nothing about them. Those ends are checked on their own by
 # `tools/gpu_exactness.py`, in its first part: the conversions alone, on the GPU against their
-# plain-Python twins, over the special value classes its docstring lists (zeros, subnormals, ties,
+# plain-Python twins (IEEE round-to-nearest-even as numpy implements it, not bitsandbytes: that
+# bitsandbytes' fp16 output matches at those ends remains an expectation), over the special value classes its docstring lists (zeros, subnormals, ties,
 # the largest finite values, infinities, NaNs); section 7 prints its records.
 
 # %% [markdown]

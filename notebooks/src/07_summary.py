@@ -5,7 +5,8 @@
 # %% [markdown]
 # # 07 · Summary: the whole series side by side
 #
-# **Goal.** Re-run every kernel of notebooks 01-06 in one process, on the same data, beside the
+# **Goal.** Re-run every version of notebooks 01-06 (each notebook's `VERSIONS`; 05's global-table
+# baseline, which 05 timed beside them, is not one) in one process, on the same data, beside the
 # hardware ceilings (device copy, write-only fill, and the traffic-matched bound: NF4's own bytes
 # moved with no arithmetic) and bitsandbytes, and see how far each step took us. Then sweep the
 # size, from L2-resident tensors to the weight shapes of real LLMs.
@@ -230,12 +231,13 @@ if run is not None:
 # below holds them under it, the plot shows beside the copy's dashed line. Right of the L2 line but under
 # 4x the L2, part of the data may still come from the L2 (section 2's rule): the table after the plot, the best
 # kernel against bitsandbytes at each size, marks those `<4x L2`, and only `DRAM` rows are DRAM measurements. Copy and fill (dashed) and the traffic-matched bound are measured at each size.
-# At the smallest sizes we expect the fixed cost of a launch (start, ramp-up, the last wave) to be a
-# large share of a short kernel: a hypothesis that this section does not time. Section 7's exercise
-# asks, shape by shape, what share of the kernel's time beyond the copy is its own work, and draws
-# its conclusions from the shapes outside the L2. A fixed cost that the kernel, the bound and the
-# copy all pay alike cancels in that share, so it can show only a fixed cost that differs between them. (A GPU runs a grid's blocks in *waves*: as many blocks at once as its
-# SMs can hold, the next ones as earlier ones finish; a last, partial wave leaves SMs idle.)
+# A GPU runs a grid's blocks in *waves*: as many blocks at once as its SMs can hold, the next ones as
+# earlier ones finish; a last, partial wave leaves SMs idle. At the smallest sizes we expect the fixed
+# cost of a launch (start, ramp-up, the last wave) to be a large share of a short kernel: a hypothesis
+# that this section does not time. Section 7's exercise asks, shape by shape, what share of the kernel's
+# time beyond the copy is beyond the bound (its own work or its launch shape), and draws its conclusions
+# from the shapes outside the L2. A fixed cost that the kernel, the bound and the copy all pay alike
+# cancels in that share, so it can show only a fixed cost that differs between them.
 #
 # Section 4's targets are checked at 16384x16384 only; the table's `% bound` column gives every other
 # shape. How 06's kernel was chosen at the LLM shapes (one launch shape ships for every shape and
@@ -319,7 +321,8 @@ if sweep is not None:
 #    recorded before its notebook's kernel changed says `EARLIER kernel` (the record says which).
 # 2. **The design space around the kernel** (the tuning rounds of `lab/tune_best_kernel.py`): 1-8 words per thread,
 #    128-1024 threads, persistent grids (about as many blocks as the GPU holds at once, each
-#    looping over many tiles, instead of one block per tile), contiguous chunks per block, 16-byte
+#    looping over many tiles (a tile: the fixed run of units one block handles), instead of one block
+#    per tile), contiguous chunks per block, 16-byte
 #    loads with an exchange, streaming stores (`st.global.cs`: a cache hint that the data will not
 #    be read again), L2 prefetch hints (`ld.global.L2::256B`: a hint to the L2 to fetch the 256
 #    bytes around the address, not only the sectors asked for), bulk (TMA) stores (on sm_90
@@ -407,6 +410,7 @@ if kernels:
           + "; each round is its own run: " + ", ".join(f"{n[len('tuning_'):]} {dates[n]}" for n in names))
     gb = [r["gbps"] for r, _ in kernels]
     print(f"{len(kernels)} verified variants in {len(names)} runs: {min(gb):.0f} to {max(gb):.0f} GB/s")
+    print("the five fastest (rounds are different runs: gaps under the noise margin are not an order):")
     for r, name in sorted(kernels, key=lambda x: -x[0]["gbps"])[:5]:
         print(f"   {r['gbps']:6.0f} GB/s  {r['pct_copy']:4.0f}% of its round's copy  {tag(r, name)}  ({name})")
     none = [n[len("tuning_"):] for n in names if not any(m == n for _, m in bounds)]
@@ -468,7 +472,8 @@ if run is not None and best and bound:
 # copy's own access style (one 16-byte load, 16-byte stores, each warp store 512 contiguous bytes)
 # moving exactly NF4's bytes: compare its lines with round 6's own fastest variant, printed with
 # that round's fastest bound (the other rounds' lines are other runs). What is left untried here,
-# and is the natural next step for a kernel engineer: a persistent, software-pipelined kernel whose
+# and is the natural next step for a kernel engineer: a persistent, software-pipelined kernel (loads
+# for the next tile issued before the current one is converted) whose
 # bulk (TMA) loads of several KB per block run ahead of the conversion and the bulk stores.
 
 # %% [markdown]
@@ -532,6 +537,7 @@ if ok:   # with own_share written: the share at every shape, and where it is lar
                                  ": this run does not separate them" if close else ""))
     by_size = sorted(dram, key=lambda s: s[0] * s[1])   # the shapes outside the L2, smallest first
     if len(by_size) >= 2:   # a fixed cost of the kernel's own weighs less in a longer kernel: shares that fall
+        # with size, beyond the spread, are consistent with one
         pairs = list(zip(by_size, by_size[1:]))
         name = lambda a, b: f"{'x'.join(map(str, a))} / {'x'.join(map(str, b))}"
         # a step counts only beyond the spread, either way: the larger shape's p90 end below the smaller one's
@@ -587,7 +593,7 @@ if ok:   # with own_share written: the share at every shape, and where it is lar
 # with more replays or in more runs, before testing a fixed cost at any one of them. How the one launch shape that ships was chosen is in
 # `lab/README.md`.
 # ### STUDENT
-# Once the check passes: does this run separate any shape outside the L2 from the others by the
-# kernel's own share, and what would you test first, at that shape or, if none is separated, among them?
+# Once the check passes: is the shape outside the L2 with the largest share separated from the others
+# by this run, and what would you test first, at that shape or, if it is not separated, among them?
 # (The solution notebook gives its answer.)
 # ### END SOLUTION

@@ -64,7 +64,8 @@ print(profiling.shell_lines(cmd))   # one option (or the target program) a line,
 # `WarpStateStats` (stall reasons) and `SourceCounters` (stall samples per instruction). ncu
 # replays the kernel once per group of counters it cannot read together, restoring memory
 # in between, so the profiled launch takes far longer than the kernel itself. The kernels are
-# compiled with `lineinfo=True` (set by the driver), which maps every SASS instruction (SASS: the GPU's native
+# compiled with `lineinfo=True` (set by the driver) where numba-cuda can compile them with it (else the
+# profile has no line info, and the next cell names such profiles), which maps every SASS instruction (SASS: the GPU's native
 # machine code, which `ptxas` assembles from the PTX that numba generates) to the Python line it came from; `--clock-control none`
 # leaves the clocks where the benchmarks ran.
 #
@@ -227,7 +228,7 @@ if MEASURED:
 # One warp-wide load or store instruction is one *request* to the L1/TEX unit (the unit that serves
 # global loads and stores, through the L1 cache); memory is
 # served in 32-byte *sectors* (CUDA C++ Best Practices Guide, "Coalesced Access to Global Memory",
-# as in notebooks 03 and 04). `l1tex__t_sectors_pipe_lsu_mem_global_op_ld.sum` divided by
+# as in notebooks 02 and 04). `l1tex__t_sectors_pipe_lsu_mem_global_op_ld.sum` divided by
 # `l1tex__t_requests_pipe_lsu_mem_global_op_ld.sum` tells how many sectors a warp's
 # instruction touches. For 32 lanes reading consecutive elements of `w` bytes, that is
 # `32 * w / 32 = w`: 1 for bytes, 4 for 32-bit words, 16 for 128-bit vectors. Anything above
@@ -477,7 +478,9 @@ if not lines and MEASURED:
 show_lines(lines) if lines else print("No source page with line info recorded: no source lines to show.")
 
 # %% [markdown]
-# How to read it. The kernel's `def` line collects what line info maps to no other line of the
+# How to read it (SASS opcodes: `LDG`/`STG` global load/store, `LDS`/`STS` shared load/store, `LDC`/`ULDC`
+# constant-bank loads, `S2R` a read of a special register such as the thread index; `UR...` are uniform
+# registers, one value for the whole warp). The kernel's `def` line collects what line info maps to no other line of the
 # cell: the kernel's entry code (its parameters and the launch's constants read from constant bank
 # 0, `LDC`/`ULDC ... c[0x0][...]`, where by common SASS convention the first `LDC R1, c[0x0][...]`
 # sets up the stack pointer rather than reading a parameter; at times the thread and block indices' `S2R`,
@@ -640,7 +643,7 @@ print("python -m nf4lab.measure.profiling table my.csv")
 # - With `lineinfo=True`, stalls land on Python lines, which is where a fix is written (an inlined
 #   helper from another file lands on the line of the cell with its own number, or on the `def` line
 #   where that number is smaller: section 7). The
-#   hottest instruction is the one where sampled warps most often did not issue; its stall reasons
+#   hottest instruction is the one with the most samples (issued ones included); its stall reasons
 #   say why. Where operand waits hold most of its samples, walking back to the writers of its
 #   operands finds a chain that may lead to what it waited for; where ready warps or a busy pipe
 #   hold most of them, it waited for no operand. The exercise's page says which holds there.
@@ -732,7 +735,9 @@ for listing, what in ((prog04, "04's page"), (prog, "section 7's page")):
 #   register (an address, `IMAD.WIDE`) rather than the word the hot instruction read. In 06's
 #   kernel that word is `w`, loaded on the `words[k] = packed_u32[...]` line (section 7 prints how
 #   many global loads each line holds), while the address (the `IMAD.WIDE`) and the `absmax_q` byte
-#   load behind it are both charged to the `def` line when the compiler inlined them there. The
+#   load behind it are the tail's `block_scale` code (`elif u == nunits`): its lines in `nf4lab/lesson`
+#   are numbered below the `def` line's, so they land on the `def` line (section 7's rule), another code
+#   path than the hot main-loop instruction. The
 #   end of such a walk says nothing about the wait; the hot instruction's own reasons do
 #   (where `long_scoreboard` is on top: a global load's result, which it reads as data).
 # - **A shared-memory load** (`LDS`), or a hot shared store (`STS`, on a `stage[...]` line): the

@@ -3,7 +3,7 @@
 # # 09 · Capstone: fuse NF4 dequantization into a tensor-core GEMV
 #
 # **Goal.** Generating a token multiplies each layer's weight by a few rows of activations: `y = x @ W.T`, `x` (M, K), M = 1..8 (a GEMV: matrix times
-# vector), `W` (N, K) in NF4. We rebuild, cell by cell, the kernel `nf4lab` ships (`nf4lab.kernels.gemv`; `tests/test_nb09.py` checks at M = 1 and 8 that both compile to the same PTX, names and comments aside) and time the notebook's copy: each packed byte read once, made two bf16/fp16 weights by one
+# vector), `W` (N, K) in NF4. We rebuild, cell by cell, the kernel `nf4lab` ships (`nf4lab.kernels.gemv`; `tests/test_nb09.py` checks at M = 1 and 8 that both compile to the same PTX, names, comments and the operand order of `min.u32` aside) and time the notebook's copy: each packed byte read once, made two bf16/fp16 weights by one
 # shared-memory load, multiplied on the tensor cores (the SM's matrix-multiply units, driven by `mma` instructions) by `mma.sync` (a warp-wide matrix multiply-add; a T4's bf16 path: section 5); we check it against float64 and time it against
 # bitsandbytes and a kernel that only reads the weight (the read bound). **You will learn** how `mma.sync.m16n8k16` spreads its operands over a warp,
 # how to feed it from a lookup table, how warps of a block share a row's K (here split-K within a block: a block's warps each take part of K; CUTLASS's "Efficient GEMM in CUDA", "Parallelized Reductions", calls this sliced-K and keeps split-K for splitting K across blocks), and why the read bound is the target.
