@@ -96,7 +96,8 @@ def _build(dtype: str, nested: bool, path: str):
 
     @cuda.jit(device=True, inline="always")
     def lut_load(lut, lut_s):
-        # Shared-memory LUT: 16 lanes fill it, everyone waits (fastest placement measured).
+        # Shared-memory LUT: 16 lanes fill it, everyone waits. Not for speed (05 may find a global table as fast
+        # or faster): code2 already needs this barrier, so the table adds only its 16 entries (06, section 2).
         tid = cuda.threadIdx.x
         if tid < 16:
             lut_s[tid] = lut[tid]
