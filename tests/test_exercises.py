@@ -443,8 +443,8 @@ def test_own_share_check_fails_on_the_stub_and_passes_on_times_or_rates(capsys):
     run = bench.Run(meta={}, records=[rec(bench.COPY, (4, 4), 1.0), rec(bench.BOUND, (4, 4), 1.05), rec(K, (4, 4), 1.1),
                                       rec(bench.COPY, (8, 8), 2.0), rec(bench.BOUND, (8, 8), 2.0), rec(K, (8, 8), 1.9)])
     run.finalize()
-    assert exercises.own_share_want(run, K, (4, 4)) == pytest.approx(0.5)
-    assert exercises.own_share_want(run, K, (8, 8)) is None
+    assert exercises._own_share_want(run, K, (4, 4)) == pytest.approx(0.5)
+    assert exercises._own_share_want(run, K, (8, 8)) is None
     assert exercises.graded_shapes(run, K) == [(4, 4)]
     assert exercises.check_own_share(lambda s, shape: None, run, K) is False
     assert "NOT PASSED" in capsys.readouterr().out
@@ -469,7 +469,7 @@ def test_own_share_check_fails_on_the_stub_and_passes_on_times_or_rates(capsys):
     # (dropping that corner printed a span of 70-78% beside a median of 81%, 07's solution on the H200)
     run.get(bench.COPY, shape=(4, 4))["spread_ms"] = [0.99, 1.09]
     lo, hi = exercises.own_share_span(run, K, (4, 4))
-    assert lo <= exercises.own_share_want(run, K, (4, 4)) and hi == math.inf
+    assert lo <= exercises._own_share_want(run, K, (4, 4)) and hi == math.inf
 
 
 def _last_vector(kind):

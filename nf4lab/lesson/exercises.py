@@ -756,11 +756,10 @@ def show_hot_spot(prog, hot, operands, what, steps=6):
               "register, not the value the hot instruction read")
 
 
-def own_share_want(sweep, name, shape, dtype="bf16"):
-    """Notebook 07: of the time version ``name`` takes beyond a device copy of the same bytes, the share
-    beyond the traffic-matched bound (its own work), at one shape of ``sweep`` (a bench.Run):
-    (1/v - 1/bound) / (1/v - 1/copy) in GB/s, i.e. (100 - pct_bound) / (100 - pct_copy). None where
-    the run lacks a record or the version is not slower than the copy (no time beyond it to share)."""
+def _own_share_want(sweep, name, shape, dtype="bf16"):
+    """Notebook 07's grader: the share the student's ``own_share`` must give at one shape of ``sweep`` (private,
+    and its formula not spelled out here, since the student imports this module). None where the run lacks a
+    record or the version is not slower than the copy (no time beyond it to share)."""
     from ..measure.bench import BOUND, COPY
 
     k, b, c = (sweep.get(n, shape=shape, dtype=dtype) for n in (name, BOUND, COPY))
@@ -787,15 +786,15 @@ def own_share_span(sweep, name, shape, dtype="bf16") -> tuple:
 def graded_shapes(sweep, name, dtype="bf16") -> list:
     """The shapes of ``sweep`` where notebook 07's exercise is graded (``name`` slower than the copy there)."""
     shapes = dict.fromkeys(tuple(r["shape"]) for r in sweep.records if r["name"] == name and r["dtype"] == dtype)
-    return [s for s in shapes if own_share_want(sweep, name, s, dtype) is not None]
+    return [s for s in shapes if _own_share_want(sweep, name, s, dtype) is not None]
 
 
 def check_own_share(own_share, sweep, name, dtype="bf16") -> bool:
     """Grade notebook 07's exercise: ``own_share(sweep, shape)`` at every shape of ``sweep`` where
-    ``own_share_want`` is defined, within a relative 1e-6 (times or GB/s give the same share)."""
+    ``_own_share_want`` is defined, within a relative 1e-6 (times or GB/s give the same share)."""
     graded, bad = 0, []
     for shape in graded_shapes(sweep, name, dtype):
-        want = own_share_want(sweep, name, shape, dtype)
+        want = _own_share_want(sweep, name, shape, dtype)
         graded += 1
         try:
             got = own_share(sweep, shape)
