@@ -617,6 +617,24 @@ def test_design_graders_read_the_kernel_the_launch_runs():
     assert solved and not other and "never launched" in str(other), str(other)
 
 
+def test_block_size_exercise_refuses_the_right_bits_at_another_block_size():
+    kernel = _kernel()
+
+    def at(threads):
+        def launch(b):
+            kernel[(b.nbytes + threads - 1) // threads, threads, b.stream](
+                b.packed, b.absmax_q, b.absmax2, b.code2, b.offset, b.lut, b.out, b.nbytes, b.n)
+        return launch
+
+    shapes = ((3, 5), (1, 65))
+    same = exercises.check_block_size(at(256), kernel, 128, shapes=shapes, verbose=False)   # `launch_128 = launch`
+    assert not same and "not at 128 threads a block" in same.verdict and "256" in str(same), str(same)
+    solved = exercises.check_block_size(at(128), kernel, 128, shapes=shapes, verbose=False)
+    assert solved and "128 threads a block" in str(solved), str(solved)
+    other = exercises.check_block_size(at(128), _kernel(), 128, shapes=shapes, verbose=False)
+    assert not other and "never launched" in str(other), str(other)
+
+
 def _one_mma(layout):
     """Notebook 09's exercise: ``fragments`` by ``layout``: "ptx" (the PTX ISA's m16n8k16 layout, the solution),
     "contiguous" (lane q takes k = 4q .. 4q + 3 in A and B alike: Y comes out right, the layout is not PTX's) or

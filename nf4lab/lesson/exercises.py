@@ -379,13 +379,13 @@ def _student_ptx(res, kernel, sig, name):
 def _check_launching(kernel, launch, **kw):
     """:func:`check` of ``launch``, watching whether it launches ``kernel`` (``kernel[grid, block, ...]``): a grader
     reads the PTX of the kernel it is given, so that must be the kernel the launch function runs. Returns the result
-    and the number of launches of ``kernel`` seen."""
+    and the launch configurations of ``kernel`` seen (``(grid, block, ...)`` as written in the brackets)."""
     seen = []
     cls = type(kernel)
     own = "__getitem__" in vars(cls)
     configure = getattr(cls, "__getitem__", None)
     if configure is None:               # not a kernel: the PTX reading says so
-        return check(launch, **kw), 0
+        return check(launch, **kw), []
 
     def spy(self, config):
         if self is kernel:
@@ -400,15 +400,16 @@ def _check_launching(kernel, launch, **kw):
             cls.__getitem__ = configure
         else:
             del cls.__getitem__
-    return res, len(seen)
+    return res, seen
 
 
 def _read_design(res, kernel, sig, name, requirements, verdict, ok, launched=None):
     """Where ``res`` is bit-exact, read the design from ``kernel``'s PTX for ``sig``: ``requirements(text)`` gives
     (what is missing, whether it holds) pairs. Any that fails marks ``res`` not passed, its verdict (if it was
     PASSED) ``verdict`` and its message what is missing; else ``ok`` (a string, or a function of the PTX text).
-    ``launched`` (from :func:`_check_launching`): 0 marks ``res`` not passed, since the bits came from another kernel."""
-    if launched == 0:
+    ``launched`` (from :func:`_check_launching`): none marks ``res`` not passed, since the bits came from another
+    kernel."""
+    if launched is not None and not launched:
         res.passed = False
         res.verdict = f"NOT PASSED: {name}: bit-exact, but not by the kernel the check reads"
         res.messages.append(f"the launch function never launched {getattr(kernel, '__name__', kernel)!s}, the kernel "
@@ -425,6 +426,35 @@ def _read_design(res, kernel, sig, name, requirements, verdict, ok, launched=Non
         res.messages.append("the kernel's PTX has " + "; ".join(missing))
     else:
         res.messages.append(ok(text) if callable(ok) else ok)
+
+
+def _threads(dim) -> int:
+    """Threads in a launch dimension written as an int or a tuple."""
+    return math.prod(dim) if isinstance(dim, tuple) else int(dim)
+
+
+def check_block_size(launch, kernel, threads, *, name="exercise: block size", shapes=None, verbose=True) -> CheckResult:
+    """Grade a launch exercise (notebook 02's exercise 2): ``launch`` bit-exact on ``shapes``, and every launch of
+    ``kernel`` it makes with ``threads`` threads a block: the bits alone cannot tell a launch at another block size
+    (``launch_128 = launch`` would pass them). The grid is not graded. Falsy unless both hold; never raises
+    because of the student's launch."""
+    res, launched = _check_launching(kernel, launch, name=name, shapes=shapes, verbose=False)
+    if res:
+        sizes = sorted({_threads(c[1]) for c in launched if len(c) > 1})
+        if not launched:
+            res.passed = False
+            res.verdict = f"NOT PASSED: {name}: bit-exact, but not by the kernel the check reads"
+            res.messages.append(f"the launch function never launched {getattr(kernel, '__name__', kernel)!s}")
+        elif sizes != [threads]:
+            res.passed = False
+            res.verdict = f"NOT PASSED: {name}: bit-exact, but not at {threads} threads a block"
+            res.messages.append(f"launched with {', '.join(map(str, sizes))} threads a block")
+        else:
+            res.messages.append(f"launch: {threads} threads a block (the grid is yours to check)")
+    if verbose:
+        print(res)
+        res._printed = True
+    return res
 
 
 # Notebook 03's exercise 1: shapes with every remainder of n mod 4 (n = 1, 2, 15, 64, 65, 66, 231), so that
