@@ -635,6 +635,47 @@ def test_block_size_exercise_refuses_the_right_bits_at_another_block_size():
     assert not other and "never launched" in str(other), str(other)
 
 
+def _fp16_pairs(pack):
+    """Notebook 06's exercise in small: one thread per packed byte, its two fp16 weights stored as one 32-bit word
+    rounded by ``pack`` (ops.pack_f16x2: the solution; ops.pack_bf16x2: the starting point), the last odd weight
+    by ops.to_f16_bits. Returns (launch, kernel)."""
+
+    @cuda.jit
+    def kernel(packed, absmax_q, absmax2, code2, offset, lut, out, out_u32, nbytes, n):
+        i = uint64(cuda.grid(1))
+        if i >= nbytes:
+            return
+        byte = packed[i]
+        j = uint64(2) * i
+        s = block_scale(absmax_q, absmax2, code2, offset, j >> uint64(6))
+        hi, lo = ops.fmul_rn(lut[byte >> 4], s), ops.fmul_rn(lut[byte & 15], s)
+        if j + uint64(1) < n:
+            out_u32[i] = pack(hi, lo)
+        else:
+            out[j] = ops.to_f16_bits(hi)
+
+    def launch(b):
+        kernel[(b.nbytes + 127) // 128, 128, b.stream](b.packed, b.absmax_q, b.absmax2, b.code2, b.offset, b.lut,
+                                                       b.out, b.out_u32, b.nbytes, b.n)
+
+    return launch, kernel
+
+
+SIG_PAIRS = ("(uint8[::1], uint8[::1], float32[::1], float32[::1], float32, float32[::1], uint16[::1], uint32[::1], "
+             "uint64, uint64)")
+
+
+def test_fp16_exercise_fails_on_the_bf16_pairs_and_passes_on_fp16_pairs_it_launches():
+    start = exercises.check_fp16_path(*_fp16_pairs(ops.pack_bf16x2), SIG_PAIRS, verbose=False)
+    assert not start and start.report is not None, str(start)      # bf16 bits where fp16 is wanted
+    solved = exercises.check_fp16_path(*_fp16_pairs(ops.pack_f16x2), SIG_PAIRS, verbose=False)
+    assert solved and "cvt.rn.f16x2.f32" in str(solved), str(solved)
+    # right bits from another kernel than the one handed to the grader: refused
+    other = exercises.check_fp16_path(_fp16_pairs(ops.pack_f16x2)[0], _fp16_pairs(ops.pack_f16x2)[1], SIG_PAIRS,
+                                      verbose=False)
+    assert not other and "never launched" in str(other), str(other)
+
+
 def _one_mma(layout):
     """Notebook 09's exercise: ``fragments`` by ``layout``: "ptx" (the PTX ISA's m16n8k16 layout, the solution),
     "contiguous" (lane q takes k = 4q .. 4q + 3 in A and B alike: Y comes out right, the layout is not PTX's) or

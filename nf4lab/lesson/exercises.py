@@ -587,6 +587,29 @@ def check_last_vector(launch, kernel, sig, *, name="exercise 2: the last vector"
     return res
 
 
+# Notebook 06's exercise: fp16 cases with whole words and a tail, one-row and multi-row shapes.
+FP16_SHAPES = ((3, 5), (1, 65), (7, 33))
+
+
+def check_fp16_path(launch, kernel, sig, *, name="exercise: fp16 path", verbose=True) -> CheckResult:
+    """Grade notebook 06's exercise: ``launch`` bit-exact on fp16 cases of :data:`FP16_SHAPES`, by ``kernel`` (the
+    launch must run it), whose PTX (compiled for ``sig``) rounds its pairs with ``cvt.rn.f16x2.f32`` and has no
+    bf16 pair conversion left. Falsy unless all hold; never raises because of the student's kernel."""
+    from ..measure import ptx
+
+    res, launched = _check_launching(kernel, launch, name=name, dtype="fp16", shapes=FP16_SHAPES, verbose=False)
+    if res:
+        _read_design(res, kernel, sig, name, lambda text: [
+            ("no fp16 pair conversion (cvt.rn.f16x2.f32)", ptx.count(text, r"^cvt\.rn\.f16x2\.f32") > 0),
+            ("a bf16 pair conversion (cvt.rn.bf16x2): the pairs go out as bf16 bits",
+             ptx.count(text, r"^cvt\.rn\.bf16x2") == 0)], "its PTX does not round its pairs to fp16",
+            "PTX: the pairs are rounded by cvt.rn.f16x2.f32", launched)
+    if verbose:
+        print(res)
+        res._printed = True
+    return res
+
+
 # Notebook 05's exercise: fp4 cases with a partial quantization block, one-row and multi-row shapes.
 CONST_TABLE_SHAPES = ((3, 5), (1, 65), (7, 33))
 
