@@ -200,15 +200,19 @@ def _shuffle(kind):
     point, version A (each lane stores its own 64 bytes: bit-exact, no shuffle); ``solution``: every lane gets
     words t, t + 32, t + 64, t + 96 of its warp by shfl_idx and stores them (a warp's store: 512 contiguous
     bytes); ``blocklocal``: the solution with its warp's place counted in its block (``threadIdx.x``), not in the
-    grid: right on one block, wrong from the second."""
+    grid: right on one block, wrong from the second; ``selfshfl``: the starting point with one shuffle that changes
+    nothing (each lane reads its own value), so that its PTX has the shuffle while its stores stay scattered."""
     from nf4lab.device.warp_ops import shfl_idx
 
     local = kind == "blocklocal"
+    cheat = kind == "selfshfl"
 
     @cuda.jit
     def stub(packed, packed_u32, lut, absmax_q, absmax2, code2, offset, out, out_u32, n, log2_bs):
         c = uint64(cuda.grid(1))
         first = c << 5
+        if cheat and shfl_idx(uint32(c & uint64(0xFFFF)), uint32(c & uint64(31))) != uint32(c & uint64(0xFFFF)):
+            return                                   # never: every lane reads its own value
         if first >= n:
             return
         s = block_scale(absmax_q, absmax2, code2, offset, first >> log2_bs)
@@ -251,7 +255,7 @@ def _shuffle(kind):
                 else:
                     tail(packed, lut, s, out, first, n)
 
-    kernel = stub if kind == "stub" else solution
+    kernel = stub if kind in ("stub", "selfshfl") else solution
 
     return _chunk_launch(kernel), kernel
 
@@ -263,6 +267,14 @@ def test_warp_shuffle_exercise_fails_on_the_stub_and_passes_on_the_solution():
     solved = exercises.check_warp_shuffle(*_shuffle("solution"), SIG04, verbose=False)
     assert solved, str(solved)
     assert "warp shuffles, no shared memory" in str(solved)
+
+
+@pytest.mark.skipif(nf4lab.runtime.ON_GPU, reason="where each lane stores is seen in the simulator only")
+def test_warp_shuffle_exercise_in_the_simulator_fails_on_scattered_stores_with_a_shuffle_added():
+    res = exercises.check_warp_shuffle(*_shuffle("selfshfl"), SIG04, verbose=False)
+    assert not res and "still scattered" in res.verdict, str(res)
+    solved = exercises.check_warp_shuffle(*_shuffle("solution"), SIG04, verbose=False)
+    assert solved and "consecutive 16-byte pieces" in str(solved), str(solved)
 
 
 def test_warp_shuffle_exercise_fails_on_a_warp_placed_in_its_block_not_in_the_grid():

@@ -500,11 +500,41 @@ def check_warp_shuffle(launch, kernel, sig, *, name="exercise 1: coalesced throu
     """Grade notebook 04's exercise 1: ``launch`` bit-exact on :data:`SHUFFLE_SHAPES` (and, on a GPU, at least
     ``min_pct_copy`` % of the copy ceiling), and the PTX of ``kernel`` (compiled for ``sig``) has the design the
     exercise asks for: 16-byte global loads and stores, warp shuffles (``shfl.sync``) and no shared memory. A
-    kernel that gets the bits right with version A's scattered stores has not done the exercise. Falsy unless
-    all hold; never raises because of the student's kernel."""
+    kernel that gets the bits right with version A's scattered stores has not done the exercise: on a GPU the speed
+    target shows it; in the simulator the check also watches each warp's 16-byte stores, which must put the lanes of
+    one store on consecutive 16-byte pieces (lane t at the store's first piece + t). Falsy unless all hold; never
+    raises because of the student's kernel."""
+    import threading as _threading
+
+    from ..device import ops
     from ..measure import ptx
 
-    res, launched = _check_launching(kernel, launch, name=name, shapes=SHUFFLE_SHAPES, min_pct_copy=min_pct_copy,
+    pieces = {}   # simulator: (block, warp, the lane's k-th store) -> {lane: the 16-byte piece it wrote}
+    counts = {}   # (block, thread) -> stores so far
+
+    def watched(b):
+        # In the simulator a kernel looks ops.store_u32x4 up when it calls it: a wrapper sees which lane stores
+        # where, which neither the bits nor the PTX show. On a GPU the store is an instruction: no wrapper.
+        if runtime.ON_GPU:
+            return launch(b)
+        store = ops.store_u32x4
+
+        def spy(arr, i, *words):
+            t = _threading.current_thread()   # the simulator's thread: its blockIdx and threadIdx (Dim3)
+            if hasattr(t, "blockIdx") and hasattr(t, "threadIdx"):
+                blk, tid = (t.blockIdx.x, t.blockIdx.y, t.blockIdx.z), int(t.threadIdx.x)
+                k = counts[blk, tid] = counts.get((blk, tid), -1) + 1
+                pieces.setdefault((int(b.n), blk, tid // 32, k), {})[tid % 32] = int(i) // 4
+            store(arr, i, *words)
+
+        counts.clear()
+        ops.store_u32x4 = spy
+        try:
+            launch(b)
+        finally:
+            ops.store_u32x4 = store
+
+    res, launched = _check_launching(kernel, watched, name=name, shapes=SHUFFLE_SHAPES, min_pct_copy=min_pct_copy,
                                      verbose=False)
     if res.error is None and res.report is None:     # bit-exact (fast enough or not): read the design
         _read_design(res, kernel, sig, name, lambda text: [
@@ -514,6 +544,17 @@ def check_warp_shuffle(launch, kernel, sig, *, name="exercise 1: coalesced throu
             ("shared memory (ld.shared/st.shared): the exchange should stay in registers",
              ptx.count(text, r"^(ld|st)\.shared") == 0)], "the PTX is not the design asked for",
             "PTX: 16-byte loads and stores, warp shuffles, no shared memory", launched)
+    if res and not runtime.ON_GPU:
+        if not pieces:
+            res.messages.append("simulator: no 16-byte store through ops.store_u32x4 seen, so where the lanes "
+                                "store is not checked")
+        elif any(len({piece - lane for lane, piece in lanes.items()}) > 1 for lanes in pieces.values()):
+            res.passed = False
+            res.verdict = f"NOT PASSED: {name}: bit-exact, but the warps' 16-byte stores are still scattered"
+            res.messages.append("simulator: in one warp store, lane t should write the piece after lane t - 1's "
+                                "(512 contiguous bytes a warp store); yours leave gaps between lanes")
+        else:
+            res.messages.append("simulator: each warp store's lanes write consecutive 16-byte pieces")
     if verbose:
         print(res)
         res._printed = True
