@@ -403,17 +403,25 @@ def _check_launching(kernel, launch, **kw):
     return res, seen
 
 
+def _refuse_unlaunched(res, kernel, name, launched, why="") -> bool:
+    """Mark ``res`` not passed where ``launched`` (from :func:`_check_launching`) holds no launch of ``kernel``: its
+    bits came from another kernel than the one the grader reads. True where it did; ``why`` ends the message."""
+    if launched is None or launched:
+        return False
+    res.passed = False
+    res.verdict = f"NOT PASSED: {name}: bit-exact, but not by the kernel the check reads"
+    res.messages.append(f"the launch function never launched {getattr(kernel, '__name__', kernel)!s}{why}")
+    return True
+
+
 def _read_design(res, kernel, sig, name, requirements, verdict, ok, launched=None):
     """Where ``res`` is bit-exact, read the design from ``kernel``'s PTX for ``sig``: ``requirements(text)`` gives
     (what is missing, whether it holds) pairs. Any that fails marks ``res`` not passed, its verdict (if it was
     PASSED) ``verdict`` and its message what is missing; else ``ok`` (a string, or a function of the PTX text).
     ``launched`` (from :func:`_check_launching`): none marks ``res`` not passed, since the bits came from another
     kernel."""
-    if launched is not None and not launched:
-        res.passed = False
-        res.verdict = f"NOT PASSED: {name}: bit-exact, but not by the kernel the check reads"
-        res.messages.append(f"the launch function never launched {getattr(kernel, '__name__', kernel)!s}, the kernel "
-                            "passed to the check: the check reads that kernel's PTX, so launch that one")
+    if _refuse_unlaunched(res, kernel, name, launched, ", the kernel passed to the check: the check reads that "
+                          "kernel's PTX, so launch that one"):
         return
     text = _student_ptx(res, kernel, sig, name)
     if text is None:
@@ -426,6 +434,30 @@ def _read_design(res, kernel, sig, name, requirements, verdict, ok, launched=Non
         res.messages.append("the kernel's PTX has " + "; ".join(missing))
     else:
         res.messages.append(ok(text) if callable(ok) else ok)
+
+
+def _watching_stores(launch, on_store):
+    """``launch``, with every 16-byte store (``ops.store_u32x4``) its kernel makes in the simulator passed to
+    ``on_store(b, i)`` first (``i``: the out_u32 index): the simulator's kernel looks the function up at each call,
+    so a wrapper sees where each store lands, which neither the bits nor the PTX show. On a GPU the store is an
+    instruction: ``launch`` runs as it is."""
+    from ..device import ops
+
+    def watched(b):
+        if runtime.ON_GPU:
+            return launch(b)
+        store = ops.store_u32x4
+
+        def spy(arr, i, *words):
+            on_store(b, i)
+            store(arr, i, *words)
+
+        ops.store_u32x4 = spy
+        try:
+            launch(b)
+        finally:
+            ops.store_u32x4 = store
+    return watched
 
 
 def _threads(dim) -> int:
@@ -441,10 +473,8 @@ def check_block_size(launch, kernel, threads, *, name="exercise: block size", sh
     res, launched = _check_launching(kernel, launch, name=name, shapes=shapes, verbose=False)
     if res:
         sizes = sorted({_threads(c[1]) for c in launched if len(c) > 1})
-        if not launched:
-            res.passed = False
-            res.verdict = f"NOT PASSED: {name}: bit-exact, but not by the kernel the check reads"
-            res.messages.append(f"the launch function never launched {getattr(kernel, '__name__', kernel)!s}")
+        if _refuse_unlaunched(res, kernel, name, launched):
+            pass
         elif sizes != [threads]:
             res.passed = False
             res.verdict = f"NOT PASSED: {name}: bit-exact, but not at {threads} threads a block"
@@ -504,37 +534,19 @@ def check_warp_shuffle(launch, kernel, sig, *, name="exercise 1: coalesced throu
     target shows it; in the simulator the check also watches each warp's 16-byte stores, which must put the lanes of
     one store on consecutive 16-byte pieces (lane t at the store's first piece + t). Falsy unless all hold; never
     raises because of the student's kernel."""
-    import threading as _threading
-
-    from ..device import ops
     from ..measure import ptx
 
-    pieces = {}   # simulator: (block, warp, the lane's k-th store) -> {lane: the 16-byte piece it wrote}
-    counts = {}   # (block, thread) -> stores so far
+    pieces = {}   # simulator: (n, block, warp, the lane's k-th store) -> {lane: the 16-byte piece it wrote}
+    counts = {}   # (n, block, thread) -> stores so far
 
-    def watched(b):
-        # In the simulator a kernel looks ops.store_u32x4 up when it calls it: a wrapper sees which lane stores
-        # where, which neither the bits nor the PTX show. On a GPU the store is an instruction: no wrapper.
-        if runtime.ON_GPU:
-            return launch(b)
-        store = ops.store_u32x4
+    def lane_piece(b, i):
+        t = threading.current_thread()   # the simulator's thread: its blockIdx and threadIdx (Dim3)
+        if hasattr(t, "blockIdx") and hasattr(t, "threadIdx"):
+            n, blk, tid = int(b.n), (t.blockIdx.x, t.blockIdx.y, t.blockIdx.z), int(t.threadIdx.x)
+            k = counts[n, blk, tid] = counts.get((n, blk, tid), -1) + 1
+            pieces.setdefault((n, blk, tid // 32, k), {})[tid % 32] = int(i) // 4
 
-        def spy(arr, i, *words):
-            t = _threading.current_thread()   # the simulator's thread: its blockIdx and threadIdx (Dim3)
-            if hasattr(t, "blockIdx") and hasattr(t, "threadIdx"):
-                blk, tid = (t.blockIdx.x, t.blockIdx.y, t.blockIdx.z), int(t.threadIdx.x)
-                k = counts[blk, tid] = counts.get((blk, tid), -1) + 1
-                pieces.setdefault((int(b.n), blk, tid // 32, k), {})[tid % 32] = int(i) // 4
-            store(arr, i, *words)
-
-        counts.clear()
-        ops.store_u32x4 = spy
-        try:
-            launch(b)
-        finally:
-            ops.store_u32x4 = store
-
-    res, launched = _check_launching(kernel, watched, name=name, shapes=SHUFFLE_SHAPES, min_pct_copy=min_pct_copy,
+    res, launched = _check_launching(kernel, _watching_stores(launch, lane_piece), name=name, shapes=SHUFFLE_SHAPES, min_pct_copy=min_pct_copy,
                                      verbose=False)
     if res.error is None and res.report is None:     # bit-exact (fast enough or not): read the design
         _read_design(res, kernel, sig, name, lambda text: [
@@ -574,29 +586,11 @@ def check_last_vector(launch, kernel, sig, *, name="exercise 2: the last vector"
     cannot show which chunk a store writes: in the simulator the check also watches where the 16-byte stores
     land and wants one for each whole word of the last chunk; on a GPU that part is the student's to check.
     Falsy unless all hold; never raises because of the student's kernel."""
-    from ..device import ops
     from ..measure import ptx
 
     wide = {}   # simulator: the shape's n -> the out_u32 indices its 16-byte stores wrote
-
-    def watched(b):
-        # In the simulator a kernel looks ops.store_u32x4 up when it calls it: a wrapper sees where each 16-byte
-        # store lands, which neither the bits nor the PTX show. On a GPU the store is an instruction: no wrapper.
-        if runtime.ON_GPU:
-            return launch(b)
-        seen, store = wide.setdefault(int(b.n), set()), ops.store_u32x4
-
-        def spy(arr, i, *words):
-            seen.add(int(i))
-            store(arr, i, *words)
-
-        ops.store_u32x4 = spy
-        try:
-            launch(b)
-        finally:
-            ops.store_u32x4 = store
-
-    res, launched = _check_launching(kernel, watched, name=name, shapes=LAST_VECTOR_SHAPES, verbose=False)
+    res, launched = _check_launching(kernel, _watching_stores(launch, lambda b, i: wide.setdefault(int(b.n), set())
+                                                              .add(int(i))), name=name, shapes=LAST_VECTOR_SHAPES, verbose=False)
     if res:
         _read_design(res, kernel, sig, name, lambda text: [
             ("no 16-byte store (st.global.v4): each whole word of 8 weights, in the last chunk too, is one "
@@ -606,7 +600,7 @@ def check_last_vector(launch, kernel, sig, *, name="exercise 2: the last vector"
             "not with the widest stores that fit", "PTX: 16-byte and 32-bit stores present" + (
                 "; which chunk each 16-byte store writes is not checked on a GPU (the simulator checks it)"
                 if runtime.ON_GPU else ""), launched)
-    if res and wide:
+    if res and not runtime.ON_GPU:   # the simulator watched every launch
         short = []   # shapes whose last chunk has whole words not written by one 16-byte store each
         for rows, cols in LAST_VECTOR_SHAPES:
             n = rows * cols
