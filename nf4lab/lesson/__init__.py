@@ -50,10 +50,10 @@ def grid_for(nbytes, threads, per_sm):
 def check_vector_buffers(b):
     """128-bit accesses need 16-byte alignment: a misaligned one kills the CUDA context, so a launch refuses the
     buffer before anything reaches the GPU (04)."""
+    from ..kernels.fastkernel import address   # the package's one way to read a buffer's data address
+
     if b.dtype != "bf16":
         raise ValueError(f"this kernel writes bf16, the case wants {b.dtype} (step 06 adds the others)")
     for name in ("packed_u32", "out_u32"):
-        a = getattr(b, name)
-        iface = getattr(a, "__cuda_array_interface__", None) or a.__array_interface__
-        if iface["data"][0] % 16:
+        if address(getattr(b, name)) % 16:
             raise ValueError(f"b.{name} is not 16-byte aligned: no vector access allowed")
