@@ -135,7 +135,8 @@ assert np.array_equal(ref_bits, case.expected)
 # <a id="bytes"></a>
 # ## 3. The byte model: what 16384 x 16384 moves
 #
-# The fewest bytes any kernel must move: every input read once, every output written once
+# The fewest bytes any kernel must move: every input read once, every output written once (counted
+# whole: all 256 entries of `code2`, whatever n; not the 16-entry LUT, which a kernel can hold as constants)
 # (`nf4lab.format.bytemodel`, the one place the series counts bytes). Per weight that is 0.5 byte of
 # packed codes, 1/64 byte of `absmax_q`, a negligible share of `absmax2` and `code2`, and
 # 2 bytes of bf16 output.
@@ -227,7 +228,7 @@ def bound_bf16(packed_u32, absmax_q, out_u32, nwords):
     base = uint64(cuda.blockIdx.x) * uint64(THREADS * UNITS) + uint64(cuda.threadIdx.x)
     words = cuda.local.array(UNITS, uint32)
     for k in range(UNITS):     # all loads issued before any store: 2 x UNITS a thread
-        u = base + uint64(k * THREADS)          # thread t = threadIdx.x: words (the thread block's first word) + t and + t + THREADS
+        u = base + uint64(k * THREADS)          # thread t: words first + t + k THREADS, first = blockIdx.x THREADS UNITS
         words[k] = uint32(0)
         if u < nwords:
             words[k] = packed_u32[u] ^ uint32(absmax_q[u >> uint64(3)])   # 8 words per block of 64
@@ -447,7 +448,8 @@ if run is not None:
 # Every GB/s in the series divides the bytes of the byte model by a time, so it is worth
 # being able to write it yourself. Write `bytes_needed(n, dtype, blocksize)`: the fewest bytes
 # that dequantizing `n` NF4 weights to `dtype` (`"bf16"`, `"fp16"` or `"fp32"`) must move,
-# with nested statistics, each input read once and each output written once. Use section 2's
+# with nested statistics, each input read once and each output written once, counted as section 3
+# does (all of `code2`, whatever n; not the LUT). Use section 2's
 # layout and section 3's table, not `bytemodel` (the `offset` is a kernel argument, not a byte in memory:
 # not counted). Mind the partial byte, block and group at the
 # end of an odd `n`. The check compares it with the series' byte model on six cases, from one

@@ -69,18 +69,19 @@ SIG = "(uint8[::1], float32[::1], uint8[::1], float32[::1], float32[::1], float3
 #
 # Which bytes count as "in flight per thread": here, all the DRAM bytes one iteration moves, the
 # code byte and the scale's bytes read and the four output bytes written (the byte model's bytes
-# per packed byte, printed below), as if they were all outstanding at once. That is a generous count: a
-# thread's loads of the big arrays (the code and absmax_q bytes) carry one byte each, and its 4-byte
-# scale and table loads, we expect, mostly hit in cache (not measured here; 08 counts a load's width against the need), so by
-# that count even less is in flight. And it assumes one iteration's bytes
-# per thread at a time. For its loads, section 3's PTX shows that the loop issues no later
-# iteration's loads before an earlier iteration's have returned; its stores need not have left.
+# per packed byte, printed below), as if they were all outstanding at once. For the loads that is
+# generous (the code and absmax_q loads carry one byte each; the 4-byte scale and table loads, we
+# expect, mostly hit in cache: not measured here). For the stores it may be short: the count assumes
+# one iteration's bytes per thread at a time, and while section 3's PTX shows that the loop issues no
+# later iteration's loads before an earlier iteration's have returned, its stores need not have left,
+# so several iterations' stores may be in flight. Section 5 sets the estimate beside the measurement.
 
 # %%
 N_BIG = 16384 * 16384
 ceil = bench.Run.load("00_ceiling")
 copy = ceil.get(bench.COPY) if ceil is not None else None
 sms = (ceil.meta.get("sms") if ceil is not None else None) or nf4lab.device_info().get("sms")
+EST_ONE = None   # one block of 256 per SM: the estimated share of the copy rate, for section 5
 if copy and sms:
     latency = lesson.ASSUMED_DRAM_LATENCY_NS
     need = copy["gbps"] * latency                          # GB/s * ns = bytes
@@ -92,6 +93,7 @@ if copy and sms:
     # threads per SM: this GPU's attribute, or the recorded GPU's (no GPU here); absent from older records
     per_sm = nf4lab.device_info().get("max_threads_per_sm") or ceil.meta.get("max_threads_per_sm")
     print(f"  threads per SM: {per_sm or 'not in this record'}")
+    EST_ONE = 100 * 256 * per_byte / (need / sms)
     for blocks in (1, per_sm // 256) if per_sm else (1,):
         have = blocks * 256 * per_byte
         print(f"  {blocks} block(s) of 256 per SM, one iteration each in flight: {have / 1e3:.1f} KB per SM, "
@@ -301,7 +303,7 @@ print(f"global loads (L) and stores (S) in PTX order: {order} ({order.count('LLL
 # We verify both versions on the default case and the edge shapes.
 
 # %%
-nf4lab.verify_versions(VERSIONS, case, extra_shapes=[(2, 16383)]);   # more weights than threads in the simulator too
+nf4lab.verify_versions(VERSIONS, case, extra_shapes=[(2, 16383)]);   # in the simulator: more bytes than threads
 
 # %% [markdown]
 # <a id="bench"></a>
@@ -374,6 +376,11 @@ if base and full and one:
               "buys flexibility, not speed.")
     print(f"1 block per SM: {one['gbps']:.0f} GB/s, {one['gbps'] / full['gbps']:.2f}x full occupancy "
           f"({'much slower, as predicted' if one['gbps'] < 0.5 * full['gbps'] else 'not much slower: the prediction failed here'})")
+    if EST_ONE:   # section 1's estimate beside the measurement
+        print(f"  section 1 estimated one block per SM at about {EST_ONE:.0f}% of the copy rate; it ran at "
+              f"{one['pct_copy']:.0f}%" + (": above the estimate, so at this light load the latency is shorter than the "
+              f"assumed {lesson.ASSUMED_DRAM_LATENCY_NS} ns, or stores of several iterations overlap (section 1)"
+              if round(one["pct_copy"]) > round(EST_ONE) else ": at or below the estimate"))
 else:
     print("no recorded runs of 01 and 02 to compare yet")
 
@@ -472,8 +479,8 @@ print(f"16-bit stores in the while loop's PTX: {n16w} ({n16w // 2} cop{'ies' if 
 # per SM, so the same number of threads), does the full-occupancy version get faster, slower,
 # or stay the same? Write `launch_128` and check it. On a GPU, the cell then times it next to
 # `launch` in one run; in the simulator only correctness is checked. The check verifies the bits
-# only: the launch shape is yours to get right (128 threads a block, and as many threads in all as
-# `launch` runs).
+# and that `dequant_grid_stride` is launched with 128 threads a block; the grid is yours to get right
+# (as many threads in all as `launch` runs).
 
 # %%
 ### BEGIN SOLUTION
@@ -488,7 +495,10 @@ def launch_128(b):
 ### END SOLUTION
 
 
-result = nf4lab.check(launch_128, name="exercise 2: 128 threads", shapes=((3, 5), (1, 65), (7, 33), (31, 67)))
+from nf4lab.lesson import exercises   # noqa: E402  (the graders of the series' exercises)
+
+result = exercises.check_block_size(launch_128, dequant_grid_stride, 128, name="exercise 2: 128 threads",
+                                    shapes=((3, 5), (1, 65), (7, 33), (31, 67)))
 if result and nf4lab.ON_GPU:
     ex = bench.run_versions({"02 grid-stride, 256 threads": launch, "02 grid-stride, 128 threads": launch_128},
                             nf4lab.make_case(), baselines=False)

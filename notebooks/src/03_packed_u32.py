@@ -487,7 +487,7 @@ assert result
 ### BEGIN SOLUTION
 BIT_EXACT_ON_FP4 = True   # the kernel reads the table from b.lut, which holds the case's table
 # Baked-in constants would need one kernel per table (one per quant_type, chosen at launch): 05's constant-memory
-# and register kernels are built that way, and its exercise checks one on fp4.
+# and register kernels bake in NF4's table and refuse fp4 cases; its exercise adds an fp4 constant-memory kernel.
 ### STUDENT
 # TODO: your prediction (1 line): True if `launch` is bit-exact on FP4 cases unchanged, False if not.
 BIT_EXACT_ON_FP4 = None

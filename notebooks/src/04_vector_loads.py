@@ -312,10 +312,11 @@ if nf4lab.SIMULATOR:   # only the simulator's plain-Python twin can be handed a 
 # <a id="coalescing"></a>
 # ## 4. What A's stores look like to a warp: a prediction
 #
-# The memory system sees **warp** instructions. In version A, lane `t` of a warp stores 16 bytes
+# The memory system sees **warp** instructions. In version A, lane `t` of a warp (a lane: a thread's
+# index 0-31 within its warp, `threadIdx.x % 32`) stores 16 bytes
 # at `64 t`, `64 t + 16`, ... So one store instruction of the warp writes 32 pieces of 16 bytes
 # spread over 2 KB. Global memory is accessed in 32-byte sectors and cached in 128-byte lines of
-# four sectors (CUDA C++ Best Practices Guide, "Coalesced Access to Global Memory", as in 03;
+# four sectors (CUDA C++ Best Practices Guide, "Coalesced Access to Global Memory", as in 02;
 # this series supports compute capability 7.5 and newer). So each piece is half of a sector, and each
 # sector needs two of the four instructions to be complete. Step 03's store instruction wrote 128
 # contiguous bytes. The cell prints, for one store instruction of the first warp, the lanes' first offsets
@@ -359,7 +360,8 @@ warp_store_pattern(lambda t: [16 * t], "B (lane t stores at 16 t)     ")
 #   `cuda.syncwarp()` would be enough: the exchange stays inside a warp, and by the CUDA C++
 #   Programming Guide's "Warp Synchronization Function" entry `__syncwarp()` guarantees memory
 #   ordering among the threads that take part in it; but numba's simulator
-#   lacks it; `cuda.syncthreads()` is correct too (what it costs here is not measured separately). No thread
+#   lacks it; `cuda.syncthreads()` is correct too (what it costs here is not measured separately): a
+#   *barrier*, which no thread of the block passes until all have reached it. No thread
 #   may return before it: lanes past the end load nothing but still reach the barrier.
 #
 # The scale is now computed per word (8 weights) rather than per chunk: 4 lookups per thread,
@@ -442,7 +444,9 @@ ptx.check(ptx_b, present=[r"^ld\.global\.v4\.u32", r"^st\.global\.v4\.u32", r"^c
                           r"^mul\.rn\.f32", r"^add\.rn\.f32", r"^st\.shared\.u32", r"^ld\.shared\.u32", r"^bar\.sync"],
           absent=[r"^fma", r"\.f64\b", r"^(div|rem)\.", r"^ld\.local"])
 # The table's lookups (and the scale's two float loads) are float loads from global memory; a cache
-# operator (.ca, .cg, .cs, .lu, .cv, or .nc for the read-only path) would follow ld.global. 05 relies on it.
+# operator (a suffix choosing which caches keep the line: .ca, .cg, .cs, .lu, .cv, or .nc for the read-only
+# path) would follow ld.global; none means the default .ca, cached in L1 too (section 9), which 05's
+# comparison of table placements assumes.
 plain = ptx.count(ptx_b, r"^ld\.global\.f32")
 qualified = ptx.count(ptx_b, r"^ld\.global\.(ca|cg|cs|lu|cv|nc)\.f32")
 print(f"\nld.global.f32 (table and scale): {plain}, float loads with a cache operator: {qualified}")
@@ -523,9 +527,11 @@ if run is not None:
             print("-> " + ("A is slower than B (whole kernels, B's exchange included), " if fix > 0 and fb == "beyond"
                            else "A may be slower than B (near the margin: re-run to tell), " if fix > 0 and fb == "near"
                            else "A is not measurably slower than B, ")
-                  + ("and A still beat 03: A's other changes (the 16-byte load, one scale per 32 weights, no "
-                     "grid-stride loop) outweighed whatever its scattered stores cost against 03's 32-bit stores, "
-                     "which this run does not measure; which of them gained is not separated here"
+                  + ("and A still beat 03: A's changes together (among them the 16-byte load, four 16-byte stores "
+                     "in place of sixteen 32-bit ones, one scale per 32 weights, 128-thread blocks"
+                     + (", no grid-stride loop" if "grid-stride" in best03["name"] else "") + ") gained more than they cost; "
+                     "what its scattered stores cost or gained against 03's is not measured, and which change gained "
+                     "is not separated here"
                      if gain > 0 and gb == "beyond" else
                      "and A lost to 03: its changes together (the scattered stores among them) cost more than they "
                      "gained; which of them lost is not separated here"
@@ -551,9 +557,9 @@ plots.progress("04_vector_loads");
 #   so B's gain over A includes whatever coalescing gained, net of those costs; this run does not separate them.
 # * A prediction is a claim to test: the verdict line above says whether "A gains little or
 #   nothing over 03" held on this run, and the last line says against which kernel A was
-#   slower: against B, against 03, or both. Where A beat 03, A's other changes (the
-#   wider load among them; this run does not separate them) outweighed whatever the scattered
-#   stores cost against 03's; how much of B's gain over A coalescing alone was worth is not
+#   slower: against B, against 03, or both. Where A beat 03, A's changes together (the
+#   wider load and stores among them; this run does not separate them) gained more than they
+#   cost; how much of B's gain over A coalescing alone was worth is not
 #   separated here.
 # * Shared memory is the exchange: load in the order that makes loads contiguous, store in the
 #   order that makes stores contiguous. Pad to avoid bank conflicts; synchronize before reading.
@@ -672,9 +678,9 @@ for name, rx in kinds.items():
 ### END SOLUTION
 
 # %% [markdown]
-# In the simulator the check confirms correctness, and reads from the PTX that the kernel
-# shuffles and uses no shared memory (it cannot see whether your stores are still scattered; on a
-# GPU the speed target tests that): the unchanged kernel is bit-exact (its stores are scattered,
+# In the simulator the check confirms correctness, reads from the PTX that the kernel
+# shuffles and uses no shared memory, and watches each warp store (its lanes must write consecutive
+# 16-byte pieces); on a GPU, where it cannot watch them, the speed target tests that: the unchanged kernel is bit-exact (its stores are scattered,
 # not wrong) but has no shuffle, so it does not pass. On a GPU the check also asks for a share of the copy ceiling, which the exercise cell
 # prints when it runs: halfway from A to B, as the benchmark of section 8 measured them on that
 # GPU (the unchanged kernel is version A, so we expect it to fall short). Compare your PTX with

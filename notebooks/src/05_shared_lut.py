@@ -83,7 +83,7 @@ distinct = np.array([len(np.unique(w)) for w in codes])
 print(f"distinct codes per warp lookup on this case: mean {distinct.mean():.1f}, "
       f"min {distinct.min()}, max {distinct.max()} (of 16)")
 # Where the 64-byte table starts decides whether a warp's lookups can stay in one 128-byte line (the line
-# size of global memory's caches: CUDA C++ Best Practices Guide, "Coalesced Access to Global Memory", as in 03).
+# size of global memory's caches: CUDA C++ Best Practices Guide, "Coalesced Access to Global Memory", as in 02).
 lut = nf4lab.make_buffers(case).lut
 iface = getattr(lut, "__cuda_array_interface__", None) or lut.__array_interface__
 start = iface["data"][0] % 128
@@ -403,7 +403,7 @@ plots.progress("05_shared_lut");
 #   table no faster (within the noise margin, or slower). The likely reason: the table is 16
 #   floats, 64 bytes, read by every warp all the time, so it should stay in L1, and we expect a
 #   warp's lookup of up to 16 addresses to be one L1 access, like a shared-memory lookup, when
-#   the 64 bytes lie in one 128-byte line (the caches' line size, as 03 cites it; section 1 printed how many lines a table,
+#   the 64 bytes lie in one 128-byte line (the caches' line size, as 02 cites it; section 1 printed how many lines a table,
 #   allocated as the benchmark's are, spans; a table that straddles two would need two). This
 #   notebook times the kernels; it does not count cache hits or L1 accesses.
 #   There, what shared memory buys is a guarantee rather than speed: the table cannot be evicted

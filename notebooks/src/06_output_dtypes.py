@@ -15,7 +15,7 @@
 # access pattern of 04 and 05 (no shared-memory exchange); the benchmark times it beside 05's
 # kernels in the same run, kernel against kernel, and compares it with the faster of them in that run. The memory
 # wall of the title is 00's traffic-matched bound: the same bytes moved with no arithmetic, timed beside
-# each kernel in section 6. A last section shows what a T4 (sm_75), which lacks the sm_80
+# each kernel in section 6. Section 7 shows what a T4 (sm_75), which lacks the sm_80
 # conversion instructions, runs instead.
 #
 # **Contents**
@@ -137,7 +137,8 @@ else:
     for k in shapes.kernels():
         if k["shape"] == [16384, 16384] and k["dtype"] == "bf16":
             bound = f", {k['pct_bound']:.0f}% of the traffic-matched bound" if k.get("pct_bound") else ""
-            print(f"  {k['name']}: {k['gbps']:.0f} GB/s, {k['pct_copy']:.0f}% of copy{bound}")
+            pkg = "" if k["name"].startswith("06") else " (the package's kernel, nf4lab.dequantize: section 8)"
+            print(f"  {k['name']}{pkg}: {k['gbps']:.0f} GB/s, {k['pct_copy']:.0f}% of copy{bound}")
     # (threads, units) -> GB/s, rounded as printed above: the spreads and gaps below are computed from these
     gbps = {tuple(map(int, m.groups())): round(k["gbps"]) for k in shapes.kernels()
             if k["shape"] == [16384, 16384] and k["dtype"] == "bf16" and k["name"].startswith("06")
@@ -625,8 +626,8 @@ for d in ("bf16", "fp16"):
 # **Estimate, from these counts:** the factor printed above is of PTX instructions, a proxy for
 # the instructions the GPU issues (the machine code that runs may differ). If the kernel were
 # limited by issuing instructions, we would expect the T4 path to cost up to about that factor
-# (the cell below times nothing: it prints a recorded timing of the sm_75 code on this GPU, made by
-# the `NF4LAB_ARCH=sm_75` process of the same run id, not on a T4, whose bandwidth and SMs differ:
+# (the cell below times nothing: it prints a recorded timing of the sm_75 code on this GPU, if one is
+# recorded, made by an `NF4LAB_ARCH=sm_75` process (the cell says whether it shares this run's id), not on a T4, whose bandwidth and SMs differ:
 # its ratio is this GPU's, not a T4's cost); a kernel near the traffic-matched bound may have issue
 # slots to spare and hide part of the extra work behind memory time, so we predict a cost below that factor,
 # largest for bf16; how far below is for a measurement to say, and the cell below prints one where
@@ -700,7 +701,7 @@ else:
 # bf16 and fp16 "are both 16 bits". Run the cell: the check compares its output with
 # bitsandbytes' fp16 bit for bit, and the cell prints the conversion instructions of the
 # kernel's PTX. Which rounding instruction does fp16 output need (section 4), and which one does
-# this kernel carry? Fix `f16_pair` (one line). The solution also asserts the PTX.
+# this kernel carry? Fix the kernel (one line changes); the check also reads its PTX.
 
 # %%
 ### BEGIN SOLUTION
@@ -748,7 +749,9 @@ def launch_fp16(b):
         np.uint64(b.n), np.uint64(b.blocksize.bit_length() - 1))
 
 
-result = nf4lab.check(launch_fp16, name="exercise: fp16 path", dtype="fp16", shapes=((3, 5), (1, 65), (7, 33)))
+from nf4lab.lesson import exercises   # noqa: E402  (the graders of the series' exercises)
+
+result = exercises.check_fp16_path(launch_fp16, dequant_fp16, sig("fp16"))   # the bits, then the PTX
 ex_ptx = nf4lab.compile_ptx(dequant_fp16, sig("fp16"))
 ptx.show(ex_ptx, [r"^cvt\.rn\.\w+x2"], limit=2)
 ### BEGIN SOLUTION

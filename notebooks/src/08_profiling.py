@@ -275,8 +275,9 @@ for name, s in summaries.items():
 #   whole contiguous lines (the "scattered stores" version of notebook 04).
 # - **The loads' column (04-06)** is an average over every global load instruction: the code
 #   loads (16 sectors for a 128-bit load, 4 for a 32-bit word) together with the scale loads
-#   and the table loads (2 sectors, where the table is in global memory: not in 05, whose lookups
-#   are not global loads). Of the scale loads, `absmax_q` and `absmax2` touch 1 sector each, and
+#   and the table loads (2 sectors where the lookups read a table in global memory, as in 04; the lookups
+#   of 05's profiled kernels and of 06 read shared memory, constant memory or registers, and 06, like 05's shared-memory kernel,
+#   loads the table from global memory only to fill shared memory). Of the scale loads, `absmax_q` and `absmax2` touch 1 sector each, and
 #   `code2` (8 entries a sector) at most one sector per distinct entry that the warp's `absmax_q`
 #   values pick: up to 4 where a warp's lanes take 32 consecutive words (04's second kernel, 05's),
 #   up to 16 in 04's scattered kernel, whose warp load spans 1024 weights, 16 blocks. 06's kernel

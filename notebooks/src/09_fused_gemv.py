@@ -179,7 +179,7 @@ def make_step(M, is_bf16, look, x_get):
                     cf[4 * nt], cf[4 * nt + 1], cf[4 * nt + 2], cf[4 * nt + 3] = mma(
                         A[4 * i], A[4 * i + 1], A[4 * i + 2], A[4 * i + 3], xr[2 * i], xr[2 * i + 1],
                         cf[4 * nt], cf[4 * nt + 1], cf[4 * nt + 2], cf[4 * nt + 3])
-        raw = buf[16]                          # the statistics word: rows g, g + 8's codes and absmax2
+        raw = buf[16]                          # this lane's statistics word; the shuffles fetch rows g, g + 8's
         wg, wg8 = shfl_idx(raw, g), shfl_idx(raw, g + uint32(8))
         ag, ag8 = shfl_idx(raw, g + uint32(16)), shfl_idx(raw, g + uint32(24))
         sh = uint32(16) * (q & uint32(1))
