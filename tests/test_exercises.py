@@ -720,3 +720,20 @@ def test_one_mma_exercise_checks_the_ptx_layout_not_only_y():
     assert exercises.check_one_mma(contiguous[0])                      # Y alone: right
     assert not exercises.check_one_mma(*contiguous)
     assert exercises.check_one_mma(*_one_mma("ptx"))
+
+
+def test_fp4_prediction_exercise_grades_the_prediction_not_the_bits():
+    # 03's exercise 3 asks whether the kernel, unchanged, is bit-exact on fp4. A kernel that reads the launch's table
+    # is; one with NF4's table baked in is not. The grade is whether the prediction matches: a wrong prediction about
+    # a bit-exact kernel must not print PASSED.
+    reads_lut = _make()
+    baked_nf4 = _fp4_table("nf4")[0]
+    for launch, exact in ((reads_lut, True), (baked_nf4, False)):
+        right = exercises.check_fp4_prediction(launch, exact, shapes=SMALL, verbose=False)
+        assert right and right.verdict.startswith("PASSED"), str(right)
+        wrong = exercises.check_fp4_prediction(launch, not exact, shapes=SMALL, verbose=False)
+        assert not wrong and wrong.verdict.startswith("NOT PASSED"), str(wrong)
+        assert ("bit-exact on fp4" if exact else "not bit-exact on fp4") in str(wrong), str(wrong)
+    for bad in (None, "True", 1):
+        with pytest.raises(ValueError, match="predicted"):
+            exercises.check_fp4_prediction(reads_lut, bad, shapes=SMALL, verbose=False)

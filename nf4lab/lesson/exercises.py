@@ -492,12 +492,30 @@ def check_block_size(launch, kernel, threads, *, name="exercise: block size", sh
 U64_SHAPES = ((1, 1), (1, 2), (3, 5), (1, 64), (1, 65), (1, 66), (7, 33))
 
 
-def fp4_followup(result, predicted) -> None:
-    """03's FP4 question, after the run: whether the prediction held, then one more question (kept here so that
-    the notebook's cell does not hint at the answer before the student predicts)."""
-    print("your prediction was " + ("right" if bool(result) == bool(predicted) else
-                                    "wrong: where does the kernel take its 16 values from?"))
-    print("Then think: what would you have to change if a kernel had the NF4 table baked in as constants?")
+def check_fp4_prediction(launch, predicted, *, shapes, name="exercise 3: your fp4 prediction",
+                         verbose=True) -> CheckResult:
+    """Grade notebook 03's exercise 3: ``predicted`` (True or False) says whether ``launch``, unchanged, is bit-exact
+    on FP4 cases. The kernel is checked on fp4 cases of ``shapes``; the exercise passes when the prediction matches
+    what the check found, whichever it is. Then one more question (kept here so that the notebook's cell does not
+    hint at the answer before the student predicts). Falsy unless the prediction holds."""
+    if not isinstance(predicted, bool):
+        raise ValueError(f"predicted must be True or False (your prediction), got {predicted!r}")
+    bits = check(launch, name="the kernel on fp4 cases", quant_type="fp4", shapes=shapes, verbose=False)
+    exact = bool(bits)
+    found = "bit-exact on fp4" if exact else "not bit-exact on fp4"
+    right = exact == predicted
+    messages = [f"the kernel, unchanged, is {found} ({'as you predicted' if right else 'you predicted the opposite'})"]
+    if not exact:
+        messages += [line for line in str(bits).splitlines()[1:4]]
+    if not right:
+        messages.append("where does the kernel take its 16 values from?")
+    messages.append("Then think: what would you have to change if a kernel had the NF4 table baked in as constants?")
+    res = CheckResult(name=name, passed=right, messages=messages, simulator=bits.simulator, seconds=bits.seconds,
+                      verdict=f"{'PASSED' if right else 'NOT PASSED'}: {name}")
+    if verbose:
+        print(res)
+        res._printed = True
+    return res
 
 
 def check_u64_store(launch, kernel, sig, *, name="exercise 1: 64-bit stores", verbose=True) -> CheckResult:

@@ -172,7 +172,8 @@ else:
 def scale_fused(c):
     a = c.code2[c.absmax_q].astype(np.float64)
     g = c.absmax2[np.arange(c.nblocks) // 256].astype(np.float64)
-    return (a * g + np.float64(c.offset)).astype(np.float32)      # one rounding, like fma.rn.f32
+    # the product exact, the sum rounded to float64 then float32: fma.rn.f32's one rounding but in rare corner cases
+    return (a * g + np.float64(c.offset)).astype(np.float32)
 
 
 def outputs_with(c, scales):

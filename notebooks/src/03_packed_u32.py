@@ -68,7 +68,7 @@ print(f"writes: {out_bytes / bytemodel.bytes_moved(N_BIG):.1%} of the bytes move
 # was all of it**; and, we expect, not the ceiling either way, because each thread still loads a
 # single byte per iteration (02's PTX showed that its grid-stride loop issues an iteration's
 # loads only after the previous iteration's stores, so a thread has one iteration's loads in
-# flight; 03's loop is built the same way, its PTX not read here). The benchmark measures 01 and 02 in the same run, so
+# flight; section 3 prints the order of 03's loop too). The benchmark measures 01 and 02 in the same run, so
 # that each 03 version is compared with the kernel it differs from *in source* by the store alone
 # (and its conversion: one bf16x2 pack instead of two bf16 conversions); whether the compiled
 # loops differ too (unrolling, scheduling) is not checked here.
@@ -175,6 +175,11 @@ ptx.check(u32_ptx, present=[r"^st\.global\.(u32|b32)", r"^cvt\.rn\.bf16x2\.f32",
           absent=[r"^fma", r"\.f64", r"^st\.global\.v"])
 assert ptx.count(u32_ptx, r"^st\.global\.(u32|b32)") == 1
 assert ptx.count(u32_ptx, r"^st\.global\.(u16|b16)") == 1      # the tail only
+# The grid-stride version's global loads (L) and stores (S) in PTX order, as 02 printed its own: the copies of the
+# loop body one after another, each loading after the previous copy's stores.
+order = "".join("L" if t.startswith("ld.global") else "S" for t in map(str.strip,
+                nf4lab.compile_ptx(dequant_u32_grid_stride, SIG).splitlines()) if t.startswith(("ld.global", "st.global")))
+print(f"grid-stride version, global loads (L) and stores (S) in PTX order: {order}")
 
 # %% [markdown]
 # Where is that one 16-bit store? The PTX from the conditional branch (`@%p bra`) before the two stores shows
@@ -497,8 +502,8 @@ if BIT_EXACT_ON_FP4 is None:
     result = None
     print("NOT RUN: write your prediction (True or False) in BIT_EXACT_ON_FP4 first, then run this cell again")
 else:
-    result = nf4lab.check(launch, name="exercise 3: fp4 with the 03 kernel", quant_type="fp4", shapes=SMALL)
-    exercises.fp4_followup(result, BIT_EXACT_ON_FP4)   # says whether you were right, and asks one more question
+    # checks the kernel on fp4 cases and grades your prediction against what it finds; then one more question
+    result = exercises.check_fp4_prediction(launch, BIT_EXACT_ON_FP4, shapes=SMALL)
 ### BEGIN SOLUTION
 assert result and BIT_EXACT_ON_FP4
 ### STUDENT

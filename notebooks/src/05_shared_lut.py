@@ -54,7 +54,8 @@ SIG = ("(uint8[::1], uint32[::1], float32[::1], uint8[::1], float32[::1], float3
 # ## 1. Prediction: how each placement serves a warp
 #
 # A warp looks up 32 codes at once, and with random weights the 32 codes are spread over the 16
-# entries.
+# entries. Constant memory (`cuda.const.array_like`) is a small read-only space of device memory that each SM
+# reads through its own constant cache.
 #
 # | placement | one warp lookup with k distinct codes | cost |
 # | --- | --- | --- |
@@ -120,7 +121,8 @@ print(f"the table (b.lut, made by make_buffers as the benchmark's are) starts at
 # site (not measured here).
 # The select tree is 15 `selp` calls and a word needs 8 lookups, so the word converter loops over
 # its 4 bytes instead of spelling out 8 calls: 2 call sites, unrolled later by LLVM (the local
-# array `pairs` becomes registers: the PTX has no `ld.local`).
+# array `pairs` becomes registers: the PTX has no `ld.local`). A `cuda.local.array` is per-thread memory: unless the
+# compiler keeps it in registers it lives in off-chip *local memory*, read with `ld.local`.
 
 # %% tags=["kernel"]
 import nf4lab  # noqa: F811  (this cell runs on its own in nf4lab.harness.versions)
@@ -272,7 +274,7 @@ BASELINE_LAUNCH = launcher(make_kernel(no_table, index_lookup), nf4_only=False)
 #
 # Constant: the lookups are `ld.const.f32`. Shared: `ld.shared.f32` (and the one `ld.shared.u32`
 # of the exchange, plus the fill and `bar.sync`). Registers: neither; the lookups became `selp.f32`
-# with the NF4 values as immediate operands (`0fBF800000` is -1.0). All three keep the 16-byte
+# with the NF4 values as immediate operands (constants encoded in the instruction itself; `0fBF800000` is -1.0). All three keep the 16-byte
 # load and store, and no `fma`.
 
 # %%

@@ -194,7 +194,7 @@ UNITS = 2              # units of 16 output bytes per thread, at stride THREADS
 # wider either way; 04, section 3).
 NIB, BYTE, U4, U8_32, U16_32, U24_32 = uint32(15), uint32(255), uint32(4), uint32(8), uint32(16), uint32(24)
 U0, U1, U2, U3, U7 = uint64(0), uint64(1), uint64(2), uint64(3), uint64(7)
-GROUP = uint64(GROUP_SHIFT)   # log2 of the blocks that share one absmax2 (256)
+GROUP = uint64(GROUP_SHIFT)   # log2 of the quantization blocks in one group (256), which share one absmax2
 BF16, FP16, FP32 = 0, 1, 2
 OUT_KINDS = {"bf16": BF16, "fp16": FP16, "fp32": FP32}
 

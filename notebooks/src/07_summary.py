@@ -63,7 +63,8 @@ for name, launch in VERSIONS.items():
 # ## 2. Side by side at 16384x16384, bf16 output
 #
 # GPU time without the host's launch overhead (`bench.METHOD`), the median of repeated CUDA-graph replays
-# (p10 and p90, in the spreads below: the 10th and 90th percentiles of those replays' times);
+# (p10 and p90, the 10th and 90th percentiles of those replays' times, are stored in each record's `spread_ms`;
+# section 7's exercise prints them);
 # ceilings and bitsandbytes measured in the same run, on the same data. Beside the notebook
 # versions we time `nf4lab.dequantize` (the package's drop-in, `out=` preallocated like
 # bitsandbytes' row), and the best kernel and the drop-in again with fp16 output, for the targets
@@ -176,7 +177,7 @@ if run is not None:
     rec = {(n, d): run.get(n, dtype=d) for n in (BEST, DROP_IN) for d in ("bf16", "fp16")}
     for d in ("bf16", "fp16"):   # each dtype's rows below are read against that dtype's own bound and copy
         b_d, c_d = run.get(BOUND, dtype=d), run.get(bench.COPY, dtype=d)
-        print(f"  {d} run: traffic-matched bound " + (f"{b_d['gbps']:.0f} GB/s, " if b_d else "not recorded, ")
+        print(f"  {d} records (this run): traffic-matched bound " + (f"{b_d['gbps']:.0f} GB/s, " if b_d else "not recorded, ")
               + (f"device copy {c_d['gbps']:.0f} GB/s" if c_d else "no copy recorded")
               + (f" (the bound {b_d['gbps'] / c_d['gbps']:.0%} of the copy)" if b_d and c_d else ""))
     for (n, d), r in rec.items():
@@ -329,7 +330,7 @@ if sweep is not None:
 #    be read again), L2 prefetch hints (`ld.global.L2::256B`: a hint to the L2 to fetch the 256
 #    bytes around the address, not only the sectors asked for), bulk (TMA) stores (on sm_90
 #    GPUs one asynchronous instruction, `cp.async.bulk`, copies a contiguous run of bytes from
-#    shared to global memory: the copy engine NVIDIA calls the Tensor Memory Accelerator);
+#    shared to global memory, through a unit of the SM that NVIDIA calls the Tensor Memory Accelerator);
 #    the PTX ISA's entries on `st`'s cache operators, `ld`'s `.L2::256B` qualifier and
 #    `cp.async.bulk` define the instructions; the hints' effects are our reading), each variant verified, and bounds of several
 #    access styles (`kind: "bound"`: the same traffic, no arithmetic) in some rounds only (the
@@ -416,11 +417,12 @@ if kernels:
           + "; each round is its own run: " + ", ".join(f"{n[len('tuning_'):]} {dates[n]}" for n in names))
     gb = [r["gbps"] for r, _ in kernels]
     print(f"{len(kernels)} verified variants in {len(names)} runs: {min(gb):.0f} to {max(gb):.0f} GB/s")
-    print("the five fastest (rounds are different runs: gaps under the noise margin are not an order):")
+    print("the five fastest, across rounds (different runs: a list, not an order at any gap; compare within a round below):")
     for r, name in sorted(kernels, key=lambda x: -x[0]["gbps"])[:5]:
         print(f"   {r['gbps']:6.0f} GB/s  {r['pct_copy']:4.0f}% of its round's copy  {tag(r, name)}  ({name})")
     none = [n[len("tuning_"):] for n in names if not any(m == n for _, m in bounds)]
-    print("bounds (same traffic, no arithmetic)" + (f"; rounds with no bound: {', '.join(none)}" if none else "") + ":")
+    print("bounds (same traffic, no arithmetic), across rounds (a list, not an order)"
+          + (f"; rounds with no bound: {', '.join(none)}" if none else "") + ":")
     for r, name in sorted(bounds, key=lambda x: -x[0]["gbps"]):
         print(f"   {r['gbps']:6.0f} GB/s  {r['pct_copy']:4.0f}% of its round's copy  {r['name']}  ({name})")
     print(f"within each round (one run on {tgpu}): its copy, its fastest bound, its fastest variant")
@@ -432,7 +434,9 @@ if kernels:
         if k and b:
             within.append((k["gbps"] / b["gbps"], b["gbps"] / c["gbps"] if c else None))
             print(f"   {name} ({dates[name]}): " + (f"copy {c['gbps']:.0f} GB/s, " if c else "")
-                  + f"fastest bound {b['gbps']:.0f} GB/s" + (f" = {b['gbps'] / c['gbps']:.1%} of the copy" if c else "")
+                  + f"fastest bound {b['gbps']:.0f} GB/s" + (f" = {b['gbps'] / c['gbps']:.1%} of the copy (gap "
+                                                             f"{bench.noise_band(100 * (b['gbps'] / c['gbps'] - 1))} the margin)"
+                                                             if c else "")
                   + f", fastest variant {k['gbps']:.0f} GB/s = {k['gbps'] / b['gbps']:.1%} of that bound"
                   f"\n      fastest variant: {tag(k, name)}; fastest bound: {b['name'].removeprefix('bound: ')}")
     kb, bc = [x for x, _ in within], [y for _, y in within if y]
@@ -469,7 +473,8 @@ if run is not None and best and bound:
 # they were recorded on. Each round is its own run (its date is printed), so compare a kernel with a
 # bound of the same round only; across rounds, the differences can be the machine's state on that
 # day. If within a round the fastest variant lands close to the fastest bound, and the bounds
-# themselves stay below that round's copy, then on that GPU neither our arithmetic nor the size of
+# themselves stay below that round's copy beyond the noise margin (each round's line prints where its gap stands:
+# within, near, beyond; a near gap is settled only by a re-run), then on that GPU neither our arithmetic nor the size of
 # our reads is what is left; it is the mix of one byte read for four written, in the access
 # patterns those rounds timed, which the memory system serves at its own speed. The last three lines put that reading side by side: the first two
 # for the rounds' GPU, the last for the GPU of section 2's run; where they are two GPUs, each line speaks for its own GPU
@@ -576,6 +581,21 @@ if ok:   # with own_share written: the share at every shape, and where it is lar
         if crossing := [name(a, b) for a, b in pairs if at(a) != at(b)]:
             print(f"at {', '.join(crossing)} the bytes cross 4x the L2 (section 2's rule): the L2 may serve part of the "
                   "smaller shape, another possible cause of a change in the share there")
+### BEGIN SOLUTION
+if ok and len(dram) >= 2:   # the key below, applied to the lines this run printed
+    across = lambda f: f.endswith("(across 4x the L2)") or f in crossing
+    print("\nthe answer key applied to this run: " + (
+        f"{'x'.join(map(str, top))} is separated from the other shapes: look there first; " if top and not close
+        else "no shape is singled out by the spread; ")
+        + ("a rise beyond the spread: a fixed cost of the kernel's own alone is not supported" if rises else
+           f"a fall established at {', '.join(falls)}: a fixed cost of the kernel's own (or of the copy's) fits there, "
+           "to test against the copy's first" + ("; that step crosses 4x the L2 too, a second explanation"
+                                                 if any(across(f) for f in falls) else "") if falls else
+           "a fall across more than one step only, not placed at a step" + (
+               ", and across 4x the L2: no fall established" if all(across(f) for f in far) else "") if far else
+           "no fall established: separate the shapes first (time them again)"))
+### STUDENT
+### END SOLUTION
 
 # %% [markdown]
 # ### BEGIN SOLUTION
@@ -606,7 +626,8 @@ if ok:   # with own_share written: the share at every shape, and where it is lar
 # "across 4x the L2", the L2 explains it as well as a fixed cost, so it counts as no fall established: separate
 # the shapes first, then tell the L2 from a fixed cost with shapes on one side of 4x the L2. Where no shape is
 # separated and no fall established, the first test is to separate them: time those shapes again,
-# with more replays or in more runs, before testing a fixed cost at any one of them. How the one launch shape that ships was chosen is in
+# with more replays or in more runs, before testing a fixed cost at any one of them. The cell's last line, "the answer
+# key applied to this run", reads this run's lines by these rules. How the one launch shape that ships was chosen is in
 # `lab/README.md`.
 # ### STUDENT
 # Once the check passes: is the shape outside the L2 with the largest share separated from the others

@@ -136,7 +136,8 @@ print(WHERE)
 #
 # One row per version (its longest kernel when a launch runs several). Columns: kernel time
 # under the profiler; **DRAM %**, DRAM throughput as % of its peak; **mem %**, the busiest of
-# the memory units (L1, L2, DRAM); **SM %**, the busiest compute pipe; achieved and theoretical
+# the memory units (L1, L2, DRAM); **SM %**, the busiest of the SM's sub-units (Nsight Compute's Compute (SM)
+# Throughput: instruction issue and every pipe, memory-instruction paths included, not only arithmetic); achieved and theoretical
 # **occupancy**; registers per thread; **sectors per request** for global loads and stores; and
 # the three largest **stall reasons** in cycles per issued instruction.
 
@@ -504,7 +505,8 @@ show_lines(lines) if lines else print("No source page with line info recorded: n
 # from its instructions. It also prints the `def` line's global loads with their offsets in the
 # kernel (the hottest instruction's offset is printed with it) and how many global loads each line
 # holds: where a line that reads global memory in the source holds none, line info charged its
-# load to another line, or the compiler merged it with another load; the load's width (`.U8`: 1
+# load to another line, or the compiler merged it with another load (and a line can hold another line's loads,
+# so a line's count can exceed its source's loads); the load's width (`.U8`: 1
 # byte, no suffix: 4 bytes, `.128`: 16 bytes) narrows down which array it reads.
 #
 # A stall sample is charged to the instruction a warp would issue next and did not. That warp may
@@ -552,7 +554,8 @@ NO_DEST = ("ST", "RED", "BRA", "EXIT", "BAR", "RET", "CALL", "BSYNC", "BSSY", "W
 
 
 def operands(sass):
-    """(opcode, registers written, registers read) of one SASS instruction; R4.64 is R4 and R5."""
+    """(opcode, registers written, registers read) of one SASS instruction; R4.64 is R4 and R5, a wide store's data
+    covers its width (`STG.E.128 [R2.64], R4` reads R4 to R7) and a .WIDE's last operand is a register pair."""
     op, _, rest = re.sub(r"^@!?U?P\w+\s+", "", sass).partition(" ")
     ops = [o.strip() for o in rest.split(",")] if rest else []
     width = 4 if ".128" in op else 2 if (".64" in op or ".WIDE" in op) else 1
@@ -561,9 +564,12 @@ def operands(sass):
         m = re.match(r"R(\d+)", ops.pop(0))
         dest = {int(m.group(1)) + k for k in range(width)} if m else set()
     src = set()
-    for o in ops:
+    for k, o in enumerate(ops):
+        last = k == len(ops) - 1
         for m in re.finditer(r"\bR(\d+)(\.64)?", o):
-            src |= {int(m.group(1)), int(m.group(1)) + 1} if m.group(2) else {int(m.group(1))}
+            n = (width if last and op.startswith(NO_DEST) and "[" not in o else 2 if last and ".WIDE" in op
+                 else 2 if m.group(2) else 1)
+            src |= {int(m.group(1)) + i for i in range(n)}
     return op, dest, src
 
 
