@@ -155,3 +155,34 @@ def test_ptx_summary_counts_16_byte_loads_with_cache_hints():
                       "ld.global.nc.L1::evict_last.L2::256B.v4.u32 {%r1, %r2, %r3, %r4}, [%rd4];", "ld.global.u32 %r13, [%rd5];"])
     s = ptx.summary(code)
     assert s["ld.global.v4"] == 4 and s["ld.global (any)"] == 5
+
+
+def _stride_kernel(stride):
+    @cuda.jit
+    def k(a, n):
+        i = uint64(cuda.grid(1))
+        if stride == "gridsize":
+            s = uint64(cuda.gridsize(1))
+        elif stride == "gridDim*blockDim":
+            s = uint64(cuda.gridDim.x * cuda.blockDim.x)
+        elif stride == "u64 product":
+            s = uint64(cuda.blockDim.x) * uint64(cuda.gridDim.x)
+        elif stride == "gridDim":
+            s = uint64(cuda.gridDim.x)
+        elif stride == "gridDim*64":
+            s = uint64(cuda.gridDim.x * 64)
+        else:
+            s = uint64(cuda.blockDim.x)
+        while i < n:
+            a[i] = float32(1.0)
+            i += s
+    return k
+
+
+@pytest.mark.parametrize("stride, spans", [("gridsize", True), ("gridDim*blockDim", True), ("u64 product", True),
+                                           ("gridDim", False), ("gridDim*64", False), ("blockDim", False)])
+def test_reads_grid_size_tells_a_grid_wide_stride_from_a_smaller_one(stride, spans):
+    # 02's exercise 1: a stride smaller than the grid writes the same bits with repeated work; only the PTX shows it.
+    # Each of the wrong ones reads %nctaid.x or %ntid.x too: the product of the two is what counts.
+    text = nf4lab.compile_ptx(_stride_kernel(stride), "(float32[::1], uint64)")
+    assert ptx.reads_grid_size(text) is spans

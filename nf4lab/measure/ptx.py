@@ -195,6 +195,25 @@ def count(ptx: str, pattern: str) -> int:
     return len(grep(ptx, pattern))
 
 
+def reads_grid_size(ptx: str) -> bool:
+    """Whether the PTX multiplies the threads per block (``%ntid.x``) by the blocks of the grid (``%nctaid.x``):
+    ``cuda.gridsize(1)``, the stride of a grid-stride loop that spans the grid. Followed through ``mov`` and
+    ``cvt``; a stride of ``gridDim.x`` alone, or times a constant, reads one of the two but multiplies nothing by
+    the other."""
+    origin = {"%ntid.x": "%ntid.x", "%nctaid.x": "%nctaid.x"}
+    for ins in instructions(ptx):
+        op, _, rest = ins.partition(" ")
+        regs = [r.strip().rstrip(";") for r in rest.split(",")]
+        if len(regs) < 2:
+            continue
+        srcs = {origin.get(r) for r in regs[1:]}
+        if op.startswith(("mov.", "cvt.")) and srcs - {None}:
+            origin[regs[0]] = (srcs - {None}).pop()
+        elif op.startswith(("mul.", "mad.")) and {"%ntid.x", "%nctaid.x"} <= {origin.get(r) for r in regs[1:3]}:
+            return True
+    return False
+
+
 def summary(ptx: str) -> dict:
     """Counts of the instruction kinds the series talks about."""
     pats = {
