@@ -55,9 +55,9 @@ def _kernel(bug=None, where="param", table=None):
     return kernel
 
 
-def _launch(kernel, b, nbytes=None):
-    kernel[(b.nbytes + 127) // 128, 128, b.stream](b.packed, b.absmax_q, b.absmax2, b.code2, b.offset, b.lut, b.out,
-                                                   b.nbytes if nbytes is None else nbytes, b.n)
+def _launch(kernel, b, nbytes=None, threads=128):
+    kernel[(b.nbytes + threads - 1) // threads, threads, b.stream](
+        b.packed, b.absmax_q, b.absmax2, b.code2, b.offset, b.lut, b.out, b.nbytes if nbytes is None else nbytes, b.n)
 
 
 def _make(bug=None):
@@ -633,10 +633,7 @@ def test_block_size_exercise_refuses_the_right_bits_at_another_block_size():
     kernel = _kernel()
 
     def at(threads):
-        def launch(b):
-            kernel[(b.nbytes + threads - 1) // threads, threads, b.stream](
-                b.packed, b.absmax_q, b.absmax2, b.code2, b.offset, b.lut, b.out, b.nbytes, b.n)
-        return launch
+        return lambda b: _launch(kernel, b, threads=threads)
 
     shapes = ((3, 5), (1, 65))
     same = exercises.check_block_size(at(256), kernel, 128, shapes=shapes, verbose=False)   # `launch_128 = launch`

@@ -506,7 +506,7 @@ def check_fp4_prediction(launch, predicted, *, shapes, name="exercise 3: your fp
     right = exact == predicted
     messages = [f"the kernel, unchanged, is {found} ({'as you predicted' if right else 'you predicted the opposite'})"]
     if not exact:
-        messages += [line for line in str(bits).splitlines()[1:4]]
+        messages += str(bits).splitlines()[1:4]   # the check's first lines on what differs
     if not right:
         messages.append("where does the kernel take its 16 values from?")
     messages.append("Then think: what would you have to change if a kernel had the NF4 table baked in as constants?")
