@@ -415,8 +415,8 @@ else:
 # divisions (of any width) are left in the PTX (none is the goal). It checks the kernel twice: launched as `launch`
 # does, and on a grid of 2 blocks of 64 threads: on the largest shape (31x67, 1,039 bytes) every thread loops. A stride smaller than
 # the grid's (`cuda.gridDim.x` counts blocks, not threads) writes the same bits with repeated work,
-# which no check of the bits can see: the stride is `cuda.gridsize(1)`, and the cell checks that the PTX reads the
-# grid's block count (`%nctaid.x`). (Think: why is the `while` loop allowed to skip the trip count, and could it still
+# which no check of the bits can see: the stride is `cuda.gridsize(1)`, and the cell checks that the PTX multiplies
+# the threads per block by the grid's blocks (`ptx.reads_grid_size`). (Think: why is the `while` loop allowed to skip the trip count, and could it still
 # be unrolled?)
 
 # %%
@@ -458,7 +458,8 @@ if result:   # a grid much smaller than the data: 128 threads for up to 1,039 by
 if result:
     while_ptx = nf4lab.compile_ptx(dequant_while, SIG)
     print("divisions in the PTX:", ptx.count(while_ptx, r"^(div|rem)\."))
-    ptx.check(while_ptx, present=[r"%nctaid\.x"], absent=[r"^(div|rem)\."])   # a stride that spans the grid; no division
+    ptx.check(while_ptx, absent=[r"^(div|rem)\."])   # the goal: none (an AssertionError shows them)
+    assert ptx.reads_grid_size(while_ptx), "the stride is not the grid's size in threads: use cuda.gridsize(1)"
 ### BEGIN SOLUTION
 assert result
 ptx.check(while_ptx, present=[r"^st\.global\.u16"], absent=[r"^(div|rem)\.", r"^fma", r"\.f64"])

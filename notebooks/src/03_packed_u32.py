@@ -291,7 +291,7 @@ elif gains and losses:
           f"{', '.join(up)} and lost in {', '.join(down)}, which the prediction (some gain, or none) did not "
           "foresee. The cause was not measured here: the pack (cvt.rn.bf16x2) is in both versions, so it alone "
           "does not explain it; the two kernels differ in how their loads and stores are scheduled (one byte a thread "
-          "against a grid-stride loop like 02's, whose PTX 02 showed unrolled; 03's loop PTX is not read here), and " + profiling.where_to_look(
+          "against a grid-stride loop like 02's, whose PTX 02 showed unrolled; section 3 prints 03's loop's load and store order), and " + profiling.where_to_look(
               run.meta.get("gpu"), [n for pair in PAIRS for n in (pair[0], pair[2])]) + ".")
 elif losses:
     print(f"no gain from the packed store {where}{if_near}: {len(losses)} of {len(changes)} comparisons slower by "

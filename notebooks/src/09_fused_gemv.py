@@ -318,7 +318,7 @@ def launch(g):
 # Per step at M = 1 (the kernel as `launch` runs 4096x4096: `full`, G = 8): 16 `mma.sync` (2 pieces x 8), 64 `prmt`, 64 lookups with the base in the immediate; the codes' 16-byte loads as
 # `ld.global.nc.L1::no_allocate.v4` (`.nc`: through the read-only path; read once: kept out of L1, which holds x and the scales); no `ld.local` (the local arrays are in registers; ptxas's spills are printed below), no float64. Registers: the
 # driver's build, or `ptxas` (the assembler from PTX to SASS, the GPU's own instructions). A T4 (sm_75) has no m16n8k16: fp16 runs each mma as two m16n8k8 (the K = 8 shape sm_75 has; PTX ISA,
-# mma's "Matrix Shape" and target notes), bf16 on the FP32 units (`warp_ops._soft_mma`: by its source, 32 shuffles, 64 FMAs and their operand moves a lane in place of one mma); the cell checks the fp16 kernel there. In the first line it prints, the 4 `mul.rn.f32` are the blocks' scales (each followed in the PTX by an `add.rn.f32`), never fused; its `fma` are the float32 sums `cf * s[0] + cf * s[1]` of the tile's accumulation, which the compiler contracts (section 6's tolerance allows for it).
+# mma's "Matrix Shape" and target notes), bf16 on the FP32 units (`warp_ops._soft_mma`: by its source, 32 shuffles, 64 FMAs and their operand moves a lane in place of one mma); the cell checks the fp16 kernel there. In the first line it prints, the 4 `mul.rn.f32` are the blocks' scales (each followed in the PTX by an `add.rn.f32`, counted on the line that starts with the architecture), never fused; its `fma` are the float32 sums `cf * s[0] + cf * s[1]` of the tile's accumulation, which the compiler contracts (section 6's tolerance allows for it).
 # %%
 cc = nf4lab.runtime.target_cc(); T4 = cc < (8, 0)  # noqa: E702
 kern = make_kernel(not T4, 1, base := gemv.probe_base() if nf4lab.ON_GPU else gemv.default_base(cc), True)   # full
@@ -326,7 +326,7 @@ code = ptx.compile_ptx(kern, gemv.signature(), cc=cc, launch_bounds=(THREADS, BL
 LOOKUP, MMA = r"^ld\.shared\.u32 %r\d+, \[%r\d+\+\d+\]", r"^mma\.sync\.aligned\." + (r"m16n8k8\.row\.col\.f32\.f16" if T4 else r"m16n8k16\.row\.col\.f32\.bf16")
 ptx.show(code, [r"^prmt\.b32", LOOKUP, r"^mma\.sync"], limit=2)
 ptx.check(code, present=[MMA, r"^prmt\.b32", LOOKUP], absent=[r"^ld\.local", r"^st\.local", r"\.f64"])
-print(arch.name(cc), {w: ptx.count(code, p) for w, p in [("mma", r"^mma\.sync"), ("prmt", r"^prmt"), ("lookups", LOOKUP), ("selp", r"^selp"), ("min", r"^min\."),
+print(arch.name(cc), {w: ptx.count(code, p) for w, p in [("mma", r"^mma\.sync"), ("prmt", r"^prmt"), ("lookups", LOOKUP), ("selp", r"^selp"), ("min", r"^min\."), ("add.rn.f32", r"^add\.rn\.f32"),
                                                         ("16-byte loads kept out of L1 (4 a step, 2 call sites)", r"^ld\.global\.nc\.L1::no_allocate\.v4")]})
 ptx_g2 = ptx.compile_ptx(make_kernel(not T4, 1, gemv.default_base(cc), True, 2), gemv.signature(), cc=cc)   # G = 2
 print("barriers with a register id (bar.sync id, threads): G = 2: " + str(ptx.count(ptx_g2, r"^bar\.sync\s+%r")) + "; G = 8: " + str(ptx.count(code, r"^bar\.sync\s+%r")) + "; bar.sync 0 at G = 8: " + str(ptx.count(code, r"^bar\.sync\s+0")))
