@@ -89,7 +89,8 @@ def make_words(K, T, store=ops.store_u32x4):
 
 
 def make_expand_bound(K, T, store=ops.store_u32x4):
-    """Same traffic as the w-variants with no arithmetic: the bound of this access pattern."""
+    """The w-variants' codes and output with no arithmetic, the bound of this access pattern; it reads no
+    ``absmax_q``, so its record (credited the full byte model) runs high by absmax_q's share (07 recounts it)."""
     @cuda.jit
     def kern(packed_u32, out_u32, nwords):
         base = uint64(cuda.blockIdx.x) * uint64(T * K) + uint64(cuda.threadIdx.x)

@@ -629,19 +629,57 @@ def test_design_graders_read_the_kernel_the_launch_runs():
     assert solved and not other and "never launched" in str(other), str(other)
 
 
+def _grid_stride(share=1.0):
+    """Notebook 02's exercise 2 in small: a grid-stride per-byte kernel launched with 128 threads a block and a grid
+    of ``share`` times the solution's (02's sizing: SMs x resident blocks, no more blocks than the bytes need), and
+    its 256-thread ``launch``. Returns (launch_128, launch, kernel)."""
+    from nf4lab import lesson
+
+    @cuda.jit
+    def kernel(packed, absmax_q, absmax2, code2, offset, lut, out, nbytes, n):
+        for i in range(uint64(cuda.grid(1)), uint64(nbytes), uint64(cuda.gridsize(1))):
+            byte = packed[i]
+            j = uint64(2) * i
+            scale = block_scale(absmax_q, absmax2, code2, offset, j >> uint64(6))
+            out[j] = ops.to_bf16_bits(lut[byte >> 4] * scale)
+            if j + uint64(1) < n:
+                out[j + uint64(1)] = ops.to_bf16_bits(lut[byte & 15] * scale)
+
+    def at(threads, share):
+        def launch(b):
+            grid = max(1, int(lesson.grid_for(b.nbytes, threads, lesson.blocks_per_sm(threads)) * share))
+            kernel[grid, threads, b.stream](b.packed, b.absmax_q, b.absmax2, b.code2, b.offset, b.lut, b.out,
+                                            b.nbytes, b.n)
+        return launch
+
+    return at(128, share), at(256, 1.0), kernel
+
+
+# 31x67: 1,039 bytes, more than the simulator's resident threads at 128 a block: there the grid is capped.
+GRID_SHAPES = ((3, 5), (1, 65), (31, 67))
+
+
 def test_block_size_exercise_refuses_the_right_bits_at_another_block_size():
-    kernel = _kernel()
-
-    def at(threads):
-        return lambda b: _launch(kernel, b, threads=threads)
-
-    shapes = ((3, 5), (1, 65))
-    same = exercises.check_block_size(at(256), kernel, 128, shapes=shapes, verbose=False)   # `launch_128 = launch`
+    launch_128, launch, kernel = _grid_stride()
+    same = exercises.check_block_size(launch, kernel, 128, shapes=GRID_SHAPES, verbose=False)   # `launch_128 = launch`
     assert not same and "not at 128 threads a block" in same.verdict and "256" in str(same), str(same)
-    solved = exercises.check_block_size(at(128), kernel, 128, shapes=shapes, verbose=False)
+    solved = exercises.check_block_size(launch_128, kernel, 128, shapes=GRID_SHAPES, verbose=False)
     assert solved and "128 threads a block" in str(solved), str(solved)
-    other = exercises.check_block_size(at(128), _kernel(), 128, shapes=shapes, verbose=False)
+    other = exercises.check_block_size(launch_128, _kernel(), 128, shapes=GRID_SHAPES, verbose=False)
     assert not other and "never launched" in str(other), str(other)
+
+
+def test_block_size_exercise_refuses_half_the_threads_without_printing_the_grid():
+    from nf4lab import lesson
+
+    half, _, kernel = _grid_stride(share=0.5)   # the right bits (a grid-stride loop) and block size, half the grid
+    res = exercises.check_block_size(half, kernel, 128, shapes=GRID_SHAPES, verbose=False)
+    assert not res and res.report is None and "threads in all" in res.verdict, str(res)
+    right = lesson.sm_count() * lesson.blocks_per_sm(128)   # the solution's grid where it is capped
+    assert f"{right * 128:,}" not in str(res) and str(right * 128) not in str(res) and "grid of" not in str(res)
+    launch_128, _, kernel = _grid_stride()
+    solved = exercises.check_block_size(launch_128, kernel, 128, shapes=GRID_SHAPES, verbose=False)
+    assert solved and "threads in all" in str(solved), str(solved)
 
 
 def _fp16_pairs(pack):
@@ -683,6 +721,30 @@ def test_fp16_exercise_fails_on_the_bf16_pairs_and_passes_on_fp16_pairs_it_launc
     other = exercises.check_fp16_path(_fp16_pairs(ops.pack_f16x2)[0], _fp16_pairs(ops.pack_f16x2)[1], SIG_PAIRS,
                                       verbose=False)
     assert not other and "never launched" in str(other), str(other)
+
+
+@pytest.mark.parametrize("forced", [None, "sm_75"])
+def test_fp16_exercise_reads_the_pairs_in_the_target_s_instructions(forced, monkeypatch):
+    """For sm_75 (a T4, or NF4LAB_ARCH=sm_75, which sets the compile target) ops.pack_f16x2 is two cvt.rn.f16.f32
+    and a 32-bit pack, and bf16 is rounded in integers (its NaN test: setp.nan.f32): the fix passes there as on the
+    default target, and the starting kernel (bf16 pairs) fails on both, by its bits and by its PTX."""
+    from nf4lab.measure import ptx
+
+    if forced is None:
+        monkeypatch.delenv("NF4LAB_ARCH", raising=False)
+    else:
+        monkeypatch.setenv("NF4LAB_ARCH", forced)
+        assert nf4lab.runtime.target_cc() == (7, 5)
+    solved = exercises.check_fp16_path(*_fp16_pairs(ops.pack_f16x2), SIG_PAIRS, verbose=False)
+    assert solved and "cvt.rn.f16x2.f32" in str(solved), str(solved)
+    launch, kernel = _fp16_pairs(ops.pack_bf16x2)
+    start = exercises.check_fp16_path(launch, kernel, SIG_PAIRS, verbose=False)
+    assert not start and start.report is not None, str(start)
+    text = nf4lab.compile_ptx(kernel, SIG_PAIRS)
+    assert ptx.sm75_paths(text) == (forced == "sm_75" or nf4lab.runtime.target_cc() < (8, 0))
+    assert [what for what, holds in exercises.fp16_pair_design(text) if not holds], text
+    fixed = nf4lab.compile_ptx(_fp16_pairs(ops.pack_f16x2)[1], SIG_PAIRS)
+    assert all(holds for _, holds in exercises.fp16_pair_design(fixed))
 
 
 def _one_mma(layout):

@@ -310,6 +310,23 @@ def test_where_to_look_names_another_gpus_profiles():
     assert "live profile" in profiling.where_to_look(gpus[0].replace("_", " "), ["a version never profiled"])
 
 
+def test_where_to_look_tells_how_to_profile_each_kernel_live():
+    """08 profiles one version per execution, the one its VERSION variable names: a pointer to 08's live profile
+    says to set VERSION to each kernel named, and names them."""
+    from pathlib import Path
+
+    from nf4lab.measure import profiling
+
+    src = (Path(__file__).resolve().parents[1] / "notebooks" / "src" / "08_profiling.py").read_text()
+    assert re.search(r"^VERSION = ", src, re.M), "08 no longer selects its live profile by VERSION"
+    names = ["01 naive (per byte)", "02 grid-stride (full occupancy)"]
+    for text in (profiling.where_to_look("A GPU with no profiles", names),
+                 profiling.where_to_look(profiling.recorded_gpus()[0].replace("_", " "), ["a version never profiled"])):
+        assert "live profile" in text and "`VERSION`" in text and "one version per execution" in text
+    text = profiling.where_to_look("A GPU with no profiles", names)
+    assert all(n in text for n in names)
+
+
 def test_hottest_is_the_most_sampled_instruction_with_its_share():
     prog = [{"addr": 0x100, "sass": "LDG.E R1, [R2.64]", "samples": 1.0, "line": "3"},
             {"addr": 0x110, "sass": "IADD3 R3, R1, R4", "samples": 3.0, "line": "4"},

@@ -376,11 +376,12 @@ def _student_ptx(res, kernel, sig, name):
         return None
 
 
-def _check_launching(kernel, launch, **kw):
+def _check_launching(kernel, launch, seen=None, **kw):
     """:func:`check` of ``launch``, watching whether it launches ``kernel`` (``kernel[grid, block, ...]``): a grader
     reads the PTX of the kernel it is given, so that must be the kernel the launch function runs. Returns the result
-    and the launch configurations of ``kernel`` seen (``(grid, block, ...)`` as written in the brackets)."""
-    seen = []
+    and the launch configurations of ``kernel`` seen (``(grid, block, ...)`` as written in the brackets), appended
+    to ``seen`` where one is given (so that a wrapped ``launch`` can tell which launches each shape made)."""
+    seen = [] if seen is None else seen
     cls = type(kernel)
     own = "__getitem__" in vars(cls)
     configure = getattr(cls, "__getitem__", None)
@@ -466,11 +467,28 @@ def _threads(dim) -> int:
 
 
 def check_block_size(launch, kernel, threads, *, name="exercise: block size", shapes=None, verbose=True) -> CheckResult:
-    """Grade a launch exercise (notebook 02's exercise 2): ``launch`` bit-exact on ``shapes``, and every launch of
-    ``kernel`` it makes with ``threads`` threads a block: the bits alone cannot tell a launch at another block size
-    (``launch_128 = launch`` would pass them). The grid is not graded. Falsy unless both hold; never raises
-    because of the student's launch."""
-    res, launched = _check_launching(kernel, launch, name=name, shapes=shapes, verbose=False)
+    """Grade a launch exercise (notebook 02's exercise 2): ``launch`` bit-exact on ``shapes``; every launch of
+    ``kernel`` it makes with ``threads`` threads a block (the bits alone cannot tell a launch at another block size:
+    ``launch_128 = launch`` would pass them); and on each shape as many threads in all as 02's ``launch`` sizes its
+    grid for: the resident threads at this block size (:func:`nf4lab.lesson.sm_count` x
+    :func:`nf4lab.lesson.blocks_per_sm` x ``threads``, as many as ``launch``'s on a GPU), fewer only where the bytes
+    need fewer blocks (a grid-stride loop is right with any grid, so only this tells a grid sized for the other
+    block size). Only whether the threads hold is printed, never the right grid. On a GPU, where no shape has more
+    bytes than those resident threads, one that does is added, so that the cap is graded. Falsy unless all hold;
+    never raises because of the student's launch."""
+    from .. import lesson
+
+    shapes = _validate(launch, name, "bf16", 64, "nf4", default_shapes() if shapes is None else shapes, "codes", None)
+    resident = lesson.sm_count() * lesson.blocks_per_sm(threads) * threads
+    if runtime.ON_GPU and all((r * c + 1) // 2 <= resident for r, c in shapes):
+        shapes = list(shapes) + [(-(-4 * resident // 4097), 4097)]   # twice the resident threads in bytes
+    seen, starts = [], []   # the kernel's launch configurations; per shape (dims, bytes, its first in seen)
+
+    def tagged(b):
+        starts.append(("x".join(map(str, b.case.shape)), int(b.nbytes), len(seen)))
+        return launch(b)
+
+    res, launched = _check_launching(kernel, tagged, seen, name=name, shapes=shapes, verbose=False)
     if res:
         sizes = sorted({_threads(c[1]) for c in launched if len(c) > 1})
         if _refuse_unlaunched(res, kernel, name, launched):
@@ -480,7 +498,20 @@ def check_block_size(launch, kernel, threads, *, name="exercise: block size", sh
             res.verdict = f"NOT PASSED: {name}: bit-exact, but not at {threads} threads a block"
             res.messages.append(f"launched with {', '.join(map(str, sizes))} threads a block")
         else:
-            res.messages.append(f"launch: {threads} threads a block (the grid is yours to check)")
+            ends = [first for _, _, first in starts[1:]] + [len(seen)]
+            wrong = [dims for (dims, nbytes, first), end in zip(starts, ends)
+                     if not min(resident, -(-nbytes // threads) * threads)
+                     <= sum(_threads(c[0]) * _threads(c[1]) for c in seen[first:end]) <= resident]
+            if wrong:
+                res.passed = False
+                res.verdict = (f"NOT PASSED: {name}: bit-exact at {threads} threads a block, but not as many "
+                               "threads in all as `launch`'s sizing gives")
+                res.messages.append(f"launch: {threads} threads a block; the grid: not as many threads in all as "
+                                    f"`launch`'s sizing gives (SMs x resident blocks of {threads} threads, no more "
+                                    f"blocks than the bytes need) on {', '.join(wrong)}")
+            else:
+                res.messages.append(f"launch: {threads} threads a block; the grid: as many threads in all as "
+                                    "`launch`'s sizing gives, on every shape")
     if verbose:
         print(res)
         res._printed = True
@@ -644,19 +675,41 @@ def check_last_vector(launch, kernel, sig, *, name="exercise 2: the last vector"
 FP16_SHAPES = ((3, 5), (1, 65), (7, 33))
 
 
+def fp16_pair_design(text: str) -> list:
+    """What :func:`check_fp16_path` reads in a kernel's PTX: (what is missing, whether it holds) pairs. Code for
+    sm_80 or newer rounds its pairs with ``cvt.rn.f16x2.f32`` and carries no ``cvt.rn.bf16x2``. For sm_75 (a T4,
+    or ``NF4LAB_ARCH=sm_75``) neither exists: ``ops.pack_f16x2`` is two ``cvt.rn.f16.f32`` and a 32-bit pack, and
+    bf16 is rounded in integers, whose NaN test is ``setp.nan.f32`` (:data:`nf4lab.measure.ptx.SM80_ONLY`), so
+    there those stand in."""
+    from ..measure import ptx
+
+    f16, bf16 = ptx.for_target(text, r"^cvt\.rn\.f16x2\.f32"), ptx.for_target(text, r"^cvt\.rn\.bf16x2")
+    if not ptx.sm75_paths(text):
+        return [("no fp16 pair conversion (cvt.rn.f16x2.f32)", ptx.count(text, f16) > 0),
+                ("a bf16 pair conversion (cvt.rn.bf16x2): the pairs go out as bf16 bits", ptx.count(text, bf16) == 0)]
+    return [("no fp16 conversion (cvt.rn.f16.f32, what stands for cvt.rn.f16x2.f32 in sm_75 code)",
+             ptx.count(text, f16) > 0),
+            ("a NaN test (setp.nan.f32): in sm_75 code that is bf16 rounded in integers, so the pairs go out as "
+             "bf16 bits", ptx.count(text, bf16) == 0)]
+
+
 def check_fp16_path(launch, kernel, sig, *, name="exercise: fp16 path", verbose=True) -> CheckResult:
     """Grade notebook 06's exercise: ``launch`` bit-exact on fp16 cases of :data:`FP16_SHAPES`, by ``kernel`` (the
-    launch must run it), whose PTX (compiled for ``sig``) rounds its pairs with ``cvt.rn.f16x2.f32`` and has no
-    bf16 pair conversion left. Falsy unless all hold; never raises because of the student's kernel."""
+    launch must run it), whose PTX (compiled for ``sig`` and the default target) rounds its pairs to fp16 and
+    carries no bf16 rounding: :func:`fp16_pair_design` says what that reads for each target. Falsy unless all
+    hold; never raises because of the student's kernel."""
     from ..measure import ptx
+
+    def ok(text):
+        if ptx.sm75_paths(text):
+            return ("PTX, sm_75 paths (cvt.rn.f16x2.f32 exists from sm_80): the pairs are rounded by cvt.rn.f16.f32 "
+                    "and packed, and nothing is rounded to bf16")
+        return "PTX: the pairs are rounded by cvt.rn.f16x2.f32"
 
     res, launched = _check_launching(kernel, launch, name=name, dtype="fp16", shapes=FP16_SHAPES, verbose=False)
     if res:
-        _read_design(res, kernel, sig, name, lambda text: [
-            ("no fp16 pair conversion (cvt.rn.f16x2.f32)", ptx.count(text, r"^cvt\.rn\.f16x2\.f32") > 0),
-            ("a bf16 pair conversion (cvt.rn.bf16x2): the pairs go out as bf16 bits",
-             ptx.count(text, r"^cvt\.rn\.bf16x2") == 0)], "its PTX does not round its pairs to fp16",
-            "PTX: the pairs are rounded by cvt.rn.f16x2.f32", launched)
+        _read_design(res, kernel, sig, name, fp16_pair_design, "its PTX does not round its pairs to fp16", ok,
+                     launched)
     if verbose:
         print(res)
         res._printed = True

@@ -575,9 +575,10 @@ def ceiling_record(gpu: str | None) -> dict | None:
 
 
 def where_to_look(gpu: str | None, names=()) -> str:
-    """Where a notebook sends a student to explain a timing of ``gpu`` (a run's meta["gpu"]) with Nsight Compute:
-    notebook 08's recorded profiles where they are of that GPU, else 08's live profile on it, naming the GPU and
-    date of the profiles that are recorded (another GPU's counters need not explain this one's times)."""
+    """Where a notebook sends a student to explain a timing of ``gpu`` (a run's meta["gpu"]) of the versions ``names``
+    with Nsight Compute: notebook 08's recorded profiles where they are of that GPU, else 08's live profile on it,
+    which profiles one version per execution (the one 08's ``VERSION`` names), naming the GPU and date of the
+    profiles that are recorded (another GPU's counters need not explain this one's times)."""
     from . import results
 
     slug = None if gpu is None else results.gpu_slug(gpu)
@@ -585,11 +586,14 @@ def where_to_look(gpu: str | None, names=()) -> str:
     have = prof is not None and all(n in prof["versions"] for n in names)
     if have and prof["gpu"] == slug:
         return f"08's profiles of this GPU ({', '.join(prof['dates'])}) are where to look"
+    which = ", ".join(f'"{n}"' for n in names) or "these kernels"
+    live = ("08's live profile on this GPU is where to look: it profiles one version per execution, the one named by "
+            f"`VERSION` in its live-profile cell (section 1), so set `VERSION` to each of {which} in turn, running 08 "
+            "once for each")
     if prof is None:
-        return "08's live profile of these kernels on this GPU is where to look (no profile is recorded)"
-    return (f"08's live profile of these kernels on this GPU is where to look: the recorded profiles are of the "
-            f"{prof['meta'].get('gpu', prof['gpu'])} ({', '.join(prof['dates'])}), whose counters need not explain "
-            "this GPU's times")
+        return live + " (no profile is recorded)"
+    return (f"{live}; the recorded profiles are of the {prof['meta'].get('gpu', prof['gpu'])} "
+            f"({', '.join(prof['dates'])}), whose counters need not explain this GPU's times")
 
 
 def load_fixture() -> dict:

@@ -69,10 +69,11 @@ SIG = "(uint8[::1], float32[::1], uint8[::1], float32[::1], float32[::1], float3
 #
 # Which bytes count as "in flight per thread": here, all the DRAM bytes one iteration moves, the
 # code byte and the scale's bytes read and the four output bytes written (the byte model's bytes
-# per packed byte, printed below), as if they were all outstanding at once. For the loads that is
-# generous (the code and absmax_q loads carry one byte each; the 4-byte scale and table loads, we
-# expect, mostly hit in cache: not measured here). The stores do not change the rate: section 3's PTX
-# shows that the loop issues no later iteration's loads before an earlier iteration's have returned, so a
+# per packed byte, printed below), as if they were all outstanding at once. For the loads these are the
+# DRAM bytes a packed byte needs, not the bytes its load instructions carry: its code byte and its share of
+# its quantization block's `absmax_q` byte (and of the second-level scales and table, which the model counts
+# once); the 4-byte loads of the scale and table entries are assumed to hit in cache (not measured here).
+# The stores do not change the rate: section 3's PTX shows that the loop issues no later iteration's loads before an earlier iteration's have returned, so a
 # thread finishes at most one iteration per load round trip, however long its stores stay outstanding.
 # Section 5 sets the estimate beside the measurement.
 
@@ -346,7 +347,8 @@ if base is None and full and bench.Run.load("01_naive") is not None:   # a recor
         print(f"02 (full occupancy) {full['gbps']:.0f} GB/s; 01 {other['gbps']:.0f} GB/s in its own run: two runs, "
               "so no verdict against the margin (execute this notebook on a GPU to time both in one run)")
 if base and full and one:
-    # The same kernel in two runs: 01's kernel here against 01's own record, the scale of the margin.
+    # The same kernel in two runs: how far one kernel's number moves between two runs (not the margin, which is
+    # for kernels timed in one run).
     own01 = bench.Run.load("01_naive")
     there = own01.get("01 naive (per byte)") if own01 is not None else None
     if there and run.get("01 naive (per byte)"):
@@ -394,8 +396,9 @@ else:
 #   what it did on the GPU of this run, in one run against 01, and which cause fits, not
 #   measured here (08 shows how to profile it). Judge by the numbers, not by the folklore.
 # * Occupancy is not optional: one block per SM was slower here (the table above says by how much), and by section 1's
-#   estimate (its latency assumed) it leaves too few bytes in flight to cover DRAM latency. Bytes in flight, not threads, is what a memory-bound kernel needs; the next steps
-#   get them by moving more bytes per instruction instead of running more threads.
+#   estimate (its latency assumed) it leaves too few bytes in flight to cover DRAM latency. Bytes in flight, not
+#   threads, is what a memory-bound kernel needs: 03 first halves the store instructions; 04 puts more bytes in
+#   flight with 16-byte loads.
 # * numba's `range` with a runtime step computes its trip count with one division per thread (a
 #   64-bit `div.s64` in the PTX, with a 32-bit fast path that this case's operands, both below 2^32, should
 #   take) and is unrolled (how
@@ -481,8 +484,9 @@ print(f"16-bit stores in the while loop's PTX: {n16w} ({n16w // 2} cop{'ies' if 
 # per SM, so the same number of threads), does the full-occupancy version get faster, slower,
 # or stay the same? Write `launch_128` and check it. On a GPU, the cell then times it next to
 # `launch` in one run; in the simulator only correctness is checked. The check verifies the bits
-# and that `dequant_grid_stride` is launched with 128 threads a block; the grid is yours to get right
-# (as many threads in all as `launch` runs).
+# and that `dequant_grid_stride` is launched with 128 threads a block, and on each shape as many
+# threads in all as `launch` runs (it prints only whether they match; sizing the grid is yours). On a
+# GPU it adds a shape larger than the resident threads, so that their cap is checked too.
 
 # %%
 ### BEGIN SOLUTION

@@ -70,8 +70,9 @@ print(f"writes: {out_bytes / bytemodel.bytes_moved(N_BIG):.1%} of the bytes move
 # loads only after the previous iteration's stores, so a thread has one iteration's loads in
 # flight; section 3 prints the order of 03's loop too). The benchmark measures 01 and 02 in the same run, so
 # that each 03 version is compared with the kernel it differs from *in source* by the store alone
-# (and its conversion: one bf16x2 pack instead of two bf16 conversions); whether the compiled
-# loops differ too (unrolling, scheduling) is not checked here.
+# (and its conversion: one bf16x2 pack instead of two bf16 conversions). The compiled loops may differ
+# too: section 3 prints the grid-stride version's loads and stores in PTX order, to set beside 02's;
+# what any difference there costs in time is not measured here.
 #
 # Bit order: `out[2j]` (the high nibble) is at the lower address, and on a little-endian machine
 # the lower address holds the *low* half of a 32-bit word. `ops.pack_bf16x2(lo, hi)` puts `lo` in
@@ -177,9 +178,21 @@ assert ptx.count(u32_ptx, r"^st\.global\.(u32|b32)") == 1
 assert ptx.count(u32_ptx, r"^st\.global\.(u16|b16)") == 1      # the tail only
 # The grid-stride version's global loads (L) and stores (S) in PTX order, as 02 printed its own: the copies of the
 # loop body one after another, each loading after the previous copy's stores.
-order = "".join("L" if t.startswith("ld.global") else "S" for t in map(str.strip,
-                nf4lab.compile_ptx(dequant_u32_grid_stride, SIG).splitlines()) if t.startswith(("ld.global", "st.global")))
+seq = [t for t in map(str.strip, nf4lab.compile_ptx(dequant_u32_grid_stride, SIG).splitlines())
+       if t.startswith(("ld.global", "st.global", "bra"))]          # "bra": unconditional branches only
+order = "".join("L" if t.startswith("ld.") else "S" for t in seq if t.startswith(("ld.", "st.")))
 print(f"grid-stride version, global loads (L) and stores (S) in PTX order: {order}")
+# In 02 a copy's two S were two 16-bit stores that both run. Here: W a 32-bit store, H a 16-bit one, b an
+# unconditional branch; "WbH" is a 32-bit path that ends in a branch instead of running on into the tail's store.
+kinds = "".join("L" if t.startswith("ld.") else "b" if t.startswith("bra") else
+                "W" if t.startswith(("st.global.u32", "st.global.b32")) else "H" for t in seq)
+if kinds.count("WbH") == kinds.count("W") == kinds.count("H") > 0:
+    print(f"  each copy's two S: its 32-bit store, then the odd-n tail's 16-bit store, with an unconditional branch "
+          f"(bra.uni) between them that ends the 32-bit path: alternatives, one of them runs per byte "
+          f"({kinds.count('W')} such pairs)")
+else:
+    print("  this PTX does not put an unconditional branch between each 32-bit store and a 16-bit store: read the "
+          "PTX itself to tell which stores run together")
 
 # %% [markdown]
 # Where is that one 16-bit store? The PTX from the conditional branch (`@%p bra`) before the two stores shows
@@ -233,18 +246,19 @@ plots.progress("03_packed_u32");
 # %% [markdown]
 # Against the prediction, like with like: the per-byte packed kernel against 01, the
 # grid-stride one against 02. A change no larger than `bench.NOISE_PCT` (the series' one noise
-# margin, printed below) counts as none, and is reported as within noise, with no direction
-# called (00's rule: a direction only past twice the margin). The cell first prints how far 01's and 02's kernels, timed again in this run, lie from
+# margin, printed below) counts as none, within noise. A change past the margin but within twice it
+# is near: printed as such, with no direction called until a re-run. Only a change past twice the
+# margin counts as a gain or a loss and decides the verdict (00's rule, `bench.noise_band`'s "beyond").
+# The cell first prints how far 01's and 02's kernels, timed again in this run, lie from
 # their own notebooks' records: the same kernel in two runs. Those lines show how much one
 # kernel's number moved between this run and another; they do not measure the margin.
 # The margin is for kernels timed in one run. Records of other runs may lie further apart than
 # it, even on the same day (another run may get another card of the same model, at its own clocks
-# and temperature), so every verdict below compares kernels of this run. A change past the margin
-# but within twice it is printed as near, to be re-run, not as a settled gain or loss.
+# and temperature), so every verdict below compares kernels of this run.
 
 # %%
 NOISE_PCT = bench.NOISE_PCT
-print(f"noise margin: {NOISE_PCT}% (a change must be larger to count)")
+print(f"noise margin: {NOISE_PCT}% (a change counts as a gain or a loss only past twice it)")
 # The same kernel in two runs: this run's number against the record of the notebook that wrote it.
 for nb, name in (("01_naive", "01 naive (per byte)"), ("02_grid_stride", "02 grid-stride (full occupancy)")):
     own = bench.Run.load(nb)
@@ -267,10 +281,14 @@ for name, nb, base_name in (PAIRS if run is not None else ()):
     change = bench.change_pct(r, base)   # from the GB/s as printed, to one decimal
     changes[name] = change
     print(f"{name}: {r['gbps']:.0f} GB/s vs {base_name}: {base['gbps']:.0f} GB/s, {change:+.1f}%")
-gains = [c for c in changes.values() if c > NOISE_PCT]
-losses = [c for c in changes.values() if c < -NOISE_PCT]
-near = [k for k, c in changes.items() if bench.noise_band(c) == "near"]   # may flip in another execution
-if_near = (f", if the near change{'s hold' if len(near) > 1 else ' holds'} (re-run to confirm)" if near else "")
+# 00's rule (bench.noise_band): only a change past twice the margin ("beyond") is a gain or a loss; a "near" one
+# (past the margin, within twice it) gets no direction until a re-run; a "within" one is none.
+band = {k: bench.noise_band(c) for k, c in changes.items()}
+gains = [c for k, c in changes.items() if band[k] == "beyond" and c > 0]
+losses = [c for k, c in changes.items() if band[k] == "beyond" and c < 0]
+near = [k for k in changes if band[k] == "near"]
+if_near = (f" (not counting the near change{'s' if len(near) > 1 else ''} below, which need{'' if len(near) > 1 else 's'}"
+           " a re-run)" if near else "")
 # Whose numbers these are: this run's, or a recorded GPU's (no GPU here).
 where = "on this GPU" if run is not None and not run.recorded else \
     f"on the {(run.meta.get('gpu') if run is not None else None) or 'recorded GPU'} (recorded)"
@@ -282,11 +300,8 @@ l2_note = ("DRAM likely sees the same bytes either way (L2, the cache in front o
 if not changes:
     print("no recorded runs of 01, 02 and 03 to compare yet")
 elif gains and losses:
-    # A near change is marked in the verdict, not counted as settled.
-    shown = {k: f"{k} ({abs(c):.1f}%" + (", near the margin" if k in near else "") + ")"
-             for k, c in changes.items()}
-    up = [shown[k] for k, c in changes.items() if c > NOISE_PCT]
-    down = [shown[k] for k, c in changes.items() if c < -NOISE_PCT]
+    up = [f"{k} ({c:.1f}%)" for k, c in changes.items() if band[k] == "beyond" and c > 0]
+    down = [f"{k} ({-c:.1f}%)" for k, c in changes.items() if band[k] == "beyond" and c < 0]
     print(f"mixed {where}{if_near}: the packed store gained in "
           f"{', '.join(up)} and lost in {', '.join(down)}, which the prediction (some gain, or none) did not "
           "foresee. The cause was not measured here: the pack (cvt.rn.bf16x2) is in both versions, so it alone "
@@ -295,8 +310,8 @@ elif gains and losses:
               run.meta.get("gpu"), [n for pair in PAIRS for n in (pair[0], pair[2])]) + ".")
 elif losses:
     print(f"no gain from the packed store {where}{if_near}: {len(losses)} of {len(changes)} comparisons slower by "
-          f"more than {NOISE_PCT}% (up to {-min(losses):.1f}%)"
-          + ("" if len(losses) == len(changes) else ", the others within the margin")
+          f"more than twice the {NOISE_PCT}% margin (up to {-min(losses):.1f}%)"
+          + {0: "", 1: ", the other not past twice it"}.get(len(changes) - len(losses), ", the others not past twice it")
           + ". One possible reason: the pack (cvt.rn.bf16x2) sits on the path of every store; the threads "
           "wait on their one-byte loads either way. 04 widens the loads.")
 elif gains and max(gains) >= 10:
@@ -306,15 +321,19 @@ elif gains:
     print(f"a small gain from the packed store (up to {max(gains):.1f}%) {where}{if_near}: the store instructions "
           "were likely a small part of the limit; most of the time probably still goes to waiting for "
           f"one-byte loads, and {l2_note}. 04 widens the loads.")
+elif near:
+    print(f"no settled gain or loss from the packed store {where}: no change is past twice the {NOISE_PCT}% noise "
+          "margin, and the near one" + ("s" if len(near) > 1 else "") + " below get" + ("" if len(near) > 1 else "s")
+          + " no direction until a re-run.")
 else:
     print(f"no measured gain from the packed store {where}: every change is within the {NOISE_PCT}% noise "
           "margin (the 'none' of the prediction)"
           + ". The store instructions were likely not the limit: the threads probably spend their time "
           f"waiting for their one-byte loads, and {l2_note}. Halving instructions pays only where "
           "instructions are the limit: 04 widens the loads.")
-for name, c in changes.items():       # past the margin by little: one pair this close can flip in another execution
-    if bench.noise_band(c) == "near":
-        print(f"  {name}: {c:+.1f}% is past the {NOISE_PCT}% margin but within twice it: re-run to confirm")
+for name in near:
+    print(f"  {name}: {changes[name]:+.1f}% is near (past the {NOISE_PCT}% margin, within twice it): "
+          "no direction until a re-run")
 
 # %% [markdown]
 # <a id="learned"></a>
@@ -350,10 +369,12 @@ for name, c in changes.items():       # past the margin by little: one pair this
 # thread. The check runs its shapes from the smallest up and stops at the first wrong one.
 # **Predict** what it reports for the first shape it runs, 1 x 1 (a single weight), then run it and
 # read the message. Then make it right for every n: bit-exact whatever n mod 4 is, and still one
-# 64-bit store wherever four weights are left. Before you run the check again, go through n mod 4 =
-# 0, 1, 2 and 3: how many weights does the last thread have, and what may it write? The check runs
-# shapes with every remainder of n mod 4 and reads the kernel's PTX (a kernel without a 64-bit
-# store does not pass).
+# 64-bit store wherever four weights are left (the goal). Before you run the check again, go through
+# n mod 4 = 0, 1, 2 and 3: how many weights does the last thread have, and what may it write? The
+# check verifies the bits on shapes with every remainder of n mod 4, and that the kernel's PTX has a
+# 64-bit store (`st.global.u64`): a kernel without one does not pass. Which threads take that store
+# it does not check: that four weights go out as one 64-bit store wherever four are left is yours
+# to make sure of.
 
 # %%
 SIG64 = ("(uint8[::1], float32[::1], uint8[::1], float32[::1], float32[::1], float32, uint16[::1], uint32[::1], "

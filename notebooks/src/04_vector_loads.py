@@ -444,12 +444,12 @@ ptx.check(ptx_b, present=[r"^ld\.global\.v4\.u32", r"^st\.global\.v4\.u32", r"^c
                           r"^mul\.rn\.f32", r"^add\.rn\.f32", r"^st\.shared\.u32", r"^ld\.shared\.u32", r"^bar\.sync"],
           absent=[r"^fma", r"\.f64\b", r"^(div|rem)\.", r"^ld\.local"])
 # The table's lookups (and the scale's two float loads) are float loads from global memory; a cache
-# operator (a suffix choosing which caches keep the line: .ca, .cg, .cs, .lu, .cv, or .nc for the read-only
-# path) would follow ld.global; none means the default .ca, cached in L1 too (section 9), which 05's
-# comparison of table placements assumes.
+# operator (a suffix choosing which caches keep the line: .ca, .cg, .cs, .lu, .cv) or the separate .nc
+# qualifier (the non-coherent, read-only path) would follow ld.global; neither means the default .ca,
+# cached in L1 too (section 9), which 05's comparison of table placements assumes.
 plain = ptx.count(ptx_b, r"^ld\.global\.f32")
 qualified = ptx.count(ptx_b, r"^ld\.global\.(ca|cg|cs|lu|cv|nc)\.f32")
-print(f"\nld.global.f32 (table and scale): {plain}, float loads with a cache operator: {qualified}")
+print(f"\nld.global.f32 (table and scale): {plain}, float loads with a cache operator or .nc: {qualified}")
 
 # %% [markdown]
 # <a id="verify"></a>
@@ -557,7 +557,7 @@ plots.progress("04_vector_loads");
 #   so B's gain over A includes whatever coalescing gained, net of those costs; this run does not separate them.
 # * A prediction is a claim to test: the verdict line above says whether "A gains little or
 #   nothing over 03" held on this run, and the last line says against which kernel A was
-#   slower: against B, against 03, or both. Where A beat 03, A's changes together (the
+#   slower: against B, against 03, both, or neither. Where A beat 03, A's changes together (the
 #   wider load and stores among them; this run does not separate them) gained more than they
 #   cost; how much of B's gain over A coalescing alone was worth is not
 #   separated here.
@@ -566,7 +566,8 @@ plots.progress("04_vector_loads");
 #
 # Next, [05 · where the LUT lives](05_shared_lut.ipynb): the 16-entry table is still read from
 # global memory 32 times per thread. Those loads are plain `ld.global.f32` with no cache operator
-# (section 6 prints how many carry one), and the PTX ISA makes a load without one `.ca`, "cache
+# and no `.nc` (section 6 prints how many carry either), and the PTX ISA makes a load without
+# one `.ca`, "cache
 # at all levels" ("Cache Operators"), L1 included: L1 is the SM's own cache for global loads, which
 # from compute capability 7.0 (Volta) on shares its on-chip storage with shared memory (CUDA C++
 # Programming Guide, "Compute Capabilities", the shared-memory sections for 7.x, 8.x and 9.0). So we

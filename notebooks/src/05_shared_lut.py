@@ -15,7 +15,8 @@
 # levels" (PTX ISA, "Cache Operators"); nothing here measures the hit rate. Here we rebuild 04's
 # coalesced kernel as a factory and vary *only* where the table lives, three ways, measured side
 # by side with the factory's own kernel that reads the table from global memory: **constant memory**
-# (`cuda.const.array_like`), **shared memory** (filled by the first 16 threads of the block), and
+# (`cuda.const.array_like`: a small read-only space of device memory that each SM reads through its own
+# constant cache), **shared memory** (filled by the first 16 threads of the block), and
 # **registers** (a tree of `selp` instructions, no memory at all: `selp.f32 d, a, b, p` is PTX's
 # select, `d = p ? a : b`, numba's `cuda.selp(p, a, b)`). The PTX shows each placement;
 # the benchmark decides, against that global-table kernel as the baseline, in the same run.
@@ -54,8 +55,7 @@ SIG = ("(uint8[::1], uint32[::1], float32[::1], uint8[::1], float32[::1], float3
 # ## 1. Prediction: how each placement serves a warp
 #
 # A warp looks up 32 codes at once, and with random weights the 32 codes are spread over the 16
-# entries. Constant memory (`cuda.const.array_like`) is a small read-only space of device memory that each SM
-# reads through its own constant cache.
+# entries; each placement serves such a lookup its own way.
 #
 # | placement | one warp lookup with k distinct codes | cost |
 # | --- | --- | --- |
@@ -67,9 +67,10 @@ SIG = ("(uint8[::1], uint32[::1], float32[::1], uint8[::1], float32[::1], float3
 # The first two rows are the CUDA C++ Programming Guide's rules ("Device Memory Accesses",
 # Constant Memory: a request is split into as many requests as there are different addresses in
 # it; and the "Shared Memory" sections of the compute capabilities, 5.x and later: banks and
-# broadcast); the costs are what we expect from them. A *replay*: the constant cache serves one
-# address per pass, so a warp's request with k distinct addresses takes k passes, one after
-# another; the passes after the first are replays. Constant memory is built for the opposite
+# broadcast); the costs are what we expect from them. A *replay* here is the constant cache's (not the
+# CUDA-graph replays the benchmarks time, 00): the constant cache serves one address per pass, so a
+# warp's request with k distinct addresses takes k passes, one after another; the passes after the
+# first are replays. Constant memory is built for the opposite
 # access pattern (all lanes reading the same value).
 # We predict shared memory to be the fastest of the three, but not clearly faster than the
 # factory's global-table baseline: those 64 bytes are read by every warp all the time, so they should stay in L1.
@@ -94,7 +95,7 @@ print(f"the table (b.lut, made by make_buffers as the benchmark's are) starts at
 
 # %% [markdown]
 # Most of the 16 entries are asked for in every warp lookup (printed above), so we expect
-# constant memory to replay nearly every lookup many times: 8 lookups per packed word, for every
+# the constant cache to replay nearly every lookup many times: 8 lookups per packed word, for every
 # word.
 
 # %% [markdown]
@@ -418,7 +419,8 @@ plots.progress("05_shared_lut");
 # * **Constant memory** is for uniform access: the constant cache serves the distinct addresses
 #   of a warp's request one after another. A LUT indexed by data is the worst case for it; the
 #   benchmark above prints the constant-memory table's time against the global table's: where that
-#   ratio is well above 1x, the replays are likely not hidden and set the kernel's time rather than DRAM
+#   ratio is well above 1x, the constant cache's replays are likely not hidden and set the kernel's
+#   time rather than DRAM
 #   (not measured here).
 # * **Shared memory** serves 32 lanes in one pass when they hit different banks or the same
 #   address. 16 consecutive floats occupy 16 different banks, so a table lookup never conflicts.

@@ -92,7 +92,7 @@ if copy is None:
 #
 # 04 and 05 load 16 bytes of codes per thread and exchange them through shared memory, so that
 # each warp's stores stay contiguous. Here the unit of work is what one 16-byte store holds: the
-# 8 weights of one packed 32-bit word (bf16, fp16), or 4 weights, half a word (fp32). Lane `t`
+# 8 weights of one packed 32-bit word (bf16, fp16), or 4 weights, half a word (fp32). Thread `t`
 # of a block of `THREADS` threads takes units `t`, `t + THREADS`, ... (`UNITS` of them; both are set in the kernel cell): each warp store writes 512
 # contiguous bytes and each warp load reads 128 (64 for fp32), with no exchange. So the code loads
 # are 32-bit again, not 04's 16-byte ones: the codes are the share of the bytes moved that the cell
@@ -394,10 +394,14 @@ else:
 # subnormals, the heavy case reached neither half-precision overflow nor its subnormal range
 # (the magnitudes printed under it say how far it stayed from each), and the bit-exact verdict
 # says nothing about them. Those ends are checked on their own by
-# `tools/gpu_exactness.py`, in its first part: the conversions alone, on the GPU against their
-# plain-Python twins (IEEE round-to-nearest-even as numpy implements it, not bitsandbytes: that
-# bitsandbytes' fp16 output matches at those ends remains an expectation), over the special value classes its docstring lists (zeros, subnormals, ties,
-# the largest finite values, infinities, NaNs); section 7 prints its records.
+# `tools/gpu_exactness.py`, in its first part: the conversions alone, on the GPU against
+# plain-Python twins, over the special value classes its docstring lists (zeros, subnormals, ties,
+# the largest finite values, infinities, NaNs). fp16's twin is numpy's float32-to-float16 cast
+# (IEEE round-to-nearest-even as numpy implements it), bit for bit except for NaN inputs, where
+# any NaN passes (the tool's comment: the GPU gives its canonical NaN, numpy keeps the payload);
+# numpy has no bf16, so bf16's twin is section 7's integer formula, NaN to 0x7FFF. Neither is
+# bitsandbytes: that bitsandbytes' fp16 output matches at those ends remains an expectation.
+# Section 7 prints the records.
 
 # %% [markdown]
 # <a id="bench"></a>
@@ -557,9 +561,12 @@ if run is not None:
 # * **fp16 pairs.** `cvt.rn.f16.f32` exists on sm_75: two of them and a 32-bit pack (`mov.b32 {lo, hi}`).
 #
 # Both paths and the sm_80 instructions are checked on a GPU against the same plain-Python
-# twins, over random float32 bit patterns plus the special value classes the tool's docstring lists
-# (zeros, subnormals, ties, the largest finite values, infinities, NaNs), and the step kernels are verified under
-# each: `tools/gpu_exactness.py`, run with and without `NF4LAB_ARCH=sm_75`
+# twins (section 5 says what they are: for bf16 the integer formula above, NaN to 0x7FFF, so a
+# record of the sm_80 instructions with no mismatch says that `cvt.rn.bf16.f32` and the formula
+# agree on every input checked; for fp16 numpy's cast, any NaN accepted for a NaN input), over
+# random float32 bit patterns plus the special value classes the tool's docstring lists (zeros,
+# subnormals, ties, the largest finite values, infinities, NaNs), and the step kernels are
+# verified under each: `tools/gpu_exactness.py`, run with and without `NF4LAB_ARCH=sm_75`
 # (`data/results/<gpu>/exactness.json`, `exactness_sm75.json`). The first cell below prints
 # the records there, each with its GPU and date. To run the T4 path on any GPU, start Python
 # with `NF4LAB_ARCH=sm_75` set (e.g. `NF4LAB_ARCH=sm_75 jupyter lab`): nf4lab reads it once, at
@@ -628,8 +635,9 @@ for d in ("bf16", "fp16"):
 # limited by issuing instructions, we would expect the T4 path to cost up to about that factor
 # (the cell below times nothing: it prints a recorded timing of the sm_75 code on this GPU, if one is
 # recorded, made by an `NF4LAB_ARCH=sm_75` process (the cell says whether it shares this run's id), not on a T4, whose bandwidth and SMs differ:
-# its ratio is this GPU's, not a T4's cost); a kernel near the traffic-matched bound may have issue
-# slots to spare and hide part of the extra work behind memory time, so we predict a cost below that factor,
+# its ratio is this GPU's, not a T4's cost); a kernel near the traffic-matched bound may have cycles
+# in which an SM could issue an instruction but has none ready, and hide part of the extra work in
+# them, behind memory time, so we predict a cost below that factor,
 # largest for bf16; how far below is for a measurement to say, and the cell below prints one where
 # an `NF4LAB_ARCH=sm_75` run is recorded for this GPU. The two timings come from two runs (two processes),
 # so they are compared only when both carry one run id (both started with the same `NF4LAB_RUN_ID`) and
@@ -699,9 +707,12 @@ else:
 #
 # A colleague wrote an fp16-only version of a simple one-word-per-thread kernel, reasoning that
 # bf16 and fp16 "are both 16 bits". Run the cell: the check compares its output with
-# bitsandbytes' fp16 bit for bit, and the cell prints the conversion instructions of the
-# kernel's PTX. Which rounding instruction does fp16 output need (section 4), and which one does
-# this kernel carry? Fix the kernel (one line changes); the check also reads its PTX.
+# bitsandbytes' fp16 bit for bit, and the cell prints the pair conversions of the kernel's PTX
+# (in code for sm_75, a T4's or under `NF4LAB_ARCH=sm_75`, what stands in for them: section 7). Which
+# rounding instruction does fp16 output need (section 4), and which one does this kernel carry?
+# Fix the kernel (one line changes); the check also reads its PTX: an fp16 pair conversion
+# present and no bf16 one, or for sm_75 their stand-ins (`cvt.rn.f16.f32` present, no
+# `setp.nan.f32`, the NaN test of bf16 rounded in integers).
 
 # %%
 ### BEGIN SOLUTION
@@ -753,7 +764,9 @@ from nf4lab.lesson import exercises   # noqa: E402  (the graders of the series' 
 
 result = exercises.check_fp16_path(launch_fp16, dequant_fp16, sig("fp16"))   # the bits, then the PTX
 ex_ptx = nf4lab.compile_ptx(dequant_fp16, sig("fp16"))
-ptx.show(ex_ptx, [r"^cvt\.rn\.\w+x2"], limit=2)
+if ptx.sm75_paths(ex_ptx):
+    print("sm_75 code: cvt.rn.bf16x2 and cvt.rn.f16x2 exist from sm_80; below, what stands in for each (section 7)")
+ptx.show(ex_ptx, [ptx.for_target(ex_ptx, p) for p in (r"^cvt\.rn\.bf16x2", r"^cvt\.rn\.f16x2")], limit=2)
 ### BEGIN SOLUTION
 assert result
 ptx.check(ex_ptx, present=[r"^cvt\.rn\.f16x2\.f32"], absent=[r"^cvt\.rn\.bf16x2"])

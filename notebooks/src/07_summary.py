@@ -334,12 +334,17 @@ if sweep is not None:
 #    shared to global memory, through a unit of the SM that NVIDIA calls the Tensor Memory Accelerator);
 #    the PTX ISA's entries on `st`'s cache operators, `ld`'s `.L2::256B` qualifier and
 #    `cp.async.bulk` define the instructions; the hints' effects are our reading), each variant verified, and bounds of several
-#    access styles (`kind: "bound"`: the same traffic, no arithmetic) in some rounds only (the
-#    cell prints the rounds that have none),
-#    each round timed in one run, on the GPU the cell names. In the variants' names, `wKxT` is K packed 32-bit words
+#    access styles (`kind: "bound"`: no arithmetic) in some rounds only (the cell prints the rounds that have none).
+#    Unlike the series' bound of 00, which reads each unit's `absmax_q` byte too, the rounds' bounds read the
+#    packed codes and write the output, nothing else, while their records carry the byte model's bytes: the cell
+#    prints both byte counts, and reads the rounds' bounds on the bytes they move.
+#    Each round is timed in one run, on the GPU the cell names. In the variants' names, `wKxT` is K packed 32-bit words
 #    per thread at a stride of T threads per block, `cs` the streaming stores, `chunked ..., P/SM`
 #    P persistent blocks per SM each over one contiguous run of tiles, `L2::256B loads` the
-#    prefetch hint, and `bound: ...` a bound in that access style; the lab files define the rest.
+#    prefetch hint, and `bound: ...` a bound in that access style; `lab/tune_best_kernel.py` defines the kernels
+#    of rounds 4, 6 and 7, and `lab/README.md` says where git keeps the others. Round 3's variants and bounds
+#    (`smem scales ...`, `bound: expand ...`) are in no lab file: `git show ff91dab:tools/tune_best_kernel.py`
+#    holds them (its `variants()`).
 
 # %%
 from nf4lab.measure import profiling
@@ -384,6 +389,9 @@ else:
         print("  " + line)
 
 # %%
+from nf4lab.format import bytemodel
+
+
 def tuning_gpu():
     """The GPU whose tuning rounds we show: this one's if it has any, else a recorded one."""
     have = [g for g in [results.default_gpu()] + results.gpus()
@@ -405,6 +413,15 @@ for name in names:
         elif r["name"] == bench.COPY:
             copies[name] = r   # the round's own copy: its bounds and variants are read against it
 names = sorted({name for _, name in kernels + bounds})
+# The rounds' bounds (make_expand_bound, make_mix_bound, make_words_l2(bound=True) in lab/tune_best_kernel.py;
+# round 3's make_expand_bound in ff91dab:tools/tune_best_kernel.py) read the packed codes and write the output,
+# and no absmax_q, absmax2 or code2, while every record carries the byte model's bytes: read them on what they move.
+def moved(r):
+    part = bytemodel.breakdown(r["shape"][0] * r["shape"][1], r["dtype"])
+    return part["packed"] + part["output"] if r["kind"] == "bound" else r["bytes"]
+
+
+rate = lambda r: r["gbps"] * moved(r) / r["bytes"]   # GB/s on the bytes the record's kernel moves
 # A variant named after a notebook's kernel, timed no later than that kernel's profile marked EARLIER above,
 # timed the replaced kernel too (rounds name no source hash): say so on its line, with the notebook's number.
 replaced = {n.split(" (")[0]: v.get("date") for n, v in ((rec or {}).get("versions") or {}).items() if v.get("earlier_kernel")}
@@ -422,28 +439,37 @@ if kernels:
     for r, name in sorted(kernels, key=lambda x: -x[0]["gbps"])[:5]:
         print(f"   {r['gbps']:6.0f} GB/s  {r['pct_copy']:4.0f}% of its round's copy  {tag(r, name)}  ({name})")
     none = [n[len("tuning_"):] for n in names if not any(m == n for _, m in bounds)]
-    print("bounds (same traffic, no arithmetic), across rounds (a list, not an order)"
-          + (f"; rounds with no bound: {', '.join(none)}" if none else "") + ":")
-    for r, name in sorted(bounds, key=lambda x: -x[0]["gbps"]):
-        print(f"   {r['gbps']:6.0f} GB/s  {r['pct_copy']:4.0f}% of its round's copy  {r['name']}  ({name})")
-    print(f"within each round (one run on {tgpu}): its copy, its fastest bound, its fastest variant")
+    if bounds:
+        b0 = bounds[0][0]
+        print(f"bounds of the rounds (no arithmetic; unlike the series' bound of 00 they read no absmax_q): the packed "
+              f"codes in, the output out, {moved(b0) / 1e6:.1f} MB, where their records carry the byte model's "
+              f"{b0['bytes'] / 1e6:.1f} MB; GB/s and % of the copy on the {moved(b0) / 1e6:.1f} MB they move, the "
+              "record's GB/s in brackets; across rounds (a list, not an order)"
+              + (f"; rounds with no bound: {', '.join(none)}" if none else "") + ":")
+    for r, name in sorted(bounds, key=lambda x: -rate(x[0])):
+        print(f"   {rate(r):6.0f} GB/s [{r['gbps']:4.0f}]  {r['pct_copy'] * moved(r) / r['bytes']:4.0f}% of its round's "
+              f"copy  {r['name']}  ({name})")
+    print(f"within each round (one run on {tgpu}): its copy, its fastest bound, its fastest variant, each on the "
+          "bytes it moves (the variant and the copy the byte model's, the bound without absmax_q)")
     within = []
     for name in names:
         k = max((r for r, n in kernels if n == name), key=lambda r: r["gbps"], default=None)
-        b = max((r for r, n in bounds if n == name), key=lambda r: r["gbps"], default=None)
+        b = max((r for r, n in bounds if n == name), key=rate, default=None)
         c = copies.get(name)
         if k and b:
-            within.append((k["gbps"] / b["gbps"], b["gbps"] / c["gbps"] if c else None))
+            bg = rate(b)
+            within.append((k["gbps"] / bg, bg / c["gbps"] if c else None))
             print(f"   {name} ({dates[name]}): " + (f"copy {c['gbps']:.0f} GB/s, " if c else "")
-                  + f"fastest bound {b['gbps']:.0f} GB/s" + (f" = {b['gbps'] / c['gbps']:.1%} of the copy (gap "
-                                                             f"{bench.noise_band(100 * (b['gbps'] / c['gbps'] - 1))} the margin)"
-                                                             if c else "")
-                  + f", fastest variant {k['gbps']:.0f} GB/s = {k['gbps'] / b['gbps']:.1%} of that bound"
+                  + f"fastest bound {bg:.0f} GB/s" + (f" = {bg / c['gbps']:.1%} of the copy (gap "
+                                                      f"{bench.noise_band(100 * (bg / c['gbps'] - 1))} the margin)"
+                                                      if c else "")
+                  + f", fastest variant {k['gbps']:.0f} GB/s = {k['gbps'] / bg:.1%} of that bound"
                   f"\n      fastest variant: {tag(k, name)}; fastest bound: {b['name'].removeprefix('bound: ')}")
     kb, bc = [x for x, _ in within], [y for _, y in within if y]
     if kb:
         print(f"on {tgpu}, over these rounds: fastest variant {min(kb):.1%} to {max(kb):.1%} of its round's fastest "
-              "bound" + (f"; fastest bound {min(bc):.1%} to {max(bc):.1%} of its round's copy" if bc else ""))
+              "bound" + (f"; fastest bound {min(bc):.1%} to {max(bc):.1%} of its round's copy" if bc else "")
+              + " (each on the bytes it moves)")
     # Whether any variant closed the bound's distance from the copy: it would reach its own round's copy. Only the
     # rounds that timed a bound measured that distance, so only their variants are read against it.
     closest, at = max(((r, n) for r, n in kernels if n in copies and any(m == n for _, m in bounds)),
@@ -480,9 +506,12 @@ if run is not None and best and bound:
 # patterns those rounds timed, which the memory system serves at its own speed. The last three lines put that reading side by side: the first two
 # for the rounds' GPU, the last for the GPU of section 2's run; where they are two GPUs, each line speaks for its own GPU
 # only (a variant at a larger share of another GPU's copy does not show that it would beat 06's
-# kernel here: it was not timed here). Round 6's "16B load + 4 coalesced 16B stores" is the device
-# copy's own access style (one 16-byte load, 16-byte stores, each warp store 512 contiguous bytes)
-# moving exactly NF4's bytes: compare its lines with round 6's own fastest variant, printed with
+# kernel here: it was not timed here). The rounds' bounds move fewer bytes than their variants (no
+# `absmax_q`; the series' bound of 00 reads it), so the cell reads each on the bytes it moves: a
+# variant's share of a bound there compares the rates at which the two move their own bytes. Round 6's
+# "16B load + 4 coalesced 16B stores" is the device copy's own access style (one 16-byte load, 16-byte
+# stores, each warp store 512 contiguous bytes) moving NF4's packed codes and output, without the
+# scales' bytes: compare its lines with round 6's own fastest variant, printed with
 # that round's fastest bound (the other rounds' lines are other runs). What is left untried here,
 # and is the natural next step for a kernel engineer: a persistent, software-pipelined kernel (loads
 # for the next tile issued before the current one is converted) whose

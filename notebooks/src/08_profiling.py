@@ -365,9 +365,10 @@ for name, s in summaries.items():
 # recorded row is an earlier kernel that loaded its words the same way). In the table above they do
 # so with about the occupancy of 02's grid-stride kernel, which does not (its code loads are 1 byte
 # and its stores 2 bytes, one weight each): what changed is the bytes each memory instruction carries. Wide loads
-# alone are not enough: 04's scattered stores stay far below the wall at high occupancy (32 sectors
-# per store request). Nor are wide loads with coalesced stores: 05's constant-memory and register
-# tables stay far below too, with 16 sectors per store request; the register table's occupancy is
+# alone are not enough: 04's scattered stores stay far below the wall at high occupancy (section 4's
+# store column: the sectors per request that `expected_sectors` gives for each lane's 64 contiguous bytes).
+# Nor are wide loads with coalesced stores: 05's constant-memory and register tables stay far below too,
+# with the sectors per store request that section 4 expects of consecutive 128-bit stores; the register table's occupancy is
 # lower, capped by its registers as the table above prints. Most likely the stores hold back the
 # first and the lookups the other two (section 6's stall reasons). (The estimate above is for the GPU it names; the rows here are the
 # profiles' own GPUs, so read it against them as an order of magnitude.) Achieved far
@@ -397,7 +398,7 @@ for name, s in summaries.items():
 # | --- | --- | --- |
 # | `long_scoreboard` | a result from global (or local) memory | the loads of the packed codes and of the scales |
 # | `lg_throttle` | room in the queue of global memory instructions | a thread issuing several memory instructions back to back, e.g. four 16-byte stores in a row |
-# | `mio_throttle`, `short_scoreboard` | the MIO unit (memory input/output: by Nsight Compute's Profiling Guide, the queue and pipes of shared-memory, special-math and dynamic-branch instructions): here shared memory, and constant-cache accesses whose lanes read different addresses | table lookups in constant memory whose lanes read different entries (05's LUT in constant memory) |
+# | `mio_throttle`, `short_scoreboard` | the MIO unit (memory input/output: a queue and pipes that, by Nsight Compute's Profiling Guide, include those of shared-memory, special-math and dynamic-branch instructions): room in its queue (`mio_throttle`) or a result from it (`short_scoreboard`) | table lookups in constant memory whose lanes read different entries (05's LUT in constant memory), or shared-memory traffic; the queue carries other instructions too, so a kernel with neither shared nor constant memory can show `mio_throttle` (04's scattered kernel, where the cells below print it): which of its instructions fill the queue there, these profiles do not measure |
 # | `barrier` | the other warps of the block at `cuda.syncthreads()` | kernels that stage data in shared memory |
 # | `math_pipe_throttle` | a busy arithmetic pipe | many instructions per weight, e.g. the LUT as a tree of selects (05) |
 # | `drain` | its stores to leave, at exit | store-heavy kernels: 4 bytes out for every byte in |
@@ -718,8 +719,8 @@ for listing, what in ((prog04, "04's page"), (prog, "section 7's page")):
 # *What to notice:* read the printed instructions with their lines and the source text beside
 # them. Where did the walk end, and on which line? If it ended at a load: which array does the
 # load read, and how wide is it? Does the line's source hold such a load (section 7: a helper
-# inlined from another file lands on the line of this cell that has its own number, or on the
-# `def` line where that number is smaller)? If not: what is the hot instruction waiting for, and how often
+# inlined from another file lands on the line of the kernel's cell (04's, for this page) that has its own
+# number, or on the kernel's `def` line where that number is smaller)? If not: what is the hot instruction waiting for, and how often
 # does a warp pass its line? Then read the hot instruction's stall reasons (section 6's table says
 # what each means) and their split: do they agree with where the walk ended? Do the same for
 # section 7's page.

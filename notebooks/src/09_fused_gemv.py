@@ -330,7 +330,7 @@ print(arch.name(cc), {w: ptx.count(code, p) for w, p in [("mma", r"^mma\.sync"),
                                                         ("16-byte loads kept out of L1 (4 a step, 2 call sites)", r"^ld\.global\.nc\.L1::no_allocate\.v4")]})
 ptx_g2 = ptx.compile_ptx(make_kernel(not T4, 1, gemv.default_base(cc), True, 2), gemv.signature(), cc=cc)   # G = 2
 print("barriers with a register id (bar.sync id, threads): G = 2: " + str(ptx.count(ptx_g2, r"^bar\.sync\s+%r")) + "; G = 8: " + str(ptx.count(code, r"^bar\.sync\s+%r")) + "; bar.sync 0 at G = 8: " + str(ptx.count(code, r"^bar\.sync\s+0")))
-for M, k in ((M, make_kernel(not T4, M, base)) for M in (1, 2, 4, 8)):   # M > 1: fetch's longer step loop; the driver's build, else ptxas -v.
+for M, k in ((M, kern if M == 1 else make_kernel(not T4, M, base)) for M in (1, 2, 4, 8)):   # as `launch` runs them (M > 1: not full, fetch's longer step loop); the driver's build, else ptxas -v.
     print(f"M = {M}:", ptx.resources(k, gemv.signature(), code if M == 1 else ptx.compile_ptx(k, gemv.signature(), cc=cc, launch_bounds=(THREADS, BLOCKS_PER_SM)), cc))
 # %% [markdown]
 # <a id="check"></a>
@@ -390,13 +390,13 @@ if RUN is not None:
 #
 # M rows of x cost (M + 1) // 2 n-tiles of mmas on the same A fragments; the weight is still read once. bitsandbytes 0.50.2's
 # `gemm_4bit` (by its source, `backends/cuda/ops.py`) takes its fused kernel at M <= 4; above, a rule per M, N, K and GPU picks it or
-# dequantize + `F.linear`: the cell asks that rule, per shape, at M = 2, 4 and 8.
+# dequantize + `F.linear`: the cell asks that rule, per shape and dtype, at M = 2, 4 and 8 (the table's and the plot's bitsandbytes rows are `matmul_4bit`, whichever path it took).
 # %%
 if nf4lab.ON_GPU:
     BATCH = gemv_bench.benchmark({"notebook 09": launch}, ms=(2, 4, 8))
     import torch, bitsandbytes.backends.cuda.ops as bnb_ops  # noqa: E401  (private: the rule bitsandbytes 0.50.2 applies past M = 4)
     fused = getattr(bnb_ops, "_gemm_4bit_use_custom_cuda", None)
-    for m in (2, 4, 8): print(f"bitsandbytes at M = {m} here (bf16; its rule reads the dtype too):", {f"{N}x{K}": "?" if fused is None else "fused" if fused(torch.cuda.current_device(), torch.bfloat16, m, N, K) else "dequantize + F.linear" for N, K in gemv.LLM_SHAPES})  # noqa: E701
+    for m in (2, 4, 8): print(f"bitsandbytes' path inside matmul_4bit at M = {m} here (bf16 / fp16):", {f"{N}x{K}": " / ".join("?" if fused is None else "fused" if fused(torch.cuda.current_device(), dt, m, N, K) else "dequantize + F.linear" for dt in (torch.bfloat16, torch.float16)) for N, K in gemv.LLM_SHAPES})  # noqa: E701
     print(f"saved {BATCH.save(gemv.NAME + '_notebook_batch').relative_to(results.ROOT)}")
 else:   # this notebook's batch run, else an older lab kernel's (lab/bench_gemv.py; its label names kernel and date)
     BATCH = bench.Run.load(gemv.NAME + "_notebook_batch") or bench.Run.load("09_gemv_tc_batch")
