@@ -6,7 +6,8 @@ beside the copy/fill ceilings and bitsandbytes. Names in the records:
   w{K}x{T}      each thread converts K u32 words (8 weights each) at stride T inside its block's tile, all K
                 loads issued before the first store; one 16-byte store per word (each warp's stores cover
                 512 contiguous bytes); "cs": streaming stores (st.global.cs)
-  bound: ...    the same traffic with no arithmetic (output garbage, not verified)
+  bound: ...    the variants' codes in and output out with no arithmetic and no absmax_q (output garbage,
+                not verified; its record carries the full byte model, 07 recounts it)
 
 One experiment per command, each writing data/results/<gpu>/<record>.json. Notebooks 06 and 07 read the
 tuning_round* records, so an experiment keeps its first run's record name only while its variants are the same:
@@ -391,8 +392,8 @@ def make_words_scales_first(K, T):
 
 def make_mix_bound(T, stores=4):
     """A bound with the copy's own access style: each thread one 16-byte load and `stores` 16-byte
-    stores (each warp store 512 contiguous bytes), no arithmetic. stores=4 moves NF4's bytes (packed
-    n/2 in, 2n out) as 16-byte reads; stores=1 is the device copy itself, for calibration."""
+    stores (each warp store 512 contiguous bytes), no arithmetic. stores=4 moves NF4's packed codes and
+    output (n/2 in, 2n out, no absmax_q) as 16-byte reads; stores=1 is the device copy itself, for calibration."""
     @cuda.jit
     def kern(packed_u32, out_u32, nvec):
         v = uint64(cuda.blockIdx.x) * uint64(T) + uint64(cuda.threadIdx.x)
