@@ -511,14 +511,14 @@ def check_block_size(launch, kernel, threads, *, name="exercise: block size", sh
                      if not sized(nbytes, sum(_threads(c[0]) * _threads(c[1]) for c in seen[first:end]))]
             if wrong:
                 res.passed = False
-                res.verdict = (f"NOT PASSED: {name}: bit-exact at {threads} threads a block, but not as many "
-                               "threads in all as `launch`'s sizing gives")
-                res.messages.append(f"launch: {threads} threads a block; the grid: not as many threads in all as "
-                                    f"`launch`'s sizing gives (SMs x resident blocks of {threads} threads, no more "
-                                    f"blocks than the bytes need) on {', '.join(wrong)}")
+                res.verdict = (f"NOT PASSED: {name}: bit-exact at {threads} threads a block, but not the threads "
+                               f"in all that `launch`'s sizing gives at {threads} threads a block")
+                res.messages.append(f"launch: {threads} threads a block; the grid: not the threads in all that "
+                                    f"`launch`'s sizing gives at that block size (SMs x resident blocks of {threads} "
+                                    f"threads, no more blocks than the bytes need) on {', '.join(wrong)}")
             else:
-                res.messages.append(f"launch: {threads} threads a block; the grid: as many threads in all as "
-                                    "`launch`'s sizing gives, on every shape")
+                res.messages.append(f"launch: {threads} threads a block; the grid: the threads in all that "
+                                    f"`launch`'s sizing gives at {threads} threads a block, on every shape")
     if verbose:
         print(res)
         res._printed = True
