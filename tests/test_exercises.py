@@ -629,12 +629,8 @@ def test_design_graders_read_the_kernel_the_launch_runs():
     assert solved and not other and "never launched" in str(other), str(other)
 
 
-def _grid_stride(share=1.0):
-    """Notebook 02's exercise 2 in small: a grid-stride per-byte kernel launched with 128 threads a block and a grid
-    of ``share`` times the solution's (02's sizing: SMs x resident blocks, no more blocks than the bytes need), and
-    its 256-thread ``launch``. Returns (launch_128, launch, kernel)."""
-    from nf4lab import lesson
-
+def _grid_stride_kernel():
+    """Notebook 02's grid-stride per-byte kernel, in small."""
     @cuda.jit
     def kernel(packed, absmax_q, absmax2, code2, offset, lut, out, nbytes, n):
         for i in range(uint64(cuda.grid(1)), uint64(nbytes), uint64(cuda.gridsize(1))):
@@ -645,14 +641,32 @@ def _grid_stride(share=1.0):
             if j + uint64(1) < n:
                 out[j + uint64(1)] = ops.to_bf16_bits(lut[byte & 15] * scale)
 
-    def at(threads, share):
-        def launch(b):
-            grid = max(1, int(lesson.grid_for(b.nbytes, threads, lesson.blocks_per_sm(threads)) * share))
-            kernel[grid, threads, b.stream](b.packed, b.absmax_q, b.absmax2, b.code2, b.offset, b.lut, b.out,
-                                            b.nbytes, b.n)
-        return launch
+    return kernel
 
-    return at(128, share), at(256, 1.0), kernel
+
+def _grid_stride_at(grid, threads=128, kernel=None):
+    """Notebook 02's exercise 2 in small: ``kernel`` (a new grid-stride kernel if None) launched at ``threads`` a
+    block with ``grid(nbytes)`` blocks (at least one). Returns (launch, kernel)."""
+    kernel = _grid_stride_kernel() if kernel is None else kernel
+
+    def launch(b):
+        kernel[max(1, int(grid(b.nbytes))), threads, b.stream](b.packed, b.absmax_q, b.absmax2, b.code2, b.offset,
+                                                               b.lut, b.out, b.nbytes, b.n)
+    return launch, kernel
+
+
+def _grid_stride(share=1.0):
+    """The grid-stride kernel launched with 128 threads a block and a grid of ``share`` times the solution's (02's
+    sizing: SMs x resident blocks, no more blocks than the bytes need), and its 256-thread ``launch``. Returns
+    (launch_128, launch, kernel)."""
+    from nf4lab import lesson
+
+    def sized(threads, share=1.0):
+        return lambda nbytes: lesson.grid_for(nbytes, threads, lesson.blocks_per_sm(threads)) * share
+
+    launch_128, kernel = _grid_stride_at(sized(128, share))
+    launch, _ = _grid_stride_at(sized(256), 256, kernel)
+    return launch_128, launch, kernel
 
 
 # 31x67: 1,039 bytes, more than the simulator's resident threads at 128 a block: there the grid is capped.
@@ -682,17 +696,6 @@ def test_block_size_exercise_refuses_half_the_threads_without_printing_the_grid(
     assert solved and "threads in all" in str(solved), str(solved)
 
 
-
-def _grid_stride_at(grid):
-    """Notebook 02's exercise 2 in small, launched at 128 threads a block with ``grid(nbytes)`` blocks."""
-    _, _, kernel = _grid_stride()
-
-    def launch(b):
-        kernel[max(1, int(grid(b.nbytes))), 128, b.stream](b.packed, b.absmax_q, b.absmax2, b.code2, b.offset, b.lut,
-                                                           b.out, b.nbytes, b.n)
-    return launch, kernel
-
-
 def test_block_size_exercise_passes_every_sizing_the_exercise_allows():
     """02's hint (twice as many resident blocks of 128 as of 256) and `launch`'s own threads in blocks of 128 are
     right answers wherever the grader runs, the simulator included, whose resident blocks do not depend on the
@@ -716,6 +719,7 @@ def test_block_size_exercise_refuses_a_grid_larger_than_the_bytes_need():
 def test_block_size_exercise_takes_one_dimensional_shapes():
     launch_128, _, kernel = _grid_stride()
     assert exercises.check_block_size(launch_128, kernel, 128, shapes=((5,), (2079,)), verbose=False)
+
 
 def _fp16_pairs(pack):
     """Notebook 06's exercise in small: one thread per packed byte, its two fp16 weights stored as one 32-bit word

@@ -485,11 +485,15 @@ def check_block_size(launch, kernel, threads, *, name="exercise: block size", sh
     most = resident * (1 if runtime.ON_GPU else 2)
     if runtime.ON_GPU and all((math.prod(s) + 1) // 2 <= resident for s in shapes):
         shapes = list(shapes) + [(-(-4 * resident // 4097), 4097)]   # twice the resident threads in bytes
-    seen, starts = [], []   # the kernel's launch configurations; per shape (dims, bytes, its first in seen)
+    seen, totals = [], []   # the kernel's launch configurations; per shape (dims, bytes, threads launched in all)
 
     def tagged(b):
-        starts.append(("x".join(map(str, b.case.shape)), int(b.nbytes), len(seen)))
-        return launch(b)
+        first = len(seen)
+        try:
+            return launch(b)
+        finally:
+            totals.append(("x".join(map(str, b.case.shape)), int(b.nbytes),
+                           sum(_threads(c[0]) * _threads(c[1]) for c in seen[first:])))
 
     def sized(nbytes, total):
         """Whether ``total`` threads are a grid sized as 02 sizes one for ``nbytes`` bytes."""
@@ -506,9 +510,7 @@ def check_block_size(launch, kernel, threads, *, name="exercise: block size", sh
             res.verdict = f"NOT PASSED: {name}: bit-exact, but not at {threads} threads a block"
             res.messages.append(f"launched with {', '.join(map(str, sizes))} threads a block")
         else:
-            ends = [first for _, _, first in starts[1:]] + [len(seen)]
-            wrong = [dims for (dims, nbytes, first), end in zip(starts, ends)
-                     if not sized(nbytes, sum(_threads(c[0]) * _threads(c[1]) for c in seen[first:end]))]
+            wrong = [dims for dims, nbytes, total in totals if not sized(nbytes, total)]
             if wrong:
                 res.passed = False
                 res.verdict = (f"NOT PASSED: {name}: bit-exact at {threads} threads a block, but not the threads "
