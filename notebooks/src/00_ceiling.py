@@ -8,7 +8,7 @@
 # **Goal.** Before writing a single kernel we want two numbers: how many bytes NF4
 # dequantization *must* move, and how fast this GPU can move bytes at all. Their ratio bounds
 # the time any kernel can reach. Section 4 measures three such speeds (a copy, a write-only
-# fill, and a kernel that moves NF4's bytes, all but a few, with no arithmetic) and uses the last,
+# fill, and a kernel that moves NF4's bytes, all but a few, with no floating-point arithmetic) and uses the last,
 # the traffic-matched bound. We also time bitsandbytes' own `dequantize_4bit` on the same
 # data, so that every later step can be compared with the ceiling *and* with the library we
 # want to beat, bit for bit.
@@ -62,8 +62,8 @@ print(nf4lab.describe())
 # arithmetic only: a kernel also issues instructions for addresses, unpacking and conversions, several per byte,
 # and a GPU issues only so many a second; 01-03 may meet that limit before the bytes' limit (03's prediction weighs
 # it). This notebook measures the ceiling that
-# prediction implies: section 4 times a kernel that moves the same bytes with no arithmetic at
-# all. Notebook 06 tests the prediction itself: a kernel that does the arithmetic and still runs
+# prediction implies: section 4 times a kernel that moves the same bytes with no floating-point arithmetic
+# at all (only index work and an integer XOR per word that keeps each load live). Notebook 06 tests the prediction itself: a kernel that does the arithmetic and still runs
 # at that bound is limited by its bytes, not by its arithmetic. If the prediction holds, the only
 # question for speed is *how close to the memory ceiling do we get*, and the unit of progress in
 # this series is GB/s of the byte model (below), against the traffic-matched bound of section 4
@@ -80,7 +80,7 @@ print(nf4lab.describe())
 # * `absmax_q`: one uint8 per **block of 64 weights** (the block's scale, itself quantized). This is a
 #   *quantization block*; CUDA has blocks of its own, *thread blocks* (the groups of threads a kernel
 #   is launched in, section 4), and the series always says which one it means when it is not clear;
-# * `absmax2`: one float32 per **group of 256 blocks** (16384 weights), and `code2`, a
+# * `absmax2`: one float32 per **group of 256 blocks** at every block size (16384 weights at 64), and `code2`, a
 #   256-entry float32 table, plus one float32 `offset` (nested, "double" quantization);
 # * `LUT`: the 16 NF4 levels, normal-distribution quantiles in [-1, 1].
 #
@@ -191,7 +191,7 @@ for shape in [(4096, 4096), SHAPE]:
 #   writer). Our kernel is 79.5% writes; whether writes alone are faster than a copy is not
 #   a given, and the run below says which it is here;
 # * **traffic-matched bound**: a kernel that moves NF4's bytes (codes and `absmax_q` read, the output
-#   written: all but `absmax2` and `code2`, under 0.02% of them) with 16-byte stores and no arithmetic. No dequantization
+#   written: all but `absmax2` and `code2`, under 0.02% of them) with 16-byte stores and no floating-point arithmetic. No dequantization
 #   kernel should beat it by much, so it is the target the series measures against.
 #
 # And the **baseline**: bitsandbytes `dequantize_4bit` on the same data, with a

@@ -91,7 +91,7 @@ if ceil is not None:
 # PTX is NVIDIA's virtual instruction set: numba compiles a kernel to PTX, and the driver's
 # assembler (`ptxas`) turns that into the GPU's machine code. Reading it shows what the compiler
 # made of our Python. The draft is written the way one writes Python: `i = cuda.grid(1)` (the
-# thread's global index, `blockIdx.x * blockDim.x + threadIdx.x`: here, one thread per packed byte),
+# thread's global index, `blockIdx.x * blockDim.x + threadIdx.x`, `blockDim.x` being the threads per block, the launch's second number: here, one thread per packed byte),
 # the scale as `a * b + c`.
 
 # %%
@@ -270,7 +270,9 @@ assert np.array_equal(rne, case.expected)
 #
 # Making the index unsigned (`uint64(cuda.grid(1))`) removes it, but only **half-way** fixes
 # things: comparing a `uint64` with an `int64` has no exact integer type in numba's typing
-# rules, so both sides are converted to **float64** (`cvt.rn.f64.s64`, `setp.geu.f64`).
+# rules, so both sides are converted to **float64** (`cvt.rn.f64.s64`, `setp.geu.f64`). `setp` sets a predicate
+# (a one-bit register) from a comparison; the compiler tests the negation of `i < nbytes` and branches past the
+# body when it holds, hence `ge` (`geu`: greater or equal, or unordered, for floats).
 # Convert the sizes too.
 
 # %%

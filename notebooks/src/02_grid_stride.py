@@ -484,9 +484,10 @@ print(f"16-bit stores in the while loop's PTX: {n16w} ({n16w // 2} cop{'ies' if 
 # per SM, so the same number of threads), does the full-occupancy version get faster, slower,
 # or stay the same? Write `launch_128` and check it. On a GPU, the cell then times it next to
 # `launch` in one run; in the simulator only correctness is checked. The check verifies the bits
-# and that `dequant_grid_stride` is launched with 128 threads a block, and on each shape as many
-# threads in all as `launch` runs (it prints only whether they match; sizing the grid is yours). On a
-# GPU it adds a shape larger than the resident threads, so that their cap is checked too.
+# and that `dequant_grid_stride` is launched with 128 threads a block, in a grid sized as `launch`
+# sizes its own, at 128 threads a block: SMs x resident blocks, no more blocks than the bytes need (it
+# prints only whether the threads in all match; sizing the grid is yours). On a GPU it adds a shape larger than the resident
+# threads, so that their cap is checked too.
 
 # %%
 ### BEGIN SOLUTION

@@ -284,8 +284,8 @@ for name, nb, base_name in (PAIRS if run is not None else ()):
 # 00's rule (bench.noise_band): only a change past twice the margin ("beyond") is a gain or a loss; a "near" one
 # (past the margin, within twice it) gets no direction until a re-run; a "within" one is none.
 band = {k: bench.noise_band(c) for k, c in changes.items()}
-gains = [c for k, c in changes.items() if band[k] == "beyond" and c > 0]
-losses = [c for k, c in changes.items() if band[k] == "beyond" and c < 0]
+gains = {k: c for k, c in changes.items() if band[k] == "beyond" and c > 0}
+losses = {k: c for k, c in changes.items() if band[k] == "beyond" and c < 0}
 near = [k for k in changes if band[k] == "near"]
 if_near = (f" (not counting the near change{'s' if len(near) > 1 else ''} below, which need{'' if len(near) > 1 else 's'}"
            " a re-run)" if near else "")
@@ -300,8 +300,8 @@ l2_note = ("DRAM likely sees the same bytes either way (L2, the cache in front o
 if not changes:
     print("no recorded runs of 01, 02 and 03 to compare yet")
 elif gains and losses:
-    up = [f"{k} ({c:.1f}%)" for k, c in changes.items() if band[k] == "beyond" and c > 0]
-    down = [f"{k} ({-c:.1f}%)" for k, c in changes.items() if band[k] == "beyond" and c < 0]
+    up = [f"{k} ({c:.1f}%)" for k, c in gains.items()]
+    down = [f"{k} ({-c:.1f}%)" for k, c in losses.items()]
     print(f"mixed {where}{if_near}: the packed store gained in "
           f"{', '.join(up)} and lost in {', '.join(down)}, which the prediction (some gain, or none) did not "
           "foresee. The cause was not measured here: the pack (cvt.rn.bf16x2) is in both versions, so it alone "
@@ -310,15 +310,18 @@ elif gains and losses:
               run.meta.get("gpu"), [n for pair in PAIRS for n in (pair[0], pair[2])]) + ".")
 elif losses:
     print(f"no gain from the packed store {where}{if_near}: {len(losses)} of {len(changes)} comparisons slower by "
-          f"more than twice the {NOISE_PCT}% margin (up to {-min(losses):.1f}%)"
+          f"more than twice the {NOISE_PCT}% margin (up to {-min(losses.values()):.1f}%)"
           + {0: "", 1: ", the other not past twice it"}.get(len(changes) - len(losses), ", the others not past twice it")
-          + ". One possible reason: the pack (cvt.rn.bf16x2) sits on the path of every store; the threads "
-          "wait on their one-byte loads either way. 04 widens the loads.")
-elif gains and max(gains) >= 10:
-    print(f"a clear gain from the packed store (up to {max(gains):.1f}%) {where}{if_near}: issuing the stores "
+          + ", which the prediction (some gain, or none) did not foresee. The cause was not measured here: the pack "
+          "(cvt.rn.bf16x2) takes the place of 01's and 02's two conversions, so it is no extra work; the compiled "
+          "code differs beyond the store (section 3 prints the grid-stride loop's load and store order beside "
+          "02's), and " + profiling.where_to_look(run.meta.get("gpu"), [n for pair in PAIRS for n in (pair[0], pair[2])])
+          + ". 04 widens the loads.")
+elif gains and max(gains.values()) >= 10:
+    print(f"a clear gain from the packed store (up to {max(gains.values()):.1f}%) {where}{if_near}: issuing the stores "
           "was likely a real part of what limited one byte per thread.")
 elif gains:
-    print(f"a small gain from the packed store (up to {max(gains):.1f}%) {where}{if_near}: the store instructions "
+    print(f"a small gain from the packed store (up to {max(gains.values()):.1f}%) {where}{if_near}: the store instructions "
           "were likely a small part of the limit; most of the time probably still goes to waiting for "
           f"one-byte loads, and {l2_note}. 04 widens the loads.")
 elif near:

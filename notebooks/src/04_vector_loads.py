@@ -188,9 +188,9 @@ else:
 # <a id="version-a"></a>
 # ## 3. Version A: one 16-byte load, four 16-byte stores per thread
 #
-# Thread `c` loads chunk `c` (packed bytes `16c .. 16c+15`, weights `32c .. 32c+31`). With blocks
-# of 64 weights (or any of bitsandbytes' block sizes, all >= 32), a 16-byte-aligned chunk lies in
-# one block, so **the scale is computed once per 32 weights**. Each of the 4 words holds 4 bytes =
+# Thread `c` loads chunk `c` (packed bytes `16c .. 16c+15`, weights `32c .. 32c+31`). With quantization
+# blocks of 64 weights (or any of bitsandbytes' block sizes, all >= 32), a 16-byte-aligned chunk lies in
+# one quantization block, so **the scale is computed once per 32 weights**. Each of the 4 words holds 4 bytes =
 # 8 weights = 4 output words of 2 bf16 (`ops.pack_bf16x2`), stored with one 128-bit store.
 #
 # A numba typing detail shows up in the index code (numba-cuda's typing rules,
@@ -250,7 +250,7 @@ def bf16_word(w, lut, s):
 
 @cuda.jit(device=True, inline="always")
 def scalar_tail(packed, lut, s, out, i, n):
-    """Weights i .. n-1 one by one (fewer than one 16-byte chunk of codes, 32 weights, all in one block)."""
+    """Weights i .. n-1 one by one (fewer than one 16-byte chunk of codes, 32 weights, all in one quantization block)."""
     while i < n:
         byte = uint32(packed[i >> 1])
         q = (byte >> 4) if (i & U1) == 0 else (byte & NIB)
@@ -365,7 +365,7 @@ warp_store_pattern(lambda t: [16 * t], "B (lane t stores at 16 t)     ")
 #   may return before it: lanes past the end load nothing but still reach the barrier.
 #
 # The scale is now computed per word (8 weights) rather than per chunk: 4 lookups per thread,
-# which we expect to hit cached data (neighbouring lanes read the same block's statistics).
+# which we expect to hit cached data (neighbouring lanes read the same quantization block's statistics).
 
 # %% tags=["kernel"]
 THREADS_B = 128
@@ -456,7 +456,7 @@ print(f"\nld.global.f32 (table and scale): {plain}, float loads with a cache ope
 # ## 7. Verification
 #
 # Bit for bit against bitsandbytes, on the default case, on edge shapes (n odd, n < 32, a
-# partial chunk, partial blocks and groups; a subset in the simulator) and on three weight
+# partial chunk, partial quantization blocks and groups; a subset in the simulator) and on three weight
 # distributions. In the simulator the vector-access twins also check every vector index for
 # alignment and bounds. A mismatch raises `VerificationError` and stops the notebook.
 
@@ -681,8 +681,9 @@ for name, rx in kinds.items():
 # %% [markdown]
 # In the simulator the check confirms correctness, reads from the PTX that the kernel
 # shuffles and uses no shared memory, and watches each warp store (its lanes must write consecutive
-# 16-byte pieces); on a GPU, where it cannot watch them, the speed target tests that: the unchanged kernel is bit-exact (its stores are scattered,
-# not wrong) but has no shuffle, so it does not pass. On a GPU the check also asks for a share of the copy ceiling, which the exercise cell
+# 16-byte pieces); on a GPU, where it cannot watch them, the speed target tests that: a kernel that shuffles but
+# keeps A's scattered stores we expect to run near A's share and miss it. The unchanged kernel fails before that: it is
+# bit-exact (its stores are scattered, not wrong) but has no shuffle in its PTX. On a GPU the check also asks for a share of the copy ceiling, which the exercise cell
 # prints when it runs: halfway from A to B, as the benchmark of section 8 measured them on that
 # GPU (the unchanged kernel is version A, so we expect it to fall short). Compare your PTX with
 # version B's: which instructions disappeared?

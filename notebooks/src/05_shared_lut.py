@@ -61,7 +61,7 @@ SIG = ("(uint8[::1], uint32[::1], float32[::1], uint8[::1], float32[::1], float3
 # | --- | --- | --- |
 # | constant memory | the constant cache serves a warp's distinct addresses **one after another**, each broadcast (one read serves every lane that asked for that address) | k passes, one after another (up to 16) |
 # | shared memory | 16 entries in 16 different banks; equal addresses broadcast | one pass: no bank conflict |
-# | registers (`selp` tree) | no memory access; 15 selects per lookup | ALU work, the same for any k |
+# | registers (`selp` tree) | no memory access; 15 selects per lookup | arithmetic instructions (the SM's integer and floating-point units), the same for any k |
 # | global (step 04) | cached in L1 like any load, if the 64 bytes stay there | a load through the L1 path |
 #
 # The first two rows are the CUDA C++ Programming Guide's rules ("Device Memory Accesses",
@@ -296,7 +296,8 @@ ptx.check(ptxs["shared"], present=common_present + [r"^ld\.shared\.f32", r"^bar\
 ptx.check(ptxs["registers"], present=common_present + [r"^selp\.f32"],
           absent=common_absent + [r"^ld\.const", r"^ld\.shared\.f32"])
 # A static count: instructions in the PTX text, not lookups executed at run time. The PTX is cut into its basic
-# blocks (at its labels): the block with the 16-byte store converts one whole word (8 weights) and runs once per
+# blocks (straight runs of instructions between labels, which branches jump to; cut here at the labels): the basic
+# block with the 16-byte store converts one whole word (8 weights) and runs once per
 # word, up to 4 times per thread (the loop over j); the other lookups are in the tail's code.
 LOOKUP = r"^(ld\.(const|shared)\.f32|selp\.f32)"
 print("lookup instructions (ld.const.f32, ld.shared.f32 or selp.f32) in each kernel's PTX, a static count:")
@@ -304,7 +305,7 @@ for where, p in ptxs.items():
     blocks = re.split(r"^\$L\w*:", p, flags=re.MULTILINE)
     word = sum(ptx.count(b, LOOKUP) for b in blocks if ptx.count(b, r"^st\.global\.v4"))
     total = ptx.count(p, LOOKUP)
-    print(f"  {where}: {total} in all; {word} in the block that converts a whole word and stores it "
+    print(f"  {where}: {total} in all; {word} in the basic block that converts a whole word and stores it "
           f"({word / 8:g} per weight, run once per word), {total - word} in the tail's code")
 
 # %% [markdown]

@@ -8,7 +8,7 @@
 # **Goal.** Re-run every version of notebooks 01-06 (each notebook's `VERSIONS`; 05's global-table
 # baseline, which 05 timed beside them, is not one) in one process, on the same data, beside the
 # hardware ceilings (device copy, write-only fill, and the traffic-matched bound: NF4's own bytes
-# moved with no arithmetic) and bitsandbytes, and see how far each step took us. Then sweep the
+# moved with no floating-point arithmetic) and bitsandbytes, and see how far each step took us. Then sweep the
 # size, from L2-resident tensors to the weight shapes of real LLMs.
 #
 # Sections 2-5 are measured on the GPU in hand; without a GPU, they show a recorded GPU's
@@ -153,7 +153,7 @@ worklog(run) if run is not None else print("nothing recorded yet")
 #
 # 1. the best kernel (06) reaches at least **98% of the traffic-matched bound**: a kernel that
 #    moves NF4's bytes, all but `absmax2` and `code2` (00: under 0.02%), with 4-byte loads and 16-byte stores, and
-#    does no arithmetic at all. It is
+#    does no floating-point arithmetic (only index work and an integer XOR per word that keeps each load live). It is
 #    what this read/write mix costs in our access pattern on this GPU, so 98% means the
 #    dequantization itself costs at most about 2% of the time (06 judges its own distance from the
 #    bound against the series' noise margin, a stricter test than this target);
@@ -216,7 +216,7 @@ if run is not None:
 # Why the bound and not the copy: a device copy reads as many bytes as it writes; NF4
 # dequantization reads one byte for every four it writes. The bound moves NF4's bytes (all but the few of 00) in
 # our kernel's access pattern (4-byte loads, 16-byte stores, the best of five launch shapes) and
-# computes nothing. The line above prints where it lands against the copy on this GPU: that gap
+# computes no weight (index work and an XOR per word only). The line above prints where it lands against the copy on this GPU: that gap
 # comes with the traffic in the bound's access pattern, not with the dequantization, so no
 # cleverer arithmetic can close it.
 
