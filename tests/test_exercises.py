@@ -836,3 +836,64 @@ def test_fp4_prediction_exercise_grades_the_prediction_not_the_bits():
     for bad in (None, "True", 1):
         with pytest.raises(ValueError, match="predicted"):
             exercises.check_fp4_prediction(reads_lut, bad, shapes=SMALL, verbose=False)
+
+
+def _while_loop(kind):
+    """Notebook 02's exercise 1, in 02's argument order: ``solution`` (a while loop, stride ``cuda.gridsize(1)``),
+    ``range`` (02's range loop: a trip count, so a division), ``block_stride`` (a while loop with the stride of one
+    block: the right bits with repeated work), ``once`` (one byte a thread: right only on a grid of a thread per byte), ``stub`` (the notebook's starting
+    point). Returns (launch, kernel)."""
+    from nf4lab.lesson import BLOCK_SHIFT
+
+    @cuda.jit
+    def while_kernel(packed, lut, absmax_q, absmax2, code2, offset, out, n, nbytes):
+        n = uint64(n)
+        nbytes = uint64(nbytes)
+        start = uint64(cuda.grid(1))
+        stride = uint64(cuda.blockDim.x) if kind == "block_stride" else uint64(cuda.gridsize(1))
+        if kind == "range":
+            for i in range(start, nbytes, stride):
+                s = block_scale(absmax_q, absmax2, code2, offset, i >> uint64(BLOCK_SHIFT))
+                j = uint64(2) * i
+                out[j] = ops.to_bf16_bits(lut[packed[i] >> 4] * s)
+                if j + uint64(1) < n:
+                    out[j + uint64(1)] = ops.to_bf16_bits(lut[packed[i] & 15] * s)
+            return
+        i = start
+        while i < nbytes:
+            s = block_scale(absmax_q, absmax2, code2, offset, i >> uint64(BLOCK_SHIFT))
+            j = uint64(2) * i
+            out[j] = ops.to_bf16_bits(lut[packed[i] >> 4] * s)
+            if j + uint64(1) < n:
+                out[j + uint64(1)] = ops.to_bf16_bits(lut[packed[i] & 15] * s)
+            if kind == "once":
+                break
+            i += stride
+
+    def launch(b):
+        if kind == "stub":
+            raise NotImplementedError("write dequant_while and launch it here")
+        per_block = 128 if kind == "once" else 256   # "once": a thread per byte, so only a small grid shows it
+        while_kernel[max(1, (b.nbytes + per_block - 1) // per_block), 128, b.stream](b.packed, b.lut, b.absmax_q, b.absmax2, b.code2,
+                                                                      b.offset, b.out, b.n, b.nbytes)
+    return launch, (None if kind == "stub" else while_kernel)
+
+
+SIG02 = "(uint8[::1], float32[::1], uint8[::1], float32[::1], float32[::1], float32, uint16[::1], int64, int64)"
+WHILE_SHAPES = ((3, 5), (1, 65), (31, 67))
+
+
+def test_while_loop_exercise_prints_one_verdict_for_the_bits_and_the_ptx():
+    """02's exercise 1: the PTX's design (no division, the grid's stride) is part of the one verdict line, where a
+    bare assertion after a PASSED line left that line standing and stopped the notebook."""
+    stub = exercises.check_while_loop(*_while_loop("stub"), SIG02, shapes=WHILE_SHAPES, verbose=False)
+    assert not stub and stub.verdict.startswith("NOT PASSED"), str(stub)
+    solved = exercises.check_while_loop(*_while_loop("solution"), SIG02, shapes=WHILE_SHAPES, verbose=False)
+    assert solved and solved.verdict.startswith("PASSED") and "no division" in str(solved), str(solved)
+    ranged = exercises.check_while_loop(*_while_loop("range"), SIG02, shapes=WHILE_SHAPES, verbose=False)
+    assert not ranged and ranged.verdict.startswith("NOT PASSED") and "division" in ranged.verdict, str(ranged)
+    block = exercises.check_while_loop(*_while_loop("block_stride"), SIG02, shapes=WHILE_SHAPES, verbose=False)
+    assert not block and "gridsize(1)" in str(block), str(block)
+    assert str(block).count("PASSED") == 1 and str(ranged).count("PASSED") == 1
+    once = exercises.check_while_loop(*_while_loop("once"), SIG02, shapes=WHILE_SHAPES, verbose=False)
+    assert not once and "2 blocks of 64 threads" in once.verdict, str(once)

@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # Execute the book's notebooks in place on a machine with several GPUs (device tool, carry .whl), one group of
 # notebooks per GPU, each group's solutions first and then its lessons (tools/gpu_book.sh, sequentially on its GPU):
-#   bash tools/gpu_book_parallel.sh TAG "01 02 03 04" "05 06" "09"     (after a call that ran 00: all quote its ceilings)
+#   bash tools/gpu_book_parallel.sh TAG "01 02 03 04 05 06" "09"     (after a call that ran 00: all quote its ceilings)
 # Groups run at the same time on GPUs 0, 1, ...: a notebook that quotes another's record goes after it in its group
-# or in a later call (04 prints 03's, 06 00's and 05's; 07, then 08, read them all: a later call).
+# or in a later call, never in another group, which may be replacing that record while it runs (QUOTES in
+# tools/book_order.py: 01-06 quote 00's and the steps before them, e.g. 04 prints 03's, 05 04's, 06 05's; 09 00's).
+# 07 loads the kernels of 01-06 and 08 quotes 07's record: both go in a later call, 07 first.
 # The device tool returns at most 8 files: everything comes back as $OUT/TAG.tgz (the executed notebooks and
 # the records written since the call began) and $OUT/TAG.log (every group's log, in turn).
 # notebook_times.json is read, changed and written by each notebook's run: groups running at once can drop each

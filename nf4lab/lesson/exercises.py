@@ -527,6 +527,51 @@ def check_block_size(launch, kernel, threads, *, name="exercise: block size", sh
     return res
 
 
+def check_while_loop(launch, kernel, sig, *, name="exercise 1: while loop", shapes=None,
+                     verbose=True) -> CheckResult:
+    """Grade notebook 02's exercise 1: ``launch`` bit-exact on ``shapes``; ``kernel`` (02's arguments: packed, lut,
+    absmax_q, absmax2, code2, offset, out, n, nbytes) also bit-exact on a grid of 2 blocks of 64 threads, where
+    every thread loops on the larger shapes; and its PTX (compiled for ``sig``) with no division (``div``/``rem``,
+    the goal: no trip count) and a stride of the grid's threads (``cuda.gridsize(1)``: a smaller stride writes
+    the same bits with repeated work, which no check of the bits sees). One verdict line for all of it; falsy
+    unless all hold; never raises because of the student's kernel."""
+    from ..measure import ptx
+
+    shapes = default_shapes() if shapes is None else shapes
+    res, launched = _check_launching(kernel, launch, name=name, shapes=shapes, verbose=False)
+    if res and not _refuse_unlaunched(res, kernel, name, launched):
+        small = check(lambda b: kernel[2, 64, b.stream](b.packed, b.lut, b.absmax_q, b.absmax2, b.code2, b.offset,
+                                                        b.out, b.n, b.nbytes),
+                      name=f"{name}, 2 blocks of 64 threads", shapes=shapes, verbose=False)
+        if not small:
+            res.passed = False
+            res.verdict = f"NOT PASSED: {name}: bit-exact as `launch` sizes the grid, not on 2 blocks of 64 threads"
+            res.messages.extend(["on a grid of 2 blocks of 64 threads (every thread loops):"]
+                                + str(small).splitlines())
+        else:
+            res.messages.append("bit-exact on a grid of 2 blocks of 64 threads too (every thread loops)")
+            text = _student_ptx(res, kernel, sig, name)
+            if text is not None:
+                n_div = ptx.count(text, r"^(div|rem)\.")
+                wrong, hints = [], []
+                if n_div:
+                    wrong.append(f"{n_div} division(s) (div/rem)")
+                    hints.append("a loop that needs no trip count has no division")
+                if not ptx.reads_grid_size(text):
+                    wrong.append("a stride that is not the grid's size in threads")
+                    hints.append("the stride is cuda.gridsize(1): cuda.gridDim.x counts blocks, not threads")
+                if wrong:
+                    res.passed = False
+                    res.verdict = f"NOT PASSED: {name}: bit-exact, but its PTX has " + " and ".join(wrong)
+                    res.messages.extend(hints)
+                else:
+                    res.messages.append("PTX: no division, and the stride is the grid's threads (cuda.gridsize(1))")
+    if verbose:
+        print(res)
+        res._printed = True
+    return res
+
+
 # Notebook 03's exercise 1: shapes with every remainder of n mod 4 (n = 1, 2, 15, 64, 65, 66, 231), so that
 # every end a 64-bit store of four weights can meet (none, 1, 2 or 3 weights left) is run.
 U64_SHAPES = ((1, 1), (1, 2), (3, 5), (1, 64), (1, 65), (1, 66), (7, 33))

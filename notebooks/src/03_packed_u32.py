@@ -182,7 +182,7 @@ seq = [t for t in map(str.strip, nf4lab.compile_ptx(dequant_u32_grid_stride, SIG
        if t.startswith(("ld.global", "st.global", "bra"))]          # "bra": unconditional branches only
 order = "".join("L" if t.startswith("ld.") else "S" for t in seq if t.startswith(("ld.", "st.")))
 print(f"grid-stride version, global loads (L) and stores (S) in PTX order: {order}")
-# In 02 a copy's two S were two 16-bit stores that both run. Here: W a 32-bit store, H a 16-bit one, b an
+# In 02 a copy's two S were two 16-bit stores, the second skipped only for an odd n's last byte. Here: W a 32-bit store, H a 16-bit one, b an
 # unconditional branch; "WbH" is a 32-bit path that ends in a branch instead of running on into the tail's store.
 kinds = "".join("L" if t.startswith("ld.") else "b" if t.startswith("bra") else
                 "W" if t.startswith(("st.global.u32", "st.global.b32")) else "H" for t in seq)
@@ -254,7 +254,9 @@ plots.progress("03_packed_u32");
 # kernel's number moved between this run and another; they do not measure the margin.
 # The margin is for kernels timed in one run. Records of other runs may lie further apart than
 # it, even on the same day (another run may get another card of the same model, at its own clocks
-# and temperature), so every verdict below compares kernels of this run.
+# and temperature), so every verdict below compares kernels of this run. A change close to twice
+# the margin can land on either side of it from one execution to the next: the solution twin,
+# executed at the same time on another GPU, may print another verdict for it.
 
 # %%
 NOISE_PCT = bench.NOISE_PCT
@@ -314,8 +316,8 @@ elif losses:
           + {0: "", 1: ", the other not past twice it"}.get(len(changes) - len(losses), ", the others not past twice it")
           + ", which the prediction (some gain, or none) did not foresee. The cause was not measured here: the pack "
           "(cvt.rn.bf16x2) takes the place of 01's and 02's two conversions, so it is no extra work; the compiled "
-          "code differs beyond the store (section 3 prints the grid-stride loop's load and store order beside "
-          "02's), and " + profiling.where_to_look(run.meta.get("gpu"), [n for pair in PAIRS for n in (pair[0], pair[2])])
+          "code may differ beyond the store (section 3 prints the grid-stride loop's load and store order, to set "
+          "beside the one 02 printed; nothing else in the compiled code was compared here), and " + profiling.where_to_look(run.meta.get("gpu"), [n for pair in PAIRS for n in (pair[0], pair[2])])
           + ". 04 widens the loads.")
 elif gains and max(gains.values()) >= 10:
     print(f"a clear gain from the packed store (up to {max(gains.values()):.1f}%) {where}{if_near}: issuing the stores "

@@ -474,9 +474,9 @@ nf4lab.verify_versions(VERSIONS, case);
 #
 # "Little or nothing" needs a cut-off. The verdict uses the series' one noise margin,
 # `bench.NOISE_PCT` (printed with the verdict; `nf4lab/measure/bench.py` says why 1%), used by every
-# notebook that calls a change "a gain" or "none". A change of speed inside it counts as nothing; beyond it,
-# the verdict says which way, and a change past the margin but within twice it is printed as "near": one run does
-# not settle it. It judges kernels timed in one run. The run-to-run lines below (03's kernels here against
+# notebook that calls a change "a gain" or "none". A change of speed inside it counts as nothing; one past it
+# but within twice it is printed as "near", with no direction: one run does not settle it; only beyond twice it
+# does the verdict say which way. It judges kernels timed in one run. The run-to-run lines below (03's kernels here against
 # 03's own record) show how far two runs of one kernel lie apart; records of different processes may lie
 # further apart than the margin, even on one day (the comment in `nf4lab/measure/bench.py` names a recorded
 # case, from an NVIDIA H200 on 2026-11-29), which is why the margin is not for them. The verdict's line
@@ -566,7 +566,7 @@ plots.progress("04_vector_loads");
 #
 # Next, [05 · where the LUT lives](05_shared_lut.ipynb): the 16-entry table is still read from
 # global memory 32 times per thread. Those loads are plain `ld.global.f32` with no cache operator
-# and no `.nc` (section 6 prints how many carry either), and the PTX ISA makes a load without
+# and no `.nc` (section 6 prints how many of version B's carry either), and the PTX ISA makes a load without
 # one `.ca`, "cache
 # at all levels" ("Cache Operators"), L1 included: L1 is the SM's own cache for global loads, which
 # from compute capability 7.0 (Volta) on shares its on-chip storage with shared memory (CUDA C++
@@ -682,10 +682,12 @@ for name, rx in kinds.items():
 # In the simulator the check confirms correctness, reads from the PTX that the kernel
 # shuffles and uses no shared memory, and watches each warp store (its lanes must write consecutive
 # 16-byte pieces); on a GPU, where it cannot watch them, the speed target tests that: a kernel that shuffles but
-# keeps A's scattered stores we expect to run near A's share and miss it. The unchanged kernel fails before that: it is
-# bit-exact (its stores are scattered, not wrong) but has no shuffle in its PTX. On a GPU the check also asks for a share of the copy ceiling, which the exercise cell
-# prints when it runs: halfway from A to B, as the benchmark of section 8 measured them on that
-# GPU (the unchanged kernel is version A, so we expect it to fall short). Compare your PTX with
+# keeps A's scattered stores we expect to run near A's share and miss it. The unchanged kernel is bit-exact (its
+# stores are scattered, not wrong): in the simulator it fails on its PTX, which has no shuffle; on a GPU it is timed
+# first (it is version A, so we expect it to fall short of the target), and the PTX reading adds that it has no
+# shuffle. The share of the copy ceiling asked for on a GPU, which the exercise cell
+# prints when it runs, is halfway from A to B, as the benchmark of section 8 measured them on that
+# GPU. Compare your PTX with
 # version B's: which instructions disappeared?
 #
 # ### Exercise 2: the last vector

@@ -118,7 +118,8 @@ print(f"the table (b.lut, made by make_buffers as the benchmark's are) starts at
 # baseline) differ in exactly those lines.
 #
 # A numba lesson on the way: device functions with `inline="always"` are inlined at the level of
-# numba's IR, and each call site is typed again, so we expect compilation time to grow with every call
+# numba's own IR (its intermediate representation, built from Python bytecode before typing, not the
+# LLVM IR of 04), and each call site is typed again, so we expect compilation time to grow with every call
 # site (not measured here).
 # The select tree is 15 `selp` calls and a word needs 8 lookups, so the word converter loops over
 # its 4 bytes instead of spelling out 8 calls: 2 call sites, unrolled later by LLVM (the local
@@ -439,7 +440,7 @@ plots.progress("05_shared_lut");
 #   Python constants (`float32(...)` globals) frozen into the code.
 #
 # Next, [06 · output dtypes and the memory wall](06_output_dtypes.ipynb): one kernel for bf16,
-# fp16 and fp32, and the last steps to the ceiling.
+# fp16 and fp32, and the last steps to the traffic-matched bound (the memory wall).
 
 # %% [markdown]
 # <a id="exercises"></a>

@@ -715,9 +715,8 @@ else:
 # bitsandbytes' fp16 bit for bit, and the cell prints the pair conversions of the kernel's PTX
 # (in code for sm_75, a T4's or under `NF4LAB_ARCH=sm_75`, what stands in for them: section 7). Which
 # rounding instruction does fp16 output need (section 4), and which one does this kernel carry?
-# Fix the kernel (one line changes); the check also reads its PTX: an fp16 pair conversion
-# present and no bf16 one, or for sm_75 their stand-ins: two fp16 halves (`cvt.rn.f16.f32`) packed into
-# one register (`mov.b32 {lo, hi}`), and no `setp.nan.f32`, the NaN test of bf16 rounded in integers.
+# Fix the kernel (one line changes). The check also reads the fixed kernel's PTX, sm_75 code
+# included, and where it finds something missing its message names what it looked for.
 
 # %%
 ### BEGIN SOLUTION

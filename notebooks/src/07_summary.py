@@ -344,7 +344,7 @@ if sweep is not None:
 #    prefetch hint, and `bound: ...` a bound in that access style; `lab/tune_best_kernel.py` defines the kernels
 #    of rounds 4, 6 and 7, and `lab/README.md` says where git keeps the others. Round 3's variants and bounds
 #    (`smem scales ...`, `bound: expand ...`) are in no lab file: `git show ff91dab:tools/tune_best_kernel.py`
-#    holds them (its `variants()`).
+#    holds them (its `variants()`; a Colab or Kaggle clone is shallow: `git fetch --unshallow` first).
 
 # %%
 from nf4lab.measure import profiling
@@ -524,7 +524,7 @@ if run is not None and best and bound:
 # Section 6 split the best kernel's distance from the copy at 16384x16384 in two: the bound's
 # distance from the copy (the read/write mix in its access pattern) and the kernel's distance from the bound (its own
 # work, or its launch shape). Put it in time, at any shape of section 5's sweep: the kernel takes `t`, the bound `t_bound`,
-# the device copy `t_copy` (all three records of a shape move the same bytes). Of the kernel's time
+# the device copy `t_copy` (all three records of a shape count the same number of bytes, the byte model's, in another read/write mix for the copy). Of the kernel's time
 # beyond the copy, which fraction is beyond what the bound needs (its own work or its launch shape)? Write
 # `own_share(sweep, shape)`: that fraction for the best kernel (`BEST`) at one shape. `sweep.get(name, shape=shape, dtype="bf16")`
 # returns a record, a dict (print one to see its fields); the copy and the bound are named
@@ -540,7 +540,7 @@ def own_share(sweep, shape):
     """Of the best kernel's time beyond a device copy of the same bytes, the share beyond the bound."""
 ### BEGIN SOLUTION
     t, t_bound, t_copy = (sweep.get(n, shape=shape, dtype="bf16")["ms"] for n in (BEST, BOUND, bench.COPY))
-    return (t - t_bound) / (t - t_copy)   # the same bytes in all three records: their times compare directly
+    return (t - t_bound) / (t - t_copy)   # one byte count in all three records: their times compare directly
 ### STUDENT
     return None   # TODO: about 2 lines
 ### END SOLUTION
@@ -668,7 +668,8 @@ if ok and len(dram) >= 2:   # the key below, applied to the lines this run print
 # key applied to this run", reads this run's lines by these rules. How the one launch shape that ships was chosen is in
 # `lab/README.md`.
 # ### STUDENT
-# Once the check passes: is the shape outside the L2 with the largest share separated from the others
-# by this run, and what would you test first, at that shape or, if it is not separated, among them?
+# Once the check passes, it prints whether this run separates the shape outside the L2 with the largest
+# share from the others. Given that line, what would you test first, at that shape or, if it is not
+# separated, among them?
 # (The solution notebook gives its answer.)
 # ### END SOLUTION

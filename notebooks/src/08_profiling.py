@@ -59,9 +59,10 @@ cmd = profiling.ncu_command(["python", "-m", "nf4lab.measure.profiling", "drive"
 print(profiling.shell_lines(cmd))   # one option (or the target program) a line, as typed in a terminal
 
 # %% [markdown]
-# The sections collected are the smallest set that gives our table: `SpeedOfLight` (DRAM and SM
-# throughput as % of peak), `MemoryWorkloadAnalysis`, `Occupancy`, `LaunchStats`,
-# `WarpStateStats` (stall reasons) and `SourceCounters` (stall samples per instruction). ncu
+# The sections collected: `SpeedOfLight` (DRAM and SM throughput as % of peak), `Occupancy` and
+# `LaunchStats` give our table, with the counters named below; `WarpStateStats` its stall reasons;
+# `SourceCounters` the stall samples per instruction of section 7's source page; and
+# `MemoryWorkloadAnalysis` the memory pages of the full report, which the table does not read. ncu
 # replays the kernel once per group of counters it cannot read together, restoring memory
 # in between, so the profiled launch takes far longer than the kernel itself. The kernels are
 # compiled with `lineinfo=True` (set by the driver) where numba-cuda can compile them with it (else the
@@ -233,7 +234,9 @@ if MEASURED:
 # `l1tex__t_requests_pipe_lsu_mem_global_op_ld.sum` tells how many sectors a warp's
 # instruction touches. For 32 lanes reading consecutive elements of `w` bytes, that is
 # `32 * w / 32 = w`: 1 for bytes, 4 for 32-bit words, 16 for 128-bit vectors. Anything above
-# `w` means the lanes' addresses are spread out (strided) and sectors are fetched half used.
+# `w` means one instruction's lanes do not read one contiguous run (strided or scattered), so part of
+# each sector fetched goes unused (half of it at a stride of twice the width); the measured column
+# averages every load instruction of the kernel.
 
 # %%
 def expected_sectors(width_bytes, stride_bytes=None, lanes=32):

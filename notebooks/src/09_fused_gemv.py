@@ -73,7 +73,7 @@ panel(axes[1], "B: x; column n = block n (M = 1)", 16, 8, lambda k, n: (4 * n + 
 panel(axes[2], "C: float32 sums; column n: block n", 16, 8, lambda r, n: (4 * (r % 8) + n // 2, f"c{n % 2 + 2 * int(r >= 8)}"),
       lambda r, n: n if n < 4 else -1, ns, "C column n", tile)
 _ = fig.suptitle("mma.sync.m16n8k16 in this kernel: mma i = 0 of a step at M = 1. Number: the lane holding the cell; a/b/c: "
-             "its register.\nColour: the block q of the step (W columns 64q..64q+63) whose codes or x it holds; grey: zero.", fontsize=9)
+             "its register.\nColour: the block q of the step (W columns 64q..64q+63) whose codes or x (A, B) or whose sums (C) it holds; grey: zero.", fontsize=9)
 # %% [markdown]
 # Lane 5 is (g, q) = (1, 1); its a0 holds row 1, W columns 64, 65 of the step: one packed byte's two codes; a2 holds
 # columns 66, 67, the next byte. Only lanes with g = q (0, 5, 10, 15) hold x. C's columns 4-7 are zero at M = 1 and hold batch row 1 at M = 2;
