@@ -897,3 +897,18 @@ def test_while_loop_exercise_prints_one_verdict_for_the_bits_and_the_ptx():
     assert str(block).count("PASSED") == 1 and str(ranged).count("PASSED") == 1
     once = exercises.check_while_loop(*_while_loop("once"), SIG02, shapes=WHILE_SHAPES, verbose=False)
     assert not once and "2 blocks of 64 threads" in once.verdict, str(once)
+
+
+@pytest.mark.parametrize("kernel", ["dequant_while", [1, 2], {"a": 1}, np.zeros(3)])
+def test_graders_give_a_verdict_for_a_kernel_that_is_a_container(kernel):
+    """A grader never raises because of the student's objects: a str, list, dict or array where the kernel goes
+    (their types refuse a new __getitem__) gets a NOT PASSED verdict."""
+    launch, _ = _while_loop("solution")
+    res = exercises.check_while_loop(launch, kernel, SIG02, shapes=WHILE_SHAPES[:1], verbose=False)
+    assert not res and res.verdict.startswith("NOT PASSED"), str(res)
+
+
+def test_while_loop_exercise_takes_its_shapes_once():
+    """Shapes given as a generator serve both of the grader's launches (as 02 sizes the grid, and 2 blocks of 64)."""
+    res = exercises.check_while_loop(*_while_loop("solution"), SIG02, shapes=(s for s in WHILE_SHAPES), verbose=False)
+    assert res, str(res)

@@ -171,6 +171,10 @@ def _stride_kernel(stride):
             s = uint64(cuda.gridDim.x)
         elif stride == "gridDim*64":
             s = uint64(cuda.gridDim.x * 64)
+        elif stride == "gridsize // 2":
+            s = uint64(cuda.gridsize(1)) // uint64(2)
+        elif stride == "gridsize - 1":
+            s = uint64(cuda.gridsize(1)) - uint64(1)
         else:
             s = uint64(cuda.blockDim.x)
         while i < n:
@@ -179,10 +183,24 @@ def _stride_kernel(stride):
     return k
 
 
+def _signed_stride_kernel():
+    @cuda.jit
+    def k(a, n):   # no uint64: LLVM may unroll with a trip count of its own (a division on sm_75)
+        i = cuda.grid(1)
+        while i < n:
+            a[i] = float32(1.0)
+            i += cuda.gridsize(1)
+    return k
+
+
+@pytest.mark.parametrize("cc", [(7, 5), (8, 0), (9, 0)])
 @pytest.mark.parametrize("stride, spans", [("gridsize", True), ("gridDim*blockDim", True), ("u64 product", True),
-                                           ("gridDim", False), ("gridDim*64", False), ("blockDim", False)])
-def test_reads_grid_size_tells_a_grid_wide_stride_from_a_smaller_one(stride, spans):
+                                           ("signed", True), ("gridDim", False), ("gridDim*64", False),
+                                           ("blockDim", False), ("gridsize // 2", False), ("gridsize - 1", False)])
+def test_reads_grid_size_tells_a_grid_wide_stride_from_a_smaller_one(stride, spans, cc):
     # 02's exercise 1: a stride smaller than the grid writes the same bits with repeated work; only the PTX shows it.
-    # Each of the wrong ones reads %nctaid.x or %ntid.x too: the product of the two is what counts.
-    text = nf4lab.compile_ptx(_stride_kernel(stride), "(float32[::1], uint64)")
+    # Each of the wrong ones reads %nctaid.x or %ntid.x too, and the last two their product: what counts is that
+    # the product, unchanged, is what the loop adds to its index.
+    kernel = _signed_stride_kernel() if stride == "signed" else _stride_kernel(stride)
+    text = nf4lab.compile_ptx(kernel, "(float32[::1], int64)" if stride == "signed" else "(float32[::1], uint64)", cc=cc)
     assert ptx.reads_grid_size(text) is spans

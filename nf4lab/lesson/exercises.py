@@ -393,7 +393,10 @@ def _check_launching(kernel, launch, seen=None, **kw):
             seen.append(config)
         return configure(self, config)
 
-    cls.__getitem__ = spy
+    try:
+        cls.__getitem__ = spy
+    except TypeError:                   # a built-in type (str, list, ndarray ...): not a kernel either
+        return check(launch, **kw), []
     try:
         res = check(launch, **kw)
     finally:
@@ -529,7 +532,7 @@ def check_block_size(launch, kernel, threads, *, name="exercise: block size", sh
 
 def check_while_loop(launch, kernel, sig, *, name="exercise 1: while loop", shapes=None,
                      verbose=True) -> CheckResult:
-    """Grade notebook 02's exercise 1: ``launch`` bit-exact on ``shapes``; ``kernel`` (02's arguments: packed, lut,
+    """Grade notebook 02's exercise 1: ``launch`` bit-exact on ``shapes`` (with the grid it launches); ``kernel`` (02's arguments: packed, lut,
     absmax_q, absmax2, code2, offset, out, n, nbytes) also bit-exact on a grid of 2 blocks of 64 threads, where
     every thread loops on the larger shapes; and its PTX (compiled for ``sig``) with no division (``div``/``rem``,
     the goal: no trip count) and a stride of the grid's threads (``cuda.gridsize(1)``: a smaller stride writes
@@ -537,7 +540,7 @@ def check_while_loop(launch, kernel, sig, *, name="exercise 1: while loop", shap
     unless all hold; never raises because of the student's kernel."""
     from ..measure import ptx
 
-    shapes = default_shapes() if shapes is None else shapes
+    shapes = tuple(default_shapes() if shapes is None else shapes)   # two checks read them
     res, launched = _check_launching(kernel, launch, name=name, shapes=shapes, verbose=False)
     if res and not _refuse_unlaunched(res, kernel, name, launched):
         small = check(lambda b: kernel[2, 64, b.stream](b.packed, b.lut, b.absmax_q, b.absmax2, b.code2, b.offset,
@@ -545,8 +548,10 @@ def check_while_loop(launch, kernel, sig, *, name="exercise 1: while loop", shap
                       name=f"{name}, 2 blocks of 64 threads", shapes=shapes, verbose=False)
         if not small:
             res.passed = False
-            res.verdict = f"NOT PASSED: {name}: bit-exact as `launch` sizes the grid, not on 2 blocks of 64 threads"
-            res.messages.extend(["on a grid of 2 blocks of 64 threads (every thread loops):"]
+            res.verdict = (f"NOT PASSED: {name}: bit-exact as your launch function launches it, not on 2 blocks of 64 "
+                           "threads")
+            res.messages.extend(["on a grid of 2 blocks of 64 threads (every thread loops), with 02's arguments "
+                                 "(packed, lut, absmax_q, absmax2, code2, offset, out, n, nbytes):"]
                                 + str(small).splitlines())
         else:
             res.messages.append("bit-exact on a grid of 2 blocks of 64 threads too (every thread loops)")
@@ -556,7 +561,9 @@ def check_while_loop(launch, kernel, sig, *, name="exercise 1: while loop", shap
                 wrong, hints = [], []
                 if n_div:
                     wrong.append(f"{n_div} division(s) (div/rem)")
-                    hints.append("a loop that needs no trip count has no division")
+                    hints.append("a loop that needs no trip count has no division: keep 02's uint64 indices (i, "
+                                 "stride, nbytes); to unroll a loop of signed ones a compiler may compute a count of "
+                                 "its own, with a division (seen in sm_75 code)")
                 if not ptx.reads_grid_size(text):
                     wrong.append("a stride that is not the grid's size in threads")
                     hints.append("the stride is cuda.gridsize(1): cuda.gridDim.x counts blocks, not threads")

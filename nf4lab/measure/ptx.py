@@ -196,20 +196,35 @@ def count(ptx: str, pattern: str) -> int:
 
 
 def reads_grid_size(ptx: str) -> bool:
-    """Whether the PTX multiplies the threads per block (``%ntid.x``) by the blocks of the grid (``%nctaid.x``):
-    ``cuda.gridsize(1)``, the stride of a grid-stride loop that spans the grid. Followed through ``mov`` and
-    ``cvt``; a stride of ``gridDim.x`` alone, or times a constant, reads one of the two but multiplies nothing by
-    the other."""
+    """Whether the PTX adds the grid's size in threads, ``cuda.gridsize(1)``, unchanged to a register: the step of a
+    grid-stride loop that spans the grid. The size is the product of the threads per block (``%ntid.x``) and the
+    blocks of the grid (``%nctaid.x``), followed through ``mov`` and ``cvt``; the step is an ``add`` of that product
+    and another register (or a ``mad`` of the two and a register). A stride of ``gridDim.x`` alone, or times a
+    constant, multiplies nothing by the other; one derived from the product (halved, less one) is never added as
+    it is."""
     origin = {"%ntid.x": "%ntid.x", "%nctaid.x": "%nctaid.x"}
+    size = set()   # registers holding the product itself
+
+    def reg(r):
+        return r.startswith("%")
+
     for ins in instructions(ptx):
         op, _, rest = ins.partition(" ")
         regs = [r.strip().rstrip(";") for r in rest.split(",")]
         if len(regs) < 2:
             continue
-        srcs = {origin.get(r) for r in regs[1:]}
-        if op.startswith(("mov.", "cvt.")) and srcs - {None}:
-            origin[regs[0]] = (srcs - {None}).pop()
-        elif op.startswith(("mul.", "mad.")) and {"%ntid.x", "%nctaid.x"} <= {origin.get(r) for r in regs[1:3]}:
+        dst, srcs = regs[0], regs[1:]
+        both = {"%ntid.x", "%nctaid.x"} <= {origin.get(r) for r in srcs[:2]}
+        if op.startswith(("mov.", "cvt.")):
+            if srcs[0] in size:
+                size.add(dst)
+            elif origin.get(srcs[0]):
+                origin[dst] = origin[srcs[0]]
+        elif op.startswith("mul.") and not op.startswith("mul.hi") and both:
+            size.add(dst)
+        elif op.startswith("mad.") and not op.startswith("mad.hi") and both and len(srcs) > 2 and reg(srcs[2]):
+            return True
+        elif op.startswith("add.") and len(srcs) == 2 and all(map(reg, srcs)) and (srcs[0] in size) != (srcs[1] in size):
             return True
     return False
 
